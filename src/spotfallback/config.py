@@ -1,0 +1,341 @@
+"""Validated configuration: capacity tiers and the ladder they form.
+
+Pure: no Ray, no I/O beyond parsing a YAML string handed in. Every error names the field
+and says how to fix it, because a bad ladder found mid-run costs real money.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
+
+MARKET_LABEL = "ray.io/market-type"
+SPOT = "spot"
+ON_DEMAND = "on-demand"
+RESERVED = "reserved"
+
+# Same syntax Ray enforces for node labels and label selectors (ray/_private/label_utils.py):
+# Kubernetes-style keys with an optional DNS prefix, values of at most 63 characters, and
+# selector values that may be negated (`!v`) or sets (`in(a,b)`, `!in(a,b)`).
+# Kept here so the config module stays importable without Ray; a test checks agreement.
+_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+_LABEL_RE = re.compile(rf"^{_LABEL}$")
+_PREFIX_RE = re.compile(rf"^({_LABEL}?(\.{_LABEL}?)*)$")
+_SELECTOR_VALUE_RE = re.compile(rf"^!?(?:in)?\({_LABEL}(?:, ?{_LABEL})*\)$|^!?{_LABEL}$")
+_TIER_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
+
+
+class ConfigError(ValueError):
+    """A configuration that can never work; the message names each bad field and the fix."""
+
+
+def label_key_error(key: str) -> str | None:
+    """Why Ray would reject ``key`` as a label key, or None if it is valid."""
+    if "/" in key:
+        prefix, name = key.rsplit("/", 1)
+        if len(prefix) > 253 or not _PREFIX_RE.fullmatch(prefix):
+            return f"label key prefix {prefix!r} must be DNS labels separated by dots"
+    else:
+        name = key
+    if len(name) > 63 or not _LABEL_RE.fullmatch(name):
+        return (
+            f"label key name {name!r} must be 1-63 characters, start and end alphanumeric, "
+            "with only '-', '_', '.' between"
+        )
+    return None
+
+
+def label_selector_value_error(value: str) -> str | None:
+    """Why Ray would reject ``value`` in a label selector, or None if it is valid."""
+    if value == "" or _SELECTOR_VALUE_RE.fullmatch(value):
+        return None
+    return (
+        f"label selector value {value!r} must be a label value (1-63 characters, alphanumeric "
+        "at both ends), optionally negated with '!' or a set like 'in(a,b)' / '!in(a,b)'"
+    )
+
+
+class Tier(BaseModel):
+    """One rung of the fallback ladder: where the workers run and when to give up on it.
+
+    Budgets follow Ray's ``FailureConfig`` convention: ``max_preemptions=1`` tolerates one
+    preemption (the run restarts on this tier) and leaves the tier at the second; ``-1``
+    stays forever.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Unique name of the tier, e.g. 'spot-us-east-1a'.")
+    market: str = Field(description="Capacity market: 'spot', 'on-demand', 'reserved' or any label value.")
+    label_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Ray label selector for this tier's workers; defaults to {'ray.io/market-type': market}.",
+    )
+    num_workers: int = Field(gt=0, description="Training workers on this tier.")
+    resources_per_worker: dict[str, float] | None = Field(
+        default=None, description="Ray resources per worker, e.g. {'CPU': 4, 'GPU': 1}."
+    )
+    use_gpu: bool = False
+    max_preemptions: int = Field(
+        default=-1, ge=-1, description="Preemptions tolerated before leaving the tier; -1 = forever."
+    )
+    max_failures: int = Field(
+        default=3,
+        ge=-1,
+        description=(
+            "Node losses without notice tolerated before leaving the tier, and application "
+            "errors retried on it before the run fails; -1 = forever."
+        ),
+    )
+    capacity_timeout_s: float | None = Field(
+        default=600.0,
+        gt=0,
+        description="Longest wait for this tier's workers (at start and after each failure); null = forever.",
+    )
+    price_per_worker_hour: float = Field(default=0.0, ge=0, description="Price of one worker for one hour.")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _default_selector(cls, data: Any) -> Any:
+        if isinstance(data, Mapping) and not data.get("label_selector") and data.get("market"):
+            data = dict(data)
+            data["label_selector"] = {MARKET_LABEL: data["market"]}
+        return data
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        if not _TIER_NAME_RE.fullmatch(v):
+            raise ValueError(
+                f"tier name {v!r} must be 1-42 lowercase letters, digits or '-', starting and "
+                "ending with a letter or digit (it becomes a Kubernetes group name)"
+            )
+        return v
+
+    @field_validator("market")
+    @classmethod
+    def _check_market(cls, v: str) -> str:
+        if not v or not _LABEL_RE.fullmatch(v):
+            raise ValueError(
+                f"market {v!r} must be a label value such as 'spot' or 'on-demand' "
+                "(1-63 characters, alphanumeric at both ends)"
+            )
+        return v
+
+    @field_validator("label_selector")
+    @classmethod
+    def _check_selector(cls, v: dict[str, str]) -> dict[str, str]:
+        for key, value in v.items():
+            problem = label_key_error(key) or label_selector_value_error(value)
+            if problem:
+                raise ValueError(f"Ray would reject this label selector: {problem}")
+        return v
+
+    @field_validator("resources_per_worker")
+    @classmethod
+    def _check_resources(cls, v: dict[str, float] | None) -> dict[str, float] | None:
+        if v is not None:
+            for key, amount in v.items():
+                if amount < 0:
+                    raise ValueError(f"resource {key!r} must not be negative (got {amount})")
+        return v
+
+    @classmethod
+    def spot(cls, num_workers: int, *, name: str = "spot", **kwargs: Any) -> Tier:
+        """A spot tier; tolerates 3 preemptions unless told otherwise."""
+        kwargs.setdefault("max_preemptions", 3)
+        return cls(name=name, market=SPOT, num_workers=num_workers, **kwargs)
+
+    @classmethod
+    def on_demand(cls, num_workers: int, *, name: str = "on-demand", **kwargs: Any) -> Tier:
+        """An on-demand tier: the usual last rung."""
+        return cls(name=name, market=ON_DEMAND, num_workers=num_workers, **kwargs)
+
+    @property
+    def is_spot(self) -> bool:
+        return self.market == SPOT
+
+    def worker_resources(self) -> dict[str, float]:
+        """Resources of one worker as Ray will request them."""
+        if self.resources_per_worker is not None:
+            return dict(self.resources_per_worker)
+        return {"CPU": 1.0, "GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+
+    def price_per_hour(self) -> float:
+        return self.num_workers * self.price_per_worker_hour
+
+
+class Ladder(BaseModel):
+    """An ordered list of tiers: the run starts on the first and only ever walks down."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    tiers: tuple[Tier, ...] = Field(min_length=1)
+
+    @field_validator("tiers")
+    @classmethod
+    def _check_tiers(cls, tiers: tuple[Tier, ...]) -> tuple[Tier, ...]:
+        names = [t.name for t in tiers]
+        dupes = sorted({n for n in names if names.count(n) > 1})
+        if dupes:
+            raise ValueError(f"tier names must be unique; repeated: {', '.join(dupes)}")
+        if len({t.use_gpu for t in tiers}) > 1:
+            raise ValueError("all tiers must agree on use_gpu (Ray sets up devices once per run)")
+        return tiers
+
+    def __len__(self) -> int:
+        return len(self.tiers)
+
+    def __getitem__(self, i: int) -> Tier:
+        return self.tiers[i]
+
+
+def format_validation_error(err: ValidationError, root: str = "") -> str:
+    """One line per problem: ``field.path: what is wrong``."""
+    lines = []
+    for item in err.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"])
+        loc = loc.replace(".[", "[")
+        if root:
+            loc = f"{root}.{loc}" if loc else root
+        msg = item["msg"]
+        if item["type"] == "extra_forbidden":
+            msg = "unknown field; remove it or check its spelling"
+        elif item["type"] == "missing":
+            msg = "required field is missing; add it"
+        msg = msg.removeprefix("Value error, ")
+        lines.append(f"{loc or '(top level)'}: {msg}")
+    return "\n".join(lines)
+
+
+def make_ladder(tiers: Any) -> Ladder:
+    """Build a ladder from Tier objects or plain dicts, raising ConfigError with field paths."""
+    if isinstance(tiers, Ladder):
+        return tiers
+    if tiers is None or (hasattr(tiers, "__len__") and len(tiers) == 0):
+        raise ConfigError("tiers: the ladder is empty; give at least one tier, e.g. [Tier.on_demand(num_workers=2)]")
+    try:
+        return Ladder(tiers=tuple(tiers))
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e)) from None
+
+
+def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
+    """Parse YAML that must be a mapping; errors say where."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
+        raise ConfigError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"{source}: expected a mapping with a 'tiers' key, got {type(data).__name__}")
+    return data
+
+
+def ladder_from_yaml(text_or_path: str | Path) -> Ladder:
+    """Read a ladder from YAML (``tiers: [...]``); unknown fields are errors."""
+    path = Path(text_or_path) if not str(text_or_path).lstrip().startswith(("tiers", "{")) else None
+    if path is not None and path.exists():
+        data = load_yaml_mapping(path.read_text(), str(path))
+        source = str(path)
+    else:
+        data = load_yaml_mapping(str(text_or_path))
+        source = "<string>"
+    unknown = sorted(set(data) - {"tiers"})
+    if unknown:
+        raise ConfigError(f"{source}: {unknown[0]}: unknown field; the ladder file holds only 'tiers'")
+    try:
+        return Ladder.model_validate({"tiers": data.get("tiers")})
+    except ValidationError as e:
+        raise ConfigError(f"{source}:\n" + format_validation_error(e)) from None
+
+
+_RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
+
+
+def run_name_error(name: str) -> str | None:
+    """Why ``name`` cannot be a run name (it becomes one path segment under storage_path)."""
+    if not isinstance(name, str) or not _RUN_NAME_RE.fullmatch(name) or ".." in name:
+        return (
+            f"run name {name!r} must be 1-128 characters of letters, digits, '.', '_', '=' or '-', "
+            "start with a letter or digit, and contain no '/' or '..' (it must not leave storage_path)"
+        )
+    return None
+
+
+class JobConfig(BaseModel):
+    """Everything `spotfallback run job.yaml` needs: where the run lives, what it trains, the ladder.
+
+    ``ray_address``: ``local`` starts an embedded local spot cluster shaped after the ladder
+    (the demo and tests), ``auto`` joins the cluster this machine belongs to, anything else
+    is passed to ``ray.init(address=...)``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    name: str = Field(description="Unique run name; the same name resumes the run.")
+    storage_path: str = Field(description="Durable storage root: a local/NFS path or s3://, gs:// URI.")
+    entrypoint: str = Field(description="Training function as 'package.module:function' or 'path/file.py:function'.")
+    train_loop_config: dict[str, Any] = Field(default_factory=dict)
+    backend: str = Field(default="torch", description="Training backend: 'torch'.")
+    ray_address: str = Field(default="local")
+    tiers: tuple[Tier, ...] = Field(min_length=1)
+
+    @field_validator("name")
+    @classmethod
+    def _check_name(cls, v: str) -> str:
+        problem = run_name_error(v)
+        if problem:
+            raise ValueError(problem)
+        return v
+
+    @field_validator("entrypoint")
+    @classmethod
+    def _check_entrypoint(cls, v: str) -> str:
+        module, sep, func = v.rpartition(":")
+        if not sep or not module or not func.isidentifier():
+            raise ValueError(f"entrypoint {v!r} must look like 'package.module:function' or 'file.py:function'")
+        return v
+
+    @field_validator("backend")
+    @classmethod
+    def _check_backend(cls, v: str) -> str:
+        if v not in ("torch",):
+            raise ValueError(f"backend {v!r} is not supported; use 'torch'")
+        return v
+
+    @field_validator("tiers")
+    @classmethod
+    def _check_tiers(cls, tiers: tuple[Tier, ...]) -> tuple[Tier, ...]:
+        Ladder(tiers=tiers)
+        return tiers
+
+    @property
+    def ladder(self) -> Ladder:
+        return Ladder(tiers=self.tiers)
+
+    @classmethod
+    def from_yaml(cls, path: str | Path) -> JobConfig:
+        path = Path(path)
+        try:
+            text = path.read_text()
+        except OSError as e:
+            raise ConfigError(f"{path}: cannot read the job file: {e.strerror}") from None
+        data = load_yaml_mapping(text, str(path))
+        try:
+            return cls.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(f"{path}:\n" + format_validation_error(e)) from None
