@@ -30,7 +30,7 @@ RESERVED = "reserved"
 # Kubernetes-style keys with an optional DNS prefix, values of at most 63 characters, and
 # selector values that may be negated (`!v`) or sets (`in(a,b)`, `!in(a,b)`).
 # Kept here so the config module stays importable without Ray; a test checks agreement.
-_LABEL = r"[a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?"
+_LABEL = r"([a-zA-Z0-9]([a-zA-Z0-9_.-]{0,61}[a-zA-Z0-9])?)"
 _LABEL_RE = re.compile(rf"^{_LABEL}$")
 _PREFIX_RE = re.compile(rf"^({_LABEL}?(\.{_LABEL}?)*)$")
 _SELECTOR_VALUE_RE = re.compile(rf"^!?(?:in)?\({_LABEL}(?:, ?{_LABEL})*\)$|^!?{_LABEL}$")

@@ -28,6 +28,8 @@ class RunStarted(Event):
 
     kind: ClassVar[str] = "run_started"
     driver: str = ""
+    previous_seen: float | None = None  # last sign of life of the driver before this one
+    reset: bool = False  # a failed run started again on a fresh ladder (retry_failed=True)
 
 
 @dataclass(frozen=True)

@@ -167,6 +167,10 @@ class FallbackPolicy:
         return state
 
     def decide(self, state: PolicyState, event: Event) -> Step:
+        if isinstance(event, RunStarted) and event.reset:
+            # A failed run started again on purpose: fresh budgets, progress kept in checkpoints.
+            fresh = self.initial_state()
+            return Step(replace(fresh, waiting_since=event.t, checkpoints=state.checkpoints), Continue())
         if state.is_terminal:
             # Late events (a checkpoint commit racing the finish, a straggler failure) change
             # nothing; the terminal decision is repeated so the shell stays idempotent.
@@ -190,7 +194,9 @@ class FallbackPolicy:
             case CapacityTimedOut(waited_s=waited):
                 stats = replace(state.current, capacity_timeouts=state.current.capacity_timeouts + 1)
                 state = self._with_stats(state, stats)
-                return self._leave(state, t, f"no capacity within capacity_timeout_s={self.tiers[state.tier].capacity_timeout_s:g} (waited {waited:.1f}s)")
+                timeout = self.tiers[state.tier].capacity_timeout_s
+                limit = f"within capacity_timeout_s={timeout:g}" if timeout is not None else "(the cluster cannot fit this tier)"
+                return self._leave(state, t, f"no capacity {limit} (waited {waited:.1f}s)")
             case ApplicationFailed(error_type=etype, message=message):
                 stats = replace(state.current, app_errors=state.current.app_errors + 1)
                 state = self._with_stats(state, stats)

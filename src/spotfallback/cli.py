@@ -1,0 +1,33 @@
+"""The `spotfallback` command line: a thin typer shell over the library."""
+
+from __future__ import annotations
+
+import typer
+
+app = typer.Typer(
+    name="spotfallback",
+    help="Run Ray Train jobs on spot capacity with a tiered fallback ladder.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+
+
+def _register_subcommands() -> None:
+    # Each feature module adds its own commands; keep one line per module here.
+    from . import (
+        cli_manifest,  # deployment: `spotfallback manifest ...`  (issue 6)
+        cli_plan,  # planner: `spotfallback plan`  (issue 3)
+    )
+
+    cli_plan.register(app)
+    cli_manifest.register(app)
+
+
+def main() -> None:
+    _register_subcommands()
+    app()
+
+
+if __name__ == "__main__":
+    main()

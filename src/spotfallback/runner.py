@@ -1,0 +1,256 @@
+"""``FallbackTrainer``: a drop-in next to ``TorchTrainer`` that runs on a ladder of tiers.
+
+The driver's part is small: take the run's lease, replay the ledger to learn where the run
+stands (tier, counts, spend), and start one Ray Train run whose failure policy, scaling
+policy and label selector are spotfallback's (see ``controller_hooks``). Ray restores the
+latest checkpoint itself because the run keeps the same ``RunConfig(storage_path, name)``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import os
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from typing import Any
+
+from ray.train import Result, RunConfig, ScalingConfig
+from ray.train.v2._internal.util import ObjectRefWrapper
+from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
+
+from .classify import unwrap_user_error, user_exceptions, user_traceback
+from .config import ConfigError, JobConfig, Ladder, Tier, make_ladder
+from .controller_hooks import LedgerCallback, RunSpec, TierFailurePolicy, TierScalingPolicy
+from .errors import LadderExhaustedError, RunAlreadyFinishedError, RunFailedError, RunFatalError
+from .events import Complete, Finished, RunStarted
+from .lease import DriverLease
+from .ledger import Ledger
+from .policy import FallbackPolicy, PolicyState
+from .storage import RunLocation, resolve_run
+
+logger = logging.getLogger("spotfallback")
+
+BACKENDS = ("torch", "none")
+
+
+def _ladder_trainer_class(base: type) -> type:
+    """A subclass of ``base`` whose ``fit`` hands Ray's controller spotfallback's policies."""
+
+    class LadderTrainer(base):  # type: ignore[misc, valid-type]
+        _spotfallback_spec: RunSpec
+
+        def fit(self) -> Result:
+            spec = self._spotfallback_spec
+            result = self._initialize_and_run_controller(
+                train_fn_ref=ObjectRefWrapper(self._get_train_func()),
+                scaling_policy=TierScalingPolicy(self.scaling_config, spec),
+                failure_policy=TierFailurePolicy(self.run_config.failure_config, spec),
+                train_run_context=self.train_run_context,
+                callbacks=[*self._create_default_callbacks(), LedgerCallback(spec)],
+                validation_config=self.validation_config,
+            )
+            if result.error:
+                raise result.error
+            return result
+
+    LadderTrainer.__name__ = f"Ladder{base.__name__}"
+    return LadderTrainer
+
+
+class FallbackTrainer:
+    """Run an ordinary Ray Train V2 training function on a ladder of capacity tiers.
+
+    The run starts on ``tiers[0]`` and walks down the ladder when a tier spends its
+    preemption or failure budget or cannot provide workers within its capacity timeout,
+    resuming from the latest checkpoint each time. Errors raised by the training function
+    itself are retried on the same tier (``max_failures``) and then raised from ``fit()``:
+    a bug never moves the run to pricier capacity.
+
+    ``RunConfig(storage_path, name)`` identifies the run: running the same code again after
+    a driver crash resumes it on the tier the ledger records. ``FailureConfig``'s retry
+    budgets are replaced by the tiers' own; its preemption settings still apply.
+    """
+
+    def __init__(
+        self,
+        train_loop_per_worker: Callable[..., Any],
+        *,
+        train_loop_config: dict[str, Any] | None = None,
+        tiers: Sequence[Tier] | Ladder,
+        run_config: RunConfig,
+        backend: str = "torch",
+        backend_config: Any = None,
+        datasets: dict[str, Any] | None = None,
+        retry_failed: bool = False,
+        lease_ttl_s: float | None = None,
+    ):
+        self.ladder = make_ladder(tiers)
+        if not isinstance(run_config, RunConfig):
+            raise ConfigError("run_config: pass ray.train.RunConfig(storage_path=..., name=...)")
+        if not run_config.name:
+            raise ConfigError(
+                "run_config.name: required. Give every job a unique name; the same name resumes the run."
+            )
+        if backend not in BACKENDS:
+            raise ConfigError(f"backend: {backend!r} is not supported; use one of {', '.join(BACKENDS)}")
+        storage_path = run_config.storage_path or os.path.expanduser("~/ray_results")
+        self.location: RunLocation = resolve_run(storage_path, run_config.name, run_config.storage_filesystem)
+        self.train_loop_per_worker = train_loop_per_worker
+        self.train_loop_config = train_loop_config
+        self.run_config = run_config
+        self.backend = backend
+        self.backend_config = backend_config
+        self.datasets = datasets
+        self.retry_failed = retry_failed
+        self.lease_ttl_s = lease_ttl_s
+        self.policy = FallbackPolicy(self.ladder)
+        self.ledger = Ledger(self.location, writer=f"drv{uuid.uuid4().hex[:6]}")
+
+    @classmethod
+    def from_job(cls, job: JobConfig, **kwargs: Any) -> FallbackTrainer:
+        """Build from a validated job file (``spotfallback run job.yaml`` uses this)."""
+        from .jobs import load_entrypoint
+
+        return cls(
+            load_entrypoint(job.entrypoint),
+            train_loop_config=dict(job.train_loop_config),
+            tiers=job.ladder,
+            run_config=RunConfig(storage_path=job.storage_path, name=job.name),
+            backend=job.backend,
+            **kwargs,
+        )
+
+    @classmethod
+    def from_yaml(cls, path: str | os.PathLike[str], **kwargs: Any) -> FallbackTrainer:
+        return cls.from_job(JobConfig.from_yaml(path), **kwargs)
+
+    # -- the run ------------------------------------------------------------------------
+
+    def _check_stored_ladder(self) -> None:
+        stored = self.ledger.read_ladder()
+        if stored is None:
+            self.ledger.write_meta(self.ladder, {"name": self.location.name, "created": time.time()})
+            return
+        if [t.name for t in stored.tiers] != [t.name for t in self.ladder.tiers]:
+            raise ConfigError(
+                f"tiers: run {self.location.uri()!r} was started with tiers "
+                f"{[t.name for t in stored.tiers]}, not {[t.name for t in self.ladder.tiers]}; "
+                "resume it with the same tiers or start a run with a new name"
+            )
+
+    def _start_state(self, lease: DriverLease) -> PolicyState:
+        records = self.ledger.read()
+        state = self.policy.replay(r.event for r in records)
+        if state.status == "finished":
+            raise RunAlreadyFinishedError(
+                f"run {self.location.uri()!r} already finished; its result and checkpoints are kept. "
+                "Use a new run name to train again."
+            )
+        if state.status == "failed" and not self.retry_failed:
+            reason = state.give_up.reason if state.give_up else "unknown"
+            raise RunFailedError(
+                f"run {self.location.uri()!r} gave up earlier: {reason}\n"
+                "Pass retry_failed=True (CLI: --retry-failed) to resume it from its latest checkpoint "
+                "with fresh tier budgets, or use a new run name."
+            )
+        event = RunStarted(
+            t=time.time(),
+            driver=f"{os.uname().nodename}:{os.getpid()}",
+            previous_seen=lease.previous.renewed_at if lease.previous else None,
+            reset=state.status == "failed",
+        )
+        step = self.policy.decide(state, event)
+        self.ledger.append(event, state.tier, step.decision.to_json())
+        if records:
+            logger.info(
+                "resuming run %s on tier %r (%d ledger events)",
+                self.location.uri(),
+                self.ladder[step.state.tier].name,
+                len(records),
+            )
+        return step.state
+
+    def _make_trainer(self, spec: RunSpec) -> Any:
+        first = self.ladder[0]
+        scaling = ScalingConfig(
+            num_workers=first.num_workers,
+            use_gpu=first.use_gpu,
+            resources_per_worker=first.resources_per_worker,
+        )
+        if self.backend == "torch":
+            from ray.train.torch import TorchTrainer
+
+            base: type = TorchTrainer
+        else:
+            from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+
+            base = DataParallelTrainer
+        kwargs: dict[str, Any] = {
+            "train_loop_config": self.train_loop_config,
+            "scaling_config": scaling,
+            "run_config": self.run_config,
+            "datasets": self.datasets,
+        }
+        if self.backend_config is not None:
+            key = "torch_config" if self.backend == "torch" else "backend_config"
+            kwargs[key] = self.backend_config
+        trainer = _ladder_trainer_class(base)(self.train_loop_per_worker, **kwargs)
+        trainer._spotfallback_spec = spec
+        return trainer
+
+    def fit(self) -> Result:
+        """Train to completion, walking down the ladder as needed; returns Ray's ``Result``."""
+        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s)
+        self.ledger.ensure_dirs()
+        lease.acquire()
+        try:
+            self._check_stored_ladder()
+            state = self._start_state(lease)
+            spec = RunSpec(
+                key=uuid.uuid4().hex,
+                tiers=tuple(t.model_dump(mode="json") for t in self.ladder.tiers),
+                state=state,
+                location=self.location,
+                writer=f"ctl{uuid.uuid4().hex[:6]}",
+            )
+            trainer = self._make_trainer(spec)
+            try:
+                result = trainer.fit()
+            except TrainingFailedError as error:
+                raise self._translate(error) from error
+            final = self.state()
+            self.ledger.append(Finished(t=time.time()), final.tier, Complete().to_json())
+            return result
+        finally:
+            lease.release()
+
+    def state(self) -> PolicyState:
+        """Where the run stands now, replayed from the ledger."""
+        return self.policy.replay(r.event for r in self.ledger.read())
+
+    def _translate(self, error: TrainingFailedError) -> BaseException:
+        state = self.state()
+        give_up = state.give_up
+        if give_up is None:
+            return error
+        if give_up.cause == "application" and isinstance(error, WorkerGroupError):
+            users = user_exceptions(error)
+            if users:
+                user_error = unwrap_user_error(users[0])
+                if isinstance(user_error, BaseException):
+                    with contextlib.suppress(Exception):
+                        user_error.add_note(
+                            f"spotfallback: {give_up.reason}\nOn the worker:\n{user_traceback(error, users[0])}"
+                        )
+                    return user_error
+        if give_up.cause == "exhausted":
+            return LadderExhaustedError(
+                f"run {self.location.uri()!r} stopped: {give_up.reason}\n"
+                "Checkpoints are kept; run again with retry_failed=True to resume from the latest one."
+            )
+        return RunFatalError(f"run {self.location.uri()!r} stopped: {give_up.reason}")
+
+
+__all__ = ["FallbackTrainer"]

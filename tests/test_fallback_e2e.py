@@ -1,0 +1,181 @@
+"""End to end on the local spot cluster: fallback on preemptions, capacity timeouts, user bugs.
+
+One cluster for the module: a head with no CPUs (driver and Train controller), two spot and
+two on-demand one-CPU nodes. Each test restores the capacity it takes away.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from helpers_e2e import (  # noqa: E402
+    TRAIN_CONFIG,
+    Background,
+    apply_env,
+    checkpoints_since,
+    kinds,
+    unique_name,
+    wait_for,
+)
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    apply_env()
+    from spotfallback.local import LocalSpotCluster, NodeGroup
+
+    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+
+
+@pytest.fixture()
+def injector(cluster):
+    from spotfallback.local import Injector
+
+    inj = Injector(cluster)
+    try:
+        yield inj
+    finally:
+        for market in ("spot", "on-demand"):
+            inj.give_back(market)
+            inj.replenish(market)
+        inj.close()
+
+
+def make_trainer(storage, name, tiers, **config):
+    import ray.train
+
+    from examples.ddp_digits import train_fn
+    from spotfallback import FallbackTrainer
+
+    return FallbackTrainer(
+        train_fn,
+        train_loop_config={**TRAIN_CONFIG, **config},
+        tiers=tiers,
+        run_config=ray.train.RunConfig(storage_path=str(storage), name=name),
+    )
+
+
+@pytest.fixture(scope="module")
+def reference_hash(cluster, tmp_path_factory):
+    """Final weights of the job run with no interruption at all."""
+    from spotfallback import Tier
+
+    trainer = make_trainer(tmp_path_factory.mktemp("ref"), unique_name("ref"), [Tier.on_demand(2)])
+    result = trainer.fit()
+    assert result.metrics["step"] == TRAIN_CONFIG["total_steps"]
+    return result.metrics["weights_sha256"]
+
+
+def test_two_preemptions_fall_back_to_on_demand_with_bit_identical_weights(cluster, injector, reference_hash, tmp_path):
+    from spotfallback import Tier
+    from spotfallback.accounting import summarize
+
+    ladder = [
+        Tier.spot(2, max_preemptions=1, capacity_timeout_s=60, price_per_worker_hour=0.9),
+        Tier.on_demand(2, max_failures=3, price_per_worker_hour=3.06),
+    ]
+    trainer = make_trainer(tmp_path, unique_name("fallback"), ladder)
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, driver)
+    injector.preempt_one("spot", notice_s=1.0)
+    injector.replenish("spot")  # a replacement spot node: the run stays on spot after one preemption
+    wait_for(ledger, lambda rs: kinds(rs)[-2:] == ["preempted", "workers_acquired"] and checkpoints_since(rs, "workers_acquired") >= 1, 120, driver)
+    injector.preempt_one("spot", notice_s=1.0)
+    result = driver.join(240)
+    assert driver.error is None, driver.error
+
+    records = ledger.read()
+    assert kinds(records) == [
+        "run_started", "workers_acquired", "preempted", "workers_acquired", "preempted", "workers_acquired", "finished",
+    ]
+    switch = [r for r in records if r.decision and r.decision["action"] == "switch_tier"]
+    assert len(switch) == 1 and switch[0].decision["to_tier"] == 1
+    assert [r.tier for r in records if r.event.kind == "workers_acquired"] == [0, 0, 1]
+    summary = summarize(trainer.ladder, records)
+    assert summary.tiers[0].preemptions == 2 and summary.state.tier == 1 and summary.status == "finished"
+    # Resumed from the latest checkpoint, and bit-identical to the run that never stopped.
+    assert result.metrics["step"] == TRAIN_CONFIG["total_steps"]
+    assert result.metrics["weights_sha256"] == reference_hash
+
+
+def test_capacity_timeout_moves_to_next_tier_within_margin(cluster, injector, reference_hash, tmp_path):
+    from spotfallback import Tier
+
+    injector.take_capacity("spot")
+    timeout = 8.0
+    trainer = make_trainer(
+        tmp_path, unique_name("captimeout"), [Tier.spot(2, capacity_timeout_s=timeout), Tier.on_demand(2)]
+    )
+    result = trainer.fit()
+    records = trainer.ledger.read()
+    assert kinds(records) == ["run_started", "capacity_timed_out", "workers_acquired", "finished"]
+    started, timed_out = records[0].t, records[1].t
+    # The stated margin: the tier is left no later than 3 s after its timeout.
+    assert timeout - 0.5 <= timed_out - started <= timeout + 3.0, timed_out - started
+    assert records[2].tier == 1
+    assert result.metrics["weights_sha256"] == reference_hash
+
+
+def test_every_tier_unavailable_ends_with_clear_error_and_keeps_checkpoints(cluster, injector, tmp_path):
+    from spotfallback import Tier
+    from spotfallback.errors import LadderExhaustedError
+
+    name = unique_name("exhausted")
+    ladder = [
+        Tier.spot(2, name="spot-a", max_preemptions=3, capacity_timeout_s=4),
+        Tier.on_demand(2, capacity_timeout_s=4),
+    ]
+    trainer = make_trainer(tmp_path, name, ladder)
+    driver = Background(trainer.fit)
+    wait_for(trainer.ledger, lambda rs: checkpoints_since(rs, "workers_acquired") >= 1, 120, driver)
+    injector.take_capacity("on-demand", notice_s=None)
+    injector.take_capacity("spot", notice_s=0.0)
+    driver.join(120)
+    assert isinstance(driver.error, LadderExhaustedError), driver.error
+    message = str(driver.error)
+    assert "spot-a" in message and "on-demand" in message and "capacity_timeout_s=4" in message
+    checkpoints = sorted(p for p in os.listdir(tmp_path / name) if p.startswith("checkpoint_"))
+    assert checkpoints, "checkpoints must survive the run giving up"
+
+    # Capacity returns: the run resumes from its checkpoint when asked to, and finishes.
+    injector.give_back("spot")
+    before = time.time()
+    resumed = make_trainer(tmp_path, name, ladder)
+    resumed.retry_failed = True
+    result = resumed.fit()
+    assert result.metrics["step"] == TRAIN_CONFIG["total_steps"]
+    assert set(checkpoints) <= set(os.listdir(tmp_path / name))
+    assert any(r.event.kind == "run_started" and r.event.reset and r.t >= before for r in resumed.ledger.read())
+
+
+def test_application_error_is_retried_on_spot_and_raised_never_moved(cluster, tmp_path):
+    from spotfallback import Tier
+
+    trainer = make_trainer(
+        tmp_path,
+        unique_name("apperror"),
+        [Tier.spot(2, max_failures=2), Tier.on_demand(2)],
+        raise_at_step=7,
+    )
+    with pytest.raises(ValueError, match="injected application error at step 7") as info:
+        trainer.fit()
+    assert any("max_failures=2" in note for note in getattr(info.value, "__notes__", []))
+    records = trainer.ledger.read()
+    assert [r.event.kind for r in records if r.event.kind == "application_failed"] == ["application_failed"] * 3
+    assert all(r.tier == 0 for r in records)
+    assert not any(r.decision and r.decision["action"] == "switch_tier" for r in records)
+    assert records[-1].decision["action"] == "give_up" and records[-1].decision["cause"] == "application"
