@@ -179,3 +179,76 @@ def test_application_error_is_retried_on_spot_and_raised_never_moved(cluster, tm
     assert all(r.tier == 0 for r in records)
     assert not any(r.decision and r.decision["action"] == "switch_tier" for r in records)
     assert records[-1].decision["action"] == "give_up" and records[-1].decision["cause"] == "application"
+
+
+def test_driver_sigkill_after_tier_switch_resumes_on_the_right_tier(cluster, injector, reference_hash, tmp_path):
+    """`kill -9` the driver mid-run, run the same command again: same tier, same counts, same weights."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    import yaml
+
+    from helpers_e2e import REPO
+    from spotfallback.accounting import summarize
+    from spotfallback.config import JobConfig
+    from spotfallback.ledger import Ledger
+    from spotfallback.storage import resolve_run
+
+    name = unique_name("driverkill")
+    job_file = tmp_path / "job.yaml"
+    job_file.write_text(yaml.safe_dump({
+        "name": name,
+        "storage_path": str(tmp_path / "runs"),
+        "entrypoint": "examples.ddp_digits:train_fn",
+        "train_loop_config": TRAIN_CONFIG,
+        "ray_address": cluster.address,
+        "tiers": [
+            {"name": "spot", "market": "spot", "num_workers": 2, "max_preemptions": 0, "capacity_timeout_s": 60},
+            {"name": "on-demand", "market": "on-demand", "num_workers": 2},
+        ],
+    }))
+    job = JobConfig.from_yaml(job_file)
+    ledger = Ledger(resolve_run(job.storage_path, job.name))
+    command = [sys.executable, "-m", "spotfallback.cli", "run", str(job_file)]
+
+    def start(tag: str) -> subprocess.Popen:
+        out = open(tmp_path / f"{tag}.out", "w")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    first = start("first")
+    try:
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120)
+        injector.preempt_one("spot", notice_s=1.0)
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 1, 120)
+        first.send_signal(signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+
+    second = start("second")
+    try:
+        n_before = len(ledger.read())
+        wait_for(ledger, lambda rs: len(rs) > n_before and any(r.event.kind == "run_started" for r in rs[n_before:]), 60)
+        # A second live driver on the same run is refused with a clear error.
+        third = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=120)
+        assert third.returncode == 5, third.stderr
+        assert "another driver is running this run" in third.stderr
+        assert second.wait(300) == 0, (tmp_path / "second.out").read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+
+    final = json.loads((tmp_path / "second.out").read_text().strip().splitlines()[-1])
+    assert final["status"] == "finished"
+    assert final["metrics"]["weights_sha256"] == reference_hash
+
+    records = ledger.read()
+    starts = [i for i, r in enumerate(records) if r.event.kind == "run_started"]
+    assert len(starts) == 2 and records[starts[1]].event.previous_seen is not None
+    resumed = records[starts[1]:]
+    assert all(r.tier == 1 for r in resumed), "the resumed driver must stay on the tier the ledger says"
+    summary = summarize(job.ladder, records)
+    assert summary.status == "finished" and summary.tiers[0].preemptions == 1 and summary.state.tier == 1

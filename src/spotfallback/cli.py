@@ -16,10 +16,12 @@ app = typer.Typer(
 def _register_subcommands() -> None:
     # Each feature module adds its own commands; keep one line per module here.
     from . import (
-        cli_manifest,  # deployment: `spotfallback manifest ...`  (issue 6)
-        cli_plan,  # planner: `spotfallback plan`  (issue 3)
+        cli_manifest,  # deployment: `spotfallback manifest ...`
+        cli_plan,  # planner: `spotfallback plan`
+        cli_run,  # `spotfallback run`, `spotfallback demo`
     )
 
+    cli_run.register(app)
     cli_plan.register(app)
     cli_manifest.register(app)
 

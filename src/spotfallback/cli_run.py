@@ -133,3 +133,13 @@ def register(app: typer.Typer) -> None:
         except ConfigError as e:
             raise fail(str(e)) from None
         raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose))
+
+    @app.command("demo")
+    def demo_cmd(
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
+        keep: Annotated[bool, typer.Option("--keep", help="Keep the run's checkpoints and ledger.")] = False,
+    ) -> None:
+        """Train the PyTorch example on a local spot cluster, preempt it onto on-demand, show the cost."""
+        from .demo import run_demo
+
+        raise typer.Exit(run_demo(verbose=verbose, keep=keep))

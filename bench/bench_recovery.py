@@ -1,0 +1,172 @@
+"""Recovery after a preemption on the local spot cluster: plain Ray Train vs spotfallback.
+
+Three scenarios, alternated and repeated on one cluster (head + 3 spot + 2 on-demand
+one-CPU nodes, so a spare node of each market is always up and node start-up time does not
+enter the comparison):
+
+- ``ray-restart``: plain ``TorchTrainer`` pinned to spot, ``FailureConfig(max_failures=3,
+  max_preemption_failures=3)``: a preemption and Ray's own restart on spot.
+- ``sf-restart``: ``FallbackTrainer`` with spot ``max_preemptions=3``: same-tier restart.
+- ``sf-switch``: ``FallbackTrainer`` with spot ``max_preemptions=0``: the preemption spends
+  the budget and the run resumes on the on-demand tier.
+
+Each run trains the DDP example; once it has committed its first checkpoint and reached
+step 8, one spot node that hosts a worker is preempted (1 s notice, then killed). Recovery
+is measured from the kill to the first training step reported after the restart, from a
+``UserCallback`` that timestamps every report in the controller.
+
+Usage: ``python bench/bench_recovery.py [--reps 3] [--out docs/recovery.json]``; prints a
+markdown table and writes the raw figures as JSON.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(REPO), str(REPO / "tests")]
+
+from helpers_e2e import Background, apply_env  # noqa: E402
+
+CONFIG = {"total_steps": 24, "checkpoint_every": 4, "step_delay_s": 0.1, "seed": 3}
+
+
+def report_times_callback():
+    import ray.train
+
+    class StepTimes(ray.train.UserCallback):
+        """Timestamps every report; lives in the controller, so it writes to a file."""
+
+        def __init__(self, path: str):
+            self.path = path
+
+        def after_report(self, run_context, metrics, checkpoint):  # noqa: ANN001
+            step = metrics[0].get("step") if metrics else None
+            with open(self.path, "a") as f:
+                f.write(json.dumps({"t": time.time(), "step": step}) + "\n")
+
+    return StepTimes
+
+
+def read_steps(path: str) -> list[tuple[float, int]]:
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [(d["t"], d["step"]) for d in map(json.loads, f) if d.get("step") is not None]
+
+
+def one_run(cluster, injector, scenario: str, storage: str) -> dict:
+    import ray.train
+    from examples.ddp_digits import train_fn
+    from ray.train.torch import TorchTrainer
+
+    from spotfallback import FallbackTrainer, Tier
+
+    steps_file = os.path.join(storage, f"{scenario}-{uuid.uuid4().hex[:6]}.jsonl")
+    callback = report_times_callback()(steps_file)
+    name = f"{scenario}-{uuid.uuid4().hex[:6]}"
+    if scenario == "ray-restart":
+        trainer = TorchTrainer(
+            train_fn,
+            train_loop_config=CONFIG,
+            scaling_config=ray.train.ScalingConfig(num_workers=2, label_selector={"ray.io/market-type": "spot"}),
+            run_config=ray.train.RunConfig(
+                storage_path=storage, name=name, callbacks=[callback],
+                failure_config=ray.train.FailureConfig(max_failures=3, max_preemption_failures=3),
+            ),
+        )
+    else:
+        budget = 3 if scenario == "sf-restart" else 0
+        trainer = FallbackTrainer(
+            train_fn,
+            train_loop_config=CONFIG,
+            tiers=[Tier.spot(2, max_preemptions=budget, capacity_timeout_s=120), Tier.on_demand(2)],
+            run_config=ray.train.RunConfig(storage_path=storage, name=name, callbacks=[callback]),
+        )
+    driver = Background(trainer.fit)
+    deadline = time.monotonic() + 180
+    while time.monotonic() < deadline:
+        steps = read_steps(steps_file)
+        if steps and steps[-1][1] >= 8:
+            break
+        if driver.done:
+            raise RuntimeError(f"{scenario} ended before the fault: {driver.error!r}")
+        time.sleep(0.05)
+    else:
+        raise TimeoutError(f"{scenario}: no progress")
+    injector.preempt_one("spot", notice_s=1.0)
+    killed = time.time()
+    last_before = max(s for t, s in read_steps(steps_file) if t <= killed)
+    driver.join(300)
+    if driver.error is not None:
+        raise RuntimeError(f"{scenario} failed: {driver.error!r}")
+    after = [(t, s) for t, s in read_steps(steps_file) if t > killed]
+    first_t, first_step = after[0]
+    injector.replenish("spot")
+    return {
+        "scenario": scenario,
+        "recovery_s": first_t - killed,
+        "redone_steps": last_before - (first_step - 1),
+        "last_step_before": last_before,
+        "first_step_after": first_step,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--out", default=str(REPO / "docs" / "recovery.json"))
+    args = parser.parse_args()
+    apply_env()
+    from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
+
+    results: list[dict] = []
+    scenarios = ["ray-restart", "sf-restart", "sf-switch"]
+    storage = tempfile.mkdtemp(prefix="bench-recovery-")
+    with LocalSpotCluster([NodeGroup("spot", count=3), NodeGroup("on-demand", count=2)], connect=True) as cluster, Injector(cluster) as injector:
+        for rep in range(args.reps):
+            order = scenarios if rep % 2 == 0 else scenarios[::-1]
+            for scenario in order:
+                r = one_run(cluster, injector, scenario, storage)
+                r["rep"] = rep
+                results.append(r)
+                print(json.dumps(r), flush=True)
+    machine = f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
+        machine = f"{os.cpu_count()} cores, {model}"
+    except (OSError, StopIteration):
+        pass
+    import ray
+
+    summary = {}
+    for s in scenarios:
+        xs = [r["recovery_s"] for r in results if r["scenario"] == s]
+        summary[s] = {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs), "n": len(xs),
+                      "redone_steps": [r["redone_steps"] for r in results if r["scenario"] == s]}
+    base = summary["ray-restart"]["median_s"]
+    lines = [
+        "| scenario | recovery median (s) | min–max (s) | ratio to plain Ray restart | steps redone | runs |",
+        "|---|---|---|---|---|---|",
+    ]
+    for s in scenarios:
+        v = summary[s]
+        lines.append(f"| {s} | {v['median_s']:.1f} | {v['min_s']:.1f}–{v['max_s']:.1f} | {v['median_s'] / base:.2f}× | {v['redone_steps']} | {v['n']} |")
+    table = "\n".join(lines)
+    print(table)
+    Path(args.out).write_text(json.dumps({"machine": machine, "ray": ray.__version__, "command": "python bench/bench_recovery.py --reps "
+                                          f"{args.reps}", "results": results, "summary": summary, "table": table}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
