@@ -10,10 +10,10 @@ enter the comparison):
 - ``sf-switch``: ``FallbackTrainer`` with spot ``max_preemptions=0``: the preemption spends
   the budget and the run resumes on the on-demand tier.
 
-Each run trains the DDP example; once it has committed its first checkpoint and reached
-step 8, one spot node that hosts a worker is preempted (1 s notice, then killed). Recovery
-is measured from the kill to the first training step reported after the restart, from a
-``UserCallback`` that timestamps every report in the controller.
+Each run trains the DDP example; once it has reached step 8, one spot node that hosts a
+worker is preempted (1 s notice, then killed). Recovery is measured from the kill to the
+first training step reported after the restart (the first report after a pause of at least
+2 s), from a ``UserCallback`` that timestamps every report in the controller.
 
 Usage: ``python bench/bench_recovery.py [--reps 3] [--out docs/recovery.json]``; prints a
 markdown table and writes the raw figures as JSON.
@@ -105,12 +105,18 @@ def one_run(cluster, injector, scenario: str, storage: str) -> dict:
         raise TimeoutError(f"{scenario}: no progress")
     injector.preempt_one("spot", notice_s=1.0)
     killed = time.time()
-    last_before = max(s for t, s in read_steps(steps_file) if t <= killed)
     driver.join(300)
     if driver.error is not None:
         raise RuntimeError(f"{scenario} failed: {driver.error!r}")
-    after = [(t, s) for t, s in read_steps(steps_file) if t > killed]
-    first_t, first_step = after[0]
+    # The restart is the first report after a pause of >= 2 s following the kill (reports come
+    # every ~0.3 s while training; a restart takes several seconds). Reports of the old gang
+    # can still arrive just after the kill, so they count as "before".
+    steps = read_steps(steps_file)
+    restart = next(
+        i for i in range(1, len(steps)) if steps[i][0] > killed and steps[i][0] - steps[i - 1][0] >= 2.0
+    )
+    first_t, first_step = steps[restart]
+    last_before = max(s for _, s in steps[:restart])
     injector.replenish("spot")
     return {
         "scenario": scenario,

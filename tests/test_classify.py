@@ -46,5 +46,6 @@ def test_preemptions_capacity_and_fatal_errors():
     assert classify(timeout).kind == "capacity"
     assert classify(ControllerError(InsufficientClusterResourcesError("no GPUs"))).kind == "no_capacity"
     assert classify(ControllerError(WorkerGroupStartupFailedError("node died during start"))).kind == "node_failed"
+    assert classify(ControllerError(ActorDiedError())).kind == "node_failed"
     fatal = classify(ControllerError(PermissionError("no access to bucket")))
     assert fatal.kind == "fatal" and "PermissionError" in fatal.detail

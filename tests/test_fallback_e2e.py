@@ -55,8 +55,8 @@ def injector(cluster):
 
 def make_trainer(storage, name, tiers, **config):
     import ray.train
-
     from examples.ddp_digits import train_fn
+
     from spotfallback import FallbackTrainer
 
     return FallbackTrainer(

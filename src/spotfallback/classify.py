@@ -97,6 +97,11 @@ def classify(
             return Failure("no_capacity", _first_line(str(cause)))
         if isinstance(cause, WorkerGroupStartupFailedError):
             return Failure("node_failed", _first_line(str(cause)))
+        if isinstance(cause, RayActorError):
+            # One of Ray Train's own helper actors (e.g. its preemption watcher) lived on a
+            # node that went away: infrastructure, not a reason to stop the run.
+            kind = "preempted" if cause.preempted else "node_failed"
+            return Failure(kind, f"a Ray Train actor died with its node: {_first_line(str(cause))}")
         return Failure("fatal", f"{type(cause).__name__}: {_first_line(str(cause))}")
     if isinstance(error, WorkerGroupError):
         failures = list(error.worker_failures.values())

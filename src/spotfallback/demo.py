@@ -83,7 +83,6 @@ def run_demo(verbose: bool = False, keep: bool = False) -> int:
     root = _example_root()
     _env(root)
     import ray.train
-
     from examples.ddp_digits import train_fn
 
     tiers = [
@@ -131,14 +130,18 @@ def run_demo(verbose: bool = False, keep: bool = False) -> int:
             # Preempt a spot node once each spot attempt has committed a checkpoint, until the
             # spot budget is spent; the first time, a replacement spot node arrives.
             acquired = [i for i, r in enumerate(records) if r.event.kind == "workers_acquired"]
-            if acquired and records[acquired[-1]].tier == 0 and acquired[-1] not in attempts_preempted:
-                if any(r.event.kind == "checkpoint_committed" for r in records[acquired[-1]:]):
-                    attempts_preempted.add(acquired[-1])
-                    node = injector.preempt_one("spot", notice_s=1.0)
-                    console.print(f"[dim]        injected: spot node {node.node_id[:8] if node else '?'} preempted (1 s notice)[/]")
-                    if len(attempts_preempted) == 1:
-                        injector.replenish("spot")
-                        console.print("[dim]        injected: a replacement spot node joined[/]")
+            if (
+                acquired
+                and records[acquired[-1]].tier == 0
+                and acquired[-1] not in attempts_preempted
+                and any(r.event.kind == "checkpoint_committed" for r in records[acquired[-1]:])
+            ):
+                attempts_preempted.add(acquired[-1])
+                node = injector.preempt_one("spot", notice_s=1.0)
+                console.print(f"[dim]        injected: spot node {node.node_id[:8] if node else '?'} preempted (1 s notice)[/]")
+                if len(attempts_preempted) == 1:
+                    injector.replenish("spot")
+                    console.print("[dim]        injected: a replacement spot node joined[/]")
         thread.join()
         records = trainer.ledger.read()
         for rec in records[shown:]:

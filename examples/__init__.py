@@ -1,0 +1,1 @@
+"""Runnable examples; importable as ``examples.<module>`` from the repository root."""

@@ -1,0 +1,329 @@
+"""Data-parallel PyTorch (DDP, gloo, CPU) on scikit-learn's bundled digits, resumable bit for bit.
+
+Run it with Ray Train V2 (``TorchTrainer`` or ``spotfallback.FallbackTrainer``) as
+``examples.ddp_digits:train_fn``. A run that is killed and resumed from any checkpoint ends
+with exactly the same weights as one that never stopped, because the checkpoint holds the
+*whole* training state, each piece for a reason:
+
+- ``model.pt``: the weights (the obvious part).
+- ``optimizer.pt``: Adam's moment estimates and step counts; without them the first steps
+  after a resume take differently sized updates.
+- ``lr_scheduler.pt``: where the learning-rate schedule stands; a fresh scheduler would
+  restart the warm/decay curve.
+- ``rank_states.pt``: for every rank (gathered with ``all_gather_object``, written by rank
+  0): its ``torch.Generator`` state, which drives both the shuffling and the dropout masks,
+  plus the current epoch's permutation and the position in it. Without these a resumed
+  rank sees different batches and different dropout masks.
+- ``progress.json``: the last completed step (training continues at the next one), the
+  world size and the metrics at that step.
+
+Determinism on CPU also needs one intra-op thread (``torch.set_num_threads(1)``: reduction
+order stays fixed) and ``torch.use_deterministic_algorithms(True)``. All randomness goes
+through per-rank generators, never the global RNG.
+
+Config keys: ``total_steps`` (40), ``checkpoint_every`` (5), ``batch_size`` (32), ``lr``
+(0.01), ``seed`` (0), ``hidden`` (64), ``step_delay_s`` (0: extra sleep per step, so a test
+can inject a fault mid-run), ``report_every`` (1: metrics every N steps; Ray Train V2 holds
+each report until its controller polls, every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` = 2 s by
+default, so per-step reports want a shorter interval), ``preemption_check_every`` (0 = off: every N steps ask Ray for
+a preemption notice and, on one, checkpoint at once and hold until the node goes away),
+``raise_at_step`` / ``raise_marker`` (an application error at that step, on every attempt,
+or only on the first when a marker path is given).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+DEFAULTS: dict[str, Any] = {
+    "total_steps": 40,
+    "checkpoint_every": 5,
+    "batch_size": 32,
+    "lr": 0.01,
+    "seed": 0,
+    "hidden": 64,
+    "step_delay_s": 0.0,
+    "report_every": 1,
+    "preemption_check_every": 0,
+    "preemption_hold_s": 60.0,
+    "raise_at_step": None,
+    "raise_marker": None,
+}
+DROPOUT = 0.1
+CHECKPOINT_FILES = (
+    "model.pt",
+    "optimizer.pt",
+    "lr_scheduler.pt",
+    "rank_states.pt",
+    "progress.json",
+)
+
+
+class MLP(nn.Module):
+    """64 -> hidden -> hidden -> 10 with dropout drawn from a caller-given generator."""
+
+    def __init__(self, hidden: int = 64) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(64, hidden)
+        self.fc2 = nn.Linear(hidden, hidden)
+        self.out = nn.Linear(hidden, 10)
+
+    def forward(self, x: torch.Tensor, generator: torch.Generator | None = None) -> torch.Tensor:
+        x = F.relu(self.fc1(x))
+        x = _dropout(x, generator, self.training)
+        x = F.relu(self.fc2(x))
+        x = _dropout(x, generator, self.training)
+        return self.out(x)
+
+
+def _dropout(x: torch.Tensor, generator: torch.Generator | None, training: bool) -> torch.Tensor:
+    # nn.Dropout draws from the global RNG; this draws from the rank's own generator so
+    # its state, saved in the checkpoint, fully determines the masks.
+    if not training or generator is None:
+        return x
+    keep = torch.rand(x.shape, generator=generator) >= DROPOUT
+    return x * keep / (1.0 - DROPOUT)
+
+
+def load_digits_split(
+    test_fraction: float = 0.25, seed: int = 0
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(X_train, y_train, X_test, y_test): the 1797 8x8 digits, scaled to [0, 1], split by seed."""
+    from sklearn.datasets import load_digits
+
+    data = load_digits()
+    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
+    y = torch.tensor(data.target, dtype=torch.int64)
+    order = torch.from_numpy(np.random.RandomState(seed).permutation(len(y)))
+    n_test = int(round(len(y) * test_fraction))
+    test, train = order[:n_test], order[n_test:]
+    return x[train], y[train], x[test], y[test]
+
+
+def make_model(hidden: int = 64, seed: int = 0) -> MLP:
+    """The model, initialised from ``seed`` without touching the caller's global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MLP(hidden)
+
+
+def state_hash(model_or_state: nn.Module | dict[str, torch.Tensor]) -> str:
+    """SHA-256 of the state_dict's names and raw tensor bytes (DDP wrapper unwrapped)."""
+    if isinstance(model_or_state, nn.Module):
+        model_or_state = getattr(model_or_state, "module", model_or_state).state_dict()
+    h = hashlib.sha256()
+    for name in sorted(model_or_state):
+        h.update(name.encode())
+        h.update(model_or_state[name].detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()
+
+
+def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
+    model.eval()
+    with torch.no_grad():
+        pred = model(x).argmax(dim=1)
+    model.train()
+    return float((pred == y).float().mean())
+
+
+def _gather(obj: Any) -> list[Any]:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        out: list[Any] = [None] * dist.get_world_size()
+        dist.all_gather_object(out, obj)
+        return out
+    return [obj]
+
+
+def _mean(value: float) -> float:
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        t = torch.tensor([value], dtype=torch.float64)
+        dist.all_reduce(t)
+        return float(t.item()) / dist.get_world_size()
+    return value
+
+
+class _Rank:
+    """One rank's data stream: its shard, its generator and where it stands in the epoch."""
+
+    def __init__(self, n_train: int, rank: int, world: int, seed: int, batch_size: int) -> None:
+        self.shard = torch.arange(rank, n_train, world)
+        self.batch_size = batch_size
+        self.generator = torch.Generator().manual_seed(seed * 7919 + rank)
+        self.epoch = 0
+        self.position = 0  # batches already taken from ``perm``
+        self.perm = torch.randperm(len(self.shard), generator=self.generator)
+
+    def next_batch(self) -> torch.Tensor:
+        if (self.position + 1) * self.batch_size > len(self.perm):
+            self.epoch += 1
+            self.position = 0
+            self.perm = torch.randperm(len(self.shard), generator=self.generator)
+        lo = self.position * self.batch_size
+        self.position += 1
+        return self.shard[self.perm[lo : lo + self.batch_size]]
+
+    def state(self) -> dict[str, Any]:
+        return {
+            "generator": self.generator.get_state(),
+            "epoch": self.epoch,
+            "position": self.position,
+            "perm": self.perm.clone(),
+        }
+
+    def load(self, state: dict[str, Any]) -> None:
+        self.generator.set_state(state["generator"])
+        self.epoch = int(state["epoch"])
+        self.position = int(state["position"])
+        self.perm = state["perm"].clone()
+
+
+def _save(
+    directory: Path,
+    model: MLP,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    rank_states: list[dict[str, Any]],
+    step: int,
+    metrics: dict[str, Any],
+) -> None:
+    torch.save(model.state_dict(), directory / "model.pt")
+    torch.save(optimizer.state_dict(), directory / "optimizer.pt")
+    torch.save(scheduler.state_dict(), directory / "lr_scheduler.pt")
+    torch.save(rank_states, directory / "rank_states.pt")
+    progress = {"step": step, "world_size": len(rank_states), "metrics": metrics}
+    (directory / "progress.json").write_text(json.dumps(progress, indent=1))
+
+
+def train_fn(config: dict[str, Any]) -> None:
+    """Ray Train V2 per-worker loop; see the module docstring for what it checkpoints and why."""
+    import ray.train
+
+    cfg = {**DEFAULTS, **(config or {})}
+    torch.set_num_threads(1)
+    torch.use_deterministic_algorithms(True)
+    ctx = ray.train.get_context()
+    rank, world = ctx.get_world_rank(), ctx.get_world_size()
+
+    x_train, y_train, x_test, y_test = load_digits_split(seed=cfg["seed"])
+    model = make_model(cfg["hidden"], cfg["seed"])
+    optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
+    scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
+    stream = _Rank(len(y_train), rank, world, cfg["seed"], cfg["batch_size"])
+
+    start = 1
+    checkpoint = ray.train.get_checkpoint()
+    if checkpoint is not None:
+        with checkpoint.as_directory() as d:
+            ckpt = Path(d)
+            model.load_state_dict(torch.load(ckpt / "model.pt", weights_only=True))
+            optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
+            scheduler.load_state_dict(torch.load(ckpt / "lr_scheduler.pt", weights_only=True))
+            rank_states = torch.load(ckpt / "rank_states.pt", weights_only=True)
+            start = json.loads((ckpt / "progress.json").read_text())["step"] + 1
+        if len(rank_states) == world:
+            stream.load(rank_states[rank])
+        else:
+            # Another tier with another worker count: shards differ, so per-rank streams
+            # cannot continue; reseed them from the step so the run stays reproducible.
+            stream = _Rank(len(y_train), rank, world, cfg["seed"] + start, cfg["batch_size"])
+
+    ddp: nn.Module = model
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
+        ddp = nn.parallel.DistributedDataParallel(model)
+    model.train()
+
+    checkpointed_at = start - 1
+    check_every = int(cfg["preemption_check_every"])
+    for step in range(start, cfg["total_steps"] + 1):
+        _maybe_raise(cfg, step, rank)
+        idx = stream.next_batch()
+        optimizer.zero_grad(set_to_none=True)
+        loss = F.cross_entropy(ddp(x_train[idx], generator=stream.generator), y_train[idx])
+        loss.backward()
+        optimizer.step()
+        scheduler.step()
+        if cfg["step_delay_s"]:
+            time.sleep(cfg["step_delay_s"])
+
+        metrics: dict[str, Any] = {
+            "step": step,
+            "epoch": stream.epoch,
+            "loss": _mean(float(loss.detach())),
+            "lr": scheduler.get_last_lr()[0],
+        }
+        last = step == cfg["total_steps"]
+        if last:
+            metrics["accuracy"] = accuracy(model, x_test, y_test)
+            metrics["weights_sha256"] = state_hash(model)
+        notice = check_every > 0 and step % check_every == 0 and _preemption_notice()
+        if last or step % cfg["checkpoint_every"] == 0 or (notice and checkpointed_at < step):
+            _report_checkpoint(model, optimizer, scheduler, stream, step, metrics, rank)
+            checkpointed_at = step
+        elif step % cfg["report_every"] == 0:
+            ray.train.report(metrics)
+        if notice and not last:
+            _hold_until_gone(notice, cfg["preemption_hold_s"])
+
+
+def _maybe_raise(cfg: dict[str, Any], step: int, rank: int) -> None:
+    """The injected application error of ``raise_at_step`` (a bug, not an infrastructure fault)."""
+    if cfg["raise_at_step"] is None or step != int(cfg["raise_at_step"]):
+        return
+    if cfg["raise_marker"]:
+        marker = Path(f"{cfg['raise_marker']}.rank{rank}")
+        if marker.exists():
+            return
+        marker.parent.mkdir(parents=True, exist_ok=True)
+        marker.touch()
+    raise ValueError(f"injected application error at step {step} on rank {rank}")
+
+
+def _report_checkpoint(
+    model: MLP,
+    optimizer: torch.optim.Optimizer,
+    scheduler: torch.optim.lr_scheduler.LRScheduler,
+    stream: _Rank,
+    step: int,
+    metrics: dict[str, Any],
+    rank: int,
+) -> None:
+    import ray.train
+
+    rank_states = _gather(stream.state())  # a collective: every rank calls it
+    if rank != 0:
+        ray.train.report(metrics)
+        return
+    with tempfile.TemporaryDirectory(prefix="ddp-digits-") as d:
+        _save(Path(d), model, optimizer, scheduler, rank_states, step, metrics)
+        ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
+
+
+def _preemption_notice() -> Any:
+    """Ray's preemption info for this worker group, or None (a barrier: all ranks call it)."""
+    import ray.train
+
+    get_info = getattr(ray.train, "get_preemption_info", None)  # Ray >= 2.60
+    return get_info() if get_info is not None else None
+
+
+def _hold_until_gone(notice: Any, max_hold_s: float) -> None:
+    """After a just-in-time checkpoint, wait for the node to go instead of training on.
+
+    Steps taken now would be lost with the node; returning would make Ray treat the run as
+    finished. If the node outlives its deadline by ``max_hold_s`` (drain cancelled), go on.
+    """
+    deadline_ms = getattr(notice, "deadline_ms", None)
+    until = (deadline_ms / 1000.0 if deadline_ms else time.time()) + max_hold_s
+    while time.time() < until:
+        time.sleep(0.2)

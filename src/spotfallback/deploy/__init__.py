@@ -1,0 +1,36 @@
+"""Deployment files for a tier ladder: KubeRay RayJob/RayCluster, Ray cluster-launcher configs,
+and their offline validation. Pure (no Ray, no cluster, no network); see docs/deploy.md."""
+
+from .clouds import K8sCloud, VmCloud
+from .common import to_yaml, unique_run_name
+from .kuberay import Kind, KubeRayOptions, kuberay_manifest, rayjob_entrypoint, render_kuberay
+from .launcher import LauncherOptions, cluster_launcher_config, render_cluster_launcher
+from .validate import (
+    Finding,
+    ManifestInvalid,
+    Report,
+    validate_document,
+    validate_file,
+    validate_text,
+)
+
+__all__ = [
+    "Finding",
+    "K8sCloud",
+    "Kind",
+    "KubeRayOptions",
+    "LauncherOptions",
+    "ManifestInvalid",
+    "Report",
+    "VmCloud",
+    "cluster_launcher_config",
+    "kuberay_manifest",
+    "rayjob_entrypoint",
+    "render_cluster_launcher",
+    "render_kuberay",
+    "to_yaml",
+    "unique_run_name",
+    "validate_document",
+    "validate_file",
+    "validate_text",
+]

@@ -1,0 +1,176 @@
+"""Pieces every generator shares: names, images, Ray node labels, resource quantities.
+
+Pure functions of the validated configuration; each error names the field or option to fix.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import secrets
+from datetime import UTC, datetime
+
+import yaml
+
+from ..config import MARKET_LABEL, ConfigError, JobConfig, Tier, run_name_error
+
+# Ray version the generated files pin; the image must carry the same Ray as `rayVersion`.
+DEFAULT_RAY_VERSION = "2.60.0"
+DEFAULT_PYTHON_TAG = "py311"
+
+ZONE_LABEL = "ray.io/availability-zone"
+REGION_LABEL = "ray.io/availability-region"
+
+# Docker/OCI image reference grammar (distribution/reference), without the length quirks.
+_HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_IMAGE_RE = re.compile(
+    rf"^(?:{_HOST}/)?{_COMPONENT}(?:/{_COMPONENT})*"
+    r"(?::[\w][\w.-]{0,127})?"
+    r"(?:@[A-Za-z][A-Za-z0-9]*(?:[-_+.][A-Za-z][A-Za-z0-9]*)*:[0-9a-fA-F]{32,})?$"
+)
+_DNS1035_RE = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+
+
+def default_image(use_gpu: bool, ray_version: str = DEFAULT_RAY_VERSION) -> str:
+    """The upstream Ray image matching ``rayVersion``; it must also contain spotfallback and the
+    training code (build FROM it, or pass ``pip`` packages to install at start)."""
+    suffix = "-gpu" if use_gpu else ""
+    return f"rayproject/ray:{ray_version}-{DEFAULT_PYTHON_TAG}{suffix}"
+
+
+def image_error(image: str) -> str | None:
+    """Why ``image`` is not a usable container image reference, or None."""
+    if not image or len(image) > 512 or not _IMAGE_RE.fullmatch(image):
+        return (
+            f"{image!r} is not a container image reference such as 'rayproject/ray:2.60.0-py311' "
+            "or 'registry.example.com:5000/team/train@sha256:...' (no spaces, lowercase repository)"
+        )
+    return None
+
+
+def check_image(image: str) -> str:
+    problem = image_error(image)
+    if problem:
+        raise ConfigError(f"image: {problem}")
+    return image
+
+
+def is_dns1035_label(name: str, max_len: int = 63) -> bool:
+    return len(name) <= max_len and bool(_DNS1035_RE.fullmatch(name))
+
+
+def k8s_name(run_name: str, max_len: int) -> str:
+    """A DNS-1035 object name for ``run_name``; a short hash keeps distinct run names distinct
+    whenever lowercasing, replacing characters or truncating loses information."""
+    base = re.sub(r"[^a-z0-9-]+", "-", run_name.lower()).strip("-")
+    if not base or not base[0].isalpha():
+        base = f"run-{base}".rstrip("-")
+    if base == run_name and len(base) <= max_len:
+        return base
+    digest = hashlib.sha256(run_name.encode()).hexdigest()[:6]
+    return f"{base[: max_len - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def unique_run_name(base: str, *, now: datetime | None = None, token: str | None = None) -> str:
+    """``base`` plus a UTC timestamp and a random token: a run name nobody has used before,
+    for when a fresh run (not a resume) is meant."""
+    stamp = (now or datetime.now(UTC)).strftime("%Y%m%d-%H%M%S")
+    suffix = f"-{stamp}-{token or secrets.token_hex(2)}"
+    return base[: 128 - len(suffix)] + suffix
+
+
+def with_run_name(job: JobConfig, run_name: str | None) -> JobConfig:
+    """``job`` under another run name (same rules as JobConfig.name)."""
+    if run_name is None or run_name == job.name:
+        return job
+    problem = run_name_error(run_name)
+    if problem:
+        raise ConfigError(f"name: {problem}")
+    return job.model_copy(update={"name": run_name})
+
+
+def tier_labels(tier: Tier, index: int) -> dict[str, str]:
+    """The Ray node labels a tier's nodes must carry so the tier's label selector matches them.
+
+    A node has one value per label, so selector sets (``in(a,b)``) and negations (``!a``)
+    cannot be turned into node labels: the tier has to be split, one per value.
+    """
+    labels = {MARKET_LABEL: tier.market}
+    for key, value in tier.label_selector.items():
+        where = f"tiers[{index}].label_selector.{key}"
+        if value.startswith("!") or value.startswith("in("):
+            raise ConfigError(
+                f"{where}: {value!r} selects several values, but the nodes of one worker group "
+                "carry one value per label; split the tier into one tier per value"
+            )
+        if key == MARKET_LABEL and value != tier.market:
+            raise ConfigError(f"{where}: {value!r} contradicts the tier's market {tier.market!r}")
+        labels[key] = value
+    return labels
+
+
+def shared_label(job: JobConfig, key: str) -> str | None:
+    """The one value the tiers give label ``key`` (None if none does). A cluster-wide setting
+    such as a launcher's region or zone cannot differ between tiers; a tier without the label
+    runs anywhere, so it fits whatever the others chose."""
+    first: tuple[int, str] | None = None
+    for i, tier in enumerate(job.tiers):
+        value = tier.label_selector.get(key)
+        if value is None:
+            continue
+        if first is None:
+            first = (i, value)
+        elif value != first[1]:
+            raise ConfigError(
+                f"tiers[{i}].label_selector.{key}: {value!r} differs from tiers[{first[0]}]'s "
+                f"{first[1]!r}, but one cluster-launcher cluster has one {key}; generate one "
+                "cluster per value, or use KubeRay"
+            )
+    return first[1] if first else None
+
+
+def worker_shape(tier: Tier, index: int) -> tuple[float, int, dict[str, float]]:
+    """(CPUs, GPUs, other Ray resources) of one worker; GPUs must be whole for the clouds."""
+    res = tier.worker_resources()
+    cpu = float(res.pop("CPU", 0.0))
+    gpu = float(res.pop("GPU", 0.0))
+    if gpu != int(gpu):
+        raise ConfigError(
+            f"tiers[{index}].resources_per_worker.GPU: {gpu} is fractional; nodes and pods get whole GPUs"
+        )
+    return cpu, int(gpu), res
+
+
+def cpu_quantity(cpu: float) -> str:
+    """A Kubernetes CPU quantity string ('2', '500m'); strings, because the CRD's
+    int-or-string schema rejects YAML floats such as 0.5."""
+    if cpu == int(cpu):
+        return str(int(cpu))
+    return f"{math.ceil(cpu * 1000)}m"
+
+
+class _NoAliasDumper(yaml.SafeDumper):
+    """Writes shared sub-objects out in full: anchors and aliases confuse readers and reviews."""
+
+    def ignore_aliases(self, data: object) -> bool:
+        return True
+
+
+def to_yaml(doc: object, header: list[str] | tuple[str, ...] = ()) -> str:
+    """Block-style YAML in the dict's own key order, behind ``# `` comment lines."""
+    body = yaml.dump(
+        doc, Dumper=_NoAliasDumper, sort_keys=False, default_flow_style=False, width=1_000_000, allow_unicode=True
+    )
+    return "".join(f"# {line}\n" for line in header) + body
+
+
+_DNS1123_SUBDOMAIN_RE = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+
+
+def object_name_error(name: str) -> str | None:
+    """Why ``name`` cannot name a Kubernetes object (Secret, PVC, namespace...), or None."""
+    if len(name) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(name):
+        return f"{name!r} is not a Kubernetes object name (lowercase letters, digits, '-' and '.')"
+    return None

@@ -1,0 +1,337 @@
+"""KubeRay ``ray.io/v1`` RayJob / RayCluster manifests for a tier ladder.
+
+Shape, and why:
+- the head group is always on on-demand capacity: Ray Train's controller runs on the driver's
+  node, and a preempted head kills the run; it advertises ``CPU: 0`` so no training worker
+  (whose selector may well be ``ray.io/market-type: on-demand``) is ever placed on it;
+- one worker group per tier, named after the tier, whose top-level ``labels`` satisfy the
+  tier's label selector (how the runner's ``ScalingConfig(label_selector=...)`` finds it) and
+  whose pod spec selects the cloud's matching capacity (``clouds.pod_placement``);
+- autoscaler v2 with every group at ``minReplicas: 0``: the first tier starts with its workers
+  requested, later tiers cost nothing until the runner falls back to them, and a tier the run
+  has left scales back to zero instead of being held at a minimum;
+- the RayJob runs the spotfallback driver (``rayjob_entrypoint``) in ``SidecarMode``, so the
+  submitter lives in the on-demand head pod rather than in a pod that could land on spot;
+  ``backoffLimit`` retries re-run the same command, which resumes the run from its checkpoints.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shlex
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from enum import StrEnum
+from typing import Any
+
+import yaml
+
+from ..config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
+from .clouds import K8sCloud, PodPlacement, pod_placement
+from .common import (
+    DEFAULT_RAY_VERSION,
+    REGION_LABEL,
+    ZONE_LABEL,
+    check_image,
+    cpu_quantity,
+    default_image,
+    k8s_name,
+    tier_labels,
+    to_yaml,
+    with_run_name,
+    worker_shape,
+)
+from .validate import assert_valid_text
+
+API_VERSION = "ray.io/v1"
+# KubeRay's own limits: it appends suffixes to build service and cluster names.
+MAX_RAYCLUSTER_NAME = 53
+MAX_RAYJOB_NAME = 47
+RUN_NAME_ANNOTATION = "spotfallback/run-name"
+ENTRYPOINT_ANNOTATION = "spotfallback/entrypoint"
+GCS_CREDENTIALS_DIR = "/var/run/secrets/spotfallback/storage"
+TOPOLOGY_LABELS = {ZONE_LABEL: "topology.kubernetes.io/zone", REGION_LABEL: "topology.kubernetes.io/region"}
+
+# Credentials each storage scheme reads from the environment: (variable, required).
+_STORAGE_ENV: dict[str, tuple[tuple[str, bool], ...]] = {
+    "s3": (("AWS_ACCESS_KEY_ID", True), ("AWS_SECRET_ACCESS_KEY", True), ("AWS_SESSION_TOKEN", False), ("AWS_REGION", False)),
+    "abfs": (("AZURE_TENANT_ID", True), ("AZURE_CLIENT_ID", True), ("AZURE_CLIENT_SECRET", True)),
+}
+_STORAGE_ENV["abfss"] = _STORAGE_ENV["az"] = _STORAGE_ENV["abfs"]
+_GCS_SCHEMES = ("gs", "gcs")
+
+
+class Kind(StrEnum):
+    RAYJOB = "rayjob"
+    RAYCLUSTER = "raycluster"
+
+
+@dataclass(frozen=True)
+class KubeRayOptions:
+    """Everything about a KubeRay manifest that the job file does not say.
+
+    ``run_name`` replaces the job's ``name``: the same name resumes that run from its
+    checkpoints, so pass a new one (see ``common.unique_run_name``) for a fresh run.
+    ``notice_agent`` adds a ``spotfallback notice-agent`` sidecar to spot worker pods, which
+    turns the cloud's preemption notice into a Ray node drain; it comes with the notices issue
+    and stays off until that command exists in the image.
+    """
+
+    cloud: K8sCloud
+    kind: Kind = Kind.RAYJOB
+    image: str | None = None
+    ray_version: str = DEFAULT_RAY_VERSION
+    run_name: str | None = None
+    namespace: str | None = None
+    service_account: str | None = None
+    storage_secret: str | None = None
+    storage_pvc: str | None = None
+    pip: Sequence[str] = ()
+    backoff_limit: int = 5
+    active_deadline_seconds: int = 3 * 24 * 3600
+    ttl_seconds_after_finished: int = 300
+    head_cpu: str = "2"
+    head_memory: str = "8Gi"
+    memory_per_cpu_gib: int = 4
+    idle_timeout_seconds: int = 60
+    notice_agent: bool = False
+
+    def __post_init__(self) -> None:
+        for name, low in (
+            ("backoff_limit", 0),
+            ("active_deadline_seconds", 1),
+            ("ttl_seconds_after_finished", 0),
+            ("memory_per_cpu_gib", 1),
+            ("idle_timeout_seconds", 0),
+        ):
+            if getattr(self, name) < low:
+                raise ConfigError(f"{name}: must be at least {low} (got {getattr(self, name)})")
+
+
+def rayjob_entrypoint(job: JobConfig, ray_address: str = "auto") -> str:
+    """The shell command that runs ``job`` with the spotfallback driver on an existing cluster.
+
+    The whole JobConfig travels as one shell-quoted JSON argument, so the command is
+    self-contained; running it again resumes the run (same ``name`` and ``storage_path``).
+    """
+    payload = job.model_copy(update={"ray_address": ray_address}).model_dump(mode="json")
+    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
+    return shlex.join(["spotfallback", "run", "--job-json", text, "--ray-address", ray_address])
+
+
+# --- pods --------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class _Storage:
+    env: tuple[dict[str, Any], ...] = ()
+    volumes: tuple[dict[str, Any], ...] = ()
+    mounts: tuple[dict[str, Any], ...] = ()
+
+
+def _storage(job: JobConfig, opts: KubeRayOptions) -> _Storage:
+    """How every pod reaches ``storage_path``: a Secret for remote storage, a shared volume for
+    a path. Credentials are only ever references to a Secret, never values."""
+    path = job.storage_path
+    scheme = path.split("://", 1)[0].lower() if "://" in path else ""
+    if scheme in ("", "file"):
+        local = path.split("://", 1)[1] if scheme else path
+        if opts.storage_secret:
+            raise ConfigError(f"storage_secret: storage_path {path!r} is a local path; there are no credentials to pass")
+        if not opts.storage_pvc:
+            raise ConfigError(
+                f"storage_path: {path!r} is a local path, which pods on different nodes do not share; "
+                "use s3://, gs:// or abfs:// storage, or mount a shared volume there with --storage-pvc"
+            )
+        if not local.startswith("/"):
+            raise ConfigError(f"storage_path: {path!r} must be absolute to be mounted from --storage-pvc")
+        volume = {"name": "run-storage", "persistentVolumeClaim": {"claimName": opts.storage_pvc}}
+        return _Storage(volumes=(volume,), mounts=({"name": "run-storage", "mountPath": local},))
+    if opts.storage_pvc:
+        raise ConfigError(f"storage_pvc: storage_path {path!r} is remote storage; a volume is only for a local path")
+    secret = opts.storage_secret
+    if not secret:
+        return _Storage()  # workload identity / node role via --service-account
+    if scheme in _GCS_SCHEMES:
+        volume = {"name": "storage-credentials", "secret": {"secretName": secret}}
+        mount = {"name": "storage-credentials", "mountPath": GCS_CREDENTIALS_DIR, "readOnly": True}
+        env = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{GCS_CREDENTIALS_DIR}/key.json"}
+        return _Storage(env=(env,), volumes=(volume,), mounts=(mount,))
+    if scheme not in _STORAGE_ENV:
+        raise ConfigError(
+            f"storage_secret: no known credentials for {scheme}:// storage; "
+            "use --service-account (workload identity) instead"
+        )
+    env = tuple(
+        {"name": var, "valueFrom": {"secretKeyRef": {"name": secret, "key": var, **({} if required else {"optional": True})}}}
+        for var, required in _STORAGE_ENV[scheme]
+    )
+    return _Storage(env=env)
+
+
+def _container(name: str, image: str, requests: dict[str, str], storage: _Storage) -> dict[str, Any]:
+    container: dict[str, Any] = {
+        "name": name,
+        "image": image,
+        # Equal requests and limits: Guaranteed QoS, and Ray sizes itself from the limits.
+        "resources": {"requests": dict(requests), "limits": dict(requests)},
+    }
+    if storage.env:
+        container["env"] = [dict(e) for e in storage.env]
+    if storage.mounts:
+        container["volumeMounts"] = [dict(m) for m in storage.mounts]
+    return container
+
+
+def _pod_spec(containers: list[dict[str, Any]], placement: PodPlacement, storage: _Storage, opts: KubeRayOptions) -> dict[str, Any]:
+    # restartPolicy Never: required by autoscaler v2 (and SidecarMode); a dead Ray pod is replaced, not restarted.
+    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": containers}
+    if opts.service_account:
+        spec["serviceAccountName"] = opts.service_account
+    if placement.node_selector:
+        spec["nodeSelector"] = dict(placement.node_selector)
+    if placement.affinity:
+        spec["affinity"] = placement.affinity
+    if placement.tolerations:
+        spec["tolerations"] = [dict(t) for t in placement.tolerations]
+    if storage.volumes:
+        spec["volumes"] = [dict(v) for v in storage.volumes]
+    return spec
+
+
+def _notice_agent(image: str, cloud: K8sCloud) -> dict[str, Any]:
+    return {
+        "name": "notice-agent",
+        "image": image,
+        "command": ["spotfallback", "notice-agent"],
+        "env": [
+            {"name": "SPOTFALLBACK_CLOUD", "value": cloud.value},
+            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
+            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+        ],
+        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "50m", "memory": "64Mi"}},
+    }
+
+
+def _head_group(image: str, storage: _Storage, opts: KubeRayOptions) -> dict[str, Any]:
+    head = _container("ray-head", image, {"cpu": opts.head_cpu, "memory": opts.head_memory}, storage)
+    head["ports"] = [
+        {"containerPort": 6379, "name": "gcs-server"},
+        {"containerPort": 8265, "name": "dashboard"},
+        {"containerPort": 10001, "name": "client"},
+    ]
+    placement = pod_placement(opts.cloud, ON_DEMAND)
+    return {
+        "rayStartParams": {},
+        "labels": {MARKET_LABEL: ON_DEMAND},
+        "resources": {"CPU": "0"},
+        "template": {"spec": _pod_spec([head], placement, storage, opts)},
+    }
+
+
+def _worker_group(tier: Tier, index: int, image: str, storage: _Storage, opts: KubeRayOptions) -> dict[str, Any]:
+    cpu, gpu, custom = worker_shape(tier, index)
+    memory = custom.pop("memory", None)
+    custom.pop("object_store_memory", None)
+    requests = {
+        "cpu": cpu_quantity(cpu if cpu > 0 else 1),
+        "memory": str(int(memory)) if memory else f"{max(1, math.ceil(cpu)) * opts.memory_per_cpu_gib}Gi",
+    }
+    if gpu:
+        requests["nvidia.com/gpu"] = str(gpu)
+    containers = [_container("ray-worker", image, requests, storage)]
+    if opts.notice_agent and tier.market == SPOT:
+        containers.append(_notice_agent(image, opts.cloud))
+    placement = pod_placement(opts.cloud, tier.market, where=f"tiers[{index}].market")
+    labels = tier_labels(tier, index)
+    # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
+    topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
+    placement = replace(placement, node_selector={**placement.node_selector, **topology})
+    group: dict[str, Any] = {
+        "groupName": tier.name,
+        "replicas": tier.num_workers if index == 0 else 0,
+        "minReplicas": 0,
+        "maxReplicas": tier.num_workers,
+        "labels": labels,
+        "rayStartParams": {},
+    }
+    if custom:
+        # Custom Ray resources go in the top-level field, never also in rayStartParams.
+        group["resources"] = {k: cpu_quantity(v) for k, v in sorted(custom.items())}
+    group["template"] = {"spec": _pod_spec(containers, placement, storage, opts)}
+    return group
+
+
+def raycluster_spec(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
+    """The ``RayClusterSpec`` (head + one worker group per tier) shared by both kinds."""
+    image = check_image(opts.image or default_image(job.tiers[0].use_gpu, opts.ray_version))
+    storage = _storage(job, opts)
+    return {
+        "rayVersion": opts.ray_version,
+        "enableInTreeAutoscaling": True,
+        "autoscalerOptions": {
+            "version": "v2",
+            "upscalingMode": "Default",
+            "idleTimeoutSeconds": opts.idle_timeout_seconds,
+        },
+        "headGroupSpec": _head_group(image, storage, opts),
+        "workerGroupSpecs": [_worker_group(t, i, image, storage, opts) for i, t in enumerate(job.tiers)],
+    }
+
+
+def kuberay_manifest(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
+    """The RayJob (or RayCluster) for ``job`` as a plain dict, ready for YAML."""
+    job = with_run_name(job, opts.run_name)
+    is_job = opts.kind is Kind.RAYJOB
+    if opts.pip and not is_job:
+        raise ConfigError("pip: packages are installed per job; for a RayCluster, build them into the image")
+    entrypoint = rayjob_entrypoint(job)
+    metadata: dict[str, Any] = {"name": k8s_name(job.name, MAX_RAYJOB_NAME if is_job else MAX_RAYCLUSTER_NAME)}
+    if opts.namespace:
+        metadata["namespace"] = opts.namespace
+    metadata["labels"] = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(job.name, 63)}
+    metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name}
+    cluster = raycluster_spec(job, opts)
+    if not is_job:
+        metadata["annotations"][ENTRYPOINT_ANNOTATION] = entrypoint
+        return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": cluster}
+    spec: dict[str, Any] = {
+        "entrypoint": entrypoint,
+        "submissionMode": "SidecarMode",
+        "backoffLimit": opts.backoff_limit,
+        "activeDeadlineSeconds": opts.active_deadline_seconds,
+        "shutdownAfterJobFinishes": True,
+        "ttlSecondsAfterFinished": opts.ttl_seconds_after_finished,
+    }
+    if opts.pip:
+        spec["runtimeEnvYAML"] = yaml.safe_dump({"pip": list(opts.pip)}, sort_keys=False)
+    spec["rayClusterSpec"] = cluster
+    return {"apiVersion": API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": spec}
+
+
+def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]:
+    """Comment lines for the top of the file: what it is and how not to lose a run."""
+    run = opts.run_name or job.name
+    if opts.kind is Kind.RAYJOB:
+        how = [
+            f"Start: kubectl create -f FILE.  Follow: kubectl get rayjob {name} -w",
+            f"Run name {run!r}: creating this RayJob again (after deleting the old one) RESUMES that run",
+            "from its checkpoints. For a new run, generate with another --name or --unique-name;",
+            "never reuse a name by accident.",
+        ]
+    else:
+        how = [
+            "Start: kubectl apply -f FILE, then run the command in the annotation",
+            f"{ENTRYPOINT_ANNOTATION} on the head pod (or submit it with `ray job submit -- ...`).",
+            f"Run name {run!r}: running that command again RESUMES the run; never reuse a name by accident.",
+        ]
+    return [f"Generated by `spotfallback manifest kuberay --cloud {opts.cloud.value}`; do not edit by hand.", *how]
+
+
+def render_kuberay(job: JobConfig, opts: KubeRayOptions) -> str:
+    """The manifest as commented YAML, validated as text (what kubectl will read) first."""
+    manifest = kuberay_manifest(job, opts)
+    text = to_yaml(manifest, kuberay_header(job, opts, manifest["metadata"]["name"]))
+    assert_valid_text(text)
+    return text

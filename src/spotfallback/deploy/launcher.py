@@ -1,0 +1,224 @@
+"""Ray cluster-launcher (``ray up``) configs for a tier ladder, on AWS or GCP.
+
+Same shape as the KubeRay manifest: an on-demand head that advertises ``CPU: 0`` (the driver
+and Ray Train's controller live there, training workers never do), and one node type per tier
+whose Ray ``labels`` satisfy the tier's label selector and whose ``node_config`` asks the cloud
+for the tier's market. Every tier starts at ``min_workers: 0``; the autoscaler adds nodes when
+the runner asks for the tier's label selector. One node runs one worker, so a node type
+advertises exactly one worker's resources.
+
+The launcher runs a cluster in one region (GCP: one zone), so tiers that name different
+regions or zones need one cluster each; KubeRay has no such limit.
+"""
+
+from __future__ import annotations
+
+import math
+import shlex
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..config import MARKET_LABEL, ON_DEMAND, ConfigError, JobConfig, Tier
+from .clouds import VmCloud, vm_market_config
+from .common import (
+    DEFAULT_RAY_VERSION,
+    REGION_LABEL,
+    ZONE_LABEL,
+    check_image,
+    default_image,
+    k8s_name,
+    shared_label,
+    tier_labels,
+    to_yaml,
+    with_run_name,
+    worker_shape,
+)
+from .kuberay import rayjob_entrypoint
+from .validate import assert_valid_text
+
+HEAD_TYPE = "head"
+GCP_CPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cpu"
+GCP_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
+
+# (instance type, vCPUs, GPUs), smallest first: the default is the first that fits one worker.
+_AWS_TYPES = [(f"m5.{s}", c, 0) for s, c in (("large", 2), ("xlarge", 4), ("2xlarge", 8), ("4xlarge", 16), ("8xlarge", 32), ("12xlarge", 48), ("16xlarge", 64), ("24xlarge", 96))]
+_AWS_GPU_TYPES = [(f"g5.{s}", c, g) for s, c, g in (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4), ("24xlarge", 96, 4), ("48xlarge", 192, 8))]
+_GCP_TYPES = [(f"n2-standard-{c}", c, 0) for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)]
+_GCP_GPU_TYPES = [(f"g2-standard-{c}", c, g) for c, g in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))]
+_HEAD_TYPES = {VmCloud.AWS: "m5.2xlarge", VmCloud.GCP: "n2-standard-8"}
+
+
+@dataclass(frozen=True)
+class LauncherOptions:
+    """What a ``ray up`` file needs beyond the job file.
+
+    ``instance_types`` maps tier names to instance/machine types; tiers not named get the
+    smallest general-purpose (or GPU) type that fits one worker. ``instance_profile`` (AWS,
+    an ARN) or ``service_account`` (GCP, an email) gives the worker nodes access to
+    storage_path; the head keeps the identity Ray creates for it, which has storage access.
+    """
+
+    cloud: VmCloud
+    image: str | None = None
+    ray_version: str = DEFAULT_RAY_VERSION
+    run_name: str | None = None
+    region: str | None = None
+    zone: str | None = None
+    project_id: str | None = None
+    instance_types: Mapping[str, str] = field(default_factory=dict)
+    head_instance_type: str | None = None
+    source_image: str | None = None
+    instance_profile: str | None = None
+    service_account: str | None = None
+    pip: Sequence[str] = ()
+    ssh_user: str = "ubuntu"
+    idle_timeout_minutes: int = 5
+    disk_size_gb: int = 100
+
+
+def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> str:
+    if tier.name in opts.instance_types:
+        return opts.instance_types[tier.name]
+    cpu, gpu, _ = worker_shape(tier, index)
+    gcp = opts.cloud is VmCloud.GCP
+    table = (_GCP_GPU_TYPES if gcp else _AWS_GPU_TYPES) if gpu else (_GCP_TYPES if gcp else _AWS_TYPES)
+    for name, vcpus, gpus in table:
+        if vcpus >= cpu and gpus >= gpu:
+            return name
+    raise ConfigError(
+        f"tiers[{index}].resources_per_worker: no default {opts.cloud.value} type has {cpu:g} CPUs and "
+        f"{gpu} GPUs; name one with --instance-type {tier.name}=TYPE"
+    )
+
+
+def _node_resources(tier: Tier, index: int) -> dict[str, int]:
+    # Ray's launcher schema takes whole numbers; rounding up keeps one worker per node.
+    cpu, gpu, custom = worker_shape(tier, index)
+    resources = {"CPU": max(1, math.ceil(cpu))}
+    if gpu:
+        resources["GPU"] = gpu
+    resources.update({k: math.ceil(v) for k, v in sorted(custom.items()) if k != "object_store_memory"})
+    return resources
+
+
+def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: LauncherOptions) -> dict[str, Any]:
+    # The identity options go on workers only: Ray gives the head its own autoscaler identity
+    # (EC2 + S3 / compute + storage.objectAdmin), which overriding would break.
+    worker = where != "head"
+    if opts.cloud is VmCloud.AWS:
+        config: dict[str, Any] = {"InstanceType": instance_type}
+        config.update(vm_market_config(opts.cloud, market, gpu=gpu, where=where))
+        if opts.instance_profile and worker:
+            config["IamInstanceProfile"] = {"Arn": opts.instance_profile}
+        return config
+    if gpu and not opts.source_image:
+        raise ConfigError(
+            "source_image: GPU tiers on GCP need a boot image with NVIDIA drivers; pass --source-image"
+        )
+    config = {
+        "machineType": instance_type,
+        "disks": [
+            {
+                "boot": True,
+                "autoDelete": True,
+                "type": "PERSISTENT",
+                "initializeParams": {"diskSizeGb": opts.disk_size_gb, "sourceImage": opts.source_image or GCP_CPU_IMAGE},
+            }
+        ],
+    }
+    config.update(vm_market_config(opts.cloud, market, gpu=gpu, where=where))
+    if opts.service_account and worker:
+        config["serviceAccounts"] = [{"email": opts.service_account, "scopes": list(GCP_SCOPES)}]
+    return config
+
+
+def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
+    region = shared_label(job, REGION_LABEL)
+    zone = shared_label(job, ZONE_LABEL)
+    if opts.region and region and opts.region != region:
+        raise ConfigError(f"region: {opts.region!r} differs from the tiers' {REGION_LABEL} {region!r}")
+    if opts.zone and zone and opts.zone != zone:
+        raise ConfigError(f"zone: {opts.zone!r} differs from the tiers' {ZONE_LABEL} {zone!r}")
+    region, zone = opts.region or region, opts.zone or zone
+    if opts.cloud is VmCloud.GCP:
+        if not zone:
+            raise ConfigError(f"zone: required on GCP; pass --zone or give the tiers {ZONE_LABEL}")
+        region = region or zone.rsplit("-", 1)[0]
+        if not opts.project_id:
+            raise ConfigError("project_id: required on GCP; pass --project-id")
+        return {"type": "gcp", "region": region, "availability_zone": zone, "project_id": opts.project_id}
+    if not region:
+        raise ConfigError(f"region: required; pass --region or give the tiers {REGION_LABEL}")
+    provider: dict[str, Any] = {"type": "aws", "region": region}
+    if zone:
+        provider["availability_zone"] = zone
+    # Spot instances cannot be stopped, and stopped on-demand nodes still bill their disks.
+    provider["cache_stopped_nodes"] = False
+    return provider
+
+
+def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
+    """The ``ray up`` config for ``job`` as a plain dict, ready for YAML."""
+    job = with_run_name(job, opts.run_name)
+    gpu = job.tiers[0].use_gpu
+    image = check_image(opts.image or default_image(gpu, opts.ray_version))
+    unknown = sorted(set(opts.instance_types) - {t.name for t in job.tiers})
+    if unknown:
+        raise ConfigError(f"instance_type: no tier named {unknown[0]!r} (tiers: {', '.join(t.name for t in job.tiers)})")
+    for i, tier in enumerate(job.tiers):
+        if tier.name == HEAD_TYPE:
+            raise ConfigError(f"tiers[{i}].name: {HEAD_TYPE!r} is the head node type's name; rename the tier")
+    node_types: dict[str, Any] = {
+        HEAD_TYPE: {
+            "resources": {"CPU": 0},
+            "labels": {MARKET_LABEL: ON_DEMAND},
+            "node_config": _node_config(opts.head_instance_type or _HEAD_TYPES[opts.cloud], ON_DEMAND, False, "head", opts),
+        }
+    }
+    for i, tier in enumerate(job.tiers):
+        labels = tier_labels(tier, i)
+        node_types[tier.name] = {
+            "min_workers": 0,
+            "max_workers": tier.num_workers,
+            "resources": _node_resources(tier, i),
+            "labels": labels,
+            "node_config": _node_config(_instance_type(tier, i, opts), tier.market, tier.use_gpu, f"tiers[{i}].market", opts),
+        }
+    config: dict[str, Any] = {
+        "cluster_name": k8s_name(job.name, 32),
+        "max_workers": sum(t.num_workers for t in job.tiers),
+        "upscaling_speed": 1.0,
+        "idle_timeout_minutes": opts.idle_timeout_minutes,
+        "provider": _placement(job, opts),
+        "auth": {"ssh_user": opts.ssh_user},
+        "docker": {
+            "image": image,
+            "container_name": "ray_container",
+            "pull_before_run": True,
+            "run_options": ["--ulimit nofile=65536:65536"],
+        },
+        "available_node_types": node_types,
+        "head_node_type": HEAD_TYPE,
+    }
+    if opts.pip:
+        config["setup_commands"] = [shlex.join(["pip", "install", *opts.pip])]
+    return config
+
+
+def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
+    run = opts.run_name or job.name
+    job = with_run_name(job, opts.run_name)
+    return [
+        f"Generated by `spotfallback manifest cluster-launcher --cloud {opts.cloud.value}`; do not edit by hand.",
+        "Start the cluster: ray up FILE -y",
+        f"Start (or RESUME) run {run!r} on it; never reuse a run name by accident:",
+        f"  ray exec FILE --tmux {shlex.quote(rayjob_entrypoint(job))}",
+    ]
+
+
+def render_cluster_launcher(job: JobConfig, opts: LauncherOptions) -> str:
+    """The ``ray up`` config as commented YAML, validated as text first."""
+    text = to_yaml(cluster_launcher_config(job, opts), launcher_header(job, opts))
+    assert_valid_text(text)
+    return text

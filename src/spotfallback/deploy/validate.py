@@ -1,0 +1,533 @@
+"""Offline validation of KubeRay manifests and Ray cluster-launcher configs.
+
+Two layers, both without a cluster or network:
+1. the shipped schema (KubeRay CRD v1, made strict; Ray's launcher schema), with the
+   Kubernetes list-map/int32 rules the API server adds;
+2. the checks the KubeRay operator (``ray-operator/controllers/ray/utils/validation.go``) makes
+   only after the object is accepted, where a mistake surfaces as a failed RayJob much later,
+   plus spotfallback's own rule that the head never runs on spot capacity.
+
+Every finding names the field, e.g. ``spec.rayClusterSpec.workerGroupSpecs[0].groupName: required``.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import difflib
+import re
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonschema import ValidationError
+from jsonschema.protocols import Validator
+
+from ..config import MARKET_LABEL, ON_DEMAND, SPOT
+from .clouds import ON_DEMAND_NODE_LABELS, SPOT_NODE_LABELS, SPOT_TAINT_KEYS, vm_config_is_spot
+from .schema import KUBERAY_FILES, kuberay_validator, launcher_validator
+
+MAX_NAME = {"RayJob": 47, "RayCluster": 53}
+SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
+LAUNCHER_KIND = "cluster-launcher"
+
+_PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
+_DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS1123_SUB = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
+_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+_QUANTITY = re.compile(
+    r"^[+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
+)
+_RAY_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
+
+
+@dataclass(frozen=True)
+class Finding:
+    """One problem, at one field of one YAML document (0-based)."""
+
+    path: str
+    message: str
+    warning: bool = False
+    document: int = 0
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.message}"
+
+
+@dataclass(frozen=True)
+class Report:
+    kinds: tuple[str, ...]
+    findings: tuple[Finding, ...]
+
+    @property
+    def errors(self) -> list[Finding]:
+        return [f for f in self.findings if not f.warning]
+
+    @property
+    def warnings(self) -> list[Finding]:
+        return [f for f in self.findings if f.warning]
+
+    @property
+    def ok(self) -> bool:
+        return not self.errors
+
+
+class ManifestInvalid(ValueError):
+    """A generated file failed validation: a bug in the generator, never the user's input."""
+
+    def __init__(self, findings: list[Finding]) -> None:
+        self.findings = findings
+        super().__init__("; ".join(map(str, findings)))
+
+
+# --- parsing -----------------------------------------------------------------------------------
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that rejects duplicate keys, which kubectl rejects too (PyYAML keeps the last)."""
+
+
+def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+    seen: set[Any] = set()
+    for key_node, _ in node.value:
+        if key_node.tag == "tag:yaml.org,2002:merge":
+            continue
+        key = loader.construct_object(key_node, deep=True)
+        if key in seen:
+            raise yaml.constructor.ConstructorError(
+                None, None, f"duplicate key {key!r}", key_node.start_mark
+            )
+        seen.add(key)
+    return loader.construct_mapping(node, deep=deep)
+
+
+_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
+
+
+def load_documents(text: str) -> list[Any]:
+    """All YAML documents of ``text``; raises ValueError naming the line of a syntax error."""
+    try:
+        return list(yaml.load_all(text, Loader=_StrictLoader))
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
+        where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
+        raise ValueError(f"{where}not valid YAML: {getattr(e, 'problem', None) or e}") from None
+
+
+def _normalize(value: Any) -> Any:
+    """What the API server sees: nulls in objects dropped (it prunes them), keys as strings,
+    YAML timestamps as strings (Kubernetes' YAML reader keeps them as text)."""
+    if isinstance(value, dict):
+        return {_key(k): _normalize(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_normalize(v) for v in value]
+    if isinstance(value, _dt.date):
+        return value.isoformat()
+    return value
+
+
+def _key(key: Any) -> str:
+    if isinstance(key, bool):
+        return "true" if key else "false"
+    return str(key)
+
+
+# --- formatting --------------------------------------------------------------------------------
+
+
+def field_path(parts: Iterable[str | int]) -> str:
+    """``spec.workerGroupSpecs[0].labels["ray.io/market-type"]`` from its parts."""
+    out = ""
+    for part in parts:
+        if isinstance(part, int):
+            out += f"[{part}]"
+        elif _PLAIN_KEY.fullmatch(part):
+            out += f".{part}" if out else part
+        else:
+            out += f'["{part}"]'
+    return out or "(top level)"
+
+
+def _short(value: Any) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _json_type(value: Any) -> str:
+    for name, kind in (("boolean", bool), ("integer", int), ("number", float), ("string", str), ("array", list), ("object", dict)):
+        if isinstance(value, kind):
+            return name
+    return "null" if value is None else type(value).__name__
+
+
+def _schema_findings(err: ValidationError) -> list[Finding]:
+    path = list(err.absolute_path)
+    schema = err.schema if isinstance(err.schema, Mapping) else {}
+    kind = err.validator
+    if kind == "required":
+        match = re.match(r"'(.+)' is a required property", err.message)
+        missing = [match.group(1)] if match else [k for k in err.validator_value if k not in err.instance]
+        return [Finding(field_path([*path, m]), "required field is missing") for m in missing]
+    if kind == "additionalProperties" and isinstance(err.instance, dict):
+        known = list(schema.get("properties", {}))
+        patterns = list(schema.get("patternProperties", {}))
+        out = []
+        for key in err.instance:
+            if key in known or any(re.search(p, key) for p in patterns):
+                continue
+            close = difflib.get_close_matches(key, known, n=1)
+            hint = f"; did you mean {close[0]!r}?" if close else "; remove it or check its spelling"
+            out.append(Finding(field_path([*path, key]), f"unknown field{hint}"))
+        return out
+    where = field_path(path)
+    if kind == "type":
+        expected = err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
+        return [Finding(where, f"expected {expected}, got {_json_type(err.instance)} {_short(err.instance)}")]
+    if kind == "anyOf" and schema.get("x-kubernetes-int-or-string"):
+        return [Finding(where, f"expected an integer or a string such as \"2\" or \"500m\", got {_json_type(err.instance)} {_short(err.instance)}")]
+    if kind == "enum":
+        allowed = ", ".join(map(str, err.validator_value))
+        return [Finding(where, f"{_short(err.instance)} is not one of: {allowed}")]
+    if kind == "pattern":
+        return [Finding(where, f"{_short(err.instance)} does not match {err.validator_value}")]
+    return [Finding(where, err.message)]
+
+
+def _schema_check(validator: Validator, doc: Any) -> list[Finding]:
+    findings = [f for e in validator.iter_errors(doc) for f in _schema_findings(e)]
+    return sorted(findings, key=lambda f: f.path)
+
+
+# --- operator-side checks ------------------------------------------------------------------------
+
+
+def _get(obj: Any, *keys: str | int) -> Any:
+    for key in keys:
+        if isinstance(key, int):
+            obj = obj[key] if isinstance(obj, list) and -len(obj) <= key < len(obj) else None
+        else:
+            obj = obj.get(key) if isinstance(obj, dict) else None
+    return obj
+
+
+def _dict(obj: Any) -> dict[str, Any]:
+    return obj if isinstance(obj, dict) else {}
+
+
+def _label_problem(key: str, value: Any) -> str | None:
+    """Kubernetes' IsQualifiedName / IsValidLabelValue, which KubeRay applies to group labels."""
+    prefix, _, name = key.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not _DNS1123_SUB.fullmatch(prefix))) or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
+        return f"invalid label key {key!r}: an optional DNS prefix and '/', then 1-63 alphanumerics, '-', '_' or '.'"
+    if not isinstance(value, str) or (value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value))):
+        return f"invalid label value {_short(value)}: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"
+    return None
+
+
+def _env_value(container: Any, name: str) -> tuple[int, Any] | None:
+    for i, entry in enumerate(_get(container, "env") or []):
+        if isinstance(entry, dict) and entry.get("name") == name:
+            return i, entry.get("value")
+    return None
+
+
+def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -> Iterator[Finding]:
+    pod = _dict(_get(group, "template", "spec"))
+    if isinstance(pod.get("containers"), list) and not pod["containers"]:
+        yield Finding(field_path([*at, "template", "spec", "containers"]), "needs at least one container (the first is the Ray container)")
+    params = _dict(group.get("rayStartParams"))
+    if "labels" in params:
+        yield Finding(
+            field_path([*at, "rayStartParams", "labels"]),
+            "not supported since KubeRay 1.5; set node labels in the group's top-level `labels` field",
+        )
+    resources = _dict(group.get("resources"))
+    in_params = [k for k in _RAY_RESOURCE_PARAMS if params.get(k)]
+    if in_params and resources:
+        yield Finding(
+            field_path([*at, "resources"]),
+            f"resources are also set in rayStartParams ({', '.join(in_params)}); use only the top-level `resources` field",
+        )
+    for key, value in resources.items():
+        if isinstance(value, str) and not _QUANTITY.fullmatch(value):
+            yield Finding(field_path([*at, "resources", key]), f"{value!r} is not a Kubernetes quantity; the operator would skip it")
+    for key, value in _dict(group.get("labels")).items():
+        problem = _label_problem(key, value)
+        if problem:
+            yield Finding(field_path([*at, "labels", key]), problem)
+    if is_head:
+        yield from _head_on_spot(group, at)
+        return
+    name = group.get("groupName")
+    if isinstance(name, str) and name and _label_problem("ray.io/group", name):
+        yield Finding(field_path([*at, "groupName"]), f"{name!r} must be a valid label value (KubeRay labels pods with it): 1-63 alphanumerics, '-', '_' or '.'")
+    low, high, replicas = group.get("minReplicas"), group.get("maxReplicas"), group.get("replicas")
+    for key in ("minReplicas", "maxReplicas", "replicas"):
+        if isinstance(group.get(key), int) and group[key] < 0:
+            yield Finding(field_path([*at, key]), f"must not be negative (got {group[key]})")
+    if isinstance(low, int) and isinstance(high, int) and low > high:
+        yield Finding(field_path([*at, "minReplicas"]), f"{low} is more than maxReplicas {high}")
+    elif isinstance(replicas, int) and isinstance(low, int) and isinstance(high, int) and not low <= replicas <= high:
+        yield Finding(field_path([*at, "replicas"]), f"{replicas} is outside [minReplicas, maxReplicas] = [{low}, {high}]; the operator clamps it", warning=True)
+    yield from _market_mismatch(group, at)
+
+
+def _selected_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
+    """(label, value) pairs a pod requires of its node via nodeSelector or required node affinity."""
+    pairs = {(k, v) for k, v in _dict(pod.get("nodeSelector")).items() if isinstance(v, str)}
+    terms = _get(pod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []
+    for term in terms:
+        for expr in _get(term, "matchExpressions") or []:
+            if isinstance(expr, dict) and expr.get("operator") == "In" and len(expr.get("values") or []) == 1:
+                pairs.add((expr.get("key"), expr["values"][0]))
+    return pairs
+
+
+def _head_on_spot(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """The head must not run on spot: Ray Train's controller runs on the driver's node there."""
+    why = "the head must run on on-demand capacity (a preempted head kills the run)"
+    if _get(group, "labels", MARKET_LABEL) == SPOT:
+        yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"is 'spot', but {why}")
+    pod = _dict(_get(group, "template", "spec"))
+    for key, value in sorted(_selected_pairs(pod) & SPOT_NODE_LABELS):
+        yield Finding(field_path([*at, "template", "spec", "nodeSelector", key]), f"selects spot nodes ({value!r}), but {why}")
+    for i, tol in enumerate(pod.get("tolerations") or []):
+        if not isinstance(tol, dict):
+            continue
+        where = field_path([*at, "template", "spec", "tolerations", i])
+        if tol.get("key") in SPOT_TAINT_KEYS:
+            yield Finding(where, f"tolerates the spot taint {tol['key']!r}, but {why}")
+        elif not tol.get("key") and tol.get("operator") == "Exists":
+            yield Finding(where, f"tolerates every taint, spot ones included; {why}", warning=True)
+
+
+def _market_mismatch(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """A group labelled on-demand that selects spot nodes (or the reverse) makes Ray's view of
+    the node's market wrong, so a tier's budgets would be charged to the wrong market."""
+    market = _get(group, "labels", MARKET_LABEL)
+    pairs = _selected_pairs(_dict(_get(group, "template", "spec")))
+    clash = (market == ON_DEMAND and pairs & SPOT_NODE_LABELS) or (market == SPOT and pairs & ON_DEMAND_NODE_LABELS)
+    if clash:
+        key, value = sorted(clash)[0]
+        yield Finding(
+            field_path([*at, "labels", MARKET_LABEL]),
+            f"says {market!r}, but the pods select {key}={value}",
+            warning=True,
+        )
+
+
+def _cluster_findings(spec: Any, at: list[str | int], annotations: dict[str, Any]) -> Iterator[Finding]:
+    if not isinstance(spec, dict):
+        return
+    head = spec.get("headGroupSpec")
+    if isinstance(head, dict):
+        yield from _group_findings(head, [*at, "headGroupSpec"], is_head=True)
+    workers = spec.get("workerGroupSpecs") if isinstance(spec.get("workerGroupSpecs"), list) else []
+    first_with: dict[str, int] = {}
+    for i, group in enumerate(workers):
+        if not isinstance(group, dict):
+            continue
+        yield from _group_findings(group, [*at, "workerGroupSpecs", i], is_head=False)
+        name = group.get("groupName")
+        if not isinstance(name, str):
+            continue  # missing or mistyped: the schema says so
+        where = field_path([*at, "workerGroupSpecs", i, "groupName"])
+        if not name:
+            yield Finding(where, "must not be empty")
+        elif name in first_with:
+            yield Finding(where, f"{name!r} is already the name of workerGroupSpecs[{first_with[name]}]")
+        else:
+            first_with[name] = i
+    head_container = _get(head, "template", "spec", "containers", 0)
+    head_env_at = [*at, "headGroupSpec", "template", "spec", "containers", 0, "env"]
+    autoscaling = spec.get("enableInTreeAutoscaling") is True
+    v2_env = _env_value(head_container, "RAY_enable_autoscaler_v2")
+    if v2_env and not autoscaling and v2_env[1] in ("1", "true"):
+        yield Finding(field_path([*head_env_at, v2_env[0]]), "RAY_enable_autoscaler_v2 is set but enableInTreeAutoscaling is not true")
+    if autoscaling and v2_env and _get(spec, "autoscalerOptions", "version") is not None:
+        yield Finding(field_path([*head_env_at, v2_env[0]]), "set autoscalerOptions.version only, not also RAY_enable_autoscaler_v2")
+    v2 = autoscaling and (_get(spec, "autoscalerOptions", "version") == "v2" or bool(v2_env and v2_env[1] in ("1", "true")))
+    groups = [(["headGroupSpec"], head)] + [(["workerGroupSpecs", i], g) for i, g in enumerate(workers)]
+    for sub, group in groups:
+        policy = _get(group, "template", "spec", "restartPolicy")
+        if v2 and policy not in (None, "Never"):
+            yield Finding(field_path([*at, *sub, "template", "spec", "restartPolicy"]), f"must be Never or unset with autoscaler v2 (got {policy!r})")
+        if autoscaling and sub[0] == "workerGroupSpecs" and _get(group, "suspend") is True:
+            yield Finding(field_path([*at, *sub, "suspend"]), "a worker group cannot be suspended while the autoscaler is enabled")
+    if annotations.get("ray.io/ft-enabled") and spec.get("gcsFaultToleranceOptions") is not None:
+        yield Finding(field_path([*at, "gcsFaultToleranceOptions"]), "set either this or the ray.io/ft-enabled annotation, not both")
+
+
+def _job_findings(spec: Any, annotations: dict[str, Any]) -> Iterator[Finding]:
+    if not isinstance(spec, dict):
+        return
+    mode = spec.get("submissionMode", "K8sJobMode")
+    shutdown = spec.get("shutdownAfterJobFinishes") is True
+    selector = _dict(spec.get("clusterSelector"))
+    if isinstance(mode, str) and mode not in SUBMISSION_MODES:
+        yield Finding("spec.submissionMode", f"{mode!r} is not one of: {', '.join(SUBMISSION_MODES)}")
+    if spec.get("suspend") is True and not shutdown:
+        yield Finding("spec.suspend", "a RayJob can be suspended only with shutdownAfterJobFinishes: true")
+    ttl = spec.get("ttlSecondsAfterFinished")
+    if isinstance(ttl, int) and ttl < 0:
+        yield Finding("spec.ttlSecondsAfterFinished", f"must not be negative (got {ttl})")
+    elif isinstance(ttl, int) and ttl > 0 and not shutdown:
+        yield Finding("spec.ttlSecondsAfterFinished", "has no effect unless shutdownAfterJobFinishes is true; the operator rejects it")
+    if spec.get("rayClusterSpec") is None and not selector:
+        yield Finding("spec.rayClusterSpec", "required field is missing (or set clusterSelector to use an existing cluster)")
+    if selector:
+        if not selector.get("ray.io/cluster"):
+            yield Finding('spec.clusterSelector["ray.io/cluster"]', "required: the name of the RayCluster to use")
+        if spec.get("suspend") is True:
+            yield Finding("spec.suspend", "cannot suspend a RayJob that uses clusterSelector")
+        if mode == "SidecarMode":
+            yield Finding("spec.submissionMode", "SidecarMode does not support clusterSelector")
+    backoff = spec.get("backoffLimit")
+    if isinstance(backoff, int) and backoff < 0:
+        yield Finding("spec.backoffLimit", f"must not be negative (got {backoff})")
+    if mode == "InteractiveMode" and isinstance(backoff, int) and backoff > 0:
+        yield Finding("spec.backoffLimit", "retries are not supported in InteractiveMode")
+    if mode == "SidecarMode":
+        for key in ("submitterPodTemplate", "submitterConfig"):
+            if key in spec:
+                yield Finding(f"spec.{key}", "not supported with submissionMode SidecarMode")
+        policy = _get(spec, "rayClusterSpec", "headGroupSpec", "template", "spec", "restartPolicy")
+        if policy not in (None, "Never"):
+            yield Finding("spec.rayClusterSpec.headGroupSpec.template.spec.restartPolicy", f"must be Never or unset with SidecarMode (got {policy!r})")
+    deadline = spec.get("activeDeadlineSeconds")
+    if isinstance(deadline, int) and deadline <= 0:
+        yield Finding("spec.activeDeadlineSeconds", f"must be positive (got {deadline})")
+    runtime_env = spec.get("runtimeEnvYAML")
+    if isinstance(runtime_env, str):
+        try:
+            parsed = yaml.safe_load(runtime_env)
+        except yaml.YAMLError:
+            parsed = []
+        if parsed is not None and not isinstance(parsed, dict):
+            yield Finding("spec.runtimeEnvYAML", "must be a YAML mapping such as 'pip: [requests]'")
+    if "deletionStrategy" in spec:
+        yield Finding("spec.deletionStrategy", "needs the operator's RayJobDeletionPolicy feature gate", warning=True)
+    yield from _cluster_findings(spec.get("rayClusterSpec"), ["spec", "rayClusterSpec"], annotations)
+
+
+def _metadata_findings(doc: dict[str, Any], kind: str) -> Iterator[Finding]:
+    meta = _dict(doc.get("metadata"))
+    name = meta.get("name")
+    if name is None:
+        if not meta.get("generateName"):
+            yield Finding("metadata.name", "required field is missing")
+        return
+    if isinstance(name, str) and (len(name) > MAX_NAME[kind] or not _DNS1035.fullmatch(name)):
+        yield Finding(
+            "metadata.name",
+            f"{name!r} must be a DNS-1035 label of at most {MAX_NAME[kind]} characters "
+            "(lowercase letters, digits, '-', starting with a letter) for KubeRay",
+        )
+
+
+# --- launcher checks ---------------------------------------------------------------------------
+
+
+def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
+    types = _dict(doc.get("available_node_types"))
+    head_type = doc.get("head_node_type")
+    if isinstance(head_type, str) and types and head_type not in types:
+        yield Finding("head_node_type", f"{head_type!r} is not one of available_node_types ({', '.join(types)})")
+    why = "the head must run on on-demand capacity (a preempted head kills the run)"
+    total_min = 0
+    for name, node_type in types.items():
+        if not isinstance(node_type, dict):
+            continue
+        at = ["available_node_types", name]
+        spot_config = vm_config_is_spot(node_type.get("node_config"))
+        market = _get(node_type, "labels", MARKET_LABEL)
+        if name == head_type:
+            if spot_config:
+                yield Finding(field_path([*at, "node_config"]), f"requests spot/preemptible capacity, but {why}")
+            if market == SPOT:
+                yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"is 'spot', but {why}")
+            continue
+        low, high = node_type.get("min_workers", 0), node_type.get("max_workers")
+        if isinstance(low, int):
+            total_min += low
+        if isinstance(low, int) and isinstance(high, int) and low > high:
+            yield Finding(field_path([*at, "min_workers"]), f"{low} is more than max_workers {high}")
+        if (market == SPOT) != spot_config and market in (SPOT, ON_DEMAND):
+            asked = "spot" if spot_config else "on-demand"
+            yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"says {market!r}, but node_config requests {asked} capacity", warning=True)
+    cap = doc.get("max_workers")
+    if isinstance(cap, int) and total_min > cap:
+        yield Finding("max_workers", f"{cap} is less than the sum of min_workers ({total_min})")
+
+
+# --- entry points ------------------------------------------------------------------------------
+
+
+def validate_document(doc: Any) -> tuple[str, list[Finding]]:
+    """(what the document is, its findings) for one parsed YAML document."""
+    if not isinstance(doc, dict):
+        return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
+    doc = _normalize(doc)
+    api, kind = doc.get("apiVersion"), doc.get("kind")
+    if api is None and kind is None:
+        if {"available_node_types", "provider", "head_node_type"} & doc.keys():
+            findings = _schema_check(launcher_validator(), doc) + list(_launcher_findings(doc))
+            return LAUNCHER_KIND, findings
+        return "?", [Finding("(top level)", "neither a Kubernetes object (apiVersion, kind) nor a Ray cluster-launcher config")]
+    if not (isinstance(api, str) and api.startswith("ray.io/")):
+        return f"{kind} (not checked)", []
+    if kind not in KUBERAY_FILES:
+        return f"{kind} (not checked)", [Finding("kind", f"{kind!r} is not checked offline; only {' and '.join(KUBERAY_FILES)} are", warning=True)]
+    if api != "ray.io/v1":
+        return kind, [Finding("apiVersion", f"{api!r}: only ray.io/v1 is checked (v1alpha1 is deprecated)")]
+    findings = _schema_check(kuberay_validator(kind), doc) + list(_metadata_findings(doc, kind))
+    annotations = _dict(_get(doc, "metadata", "annotations"))
+    if kind == "RayJob":
+        findings += _job_findings(doc.get("spec"), annotations)
+    else:
+        findings += _cluster_findings(doc.get("spec"), ["spec"], annotations)
+    return kind, findings
+
+
+def validate_documents(docs: Iterable[Any]) -> Report:
+    kinds: list[str] = []
+    findings: list[Finding] = []
+    for i, doc in enumerate(d for d in docs if d is not None):
+        kind, found = validate_document(doc)
+        kinds.append(kind)
+        findings += [Finding(f.path, f.message, f.warning, i) for f in found]
+    if not kinds:
+        findings.append(Finding("(top level)", "the file holds no YAML document"))
+    return Report(tuple(kinds), tuple(findings))
+
+
+def validate_text(text: str) -> Report:
+    try:
+        docs = load_documents(text)
+    except ValueError as e:
+        return Report((), (Finding("(file)", str(e)),))
+    return validate_documents(docs)
+
+
+def validate_file(path: str | Path) -> Report:
+    try:
+        text = Path(path).read_text("utf-8")
+    except OSError as e:
+        return Report((), (Finding("(file)", f"cannot read {path}: {e.strerror}"),))
+    return validate_text(text)
+
+
+def assert_valid(doc: Any) -> None:
+    """Raise ManifestInvalid if ``doc`` has errors; the generators call this before writing."""
+    _, findings = validate_document(doc)
+    errors = [f for f in findings if not f.warning]
+    if errors:
+        raise ManifestInvalid(errors)
+
+
+def assert_valid_text(text: str) -> None:
+    """Raise ManifestInvalid if YAML ``text`` has errors (in any of its documents)."""
+    report = validate_text(text)
+    if not report.ok:
+        raise ManifestInvalid(report.errors)

@@ -1,0 +1,589 @@
+"""Capacity faults for a LocalSpotCluster: preemptions, node failures, capacity droughts, traces.
+
+Why each kind exists: Ray Train treats them differently, so the runner must see each one for
+real. A *preemption* is a drain with reason PREEMPTION and a deadline followed by the kill,
+exactly what a cloud notice turned into a Ray drain looks like (Ray charges it to
+``max_preemption_failures`` and workers can see it through ``get_preemption_info()``). A *kill*
+without a drain is a plain node failure. *Taking capacity* removes a market's nodes and
+refuses replacements, which is how a capacity timeout happens. *Trace replay* drives the
+number of live nodes from recorded spot availability, scaled in time.
+
+Every action is appended to ``Injector.log`` so tests and the demo can print a timeline.
+All public methods are thread-safe; timed actions run on one background thread, which
+``close()`` stops.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+from .cluster import LocalNode, LocalSpotCluster, NodeGroup
+
+if TYPE_CHECKING:
+    from ..traces import NodeTrace, SpotTrace
+
+Action = Literal[
+    "drain",  # preemption notice sent (node keeps running until the deadline)
+    "preempt",  # node killed after its drain
+    "kill",  # node killed without notice
+    "add",  # node added (replacement, give-back, replenish, trace)
+    "add-refused",  # a replacement was wanted but the market's capacity is taken
+    "take-capacity",
+    "give-back",
+    "trace",  # a trace tick/event was applied
+    "error",  # a background action failed; detail says why
+]
+
+
+@dataclass(frozen=True)
+class Injection:
+    """One injected action; ``t`` is seconds since the injector was created."""
+
+    t: float
+    wall_time: float
+    action: Action
+    node_id: str | None = None
+    market: str | None = None
+    detail: str = ""
+
+    def line(self) -> str:
+        node = self.node_id[:8] if self.node_id else "-"
+        return (
+            f"{self.t:8.2f}s  {self.action:<13} {self.market or '-':<10} {node:<8}  {self.detail}"
+        )
+
+
+class _Scheduler:
+    """One daemon thread running timed actions in due order; pending ones are dropped on stop."""
+
+    def __init__(self, on_error: Callable[[BaseException, str], None]) -> None:
+        self._heap: list[tuple[float, int, str, Callable[[], Any]]] = []
+        self._seq = itertools.count()
+        self._cv = threading.Condition()
+        self._stopped = False
+        self._on_error = on_error
+        self._thread: threading.Thread | None = None
+
+    def call_later(self, delay_s: float, fn: Callable[[], Any], what: str) -> None:
+        with self._cv:
+            if self._stopped:
+                return
+            heapq.heappush(self._heap, (time.monotonic() + delay_s, next(self._seq), what, fn))
+            if self._thread is None:
+                self._thread = threading.Thread(
+                    target=self._run, name="spotfallback-injector", daemon=True
+                )
+                self._thread.start()
+            self._cv.notify()
+
+    def pending(self) -> int:
+        with self._cv:
+            return len(self._heap)
+
+    def _run(self) -> None:
+        while True:
+            with self._cv:
+                while not self._stopped:
+                    if self._heap and self._heap[0][0] <= time.monotonic():
+                        break
+                    timeout = self._heap[0][0] - time.monotonic() if self._heap else None
+                    self._cv.wait(timeout)
+                if self._stopped:
+                    return
+                _, _, what, fn = heapq.heappop(self._heap)
+            try:
+                fn()
+            except BaseException as e:  # a background failure must be seen, not lost
+                self._on_error(e, what)
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        with self._cv:
+            self._stopped = True
+            self._heap.clear()
+            self._cv.notify_all()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+
+class Replay:
+    """A trace replay running on its own thread."""
+
+    def __init__(self, name: str, body: Callable[[threading.Event], None]) -> None:
+        self.name = name
+        self.error: BaseException | None = None
+        self._stop = threading.Event()
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(body,), name=name, daemon=True)
+
+    def _run(self, body: Callable[[threading.Event], None]) -> None:
+        try:
+            body(self._stop)
+        except BaseException as e:
+            self.error = e
+        finally:
+            self._done.set()
+
+    def start(self) -> Replay:
+        self._thread.start()
+        return self
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def wait(self, timeout_s: float | None = None) -> bool:
+        """Wait for the end of the replay; re-raise its error, if any. True if it ended."""
+        ended = self._done.wait(timeout_s)
+        if self.error is not None:
+            raise self.error
+        return ended
+
+    def stop(self, timeout_s: float = 30.0) -> None:
+        self._stop.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout_s)
+
+
+class Injector:
+    """Injects capacity faults into a running LocalSpotCluster and records each one.
+
+    ``replace_after_s``: after a preemption or kill, add a node of the same group after this
+    many seconds (a cloud autoscaler replacing the VM), unless that market's capacity is
+    taken; ``None`` means no automatic replacement.
+    """
+
+    def __init__(self, cluster: LocalSpotCluster, *, replace_after_s: float | None = None) -> None:
+        self.cluster = cluster
+        self.replace_after_s = replace_after_s
+        self.log: list[Injection] = []
+        self.errors: list[BaseException] = []
+        self._t0 = time.monotonic()
+        self._lock = threading.RLock()
+        self._taken: dict[str, dict[str, int]] = {}  # market -> group -> nodes taken away
+        self._doomed: set[str] = set()  # drained, kill pending
+        self._replays: list[Replay] = []
+        self._scheduler = _Scheduler(self._background_error)
+        self._closed = False
+
+    # ----------------------------------------------------------------- plumbing
+
+    def __enter__(self) -> Injector:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Stop background work: pending timed actions are dropped, replays stopped."""
+        self._closed = True
+        for replay in list(self._replays):
+            replay.stop()
+        self._scheduler.stop()
+
+    def _record(
+        self,
+        action: Action,
+        node_id: str | None = None,
+        market: str | None = None,
+        detail: str = "",
+    ) -> Injection:
+        entry = Injection(
+            t=round(time.monotonic() - self._t0, 3),
+            wall_time=time.time(),
+            action=action,
+            node_id=node_id,
+            market=market,
+            detail=detail,
+        )
+        with self._lock:
+            self.log.append(entry)
+        return entry
+
+    def _background_error(self, err: BaseException, what: str) -> None:
+        with self._lock:
+            self.errors.append(err)
+        self._record("error", detail=f"{what}: {type(err).__name__}: {err}")
+
+    def timeline(self) -> str:
+        """The log as aligned text lines, for tests and the demo."""
+        with self._lock:
+            return "\n".join(e.line() for e in self.log)
+
+    def actions(self, action: Action | None = None) -> list[Injection]:
+        with self._lock:
+            return [e for e in self.log if action is None or e.action == action]
+
+    def is_taken(self, market: str) -> bool:
+        with self._lock:
+            return market in self._taken
+
+    def _resolve(self, node: LocalNode | str) -> LocalNode:
+        return self.cluster.node(node)
+
+    # ----------------------------------------------------------------- node faults
+
+    def drain(self, node: LocalNode | str, notice_s: float, reason: str = "") -> LocalNode:
+        """Send a preemption notice: drain with reason PREEMPTION and deadline now + notice_s."""
+        from ray.core.generated import autoscaler_pb2
+
+        local = self._resolve(node)
+        deadline_ms = int((time.time() + max(notice_s, 0.0)) * 1000)
+        reason = reason or f"spot preemption injected by spotfallback ({notice_s:g}s notice)"
+        accepted, rejection = self.cluster.gcs_client().drain_node(
+            local.node_id,
+            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
+            reason,
+            deadline_ms,
+        )
+        if not accepted:
+            raise RuntimeError(f"Ray rejected the drain of node {local.node_id[:12]}: {rejection}")
+        with self._lock:
+            self._doomed.add(local.node_id)
+        self._record("drain", local.node_id, local.market, f"deadline in {notice_s:g}s")
+        return local
+
+    def preempt(
+        self,
+        node: LocalNode | str,
+        notice_s: float = 2.0,
+        *,
+        block: bool = True,
+        reason: str = "",
+    ) -> LocalNode:
+        """Realistic preemption: drain (notice), then kill when the notice runs out.
+
+        ``notice_s=0`` still drains, so Ray sees a preemption, and kills at once. With
+        ``block=False`` the kill happens on the injector's thread and this returns at once.
+        """
+        local = self.drain(node, notice_s, reason)
+        if block or notice_s <= 0:
+            time.sleep(max(notice_s, 0.0))
+            self._kill(local, "preempt")
+        else:
+            self._scheduler.call_later(
+                notice_s, lambda: self._kill(local, "preempt"), f"preempt {local.node_id[:8]}"
+            )
+        return local
+
+    def kill(self, node: LocalNode | str, *, delay_s: float = 0.0) -> LocalNode:
+        """A node failure without notice (Ray charges it to max_failures, not preemptions)."""
+        local = self._resolve(node)
+        if delay_s > 0:
+            self._scheduler.call_later(
+                delay_s, lambda: self._kill(local, "kill"), f"kill {local.node_id[:8]}"
+            )
+        else:
+            self._kill(local, "kill")
+        return local
+
+    def _kill(self, local: LocalNode, action: Action, *, replace: bool = True) -> None:
+        try:
+            self.cluster.remove_node(local, graceful=False)
+        except KeyError:  # already gone (a trace or another injection removed it)
+            return
+        finally:
+            with self._lock:
+                self._doomed.discard(local.node_id)
+        self._record(action, local.node_id, local.market)
+        if replace and self.replace_after_s is not None and not self._closed:
+            group = self.cluster.groups[local.group]
+            self._scheduler.call_later(
+                self.replace_after_s,
+                lambda: self._add(group, "replacement"),
+                f"replace {group.name}",
+            )
+
+    def pick(self, market: str = "spot", *, prefer_workers: bool = True) -> LocalNode | None:
+        """A running, not yet drained node of ``market``; one hosting train workers if any."""
+        with self._lock:
+            candidates = [n for n in self.cluster.nodes(market) if n.node_id not in self._doomed]
+        if not candidates:
+            return None
+        if prefer_workers:
+            hosted = self.cluster.train_workers_per_node()
+            busiest = max(candidates, key=lambda n: hosted.get(n.node_id, 0))
+            if hosted.get(busiest.node_id, 0) > 0:
+                return busiest
+        return candidates[0]
+
+    def preempt_one(
+        self, market: str = "spot", notice_s: float = 2.0, *, block: bool = True
+    ) -> LocalNode | None:
+        """Preempt the node of ``market`` that hosts train workers (else any); None if none run."""
+        node = self.pick(market)
+        return None if node is None else self.preempt(node, notice_s, block=block)
+
+    def kill_one(self, market: str = "spot") -> LocalNode | None:
+        """Kill, without notice, the node of ``market`` that hosts train workers (else any)."""
+        node = self.pick(market)
+        return None if node is None else self.kill(node)
+
+    # ----------------------------------------------------------------- capacity
+
+    def _groups_of(self, market: str) -> list[NodeGroup]:
+        groups = [g for g in self.cluster.groups.values() if g.market == market]
+        if not groups:
+            raise KeyError(
+                f"no node group of market {market!r}; groups: {sorted(self.cluster.groups)}"
+            )
+        return groups
+
+    def _add(self, group: NodeGroup, why: str) -> LocalNode | None:
+        if self.is_taken(group.market):
+            self._record("add-refused", None, group.market, f"{why}: capacity is taken")
+            return None
+        node = self.cluster.add_node(group)
+        self._record("add", node.node_id, node.market, why)
+        return node
+
+    def _remove_many(
+        self, nodes: list[LocalNode], notice_s: float | None, *, replace: bool
+    ) -> None:
+        """Drain all (if notice_s is not None), wait the notice once, kill all."""
+        if notice_s is not None:
+            for n in nodes:
+                self.drain(n, notice_s)
+            time.sleep(max(notice_s, 0.0))
+        for n in nodes:
+            self._kill(n, "kill" if notice_s is None else "preempt", replace=replace)
+
+    def take_capacity(
+        self,
+        market: str,
+        duration_s: float | None = None,
+        *,
+        notice_s: float | None = 0.0,
+        restore: bool = True,
+    ) -> list[LocalNode]:
+        """Remove every node of ``market`` and refuse replacements until ``give_back``.
+
+        Nodes are preempted (drain, ``notice_s``, kill); ``notice_s=None`` kills them
+        without notice. With ``duration_s`` the capacity comes back by itself after that
+        long (``restore``: with as many nodes as were taken). Returns the removed nodes.
+        """
+        self._groups_of(market)  # unknown market: fail before touching anything
+        with self._lock:
+            taken = self._taken.setdefault(market, {})
+        self._record(
+            "take-capacity",
+            None,
+            market,
+            f"for {duration_s:g}s" if duration_s else "until given back",
+        )
+        removed = self.cluster.nodes(market)
+        for n in removed:
+            with self._lock:
+                taken[n.group] = taken.get(n.group, 0) + 1
+        self._remove_many(removed, notice_s, replace=False)
+        if duration_s is not None:
+            self._scheduler.call_later(
+                duration_s, lambda: self.give_back(market, restore=restore), f"give back {market}"
+            )
+        return removed
+
+    def give_back(self, market: str, *, restore: bool = True) -> list[LocalNode]:
+        """Make ``market`` available again; with ``restore``, re-add the nodes taken away."""
+        with self._lock:
+            taken = self._taken.pop(market, None)
+        if taken is None:
+            return []
+        self._record(
+            "give-back", None, market, f"restoring {sum(taken.values())} node(s)" if restore else ""
+        )
+        added: list[LocalNode] = []
+        if restore:
+            for group_name, n in taken.items():
+                for _ in range(n):
+                    node = self._add(self.cluster.groups[group_name], "capacity given back")
+                    if node is not None:
+                        added.append(node)
+        return added
+
+    def replenish(self, market: str, count: int | None = None) -> list[LocalNode]:
+        """Add nodes of ``market``: ``count`` more, or up to each group's configured size."""
+        added: list[LocalNode] = []
+        for group in self._groups_of(market):
+            want = (
+                count
+                if count is not None
+                else group.count - len(self.cluster.nodes(group=group.name))
+            )
+            for _ in range(max(want, 0)):
+                node = self._add(group, "replenish")
+                if node is None:
+                    return added
+                added.append(node)
+            if count is not None:
+                break
+        return added
+
+    def _scale_to(self, group: NodeGroup, target: int, notice_s: float | None, why: str) -> int:
+        """Bring ``group`` to ``target`` running nodes (newest removed first); returns the count."""
+        with self._lock:
+            running = [
+                n for n in self.cluster.nodes(group=group.name) if n.node_id not in self._doomed
+            ]
+        if len(running) > target:
+            self._remove_many(running[target:][::-1], notice_s, replace=False)
+        else:
+            for _ in range(target - len(running)):
+                if self._add(group, why) is None:
+                    break
+        return len(self.cluster.nodes(group=group.name))
+
+    # ----------------------------------------------------------------- traces
+
+    def _wait_until(self, stop: threading.Event, due: float) -> bool:
+        """Sleep until monotonic time ``due``; False if asked to stop first."""
+        return not stop.wait(max(due - time.monotonic(), 0.0))
+
+    def _start_replay(
+        self, name: str, body: Callable[[threading.Event], None], block: bool
+    ) -> Replay:
+        if self._closed:
+            raise RuntimeError("the injector is closed")
+        replay = Replay(name, body).start()
+        with self._lock:
+            self._replays.append(replay)
+        if block:
+            replay.wait()
+        return replay
+
+    def replay_spot_trace(
+        self,
+        trace: SpotTrace | str | Path,
+        market: str = "spot",
+        time_scale: float = 3600.0,
+        *,
+        start_tick: int = 0,
+        ticks: int | None = None,
+        nodes_per_unit: int = 1,
+        max_nodes: int | None = None,
+        notice_s: float | None = 0.0,
+        group: str | None = None,
+        block: bool = False,
+        on_tick: Callable[[int, int, int], None] | None = None,
+    ) -> Replay:
+        """Drive the number of running nodes of ``market`` from a SkyPilot availability trace.
+
+        Tick ``i`` (``gap_seconds`` apart in the trace) sets the group to
+        ``min(available[i] * nodes_per_unit, max_nodes)`` nodes; ``time_scale`` is trace
+        seconds per wall second (3600: an hour of trace per second). ``max_nodes`` defaults
+        to the group's configured count so a big trace cannot swamp the machine. Lost nodes
+        are preempted with ``notice_s`` (``None``: killed without notice). ``on_tick(tick,
+        target, running)`` is called after each tick is applied.
+        """
+        from ..traces import load_spot_trace
+
+        spot = load_spot_trace(trace) if isinstance(trace, str | Path) else trace
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
+        target_group = self.cluster.groups[group] if group else self._groups_of(market)[0]
+        cap = target_group.count if max_nodes is None else max_nodes
+        end = len(spot.available) if ticks is None else min(len(spot.available), start_tick + ticks)
+        dt = float(spot.gap_seconds) / time_scale
+
+        def body(stop: threading.Event) -> None:
+            t0 = time.monotonic()
+            for k, i in enumerate(range(start_tick, end)):
+                if not self._wait_until(stop, t0 + k * dt):
+                    return
+                target = min(int(spot.available[i]) * nodes_per_unit, cap)
+                running = self._scale_to(target_group, target, notice_s, f"trace tick {i}")
+                self._record(
+                    "trace",
+                    None,
+                    target_group.market,
+                    f"{spot.name} tick {i}: available={int(spot.available[i])} target={target} running={running}",
+                )
+                if on_tick is not None:
+                    on_tick(i, target, running)
+
+        return self._start_replay(f"spot-trace-{spot.name}", body, block)
+
+    def replay_node_trace(
+        self,
+        trace: NodeTrace | str | Path,
+        market: str = "spot",
+        time_scale: float = 3600.0,
+        *,
+        start_s: float = 0.0,
+        end_s: float | None = None,
+        max_nodes: int | None = None,
+        notice_s: float | None = 0.0,
+        group: str | None = None,
+        block: bool = False,
+        on_event: Callable[[float, int], None] | None = None,
+    ) -> Replay:
+        """Replay a node add/remove trace onto ``market``, node identity preserved.
+
+        The trace's nodes alive at ``start_s`` are mapped onto the group's running nodes
+        (adding or preempting to match), then each later event adds a node or preempts the
+        node mapped to that trace name. At most ``max_nodes`` (default: the group's count)
+        trace nodes are mirrored; events on the others are ignored. ``on_event(t_s,
+        running)`` is called after each batch of simultaneous events.
+        """
+        from ..traces import load_node_trace
+
+        nodes_trace = load_node_trace(trace) if isinstance(trace, str | Path) else trace
+        if time_scale <= 0:
+            raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
+        target_group = self.cluster.groups[group] if group else self._groups_of(market)[0]
+        cap = target_group.count if max_nodes is None else max_nodes
+        events = sorted(nodes_trace.events, key=lambda e: e.t_s)
+        alive_at_start: list[str] = []  # events up to start_s fold into the starting state
+        for e in events:
+            if e.t_s > start_s:
+                break
+            if e.action == "add" and e.node not in alive_at_start:
+                alive_at_start.append(e.node)
+            elif e.action == "remove" and e.node in alive_at_start:
+                alive_at_start.remove(e.node)
+        later = [e for e in events if e.t_s > start_s and (end_s is None or e.t_s <= end_s)]
+        batches: dict[float, list[Any]] = {}
+        for e in later:
+            batches.setdefault(e.t_s, []).append(e)
+
+        def body(stop: threading.Event) -> None:
+            mirrored = alive_at_start[:cap]
+            self._scale_to(
+                target_group, len(mirrored), notice_s, f"{nodes_trace.name} at {start_s:g}s"
+            )
+            mapping = dict(zip(mirrored, self.cluster.nodes(group=target_group.name), strict=False))
+            self._record(
+                "trace",
+                None,
+                target_group.market,
+                f"{nodes_trace.name} start: mirroring {sorted(mapping)}",
+            )
+            t0 = time.monotonic()
+            for t_s, batch in batches.items():
+                if not self._wait_until(stop, t0 + (t_s - start_s) / time_scale):
+                    return
+                gone = [
+                    mapping.pop(e.node) for e in batch if e.action == "remove" and e.node in mapping
+                ]
+                self._remove_many(gone, notice_s, replace=False)
+                for e in batch:
+                    if e.action == "add" and e.node not in mapping and len(mapping) < cap:
+                        node = self._add(target_group, f"{nodes_trace.name} {e.node}")
+                        if node is not None:
+                            mapping[e.node] = node
+                running = len(self.cluster.nodes(group=target_group.name))
+                self._record(
+                    "trace",
+                    None,
+                    target_group.market,
+                    f"{nodes_trace.name} t={t_s:g}s: {', '.join(f'{e.action} {e.node}' for e in batch)}; running={running}",
+                )
+                if on_event is not None:
+                    on_event(t_s, running)
+
+        return self._start_replay(f"node-trace-{nodes_trace.name}", body, block)

@@ -1,0 +1,403 @@
+"""Planner: pick the ladder's budgets, capacity timeouts and checkpoint interval by simulation.
+
+The objective is the expected spend, subject to finishing by the deadline with the required
+probability. Every candidate is simulated on the same random draws (the same trace start
+ticks, the same exponential samples), so differences between candidates are differences of
+policy, not of luck. The search space contains the three ladder baselines (on-demand only,
+spot forever, the seed's fixed-M fallback), so on the sample it is evaluated on, the
+recommendation never costs more than any of them while meeting the deadline; the fourth
+baseline, Uniform Progress, is not a ladder and is compared as simulated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from .config import Ladder, Tier
+from .costmodel import SeedComparison, compare_seed_with_exact, daly_interval, young_interval
+from .simulator import (
+    NEVER_H,
+    JobSpec,
+    Process,
+    RateModel,
+    SimResult,
+    TraceCapacity,
+    compile_process,
+    simulate_many,
+    simulate_uniform_progress,
+    wall_to_finish,
+)
+from .traces import NodeTrace, SpotTrace
+
+M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
+TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
+TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
+
+
+class PlanRequest(BaseModel):
+    """The job to plan for; durations in hours, prices per worker-hour."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    work_h: float = Field(gt=0, description="Training hours on an uninterrupted gang.")
+    num_workers: int = Field(gt=0)
+    checkpoint_cost_h: float = Field(ge=0)
+    restart_overhead_h: float = Field(ge=0)
+    provisioning_delay_h: float = Field(default=0.0, ge=0)
+    notice_s: float = Field(default=120.0, ge=0)
+    jit_checkpoint: bool = True
+    spot_price: float = Field(ge=0, description="Spot price per worker-hour.")
+    on_demand_price: float = Field(gt=0, description="On-demand price per worker-hour.")
+    deadline_h: float | None = Field(default=None, gt=0)
+    deadline_probability: float = Field(default=0.95, gt=0, le=1)
+    seed_max_preemptions: int = Field(default=5, ge=0, description="M of the seed's fixed-M baseline.")
+    runs: int = Field(default=400, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_deadline(self) -> PlanRequest:
+        if self.deadline_h is not None and self.deadline_h < self.work_h:
+            raise ValueError(f"deadline_h ({self.deadline_h:g}) is shorter than the work itself ({self.work_h:g} h)")
+        return self
+
+    def job(self, tau_h: float | None) -> JobSpec:
+        return JobSpec(
+            work_h=self.work_h,
+            checkpoint_interval_h=tau_h,
+            checkpoint_cost_h=self.checkpoint_cost_h,
+            restart_overhead_h=self.restart_overhead_h,
+            provisioning_delay_h=self.provisioning_delay_h,
+            notice_s=self.notice_s,
+            jit_checkpoint=self.jit_checkpoint,
+            deadline_h=self.deadline_h,
+        )
+
+    def spot_tier(self, i: int = 0, max_preemptions: int = 3, capacity_timeout_s: float | None = 600.0) -> Tier:
+        return Tier(
+            name="spot" if i == 0 else f"spot-{i + 1}",
+            market="spot",
+            num_workers=self.num_workers,
+            max_preemptions=max_preemptions,
+            capacity_timeout_s=capacity_timeout_s,
+            price_per_worker_hour=self.spot_price,
+        )
+
+    def on_demand_tier(self) -> Tier:
+        return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price)
+
+
+@dataclass
+class Candidate:
+    """One simulated policy: a ladder and a checkpoint interval, with its outcomes."""
+
+    label: str
+    ladder: Ladder | None  # None for Uniform Progress, which is not a ladder
+    tau_h: float | None
+    result: SimResult
+    deadline_h: float | None
+
+    @property
+    def mean_spend(self) -> float:
+        return self.result.mean_spend
+
+    @property
+    def p_deadline(self) -> float:
+        return self.result.deadline_probability(self.deadline_h)
+
+    @property
+    def mean_wall_h(self) -> float:
+        return float(self.result.wall_h.mean())
+
+    def meets(self, probability: float) -> bool:
+        return self.p_deadline >= probability - 1e-12
+
+
+@dataclass
+class Plan:
+    request: PlanRequest
+    recommended: Candidate
+    feasible: bool
+    baselines: list[Candidate]
+    candidates: list[Candidate]
+    gang_mtbf_h: float
+    lossy_mtbf_h: float
+    tau_young_h: float | None
+    tau_daly_h: float | None
+    seed_check: SeedComparison | None = None
+    notes: list[str] = field(default_factory=list)
+
+    def comparison(self) -> list[Candidate]:
+        return [self.recommended, *self.baselines]
+
+    def sweep_over_m(self) -> list[Candidate]:
+        """Candidates that differ from the recommendation only in the first tier's budget."""
+        rec = self.recommended
+        if rec.ladder is None or len(rec.ladder) < 2:
+            return []
+        first = rec.ladder[0]
+        rows = [
+            c for c in self.candidates
+            if c.ladder is not None and len(c.ladder) == len(rec.ladder) and c.tau_h == rec.tau_h
+            and c.ladder[0].capacity_timeout_s == first.capacity_timeout_s
+            and all(a == b for a, b in zip(c.ladder.tiers[1:], rec.ladder.tiers[1:], strict=True))
+        ]
+        return sorted(_unique(rows), key=lambda c: _m_key(c.ladder[0].max_preemptions))  # type: ignore[index]
+
+    def sweep_over_tau(self) -> list[Candidate]:
+        rec = self.recommended
+        if rec.ladder is None:
+            return []
+        rows = [c for c in self.candidates if c.ladder == rec.ladder and c.tau_h is not None]
+        return sorted(_unique(rows), key=lambda c: c.tau_h)  # type: ignore[arg-type,return-value]
+
+    def tiers_yaml(self) -> str:
+        return ladder_yaml(self.recommended.ladder, self.recommended.tau_h) if self.recommended.ladder else ""
+
+
+def _m_key(m: int) -> float:
+    return math.inf if m == -1 else m
+
+
+def _unique(cands: Sequence[Candidate]) -> list[Candidate]:
+    seen: dict[tuple, Candidate] = {}
+    for c in cands:
+        seen.setdefault((c.label, c.tau_h), c)
+    return list(seen.values())
+
+
+def ladder_yaml(ladder: Ladder, tau_h: float | None = None) -> str:
+    """The ladder as the YAML the runner reads (``tiers: [...]``), tau as a trailing comment."""
+    tiers = []
+    for t in ladder.tiers:
+        d = t.model_dump(mode="json")
+        if d.get("resources_per_worker") is None:
+            d.pop("resources_per_worker", None)
+        tiers.append(d)
+    text = yaml.safe_dump({"tiers": tiers}, sort_keys=False)
+    if tau_h is not None:
+        text += f"# checkpoint every {tau_h * 60:.1f} min of training (tau, chosen by spotfallback plan)\n"
+    return text
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
+    """(mean time between interruptions of a gang, same for failures without notice only)."""
+    proc = compile_process(process, num_workers)
+    if isinstance(proc, RateModel):
+        pre = proc.preemptions_per_node_hour * num_workers
+        fail = proc.failures_per_node_hour * num_workers
+        total = pre + fail
+        return (math.inf if total == 0 else 1.0 / total), (math.inf if fail == 0 else 1.0 / fail)
+    if isinstance(proc, TraceCapacity):
+        # Run a gang that restarts at once through one period; mean uptime between hits.
+        t, run_h, hits = 0.0, 0.0, 0
+        end = proc.period_h
+        while True:
+            start = float(proc.next_available(np.array([t]))[0])
+            if not math.isfinite(start) or start >= end:
+                break
+            hit = float(proc.hit(np.array([start]))[0])
+            run_h += min(hit, end) - start
+            if hit >= end:
+                break
+            hits += 1
+            t = hit
+        return (math.inf if hits == 0 else run_h / hits), math.inf
+    raise ValueError(f"cannot plan on {type(process).__name__}")
+
+
+def _between_neighbours(m: int, grid: Sequence[int], per_side: int = 3) -> list[int]:
+    """Integer budgets between ``m`` and its neighbours on the grid (-1, forever, is last)."""
+    finite = sorted(g for g in grid if g != -1)
+    if m == -1:
+        top = finite[-1] if finite else 0
+        return [top * 3 // 2, top * 2, top * 3] if top else [1, 2, 4]
+    if m not in finite:
+        return []
+    k = finite.index(m)
+    lower = finite[k - 1] if k > 0 else m
+    upper = finite[k + 1] if k + 1 < len(finite) else m * 2
+    out: set[int] = set()
+    for a, b in ((lower, m), (m, upper)):
+        step = max(1, (b - a) // (per_side + 1))
+        out.update(range(a + step, b, step))
+    out.discard(m)
+    return sorted(out)[: 2 * per_side]
+
+
+def _tau_grid(daly_h: float | None, work_h: float) -> list[float | None]:
+    if daly_h is None or not math.isfinite(daly_h) or daly_h >= work_h:
+        return [None, work_h / 4, work_h / 8]
+    return sorted({min(round(daly_h * f, 6), work_h) for f in TAU_FACTORS})
+
+
+def _ladder(req: PlanRequest, spots: Sequence[tuple[int, float | None]]) -> Ladder:
+    return Ladder(tiers=(*[req.spot_tier(i, m, to) for i, (m, to) in enumerate(spots)], req.on_demand_tier()))
+
+
+def _label(spots: Sequence[tuple[int, float | None]]) -> str:
+    parts = []
+    for i, (m, to) in enumerate(spots):
+        ms = "inf" if m == -1 else str(m)
+        ts = "none" if to is None else f"{to / 60:g}m"
+        parts.append(f"{'spot' if i == 0 else f'spot-{i + 1}'}(M={ms},timeout={ts})")
+    return " > ".join([*parts, "on-demand"])
+
+
+def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
+    """Is ``a`` a better recommendation than ``b``: feasible first, then cheaper, then faster."""
+    if b is None:
+        return True
+    fa, fb = a.meets(probability), b.meets(probability)
+    if fa != fb:
+        return fa
+    if not fa and not math.isclose(a.p_deadline, b.p_deadline):
+        return a.p_deadline > b.p_deadline
+    if not math.isclose(a.mean_spend, b.mean_spend, rel_tol=1e-12):
+        return a.mean_spend < b.mean_spend
+    return a.mean_wall_h < b.mean_wall_h
+
+
+def plan(
+    request: PlanRequest,
+    spot: Process | Sequence[Process],
+    m_grid: Sequence[int] = M_GRID,
+    timeout_grid_s: Sequence[float | None] = TIMEOUT_GRID_S,
+) -> Plan:
+    """Recommend ``max_preemptions`` and ``capacity_timeout_s`` per spot tier and tau.
+
+    ``spot`` is one process per spot tier (several = several spot pools, tried in order);
+    the ladder always ends on a reliable on-demand tier.
+    """
+    spots = list(spot) if isinstance(spot, list | tuple) else [spot]
+    if not spots:
+        raise ValueError("give at least one spot process")
+    req = request
+    n_spot = len(spots)
+    world: list[Process] = [*spots, RateModel()]
+    prob = req.deadline_probability
+
+    mtbfs = [observed_mtbf_h(p, req.num_workers) for p in spots]
+    gang_mtbf = min(m for m, _ in mtbfs)
+    jit_covers = req.jit_checkpoint and req.notice_s / 3600.0 >= req.checkpoint_cost_h
+    lossy = min(f for _, f in mtbfs) if jit_covers else gang_mtbf
+    if math.isfinite(lossy) and req.checkpoint_cost_h > 0:
+        tau_young, tau_daly = young_interval(req.checkpoint_cost_h, lossy), daly_interval(req.checkpoint_cost_h, lossy)
+    else:
+        tau_young = tau_daly = None
+    taus = _tau_grid(tau_daly, req.work_h)
+    tau0 = tau_daly if tau_daly is not None and tau_daly < req.work_h else None
+    notes: list[str] = []
+    if tau_daly is None:
+        notes.append("no interruption loses work (or checkpoints are free): periodic checkpoints are optional")
+
+    candidates: list[Candidate] = []
+    cache: dict[tuple, Candidate] = {}
+
+    def evaluate(settings: list[tuple[tuple[tuple[int, float | None], ...], float | None]]) -> list[Candidate]:
+        todo = [(s, tau) for s, tau in settings if (s, tau) not in cache]
+        configs = [(_ladder(req, s), req.job(tau)) for s, tau in todo]
+        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in todo])
+        for (s, tau), (lad, _), res in zip(todo, configs, results, strict=True):
+            cand = Candidate(_label(s), lad, tau, res, req.deadline_h)
+            cache[(s, tau)] = cand
+            candidates.append(cand)
+        return [cache[k] for k in settings]
+
+    def best_of(cands: Sequence[Candidate]) -> Candidate:
+        best: Candidate | None = None
+        for c in cands:
+            if _better(c, best, prob):
+                best = c
+        assert best is not None
+        return best
+
+    # Coordinate descent over the spot tiers' (M, timeout), then tau, then once more if tau
+    # moved; finally refine each tier's M between its grid neighbours.
+    current: list[tuple[int, float | None]] = [(3, 600.0)] * n_spot
+    tau = tau0
+    for _round in range(2):
+        for i in range(n_spot):
+            settings = []
+            for m in m_grid:
+                for to in timeout_grid_s:
+                    s = list(current)
+                    s[i] = (m, to)
+                    settings.append((tuple(s), tau))
+            current = list(_spots_of(best_of(evaluate(settings)), n_spot))
+        tau_best = best_of(evaluate([(tuple(current), t) for t in taus]))
+        if tau_best.tau_h == tau:
+            break
+        tau = tau_best.tau_h
+    for i in range(n_spot):
+        settings = []
+        for m in _between_neighbours(current[i][0], m_grid):
+            s = list(current)
+            s[i] = (m, current[i][1])
+            settings.append((tuple(s), tau))
+        if settings:
+            current = list(_spots_of(best_of([*evaluate(settings), cache[(tuple(current), tau)]]), n_spot))
+
+    # Baselines, on the same draws.
+    od_ladder = Ladder(tiers=(req.on_demand_tier(),))
+    od_res = simulate_many([(od_ladder, req.job(None))], [RateModel()], runs=req.runs, seed=req.seed, labels=["on-demand only"])[0]
+    od = Candidate("on-demand only", od_ladder, None, od_res, req.deadline_h)
+    forever = evaluate([(tuple([(-1, None)] * n_spot), tau0)])[0]
+    seed_m = evaluate([(tuple([(req.seed_max_preemptions, 600.0)] * n_spot), tau0)])[0]
+    baselines = [
+        od,
+        Candidate("spot forever", forever.ladder, forever.tau_h, forever.result, req.deadline_h),
+        Candidate(f"seed M={req.seed_max_preemptions}", seed_m.ladder, seed_m.tau_h, seed_m.result, req.deadline_h),
+    ]
+    if req.deadline_h is not None:
+        up = simulate_uniform_progress(
+            req.job(tau0), req.spot_tier(), req.on_demand_tier(), spots[0], runs=req.runs, seed=req.seed
+        )
+        baselines.append(Candidate("uniform progress", None, tau0, up, req.deadline_h))
+    else:
+        notes.append("no deadline given: the Uniform Progress baseline needs one and is left out")
+
+    best = best_of([*candidates, od])
+    feasible = best.meets(prob)
+    if not feasible:
+        notes.append(
+            f"no ladder meets the deadline with probability {prob:g}; "
+            f"the best reaches {best.p_deadline:.3f}"
+        )
+    seed_check = None
+    res = best.result
+    if best.ladder is not None and len(best.ladder) > 1:
+        alpha_work = float(res.work_on_spot_h.mean() / req.work_h)
+        m_mean = float(res.interruptions.mean())
+        per_failure = req.restart_overhead_h + req.provisioning_delay_h
+        lost = float(res.lost_work_h.mean() / m_mean) if m_mean > 0 else 0.0
+        discount = 1.0 - req.spot_price / req.on_demand_price
+        t_eff = float(wall_to_finish(req.work_h, best.tau_h or NEVER_H, req.checkpoint_cost_h))
+        seed_check = compare_seed_with_exact(
+            t_eff, min(alpha_work, 1.0), max(round(m_mean), 0), per_failure,
+            req.on_demand_price * req.num_workers, min(max(discount, 0.0), 1.0), lost,
+        )
+    return Plan(req, best, feasible, baselines, candidates + [od], gang_mtbf, lossy, tau_young, tau_daly, seed_check, notes)
+
+
+def _spots_of(c: Candidate, n_spot: int) -> tuple[tuple[int, float | None], ...]:
+    assert c.ladder is not None
+    if len(c.ladder) == 1:
+        return tuple([(0, 600.0)] * n_spot)
+    return tuple((t.max_preemptions, t.capacity_timeout_s) for t in c.ladder.tiers[:n_spot])
+
+
+def load_process(path: str, kind: str | None = None) -> SpotTrace | NodeTrace:
+    """A trace file by extension (``.json`` SkyPilot, ``.csv`` node trace) or explicit kind."""
+    from .traces import load_node_trace, load_spot_trace
+
+    k = kind or ("node" if path.lower().endswith(".csv") else "spot")
+    return load_node_trace(path) if k == "node" else load_spot_trace(path)
