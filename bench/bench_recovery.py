@@ -131,7 +131,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--out", default=str(REPO / "docs" / "recovery.json"))
+    parser.add_argument("--markdown", default=str(REPO / "docs" / "recovery.md"))
+    parser.add_argument("--render", action="store_true", help="re-render the markdown from --out and exit")
     args = parser.parse_args()
+    if args.render:
+        Path(args.markdown).write_text(render(json.loads(Path(args.out).read_text())))
+        return
     apply_env()
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
 
@@ -146,7 +151,7 @@ def main() -> None:
                 r["rep"] = rep
                 results.append(r)
                 print(json.dumps(r), flush=True)
-    machine = f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}, Python {platform.python_version()}"
+    machine = f"{os.cpu_count()} cores, {platform.processor() or platform.machine()}"
     try:
         with open("/proc/cpuinfo") as f:
             model = next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
@@ -155,24 +160,50 @@ def main() -> None:
         pass
     import ray
 
-    summary = {}
-    for s in scenarios:
-        xs = [r["recovery_s"] for r in results if r["scenario"] == s]
-        summary[s] = {"median_s": statistics.median(xs), "min_s": min(xs), "max_s": max(xs), "n": len(xs),
-                      "redone_steps": [r["redone_steps"] for r in results if r["scenario"] == s]}
-    base = summary["ray-restart"]["median_s"]
+    data = {
+        "machine": machine,
+        "ray": ray.__version__,
+        "date": time.strftime("%Y-%m-%d", time.gmtime()),
+        "command": f"python bench/bench_recovery.py --reps {args.reps}",
+        "results": results,
+    }
+    Path(args.out).write_text(json.dumps(data, indent=1))
+    Path(args.markdown).write_text(render(data))
+    print(render(data))
+
+
+def render(data: dict) -> str:
+    """The results page: summary table (medians and ratios) and every run."""
+    results = data["results"]
+    scenarios = ["ray-restart", "sf-restart", "sf-switch"]
+    medians = {s: statistics.median(r["recovery_s"] for r in results if r["scenario"] == s) for s in scenarios}
     lines = [
         "| scenario | recovery median (s) | min–max (s) | ratio to plain Ray restart | steps redone | runs |",
         "|---|---|---|---|---|---|",
     ]
     for s in scenarios:
-        v = summary[s]
-        lines.append(f"| {s} | {v['median_s']:.1f} | {v['min_s']:.1f}–{v['max_s']:.1f} | {v['median_s'] / base:.2f}× | {v['redone_steps']} | {v['n']} |")
-    table = "\n".join(lines)
-    print(table)
-    Path(args.out).write_text(json.dumps({"machine": machine, "ray": ray.__version__, "command": "python bench/bench_recovery.py --reps "
-                                          f"{args.reps}", "results": results, "summary": summary, "table": table}, indent=1))
-
+        xs = [r["recovery_s"] for r in results if r["scenario"] == s]
+        redone = [r["redone_steps"] for r in results if r["scenario"] == s]
+        lines.append(
+            f"| {s} | {medians[s]:.1f} | {min(xs):.1f}–{max(xs):.1f} | {medians[s] / medians['ray-restart']:.2f}× | {redone} | {len(xs)} |"
+        )
+    runs = "\n".join(
+        f"| {r['rep']} | {r['scenario']} | {r['recovery_s']:.2f} | {r['last_step_before']} | {r['first_step_after']} |"
+        for r in results
+    )
+    return (
+        "# Recovery after a preemption: plain Ray Train vs spotfallback\n\n"
+        "Written by `bench/bench_recovery.py` (do not edit by hand; `python bench/bench_recovery.py --render` "
+        "re-renders it from docs/recovery.json). " + (__doc__ or "").split("\n\n", 1)[1].split("\n\nUsage")[0].strip() + "\n\n"
+        f"- command: `{data['command']}` (`make bench` runs it)\n"
+        f"- machine: {data['machine']}; Ray {data['ray']}; {data['date']}\n"
+        "- the machine is shared and other work was running, so compare the ratios within one run, "
+        "not absolute seconds across runs\n\n" + "\n".join(lines) + "\n\n"
+        "Target for the tier switch: at most 1.1× a plain Ray Train restart. The switch is an ordinary Ray "
+        "restart with the next tier's label selector and size, so it costs what a restart costs.\n\n"
+        "Every run:\n\n| rep | scenario | recovery (s) | last step before | first step after |\n|---|---|---|---|---|\n"
+        f"{runs}\n"
+    )
 
 if __name__ == "__main__":
     main()

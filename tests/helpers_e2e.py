@@ -35,11 +35,7 @@ def unique_name(prefix: str) -> str:
 
 
 class Background:
-    """Run ``fn`` on a thread (the driver), so the test's main thread can inject faults.
-
-    Ray's local nodes must be started from the thread that owns them, so injections stay on
-    the main thread and the driver moves.
-    """
+    """Run ``fn`` (the driver's ``fit``) on a thread while the test watches and injects faults."""
 
     def __init__(self, fn: Callable[[], Any]):
         self.result: Any = None
