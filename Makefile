@@ -1,18 +1,18 @@
 # `make demo` and `make test` each set up .venv on first use: torch==2.13.0 first (a CPU build;
 # a bare `torch` requirement would pull a multi-gigabyte CUDA build), then this package with
-# its torch and dev extras.
+# its torch, tensorflow (tensorflow-cpu, ~1.3 GB, ~20-90 s) and dev extras.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test test-all lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(PIP) torch==2.13.0
-	$(PIP) -e ".[torch,dev]"
+	$(PIP) -e ".[torch,tensorflow,dev]"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -21,6 +21,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(BIN)/ruff check src tests examples bench scripts
 	$(BIN)/python -m pytest
+
+test-all: $(STAMP)
+	$(BIN)/python -m pytest -m ""
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples bench scripts

@@ -16,6 +16,9 @@ with exactly the same weights as one that never stopped, because the checkpoint 
   rank sees different batches and different dropout masks.
 - ``progress.json``: the last completed step (training continues at the next one), the
   world size and the metrics at that step.
+- ``_spotfallback_manifest.json``: size and SHA-256 of each file above
+  (``spotfallback.checkpoints.write_manifest``), so a resume can tell a whole checkpoint
+  from a truncated one and fall back to the newest whole checkpoint.
 
 Determinism on CPU also needs one intra-op thread (``torch.set_num_threads(1)``: reduction
 order stays fixed) and ``torch.use_deterministic_algorithms(True)``. All randomness goes
@@ -25,16 +28,23 @@ Config keys: ``total_steps`` (40), ``checkpoint_every`` (5), ``batch_size`` (32)
 (0.01), ``seed`` (0), ``hidden`` (64), ``step_delay_s`` (0: extra sleep per step, so a test
 can inject a fault mid-run), ``report_every`` (1: metrics every N steps; Ray Train V2 holds
 each report until its controller polls, every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` = 2 s by
-default, so per-step reports want a shorter interval), ``preemption_check_every`` (0 = off: every N steps ask Ray for
-a preemption notice and, on one, checkpoint at once and hold until the node goes away),
+default, so per-step reports want a shorter interval), ``preemption_check_every_s`` /
+``preemption_check_every`` (0 = off: ask Ray about a preemption notice about every so many
+seconds / every N steps and, on one, checkpoint just in time and hold until the node goes,
+through ``spotfallback.notices.PreemptionWatch``), ``preemption_hold_s`` (60: how long past
+the deadline the hold lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a just-in-time
+checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
+where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to measure lost work),
 ``raise_at_step`` / ``raise_marker`` (an application error at that step, on every attempt,
 or only on the first when a marker path is given).
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -56,7 +66,10 @@ DEFAULTS: dict[str, Any] = {
     "step_delay_s": 0.0,
     "report_every": 1,
     "preemption_check_every": 0,
+    "preemption_check_every_s": 0.0,
     "preemption_hold_s": 60.0,
+    "jit_checkpoint_delay_s": 0.0,
+    "step_log": None,
     "raise_at_step": None,
     "raise_marker": None,
 }
@@ -67,6 +80,7 @@ CHECKPOINT_FILES = (
     "lr_scheduler.pt",
     "rank_states.pt",
     "progress.json",
+    "_spotfallback_manifest.json",
 )
 
 
@@ -243,8 +257,8 @@ def train_fn(config: dict[str, Any]) -> None:
         ddp = nn.parallel.DistributedDataParallel(model)
     model.train()
 
-    checkpointed_at = start - 1
-    check_every = int(cfg["preemption_check_every"])
+    watch = _preemption_watch(cfg)
+    node_id = ray.get_runtime_context().get_node_id() if cfg["step_log"] else ""
     for step in range(start, cfg["total_steps"] + 1):
         _maybe_raise(cfg, step, rank)
         idx = stream.next_batch()
@@ -255,6 +269,10 @@ def train_fn(config: dict[str, Any]) -> None:
         scheduler.step()
         if cfg["step_delay_s"]:
             time.sleep(cfg["step_delay_s"])
+        if cfg["step_log"] and rank == 0:
+            with open(cfg["step_log"], "a") as f:
+                entry = {"step": step, "t": time.time(), "pid": os.getpid(), "node": node_id}
+                f.write(json.dumps(entry) + "\n")
 
         metrics: dict[str, Any] = {
             "step": step,
@@ -266,14 +284,32 @@ def train_fn(config: dict[str, Any]) -> None:
         if last:
             metrics["accuracy"] = accuracy(model, x_test, y_test)
             metrics["weights_sha256"] = state_hash(model)
-        notice = check_every > 0 and step % check_every == 0 and _preemption_notice()
-        if last or step % cfg["checkpoint_every"] == 0 or (notice and checkpointed_at < step):
+        # Every rank reaches check() at the same steps (it is a collective); on a notice the
+        # full state is checkpointed at once and the worker holds until the node goes.
+        if watch is not None and not last and watch.check():
+            watch.save_and_hold(
+                functools.partial(
+                    _report_checkpoint,
+                    model, optimizer, scheduler, stream, step, metrics, rank, cfg["jit_checkpoint_delay_s"],
+                ),
+                step=step,
+            )
+        if last or step % cfg["checkpoint_every"] == 0:
             _report_checkpoint(model, optimizer, scheduler, stream, step, metrics, rank)
-            checkpointed_at = step
         elif step % cfg["report_every"] == 0:
             ray.train.report(metrics)
-        if notice and not last:
-            _hold_until_gone(notice, cfg["preemption_hold_s"])
+
+
+def _preemption_watch(cfg: dict[str, Any]) -> Any:
+    """spotfallback's just-in-time checkpoint helper, or None when preemption checks are off."""
+    every_steps, every_s = int(cfg["preemption_check_every"]), float(cfg["preemption_check_every_s"])
+    if every_steps <= 0 and every_s <= 0:
+        return None
+    from spotfallback.notices.jit import PreemptionWatch
+
+    return PreemptionWatch(
+        every_s=every_s, every_steps=every_steps or None, max_hold_s=float(cfg["preemption_hold_s"])
+    )
 
 
 def _maybe_raise(cfg: dict[str, Any], step: int, rank: int) -> None:
@@ -297,8 +333,11 @@ def _report_checkpoint(
     step: int,
     metrics: dict[str, Any],
     rank: int,
+    extra_delay_s: float = 0.0,
 ) -> None:
     import ray.train
+
+    from spotfallback.checkpoints import write_manifest
 
     rank_states = _gather(stream.state())  # a collective: every rank calls it
     if rank != 0:
@@ -306,24 +345,7 @@ def _report_checkpoint(
         return
     with tempfile.TemporaryDirectory(prefix="ddp-digits-") as d:
         _save(Path(d), model, optimizer, scheduler, rank_states, step, metrics)
+        if extra_delay_s:
+            time.sleep(extra_delay_s)  # a large state takes this much longer to write
+        write_manifest(d)  # sizes + SHA-256: lets a resume tell a whole checkpoint from a damaged one
         ray.train.report(metrics, checkpoint=ray.train.Checkpoint.from_directory(d))
-
-
-def _preemption_notice() -> Any:
-    """Ray's preemption info for this worker group, or None (a barrier: all ranks call it)."""
-    import ray.train
-
-    get_info = getattr(ray.train, "get_preemption_info", None)  # Ray >= 2.60
-    return get_info() if get_info is not None else None
-
-
-def _hold_until_gone(notice: Any, max_hold_s: float) -> None:
-    """After a just-in-time checkpoint, wait for the node to go instead of training on.
-
-    Steps taken now would be lost with the node; returning would make Ray treat the run as
-    finished. If the node outlives its deadline by ``max_hold_s`` (drain cancelled), go on.
-    """
-    deadline_ms = getattr(notice, "deadline_ms", None)
-    until = (deadline_ms / 1000.0 if deadline_ms else time.time()) + max_hold_s
-    while time.time() < until:
-        time.sleep(0.2)

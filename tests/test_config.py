@@ -61,7 +61,7 @@ def test_yaml_unknown_field_is_named(tmp_path):
     path.write_text("tiers:\n  - name: spot\n    market: spot\n    num_workers: 2\n    max_preemption: 3\n")
     with pytest.raises(ConfigError) as info:
         ladder_from_yaml(path)
-    assert "tiers[0].max_preemption: unknown field" in str(info.value)
+    assert "tiers[0].max_preemption: unknown field; did you mean 'max_preemptions'?" in str(info.value)
     path.write_text("tiers: [\n")
     with pytest.raises(ConfigError, match="not valid YAML at line"):
         ladder_from_yaml(path)

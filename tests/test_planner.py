@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 
 from spotfallback.config import ladder_from_yaml
-from spotfallback.planner import PlanRequest, load_process, observed_mtbf_h, plan
-from spotfallback.simulator import RateModel
+from spotfallback.planner import PlanRequest, ladder_yaml, load_process, observed_mtbf_h, plan
+from spotfallback.simulator import RateModel, simulate
 from spotfallback.traces import SpotTrace
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
@@ -47,7 +47,7 @@ def test_rate_model_plan_is_feasible_and_cheapest_ladder():
 
 
 def test_yaml_output_is_a_ladder_the_runner_reads(tmp_path):
-    p = plan(request(deadline_h=100), load_process(str(FIXTURES / "us-west-2a_v100_1.json")))
+    p = plan(request(deadline_h=100), load_process(str(FIXTURES / "us-west-2a_v100_1.json")), climb=False)
     text = p.tiers_yaml()
     assert text.startswith("tiers:")
     path = tmp_path / "tiers.yaml"
@@ -56,6 +56,25 @@ def test_yaml_output_is_a_ladder_the_runner_reads(tmp_path):
     assert ladder == p.recommended.ladder
     assert ladder_from_yaml(text) == ladder
     assert ladder[-1].market == "on-demand"
+
+
+def test_two_way_candidates_run_on_the_policy_engine_and_round_trip_as_yaml(tmp_path):
+    proc = load_process(str(FIXTURES / "us-west-2a_v100_1.json"))
+    p = plan(request(deadline_h=96, runs=60), proc)
+    two_way = [c for c in p.candidates if c.ladder is not None and c.ladder[0].climb_back]
+    assert two_way and all("climb back" in c.label for c in two_way)
+    assert {c.ladder[0].min_dwell_s for c in two_way} >= {600.0, 3600.0}
+    assert any(c.ladder[0].max_preemption_rate is not None for c in two_way)
+    c = two_way[0]
+    again = simulate(c.ladder, p.request.job(c.tau_h), [proc, RateModel()], runs=60, seed=p.request.seed)
+    assert np.array_equal(again.spend, c.result.spend)  # same engine, same draws, deadline slack included
+    for c in two_way:
+        path = tmp_path / "tiers.yaml"
+        path.write_text(ladder_yaml(c.ladder, c.tau_h))
+        assert ladder_from_yaml(path) == c.ladder
+    one_way = plan(request(deadline_h=96, runs=60), proc, climb=False)
+    assert not any(c.ladder is not None and c.ladder[0].climb_back for c in one_way.candidates)
+    assert p.recommended.mean_spend <= one_way.recommended.mean_spend + 1e-9
 
 
 def test_spot_no_cheaper_than_on_demand_recommends_on_demand_only():
@@ -68,21 +87,21 @@ def test_infeasible_deadline_is_reported():
     with pytest.raises(ValueError, match="shorter than the work"):
         request(deadline_h=40)
     # Feasible only on on-demand, and even that needs the deadline probability relaxed.
-    p = plan(request(deadline_h=48.1, deadline_probability=1.0), RateModel(preemptions_per_node_hour=0.05))
+    p = plan(request(deadline_h=48.1, deadline_probability=1.0), RateModel(preemptions_per_node_hour=0.05), climb=False)
     assert p.recommended.label == "on-demand only" and p.feasible
     tight = plan(request(deadline_h=48.01, provisioning_delay_h=0.5),
-                 RateModel(preemptions_per_node_hour=0.05))
+                 RateModel(preemptions_per_node_hour=0.05), climb=False)
     assert not tight.feasible and any("no ladder meets" in n for n in tight.notes)
 
 
 def test_no_deadline_leaves_out_uniform_progress():
-    p = plan(request(), RateModel(preemptions_per_node_hour=0.005))
+    p = plan(request(), RateModel(preemptions_per_node_hour=0.005), climb=False)
     assert len(p.baselines) == 3 and any("Uniform Progress" in n for n in p.notes)
     ladder_baselines_respected(p)
 
 
 def test_jit_notice_covering_the_checkpoint_makes_periodic_checkpoints_optional():
-    p = plan(request(notice_s=600, deadline_h=100), RateModel(preemptions_per_node_hour=0.02))
+    p = plan(request(notice_s=600, deadline_h=100), RateModel(preemptions_per_node_hour=0.02), climb=False)
     assert p.tau_daly_h is None and p.lossy_mtbf_h == float("inf")
     assert any("optional" in n for n in p.notes)
 
@@ -108,17 +127,24 @@ SHARED_TRACES = [
 @pytest.mark.parametrize("trace", SHARED_TRACES)
 @pytest.mark.parametrize("slack", [1.25, 3.0])
 def test_on_shared_traces_plan_is_no_dearer_than_the_ladder_baselines(trace, slack):
-    p = plan(request(deadline_h=slack * 48), load_process(str(SHARED / "data" / trace)))
-    ladder_baselines_respected(p)
+    p = plan(request(deadline_h=slack * 48), load_process(str(SHARED / "data" / trace)), climb=False)
+    ladder_baselines_respected(p)  # one-way search only here: two-way only adds candidates
     up = p.baselines[-1]
     assert up.label == "uniform progress" and up.p_deadline == 1.0  # its safety net holds
+
+
+@pytest.mark.parametrize("trace", ["us-west-2a_v100_1.json", "us-east-1f_v100_4node.json"])
+def test_with_twice_the_work_as_deadline_plan_is_no_dearer_than_uniform_progress(trace):
+    p = plan(request(deadline_h=2 * 48), load_process(str(FIXTURES / trace)))
+    ladder_baselines_respected(p)
+    assert p.recommended.mean_spend <= p.baselines[-1].mean_spend
 
 
 @needs_shared
 @pytest.mark.parametrize("trace", [t for t in SHARED_TRACES if "availability" in t])
 def test_with_a_loose_deadline_plan_also_beats_uniform_progress(trace):
-    # Uniform Progress climbs back to spot after catching up on on-demand, which a one-way
-    # ladder cannot; with a tight deadline that often makes it cheaper (docs/planner.md has
-    # the full table). With slack, waiting for spot wins and the ladder does that cheaper.
+    # With a tight deadline Uniform Progress is often cheaper even than a two-way ladder: it
+    # idles for free while ahead of its line, where a ladder falls by count or timeout
+    # (docs/planner.md has the full table). With slack, waiting for spot wins.
     p = plan(request(deadline_h=3 * 48), load_process(str(SHARED / "data" / trace)))
     assert p.recommended.mean_spend < 0.95 * p.baselines[-1].mean_spend

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from .config import ON_DEMAND, Ladder
 from .events import (
     ApplicationFailed,
+    CapacityObserved,
     CapacityTimedOut,
     CheckpointCommitted,
     Fatal,
@@ -39,9 +40,13 @@ class TierUsage:
     app_errors: int = 0
     capacity_timeouts: int = 0
     attempts: int = 0
+    worker_s: float = 0.0  # running time x workers actually placed (elastic gangs vary)
+    price_per_worker_hour: float | None = None
 
     @property
     def spend(self) -> float:
+        if self.price_per_worker_hour is not None:
+            return self.worker_s / 3600.0 * self.price_per_worker_hour
         return self.running_s / 3600.0 * self.price_per_hour
 
 
@@ -55,6 +60,8 @@ class RunSummary:
     started_at: float | None = None
     ended_at: float | None = None
     give_up_reason: str | None = None
+    climbs: list[tuple[float, int, int]] = field(default_factory=list)  # (t, from tier, to tier)
+    resizes: list[tuple[float, int, int]] = field(default_factory=list)  # (t, tier, workers)
 
     @property
     def current_tier(self) -> TierUsage:
@@ -103,9 +110,13 @@ def summarize(ladder: Ladder, records: Sequence[LedgerRecord], now: float | None
     """Replay ``records``; open segments of a live run are charged up to ``now``."""
     policy = FallbackPolicy(ladder)
     state = policy.replay(r.event for r in records)
-    tiers = [TierUsage(t.name, t.market, t.price_per_hour()) for t in ladder.tiers]
+    tiers = [
+        TierUsage(t.name, t.market, t.price_per_hour(), price_per_worker_hour=t.price_per_worker_hour)
+        for t in ladder.tiers
+    ]
     summary = RunSummary(state=state, tiers=tiers, status="not started" if not records else "running")
     run_start: tuple[int, float] | None = None  # (tier, t) of the running attempt
+    run_workers = 0
     wait_start: tuple[int, float] | None = None
     last_ckpt = float("-inf")
 
@@ -115,6 +126,7 @@ def summarize(ladder: Ladder, records: Sequence[LedgerRecord], now: float | None
             tier, start = run_start
             end = max(start, t)
             tiers[tier].running_s += end - start
+            tiers[tier].worker_s += (end - start) * (run_workers or ladder.tiers[tier].num_workers)
             summary.segments.append((tier, start, end))
             run_start = None
 
@@ -142,11 +154,23 @@ def summarize(ladder: Ladder, records: Sequence[LedgerRecord], now: float | None
                 close_run(min(t, seen) if seen else t)
                 close_wait(t)
                 wait_start = (tier, t)
-            case WorkersAcquired():
+            case WorkersAcquired(num_workers=n):
                 close_wait(t)
                 close_run(t)
                 tiers[tier].attempts += 1
-                run_start = (tier, t)
+                run_start, run_workers = (tier, t), n
+            case CapacityObserved():
+                # Only observations the policy acted on are recorded: a climb back or a resize
+                # stops the gang right after a checkpoint and waits for the new one.
+                action = (rec.decision or {}).get("action")
+                if action == "climb_back":
+                    summary.climbs.append((t, tier, next_tier))
+                elif action == "resize":
+                    summary.resizes.append((t, tier, int((rec.decision or {}).get("num_workers", 0))))
+                if action in ("climb_back", "resize"):
+                    close_run(t)
+                    close_wait(t)
+                    wait_start = (next_tier, t)
             case CheckpointCommitted(step=step, path=path):
                 last_ckpt = t
                 summary.checkpoints.append((t, step, path))

@@ -17,13 +17,17 @@ def _register_subcommands() -> None:
     # Each feature module adds its own commands; keep one line per module here.
     from . import (
         cli_manifest,  # deployment: `spotfallback manifest ...`
+        cli_notice,  # notices: `spotfallback notice-agent`
         cli_plan,  # planner: `spotfallback plan`
         cli_run,  # `spotfallback run`, `spotfallback demo`
+        cli_status,  # `spotfallback status`, `report`, `init`
     )
 
     cli_run.register(app)
     cli_plan.register(app)
     cli_manifest.register(app)
+    cli_notice.register(app)
+    cli_status.register(app)
 
 
 def main() -> None:

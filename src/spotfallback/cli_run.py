@@ -2,18 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 from rich.console import Console
 
 from .config import ConfigError, JobConfig, format_validation_error
+
+if TYPE_CHECKING:
+    from .progress import RunWatcher
 
 # Exit codes a scheduler can act on.
 EXIT_OK = 0
@@ -65,18 +69,24 @@ def setup_logging(verbose: bool) -> None:
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 
-def run_job(job: JobConfig, *, retry_failed: bool = False, verbose: bool = False) -> int:
-    """Run ``job`` to the end; returns the exit code (also used by `demo` and the tests)."""
+def run_job(
+    job: JobConfig, *, retry_failed: bool = False, verbose: bool = False, progress: RunWatcher | None = None
+) -> int:
+    """Run ``job`` to the end; returns the exit code (also used by `demo` and the tests).
+
+    ``progress`` watches the run's ledger while it trains (see ``progress.watcher_for_job``).
+    """
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     from ray.train.v2.api.exceptions import TrainingFailedError
 
     from .errors import LadderExhaustedError, RunAlreadyFinishedError, RunFailedError
     from .lease import DriverAlreadyRunningError
+    from .ledger import LedgerError
     from .runner import FallbackTrainer
 
-    trainer = FallbackTrainer.from_job(job, retry_failed=retry_failed)
     cluster = None
     try:
+        trainer = FallbackTrainer.from_job(job, retry_failed=retry_failed)  # ConfigError: a bad entrypoint
         import ray
 
         if job.ray_address == "local":
@@ -86,7 +96,8 @@ def run_job(job: JobConfig, *, retry_failed: bool = False, verbose: bool = False
         elif not ray.is_initialized():
             ray.init(address=job.ray_address, log_to_driver=verbose, include_dashboard=False,
                      logging_level=logging.INFO if verbose else logging.WARNING)
-        result = trainer.fit()
+        with progress.watch(trainer.location) if progress is not None else contextlib.nullcontext():
+            result = trainer.fit()
     except DriverAlreadyRunningError as e:
         raise fail(str(e), EXIT_DRIVER_LIVE) from None
     except (RunAlreadyFinishedError, RunFailedError) as e:
@@ -97,6 +108,8 @@ def run_job(job: JobConfig, *, retry_failed: bool = False, verbose: bool = False
         raise fail(str(e), EXIT_BAD_INPUT) from None
     except TrainingFailedError as e:
         raise fail(f"training failed: {e}", EXIT_ERROR) from None
+    except LedgerError as e:  # storage unreachable past its limit, or a damaged ledger: not the user's code
+        raise fail(str(e), EXIT_ERROR) from None
     except Exception as e:  # the training function's own error, after its retries
         err_console.print(f"[bold red]the training function failed:[/] {type(e).__name__}: {e}")
         for note in getattr(e, "__notes__", []):
@@ -115,13 +128,18 @@ def register(app: typer.Typer) -> None:
     def run_cmd(
         job_file: Annotated[Path | None, typer.Argument(help="Job YAML (see `spotfallback init`).", show_default=False)] = None,
         job_json: Annotated[str | None, typer.Option("--job-json", help="The job as one JSON object instead of a file.")] = None,
-        ray_address: Annotated[str | None, typer.Option(help="Override the job's ray_address: 'local', 'auto' or host:port.")] = None,
+        ray_address: Annotated[str | None, typer.Option(help="Override the job's ray_address: 'local', 'auto' or host:port.", envvar="SPOTFALLBACK_RAY_ADDRESS")] = None,
         name: Annotated[str | None, typer.Option(help="Override the job's run name.")] = None,
         storage_path: Annotated[str | None, typer.Option(help="Override the job's storage_path.")] = None,
         retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Resume a run that gave up, with fresh tier budgets.")] = False,
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
+        json_lines: Annotated[bool, typer.Option("--json", help="Progress as JSON lines on stdout (each event, and the status when it changes).")] = False,
+        mlflow: Annotated[bool, typer.Option("--mlflow", help="Log tier switches and spend to MLflow (needs mlflow installed).")] = False,
     ) -> None:
         """Run a job on its tier ladder; the same command resumes it after a crash.
+
+        Progress goes to stderr: a live panel on a terminal, quiet lines otherwise (--json: JSON
+        lines on stdout). The last stdout line is the result as JSON.
 
         Exit codes: 0 finished, 2 bad input, 3 the training function failed, 4 every tier
         was left (ladder exhausted), 5 another driver is running this run, 6 the run
@@ -130,9 +148,12 @@ def register(app: typer.Typer) -> None:
         setup_logging(verbose)
         try:
             job = load_job(job_file, job_json, {"ray_address": ray_address, "name": name, "storage_path": storage_path})
+            from .progress import WatchOptions, watcher_for_job
+
+            watcher = watcher_for_job(job, WatchOptions(mode="json" if json_lines else None, mlflow=mlflow))
         except ConfigError as e:
             raise fail(str(e)) from None
-        raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose))
+        raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose, progress=watcher))
 
     @app.command("demo")
     def demo_cmd(

@@ -6,10 +6,11 @@ and says how to fix it, because a bad ladder found mid-run costs real money.
 
 from __future__ import annotations
 
+import difflib
 import re
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import yaml
 from pydantic import (
@@ -18,6 +19,7 @@ from pydantic import (
     Field,
     ValidationError,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
@@ -67,6 +69,28 @@ def label_selector_value_error(value: str) -> str | None:
     )
 
 
+class PreemptionRate(BaseModel):
+    """Leave a tier when ``count`` preemptions fall within any ``window_s`` seconds.
+
+    A burst says the spot market is unstable right now; waiting for the count budget to be
+    spent would pay for several more restarts first.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    count: int = Field(ge=1, description="Preemptions inside the window that make the run leave.")
+    window_s: float = Field(gt=0, description="Length of the sliding window in seconds.")
+
+
+_BEYOND_DEFAULTS: dict[str, Any] = {
+    "min_workers": None,
+    "climb_back": False,
+    "min_dwell_s": 600.0,
+    "climb_budgets": "carry",
+    "max_preemption_rate": None,
+}
+
+
 class Tier(BaseModel):
     """One rung of the fallback ladder: where the workers run and when to give up on it.
 
@@ -75,7 +99,7 @@ class Tier(BaseModel):
     stays forever.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # an infinite price is no price
 
     name: str = Field(description="Unique name of the tier, e.g. 'spot-us-east-1a'.")
     market: str = Field(description="Capacity market: 'spot', 'on-demand', 'reserved' or any label value.")
@@ -105,6 +129,29 @@ class Tier(BaseModel):
         description="Longest wait for this tier's workers (at start and after each failure); null = forever.",
     )
     price_per_worker_hour: float = Field(default=0.0, ge=0, description="Price of one worker for one hour.")
+    # -- beyond one-way fallback (issue 10); the defaults keep a ladder one-way and rigid --
+    min_workers: int | None = Field(
+        default=None,
+        gt=0,
+        description=(
+            "Elastic tier: run with as few as this many workers (up to num_workers) instead of "
+            "waiting for lost nodes; also given as num_workers: [min, max]. None = fixed size."
+        ),
+    )
+    climb_back: bool = Field(
+        default=False, description="The run may return to this tier from a lower one when its capacity is back."
+    )
+    min_dwell_s: float = Field(
+        default=600.0,
+        ge=0,
+        description="Climb back to (or grow on) this tier only after this long on the current tier and size.",
+    )
+    climb_budgets: Literal["carry", "fresh"] = Field(
+        default="carry", description="On a climb back: keep this tier's preemption/failure counts, or start fresh."
+    )
+    max_preemption_rate: PreemptionRate | None = Field(
+        default=None, description="Leave after `count` preemptions within `window_s` seconds; None = counts only."
+    )
 
     @model_validator(mode="before")
     @classmethod
@@ -113,6 +160,34 @@ class Tier(BaseModel):
             data = dict(data)
             data["label_selector"] = {MARKET_LABEL: data["market"]}
         return data
+
+    @model_validator(mode="before")
+    @classmethod
+    def _elastic_range(cls, data: Any) -> Any:
+        """``num_workers=(min, max)`` is Ray's elastic spelling; store it as min_workers/num_workers."""
+        if isinstance(data, Mapping) and isinstance(data.get("num_workers"), list | tuple):
+            pair = data["num_workers"]
+            if len(pair) != 2 or "min_workers" in data:
+                raise ValueError("num_workers must be an integer or a [min, max] pair (without min_workers)")
+            data = dict(data)
+            data["min_workers"], data["num_workers"] = pair
+        return data
+
+    @model_serializer(mode="wrap")
+    def _omit_unused_beyond(self, handler: Any) -> Any:
+        """Leave the issue-10 fields out while unused, so stored ladders and generated files stay as before."""
+        data = handler(self)
+        if isinstance(data, dict):
+            for key, default in _BEYOND_DEFAULTS.items():
+                if key in data and data[key] == default:
+                    del data[key]
+        return data
+
+    @model_validator(mode="after")
+    def _check_elastic(self) -> Tier:
+        if self.min_workers is not None and self.min_workers > self.num_workers:
+            raise ValueError(f"min_workers ({self.min_workers}) must not exceed num_workers ({self.num_workers})")
+        return self
 
     @field_validator("name")
     @classmethod
@@ -153,19 +228,28 @@ class Tier(BaseModel):
         return v
 
     @classmethod
-    def spot(cls, num_workers: int, *, name: str = "spot", **kwargs: Any) -> Tier:
+    def spot(cls, num_workers: int | tuple[int, int], *, name: str = "spot", **kwargs: Any) -> Tier:
         """A spot tier; tolerates 3 preemptions unless told otherwise."""
         kwargs.setdefault("max_preemptions", 3)
         return cls(name=name, market=SPOT, num_workers=num_workers, **kwargs)
 
     @classmethod
-    def on_demand(cls, num_workers: int, *, name: str = "on-demand", **kwargs: Any) -> Tier:
+    def on_demand(cls, num_workers: int | tuple[int, int], *, name: str = "on-demand", **kwargs: Any) -> Tier:
         """An on-demand tier: the usual last rung."""
         return cls(name=name, market=ON_DEMAND, num_workers=num_workers, **kwargs)
 
     @property
     def is_spot(self) -> bool:
         return self.market == SPOT
+
+    @property
+    def is_elastic(self) -> bool:
+        return self.min_workers is not None and self.min_workers < self.num_workers
+
+    @property
+    def fewest_workers(self) -> int:
+        """Smallest gang the tier runs with: ``min_workers`` when elastic, else ``num_workers``."""
+        return self.min_workers if self.min_workers is not None else self.num_workers
 
     def worker_resources(self) -> dict[str, float]:
         """Resources of one worker as Ray will request them."""
@@ -178,7 +262,7 @@ class Tier(BaseModel):
 
 
 class Ladder(BaseModel):
-    """An ordered list of tiers: the run starts on the first and only ever walks down."""
+    """An ordered list of tiers: the run starts on the first and walks down (back up only to `climb_back` tiers)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -202,6 +286,12 @@ class Ladder(BaseModel):
         return self.tiers[i]
 
 
+def _known_fields() -> list[str]:
+    """Every field name a configuration file may use, for "did you mean" suggestions."""
+    models = [Tier, Ladder] + [m for m in (globals().get("JobConfig"),) if m is not None]
+    return sorted({name for model in models for name in model.model_fields})
+
+
 def format_validation_error(err: ValidationError, root: str = "") -> str:
     """One line per problem: ``field.path: what is wrong``."""
     lines = []
@@ -213,6 +303,9 @@ def format_validation_error(err: ValidationError, root: str = "") -> str:
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
             msg = "unknown field; remove it or check its spelling"
+            close = difflib.get_close_matches(str(item["loc"][-1]), _known_fields(), n=1, cutoff=0.6)
+            if close:
+                msg = f"unknown field; did you mean {close[0]!r}?"
         elif item["type"] == "missing":
             msg = "required field is missing; add it"
         msg = msg.removeprefix("Value error, ")
@@ -290,7 +383,11 @@ class JobConfig(BaseModel):
     storage_path: str = Field(description="Durable storage root: a local/NFS path or s3://, gs:// URI.")
     entrypoint: str = Field(description="Training function as 'package.module:function' or 'path/file.py:function'.")
     train_loop_config: dict[str, Any] = Field(default_factory=dict)
-    backend: str = Field(default="torch", description="Training backend: 'torch'.")
+    backend: str = Field(
+        default="torch",
+        description="Training backend: 'torch' or 'tensorflow'; when omitted, the entrypoint's "
+        "SPOTFALLBACK_BACKEND declaration, else 'torch'.",
+    )
     ray_address: str = Field(default="local")
     tiers: tuple[Tier, ...] = Field(min_length=1)
 
@@ -313,8 +410,8 @@ class JobConfig(BaseModel):
     @field_validator("backend")
     @classmethod
     def _check_backend(cls, v: str) -> str:
-        if v not in ("torch",):
-            raise ValueError(f"backend {v!r} is not supported; use 'torch'")
+        if v not in ("torch", "tensorflow"):
+            raise ValueError(f"backend {v!r} is not supported; use 'torch' or 'tensorflow'")
         return v
 
     @field_validator("tiers")

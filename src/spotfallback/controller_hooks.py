@@ -31,6 +31,7 @@ from ray.train.v2._internal.execution.callback import (
 from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
 from ray.train.v2._internal.execution.scaling_policy import (
     FixedScalingPolicy,
+    NoopDecision,
     ResizeDecision,
     ScalingDecision,
 )
@@ -39,8 +40,10 @@ from ray.train.v2.api.exceptions import TrainingFailedError
 
 from .classify import classify, looks_collateral
 from .config import Ladder, Tier
+from .controller_climb import CapacityWatch, decide_while_running, start_size
 from .events import (
     ApplicationFailed,
+    CapacityObserved,
     CapacityTimedOut,
     CheckpointCommitted,
     Decision,
@@ -53,6 +56,8 @@ from .events import (
 )
 from .ledger import Ledger
 from .policy import FallbackPolicy, PolicyState
+from .progress import HeartbeatThrottle, scalar_metrics, write_heartbeat
+from .retryfs import storage_failure
 from .storage import RunLocation
 
 logger = logging.getLogger("spotfallback")
@@ -81,6 +86,8 @@ class LadderRuntime:
         self.ledger = Ledger(spec.location, writer=spec.writer)
         self.lock = threading.RLock()
         self.worker_nodes: list[str] = []
+        self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
+        self.watch = CapacityWatch()  # measurements for climbing back / elastic growth
 
     @property
     def tier(self) -> Tier:
@@ -90,8 +97,11 @@ class LadderRuntime:
         with self.lock:
             tier = self.state.tier
             step = self.policy.decide(self.state, event)
-            self.ledger.append(event, tier, step.decision.to_json(), info)
+            # A capacity observation that changes nothing is not worth a ledger object.
+            if not (isinstance(event, CapacityObserved) and step.state == self.state):
+                self.ledger.append(event, tier, step.decision.to_json(), info)
             self.state = step.state
+            self.watch.record(event, step.decision, info)
             return step.decision
 
     def start_timeout_s(self, now: float) -> float:
@@ -150,6 +160,10 @@ class TierFailurePolicy(FailurePolicy):
         self.spec = spec
 
     def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
+        storage = storage_failure(training_failed_error)
+        if storage is not None:  # storage is gone: stop, record nothing, resume when it is back
+            logger.error("[spotfallback] stopping the run: %s", storage)
+            return FailureDecision.RAISE
         rt = runtime_for(self.spec)
         failure = classify(training_failed_error, lambda: _node_troubles(rt.worker_nodes))
         if looks_collateral(failure):
@@ -211,7 +225,18 @@ class TierScalingPolicy(FixedScalingPolicy):
         os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{rt.start_timeout_s(time.time()):.3f}"
         self._maybe_send_resource_request()
         tier = rt.tier
-        return ResizeDecision(num_workers=tier.num_workers, resources_per_worker=tier.worker_resources())
+        if tier.is_elastic:  # wait in short rounds: each recounts what the tier can hold now
+            os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{min(rt.start_timeout_s(time.time()), 15.0):.3f}"
+        return ResizeDecision(num_workers=start_size(tier), resources_per_worker=tier.worker_resources())
+
+    def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> ScalingDecision:
+        """Climb back or grow an elastic gang when the pure policy says it pays."""
+        move = decide_while_running(self._runtime())
+        if move is None:
+            return NoopDecision()
+        tier, num_workers = move
+        os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{self._runtime().start_timeout_s(time.time()):.3f}"
+        return ResizeDecision(num_workers=num_workers, resources_per_worker=tier.worker_resources())
 
     def on_controller_start_worker_group(self, *, scaling_config: ScalingConfig, num_workers: int) -> dict[str, str] | None:
         return dict(self._runtime().tier.label_selector) or None
@@ -233,6 +258,10 @@ class LedgerCallback(WorkerGroupCallback, ReportCallback, ControllerCallback):
         )
 
     def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
+        rt = runtime_for(self.spec)
+        first = metrics[0] if metrics and isinstance(metrics[0], dict) else {}
+        if rt.heartbeat.due():
+            write_heartbeat(rt.ledger.location, rt.state.tier, first)
         checkpoint = getattr(training_report, "checkpoint", None)
         if checkpoint is None:
             return
@@ -241,4 +270,7 @@ class LedgerCallback(WorkerGroupCallback, ReportCallback, ControllerCallback):
             if isinstance(m, dict) and isinstance(m.get("step"), int):
                 step = m["step"]
                 break
-        runtime_for(self.spec).apply(CheckpointCommitted(t=time.time(), path=str(checkpoint.path), step=step))
+        rt.apply(
+            CheckpointCommitted(t=time.time(), path=str(checkpoint.path), step=step),
+            {"metrics": scalar_metrics(first)},
+        )

@@ -7,6 +7,8 @@ decision round-trips through plain JSON for the ledger.
 
 from __future__ import annotations
 
+import math
+import typing
 from dataclasses import asdict, dataclass, fields
 from typing import Any, ClassVar, Literal
 
@@ -97,6 +99,67 @@ class Finished(Event):
     kind: ClassVar[str] = "finished"
 
 
+@dataclass(frozen=True)
+class InfoEvent(Event):
+    """Recorded for the run's timeline only: the policy answers ``Continue()`` and keeps its state."""
+
+    kind: ClassVar[str] = "info"
+
+
+@dataclass(frozen=True)
+class PreemptionNotice(InfoEvent):
+    """The cloud announced that a node will be reclaimed (``spotfallback notice-agent``).
+
+    ``deadline_s``: when the node goes (seconds since the epoch; None: not announced).
+    ``source``: aws, aws-rebalance, gcp, azure, k8s. ``drained``: whether the Ray node was
+    drained for it (a rebalance recommendation is only recorded unless asked otherwise).
+    """
+
+    kind: ClassVar[str] = "preemption_notice"
+    node_id: str = ""
+    deadline_s: float | None = None
+    source: str = ""
+    action: str = ""
+    drained: bool = False
+
+
+@dataclass(frozen=True)
+class JitCheckpoint(InfoEvent):
+    """A just-in-time checkpoint taken on a preemption notice: ``started``, ``reported`` or ``missed``.
+
+    ``missed`` is written by the next attempt when no checkpoint of ``step`` was committed:
+    the notice was shorter than the checkpoint write and the run resumed from an older one.
+    """
+
+    kind: ClassVar[str] = "jit_checkpoint"
+    outcome: str = "started"
+    step: int | None = None
+    deadline_s: float | None = None
+    attempt: str = ""
+    detail: str = ""
+
+
+@dataclass(frozen=True)
+class CapacityObserved(Event):
+    """The shell saw ``available_workers`` placeable on ``tier`` while the run is running.
+
+    Fed for higher tiers that allow a climb back and for the current tier when it is elastic.
+    The policy has no clock and no model of the run, so the shell passes its estimates: the
+    work left (seconds on the current gang; None = unknown), what one restart costs (from the
+    run's own measured restarts) and the checkpoint interval (work lost to a preemption is
+    half of it on average), and the slack before a deadline, if the run has one. Observations
+    that change nothing are not written to the ledger.
+    """
+
+    kind: ClassVar[str] = "capacity_observed"
+    tier: int = 0
+    available_workers: int = 0
+    remaining_work_s: float | None = None
+    restart_s: float = 0.0
+    checkpoint_interval_s: float = 0.0
+    slack_s: float | None = None  # time to the deadline beyond the remaining work; None = no deadline
+
+
 EVENT_TYPES: dict[str, type[Event]] = {
     cls.kind: cls
     for cls in (
@@ -109,6 +172,9 @@ EVENT_TYPES: dict[str, type[Event]] = {
         CapacityTimedOut,
         Fatal,
         Finished,
+        CapacityObserved,
+        PreemptionNotice,
+        JitCheckpoint,
     )
 }
 
@@ -127,7 +193,38 @@ def event_from_json(data: dict[str, Any]) -> Event:
         raise ValueError(f"{kind}: unexpected field(s) {sorted(extra)}")
     if not isinstance(data.get("t"), int | float) or isinstance(data.get("t"), bool):
         raise ValueError(f"{kind}: field 't' must be a number")
+    hints = typing.get_type_hints(cls)
+    for name, value in data.items():
+        if name != "kind" and not _has_type(value, hints[name]):
+            raise ValueError(f"{kind}: field {name!r} must be {_type_name(hints[name])}, got {value!r}")
     return cls(**{k: v for k, v in data.items() if k != "kind"})
+
+
+def _has_type(value: Any, annotation: Any) -> bool:
+    """JSON value against a field annotation; bools are not numbers, numbers must be finite."""
+    if annotation is float:
+        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+    if annotation is int:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if annotation in (str, bool):
+        return type(value) is annotation
+    if annotation is type(None):
+        return value is None
+    if typing.get_origin(annotation) is Literal:
+        return value in typing.get_args(annotation)
+    args = typing.get_args(annotation)
+    return any(_has_type(value, a) for a in args) if args else True
+
+
+def _type_name(annotation: Any) -> str:
+    args = typing.get_args(annotation)
+    if typing.get_origin(annotation) is Literal:
+        return " or ".join(repr(a) for a in args)
+    if args:
+        return " or ".join(_type_name(a) for a in args)
+    return {float: "a finite number", int: "an integer", str: "a string", bool: "true or false", type(None): "null"}.get(
+        annotation, getattr(annotation, "__name__", str(annotation))
+    )
 
 
 @dataclass(frozen=True)
@@ -163,6 +260,25 @@ class SwitchTier(Decision):
     from_tier: int = 0
     to_tier: int = 0
     reason: str = ""
+
+
+@dataclass(frozen=True)
+class ClimbBack(Decision):
+    """Checkpoint, stop the workers and resume on the higher (cheaper) ``to_tier``."""
+
+    action: ClassVar[str] = "climb_back"
+    from_tier: int = 0
+    to_tier: int = 0
+    reason: str = ""
+
+
+@dataclass(frozen=True)
+class Resize(Decision):
+    """Restart the elastic tier's gang with ``num_workers`` workers (capacity grew back)."""
+
+    action: ClassVar[str] = "resize"
+    tier: int = 0
+    num_workers: int = 0
 
 
 GiveUpCause = Literal["application", "exhausted", "fatal"]

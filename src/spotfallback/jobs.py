@@ -40,3 +40,15 @@ def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
     if not callable(func):
         raise ConfigError(f"entrypoint: module {module_name!r} has no function {func_name!r}")
     return func
+
+
+BACKEND_ATTRIBUTE = "SPOTFALLBACK_BACKEND"
+
+
+def declared_backend(func: Callable[..., Any]) -> str | None:
+    """The backend ``func``'s module declares (``SPOTFALLBACK_BACKEND = "tensorflow"``), or None."""
+    module = sys.modules.get(getattr(func, "__module__", None) or "")
+    value = getattr(module, BACKEND_ATTRIBUTE, None)
+    if value is not None and not isinstance(value, str):
+        raise ConfigError(f"{BACKEND_ATTRIBUTE} in {module.__name__!r} must be a string, not {value!r}")
+    return value

@@ -37,6 +37,10 @@ class LedgerError(RuntimeError):
     """The ledger cannot be read or written; the message names the object."""
 
 
+class StorageUnavailableError(LedgerError):
+    """Storage stayed unreachable past ``SPOTFALLBACK_STORAGE_RETRY_S``; what was written is intact."""
+
+
 def with_storage_retry(fn: Callable[[], T], what: str, limit_s: float | None = None) -> T:
     """Run a storage call, retrying transient errors with a bounded, logged back-off.
 
@@ -50,8 +54,13 @@ def with_storage_retry(fn: Callable[[], T], what: str, limit_s: float | None = N
         try:
             return fn()
         except OSError as e:
-            if isinstance(e, FileNotFoundError) or time.monotonic() + delay > deadline:
+            if isinstance(e, FileNotFoundError):
                 raise LedgerError(f"storage error while trying to {what}: {e}") from e
+            if time.monotonic() + delay > deadline:
+                raise StorageUnavailableError(
+                    f"storage unavailable for {limit:g}s (SPOTFALLBACK_STORAGE_RETRY_S) while trying to {what}: {e}. "
+                    "Everything written before is intact; run the same command again once storage is back."
+                ) from e
             logger.warning("storage error while trying to %s (%s); retrying in %.1fs", what, e, delay)
             time.sleep(delay)
             delay = min(delay * 2, 10.0)
@@ -91,8 +100,11 @@ class LedgerRecord:
             if data.get("v") != FORMAT_VERSION:
                 raise ValueError(f"unsupported ledger format version {data.get('v')!r}")
             tier = data["tier"]
-            if not isinstance(tier, int) or tier < 0:
+            if not isinstance(tier, int) or isinstance(tier, bool) or tier < 0:
                 raise ValueError("field 'tier' must be a non-negative integer")
+            for key in ("id", "writer"):
+                if not isinstance(data[key], str):
+                    raise ValueError(f"field {key!r} must be a string")
             info = data.get("info") or {}
             if not isinstance(info, dict):
                 raise ValueError("field 'info' must be an object")

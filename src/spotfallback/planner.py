@@ -1,12 +1,14 @@
-"""Planner: pick the ladder's budgets, capacity timeouts and checkpoint interval by simulation.
+"""Planner: pick the ladder's budgets, capacity timeouts, climb back and checkpoint interval.
 
 The objective is the expected spend, subject to finishing by the deadline with the required
 probability. Every candidate is simulated on the same random draws (the same trace start
 ticks, the same exponential samples), so differences between candidates are differences of
-policy, not of luck. The search space contains the three ladder baselines (on-demand only,
-spot forever, the seed's fixed-M fallback), so on the sample it is evaluated on, the
-recommendation never costs more than any of them while meeting the deadline; the fourth
-baseline, Uniform Progress, is not a ladder and is compared as simulated.
+policy, not of luck. The search covers one-way ladders (vectorised engine) and two-way ones
+whose spot tiers climb back (``simulator_beyond``, the engine that drives ``FallbackPolicy``
+with ``CapacityObserved`` and the deadline slack). It contains the three ladder baselines
+(on-demand only, spot forever, the seed's fixed-M fallback), so on the sample it is
+evaluated on, the recommendation never costs more than any of them while meeting the
+deadline; the fourth baseline, Uniform Progress, is not a ladder and is compared as simulated.
 """
 
 from __future__ import annotations
@@ -14,12 +16,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Literal, NamedTuple
 
 import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from .config import Ladder, Tier
+from .config import Ladder, PreemptionRate, Tier
 from .costmodel import SeedComparison, compare_seed_with_exact, daly_interval, young_interval
 from .simulator import (
     NEVER_H,
@@ -29,6 +32,7 @@ from .simulator import (
     SimResult,
     TraceCapacity,
     compile_process,
+    simulate,
     simulate_many,
     simulate_uniform_progress,
     wall_to_finish,
@@ -38,6 +42,24 @@ from .traces import NodeTrace, SpotTrace
 M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
 TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
 TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
+# Two-way search: climb-back dwell times, capacity timeouts tried with them, and the rate rule.
+DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
+CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
+CLIMB_RATE = PreemptionRate(count=2, window_s=1800.0)
+
+
+class Rung(NamedTuple):
+    """Settings of one spot tier; ``dwell_s`` None = one-way (the tier is never climbed back to)."""
+
+    max_preemptions: int
+    timeout_s: float | None
+    dwell_s: float | None = None
+    budgets: Literal["carry", "fresh"] = "carry"
+    rate: PreemptionRate | None = None
+
+    @property
+    def climbs(self) -> bool:
+        return self.dwell_s is not None
 
 
 class PlanRequest(BaseModel):
@@ -78,7 +100,9 @@ class PlanRequest(BaseModel):
             deadline_h=self.deadline_h,
         )
 
-    def spot_tier(self, i: int = 0, max_preemptions: int = 3, capacity_timeout_s: float | None = 600.0) -> Tier:
+    def spot_tier(self, i: int = 0, max_preemptions: int = 3, capacity_timeout_s: float | None = 600.0,
+                  **beyond: object) -> Tier:
+        """Spot tier ``i``; ``beyond`` sets the climb-back fields (``climb_back``, ``min_dwell_s`` ...)."""
         return Tier(
             name="spot" if i == 0 else f"spot-{i + 1}",
             market="spot",
@@ -86,6 +110,7 @@ class PlanRequest(BaseModel):
             max_preemptions=max_preemptions,
             capacity_timeout_s=capacity_timeout_s,
             price_per_worker_hour=self.spot_price,
+            **beyond,  # type: ignore[arg-type]
         )
 
     def on_demand_tier(self) -> Tier:
@@ -144,7 +169,7 @@ class Plan:
         rows = [
             c for c in self.candidates
             if c.ladder is not None and len(c.ladder) == len(rec.ladder) and c.tau_h == rec.tau_h
-            and c.ladder[0].capacity_timeout_s == first.capacity_timeout_s
+            and c.ladder[0].model_copy(update={"max_preemptions": first.max_preemptions}) == first
             and all(a == b for a, b in zip(c.ladder.tiers[1:], rec.ladder.tiers[1:], strict=True))
         ]
         return sorted(_unique(rows), key=lambda c: _m_key(c.ladder[0].max_preemptions))  # type: ignore[index]
@@ -239,17 +264,38 @@ def _tau_grid(daly_h: float | None, work_h: float) -> list[float | None]:
     return sorted({min(round(daly_h * f, 6), work_h) for f in TAU_FACTORS})
 
 
-def _ladder(req: PlanRequest, spots: Sequence[tuple[int, float | None]]) -> Ladder:
-    return Ladder(tiers=(*[req.spot_tier(i, m, to) for i, (m, to) in enumerate(spots)], req.on_demand_tier()))
+def _spot_tier(req: PlanRequest, i: int, rung: Rung) -> Tier:
+    if not rung.climbs:
+        return req.spot_tier(i, rung.max_preemptions, rung.timeout_s)
+    return req.spot_tier(
+        i, rung.max_preemptions, rung.timeout_s,
+        climb_back=True, min_dwell_s=rung.dwell_s, climb_budgets=rung.budgets, max_preemption_rate=rung.rate,
+    )
 
 
-def _label(spots: Sequence[tuple[int, float | None]]) -> str:
+def _ladder(req: PlanRequest, spots: Sequence[Rung]) -> Ladder:
+    return Ladder(tiers=(*[_spot_tier(req, i, r) for i, r in enumerate(spots)], req.on_demand_tier()))
+
+
+def _label(spots: Sequence[Rung]) -> str:
     parts = []
-    for i, (m, to) in enumerate(spots):
-        ms = "inf" if m == -1 else str(m)
-        ts = "none" if to is None else f"{to / 60:g}m"
-        parts.append(f"{'spot' if i == 0 else f'spot-{i + 1}'}(M={ms},timeout={ts})")
+    for i, r in enumerate(spots):
+        ms = "inf" if r.max_preemptions == -1 else str(r.max_preemptions)
+        ts = "none" if r.timeout_s is None else f"{r.timeout_s / 60:g}m"
+        extra = ""
+        if r.climbs:
+            extra = f",climb back after {r.dwell_s / 60:g}m,{r.budgets} budgets"  # type: ignore[operator]
+            if r.rate is not None:
+                extra += f",leave on {r.rate.count} in {r.rate.window_s / 60:g}m"
+        parts.append(f"{'spot' if i == 0 else f'spot-{i + 1}'}(M={ms},timeout={ts}{extra})")
     return " > ".join([*parts, "on-demand"])
+
+
+def _two_way_grid(best: Rung) -> list[Rung]:
+    """Climb-back variants around a one-way rung: budget, timeout, dwell, then budgets/rate."""
+    ms = dict.fromkeys([best.max_preemptions, -1])
+    tos = dict.fromkeys([best.timeout_s, *CLIMB_TIMEOUT_GRID_S])
+    return [Rung(m, to, dwell, "fresh") for m in ms for to in tos for dwell in DWELL_GRID_S]
 
 
 def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
@@ -271,11 +317,13 @@ def plan(
     spot: Process | Sequence[Process],
     m_grid: Sequence[int] = M_GRID,
     timeout_grid_s: Sequence[float | None] = TIMEOUT_GRID_S,
+    climb: bool = True,
 ) -> Plan:
-    """Recommend ``max_preemptions`` and ``capacity_timeout_s`` per spot tier and tau.
+    """Recommend ``max_preemptions``, ``capacity_timeout_s`` and climb back per spot tier, and tau.
 
     ``spot`` is one process per spot tier (several = several spot pools, tried in order);
-    the ladder always ends on a reliable on-demand tier.
+    the ladder always ends on a reliable on-demand tier. ``climb=False`` searches one-way
+    ladders only (the vectorised engine, much faster).
     """
     spots = list(spot) if isinstance(spot, list | tuple) else [spot]
     if not spots:
@@ -302,11 +350,17 @@ def plan(
     candidates: list[Candidate] = []
     cache: dict[tuple, Candidate] = {}
 
-    def evaluate(settings: list[tuple[tuple[tuple[int, float | None], ...], float | None]]) -> list[Candidate]:
-        todo = [(s, tau) for s, tau in settings if (s, tau) not in cache]
-        configs = [(_ladder(req, s), req.job(tau)) for s, tau in todo]
-        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in todo])
-        for (s, tau), (lad, _), res in zip(todo, configs, results, strict=True):
+    def evaluate(settings: list[tuple[tuple[Rung, ...], float | None]]) -> list[Candidate]:
+        todo = list(dict.fromkeys((s, tau) for s, tau in settings if (s, tau) not in cache))
+        one_way = [(s, tau) for s, tau in todo if not any(r.climbs for r in s)]
+        two_way = [(s, tau) for s, tau in todo if any(r.climbs for r in s)]
+        configs = [(_ladder(req, s), req.job(tau)) for s, tau in one_way]
+        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in one_way])
+        for s, tau in two_way:  # simulate() routes climb-back ladders to the engine that drives FallbackPolicy
+            lad = _ladder(req, s)
+            configs.append((lad, req.job(tau)))
+            results.append(simulate(lad, req.job(tau), world, runs=req.runs, seed=req.seed, label=_label(s)))
+        for (s, tau), (lad, _), res in zip(one_way + two_way, configs, results, strict=True):
             cand = Candidate(_label(s), lad, tau, res, req.deadline_h)
             cache[(s, tau)] = cand
             candidates.append(cand)
@@ -322,7 +376,7 @@ def plan(
 
     # Coordinate descent over the spot tiers' (M, timeout), then tau, then once more if tau
     # moved; finally refine each tier's M between its grid neighbours.
-    current: list[tuple[int, float | None]] = [(3, 600.0)] * n_spot
+    current: list[Rung] = [Rung(3, 600.0)] * n_spot
     tau = tau0
     for _round in range(2):
         for i in range(n_spot):
@@ -330,7 +384,7 @@ def plan(
             for m in m_grid:
                 for to in timeout_grid_s:
                     s = list(current)
-                    s[i] = (m, to)
+                    s[i] = Rung(m, to)
                     settings.append((tuple(s), tau))
             current = list(_spots_of(best_of(evaluate(settings)), n_spot))
         tau_best = best_of(evaluate([(tuple(current), t) for t in taus]))
@@ -339,19 +393,37 @@ def plan(
         tau = tau_best.tau_h
     for i in range(n_spot):
         settings = []
-        for m in _between_neighbours(current[i][0], m_grid):
+        for m in _between_neighbours(current[i].max_preemptions, m_grid):
             s = list(current)
-            s[i] = (m, current[i][1])
+            s[i] = Rung(m, current[i].timeout_s)
             settings.append((tuple(s), tau))
         if settings:
             current = list(_spots_of(best_of([*evaluate(settings), cache[(tuple(current), tau)]]), n_spot))
+
+    # Two-way ladders: every spot tier may be climbed back to (same settings on each), around
+    # the best one-way rung; then the budgets, the rate rule and tau for the best of them.
+    changeover_h = req.restart_overhead_h + req.provisioning_delay_h + req.checkpoint_cost_h
+    if climb and gang_mtbf < 2 * changeover_h:
+        notes.append(
+            f"spot is interrupted every {gang_mtbf * 60:.0f} min, less than two changeovers "
+            f"({2 * changeover_h * 60:.0f} min): climbing back cannot pay, two-way ladders not searched"
+        )
+    elif climb:
+        two = best_of(evaluate([(tuple([r] * n_spot), tau) for r in _two_way_grid(current[0])]))
+        top = _spots_of(two, n_spot)[0]
+        variants = [top._replace(budgets="carry"), top._replace(rate=CLIMB_RATE)]
+        two = best_of([two, *evaluate([(tuple([r] * n_spot), tau) for r in variants])])
+        top = _spots_of(two, n_spot)[0]
+        two = best_of([two, *evaluate([(tuple([top] * n_spot), t) for t in taus])])
+        if _better(two, cache[(tuple(current), tau)], prob):
+            current, tau = list(_spots_of(two, n_spot)), two.tau_h
 
     # Baselines, on the same draws.
     od_ladder = Ladder(tiers=(req.on_demand_tier(),))
     od_res = simulate_many([(od_ladder, req.job(None))], [RateModel()], runs=req.runs, seed=req.seed, labels=["on-demand only"])[0]
     od = Candidate("on-demand only", od_ladder, None, od_res, req.deadline_h)
-    forever = evaluate([(tuple([(-1, None)] * n_spot), tau0)])[0]
-    seed_m = evaluate([(tuple([(req.seed_max_preemptions, 600.0)] * n_spot), tau0)])[0]
+    forever = evaluate([(tuple([Rung(-1, None)] * n_spot), tau0)])[0]
+    seed_m = evaluate([(tuple([Rung(req.seed_max_preemptions, 600.0)] * n_spot), tau0)])[0]
     baselines = [
         od,
         Candidate("spot forever", forever.ladder, forever.tau_h, forever.result, req.deadline_h),
@@ -388,11 +460,15 @@ def plan(
     return Plan(req, best, feasible, baselines, candidates + [od], gang_mtbf, lossy, tau_young, tau_daly, seed_check, notes)
 
 
-def _spots_of(c: Candidate, n_spot: int) -> tuple[tuple[int, float | None], ...]:
+def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
     assert c.ladder is not None
     if len(c.ladder) == 1:
-        return tuple([(0, 600.0)] * n_spot)
-    return tuple((t.max_preemptions, t.capacity_timeout_s) for t in c.ladder.tiers[:n_spot])
+        return tuple([Rung(0, 600.0)] * n_spot)
+    return tuple(
+        Rung(t.max_preemptions, t.capacity_timeout_s, t.min_dwell_s, t.climb_budgets, t.max_preemption_rate)
+        if t.climb_back else Rung(t.max_preemptions, t.capacity_timeout_s)
+        for t in c.ladder.tiers[:n_spot]
+    )
 
 
 def load_process(path: str, kind: str | None = None) -> SpotTrace | NodeTrace:

@@ -21,6 +21,7 @@ from ray.train import Result, RunConfig, ScalingConfig
 from ray.train.v2._internal.util import ObjectRefWrapper
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
+from .checkpoints import prepare_resume
 from .classify import unwrap_user_error, user_exceptions, user_traceback
 from .config import ConfigError, JobConfig, Ladder, Tier, make_ladder
 from .controller_hooks import LedgerCallback, RunSpec, TierFailurePolicy, TierScalingPolicy
@@ -29,11 +30,12 @@ from .events import Complete, Finished, RunStarted
 from .lease import DriverLease
 from .ledger import Ledger
 from .policy import FallbackPolicy, PolicyState
+from .retryfs import ray_run_config, storage_failure
 from .storage import RunLocation, resolve_run
 
 logger = logging.getLogger("spotfallback")
 
-BACKENDS = ("torch", "none")
+BACKENDS = ("torch", "tensorflow", "none")
 
 
 def _ladder_trainer_class(base: type) -> type:
@@ -60,6 +62,27 @@ def _ladder_trainer_class(base: type) -> type:
     return LadderTrainer
 
 
+def resolve_backend(backend: str | None, train_fn: Callable[..., Any]) -> str:
+    """The argument, else the function's module's ``SPOTFALLBACK_BACKEND``, else ``torch``.
+
+    Declared, never guessed from imports: a Torch job that also imports TensorFlow must not
+    end up with TF_CONFIG workers. An argument that contradicts the declaration is an error.
+    """
+    from .jobs import declared_backend
+
+    declared = declared_backend(train_fn)
+    chosen = backend or declared or "torch"
+    if chosen not in BACKENDS:
+        source = "the argument" if backend else f"{getattr(train_fn, '__module__', '?')}.SPOTFALLBACK_BACKEND"
+        raise ConfigError(f"backend: {chosen!r} ({source}) is not supported; use one of {', '.join(BACKENDS)}")
+    if backend and declared and backend != declared:
+        raise ConfigError(
+            f"backend: {backend!r} was asked for, but {train_fn.__module__}.SPOTFALLBACK_BACKEND "
+            f"declares {declared!r} for {getattr(train_fn, '__qualname__', train_fn)!r}"
+        )
+    return chosen
+
+
 class FallbackTrainer:
     """Run an ordinary Ray Train V2 training function on a ladder of capacity tiers.
 
@@ -81,7 +104,7 @@ class FallbackTrainer:
         train_loop_config: dict[str, Any] | None = None,
         tiers: Sequence[Tier] | Ladder,
         run_config: RunConfig,
-        backend: str = "torch",
+        backend: str | None = None,
         backend_config: Any = None,
         datasets: dict[str, Any] | None = None,
         retry_failed: bool = False,
@@ -96,8 +119,7 @@ class FallbackTrainer:
                 "Pass a unique name chosen by whoever launches the job to make it resumable.",
                 run_config.name,
             )
-        if backend not in BACKENDS:
-            raise ConfigError(f"backend: {backend!r} is not supported; use one of {', '.join(BACKENDS)}")
+        backend = resolve_backend(backend, train_loop_per_worker)
         storage_path = run_config.storage_path or os.path.expanduser("~/ray_results")
         self.location: RunLocation = resolve_run(storage_path, run_config.name, run_config.storage_filesystem)
         self.train_loop_per_worker = train_loop_per_worker
@@ -121,7 +143,7 @@ class FallbackTrainer:
             train_loop_config=dict(job.train_loop_config),
             tiers=job.ladder,
             run_config=RunConfig(storage_path=job.storage_path, name=job.name),
-            backend=job.backend,
+            backend=job.backend if "backend" in job.model_fields_set else None,
             **kwargs,
         )
 
@@ -158,6 +180,8 @@ class FallbackTrainer:
                 "Pass retry_failed=True (CLI: --retry-failed) to resume it from its latest checkpoint "
                 "with fresh tier budgets, or use a new run name."
             )
+        resume = prepare_resume(self.location, self.ledger, records, state.tier)
+        state = self.policy.replay(resume.recorded, state)
         event = RunStarted(
             t=time.time(),
             driver=f"{os.uname().nodename}:{os.getpid()}",
@@ -165,7 +189,7 @@ class FallbackTrainer:
             reset=state.status == "failed",
         )
         step = self.policy.decide(state, event)
-        self.ledger.append(event, state.tier, step.decision.to_json())
+        self.ledger.append(event, state.tier, step.decision.to_json(), resume.info())
         if records:
             logger.info(
                 "resuming run %s on tier %r (%d ledger events)",
@@ -186,6 +210,11 @@ class FallbackTrainer:
             from ray.train.torch import TorchTrainer
 
             base: type = TorchTrainer
+        elif self.backend == "tensorflow":
+            # The V2 class itself: LadderTrainer needs V2's controller whatever the env says.
+            from ray.train.v2.tensorflow.tensorflow_trainer import TensorflowTrainer
+
+            base = TensorflowTrainer
         else:
             from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
 
@@ -193,11 +222,11 @@ class FallbackTrainer:
         kwargs: dict[str, Any] = {
             "train_loop_config": self.train_loop_config,
             "scaling_config": scaling,
-            "run_config": self.run_config,
+            "run_config": ray_run_config(self.run_config, self.location),
             "datasets": self.datasets,
         }
         if self.backend_config is not None:
-            key = "torch_config" if self.backend == "torch" else "backend_config"
+            key = {"torch": "torch_config", "tensorflow": "tensorflow_config"}.get(self.backend, "backend_config")
             kwargs[key] = self.backend_config
         trainer = _ladder_trainer_class(base)(self.train_loop_per_worker, **kwargs)
         trainer._spotfallback_spec = spec
@@ -222,7 +251,7 @@ class FallbackTrainer:
             try:
                 result = trainer.fit()
             except TrainingFailedError as error:
-                raise self._translate(error) from error
+                raise (storage_failure(error) or self._translate(error)) from error
             final = self.state()
             self.ledger.append(Finished(t=time.time()), final.tier, Complete().to_json())
             return result

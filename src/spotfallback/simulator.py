@@ -554,6 +554,11 @@ def _policy_run(policy: FallbackPolicy, job: JobSpec, procs, draws: _Draws | Non
 # Engine 2: vectorised over runs (and over candidate ladders), default leave rules only
 
 
+def uses_beyond(ladder: Ladder) -> bool:
+    """Whether a tier climbs back, is elastic or leaves on a preemption rate (issue 10)."""
+    return any(t.climb_back or t.is_elastic or t.max_preemption_rate is not None for t in ladder.tiers)
+
+
 def _uses_default_rules(policy: FallbackPolicy) -> bool:
     return all(rule == leave_rule_for(t) for rule, t in zip(policy.rules, policy.tiers, strict=True))
 
@@ -744,6 +749,12 @@ def simulate(
     if runs <= 0:
         raise ValueError(f"runs must be > 0, got {runs}")
     policy = ladder if isinstance(ladder, FallbackPolicy) else FallbackPolicy(make_ladder(ladder))
+    if uses_beyond(policy.ladder):
+        if engine == "fast":
+            raise ValueError("climb_back, elastic tiers and max_preemption_rate need engine='policy'")
+        from .simulator_beyond import simulate_beyond
+
+        return simulate_beyond(policy, job, world, runs, seed, horizon_h, label)
     procs = _compile_world(policy.ladder, world)
     horizon = default_horizon_h(job) if horizon_h is None else horizon_h
     fast_ok = _uses_default_rules(policy) and not any(isinstance(p, ScriptedModel) for p in procs)
@@ -775,6 +786,8 @@ def simulate_many(
     if not configs:
         return []
     ladders = [make_ladder(lad) for lad, _ in configs]
+    if any(uses_beyond(lad) for lad in ladders):
+        raise ValueError("simulate_many runs the fast engine; climb_back, elastic tiers and rate rules need simulate()")
     shape = [t.num_workers for t in ladders[0].tiers]
     for lad in ladders:
         if [t.num_workers for t in lad.tiers] != shape:

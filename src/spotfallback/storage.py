@@ -49,6 +49,11 @@ def resolve_run(storage_path: str, name: str, filesystem: pafs.FileSystem | None
     if not storage_path or any(ord(c) < 32 for c in storage_path):
         raise ConfigError("storage_path: must be a non-empty path or URI without control characters")
     if filesystem is not None:
+        if _is_uri(storage_path):  # Ray would take 's3://b/p' as a key path 's3:/b/p' in that filesystem
+            raise ConfigError(
+                f"storage_path: {storage_path!r} is a URI, but storage_filesystem is given; Ray then expects the "
+                f"path inside that filesystem: {storage_path.split('://', 1)[1]!r}"
+            )
         root = storage_path
     elif _is_uri(storage_path):
         try:

@@ -230,20 +230,17 @@ class Injector:
     # ----------------------------------------------------------------- node faults
 
     def drain(self, node: LocalNode | str, notice_s: float, reason: str = "") -> LocalNode:
-        """Send a preemption notice: drain with reason PREEMPTION and deadline now + notice_s."""
-        from ray.core.generated import autoscaler_pb2
+        """Send a preemption notice: drain with reason PREEMPTION and deadline now + notice_s.
+
+        The same drain as ``spotfallback notice-agent`` issues for a cloud's notice.
+        """
+        from ..notices.drain import drain_for_preemption
 
         local = self._resolve(node)
-        deadline_ms = int((time.time() + max(notice_s, 0.0)) * 1000)
         reason = reason or f"spot preemption injected by spotfallback ({notice_s:g}s notice)"
-        accepted, rejection = self.cluster.gcs_client().drain_node(
-            local.node_id,
-            autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"),
-            reason,
-            deadline_ms,
+        drain_for_preemption(
+            self.cluster.gcs_client(), local.node_id, time.time() + max(notice_s, 0.0), reason
         )
-        if not accepted:
-            raise RuntimeError(f"Ray rejected the drain of node {local.node_id[:12]}: {rejection}")
         with self._lock:
             self._doomed.add(local.node_id)
         self._record("drain", local.node_id, local.market, f"deadline in {notice_s:g}s")

@@ -1,0 +1,1 @@
+"""Optional integrations with experiment trackers; each imports its tracker only when used."""

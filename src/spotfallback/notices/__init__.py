@@ -1,0 +1,46 @@
+"""Preemption notices: cloud metadata -> Ray node drain -> just-in-time checkpoint.
+
+``agent``: ``NoticeAgent`` and the AWS / GCP / Azure / Kubernetes pollers behind
+``spotfallback notice-agent``. ``drain``: the one drain call shared with the local injector.
+``jit``: ``PreemptionWatch`` for training functions. Nothing here imports Ray at import time.
+"""
+
+from .agent import (
+    AwsPoller,
+    AzurePoller,
+    GcpPoller,
+    LedgerRecorder,
+    MetadataError,
+    Notice,
+    NoticeAgent,
+    PollResult,
+    RayDrain,
+    SigtermPoller,
+    detect_cloud,
+    make_poller,
+)
+from .drain import DrainRejectedError, drain_for_preemption
+from .jit import JitHoldExpiredError, PreemptionWatch, jit_failure_config, missed_jit_checkpoints
+from .runlog import RunLog
+
+__all__ = [
+    "AwsPoller",
+    "AzurePoller",
+    "DrainRejectedError",
+    "GcpPoller",
+    "JitHoldExpiredError",
+    "LedgerRecorder",
+    "MetadataError",
+    "Notice",
+    "NoticeAgent",
+    "PollResult",
+    "PreemptionWatch",
+    "RayDrain",
+    "RunLog",
+    "SigtermPoller",
+    "detect_cloud",
+    "drain_for_preemption",
+    "jit_failure_config",
+    "make_poller",
+    "missed_jit_checkpoints",
+]

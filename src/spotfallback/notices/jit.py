@@ -1,0 +1,327 @@
+"""Just-in-time checkpoints: when Ray Train reports a preemption notice, save, report, hold.
+
+Use it in a Ray Train V2 training function::
+
+    watch = PreemptionWatch(every_s=5)
+    for step in range(start, total + 1):
+        train_one_step()
+        ...periodic checkpoints as usual...
+        if watch.check():
+            watch.save_and_hold(lambda: report_checkpoint(step), step=step)
+
+Why each rule (checked against Ray 2.60):
+
+- ``ray.train.get_preemption_info()`` is a barrier across all ranks (4-40 ms a call on a
+  small cluster), so ``check()`` must be called by *every* rank at the same step boundaries
+  and only asks Ray every ``every_s`` seconds. Ranks' clocks differ, so the number of steps
+  between asks is measured by rank 0 and agreed through ``broadcast_from_rank_zero``, at
+  fixed call counts every rank reaches.
+- After the checkpoint the function must neither train on (those steps die with the node)
+  nor return (Ray would treat the run as *finished*): ``save_and_hold`` never returns; the
+  controller tears the workers down at the deadline and restarts from that checkpoint.
+- What happened is written to the run's ledger (spotfallback runs only) as
+  ``JitCheckpoint`` records: ``started`` and ``reported`` by rank 0 of the warned attempt,
+  ``missed`` by rank 0 of the next attempt when no checkpoint of that step was committed
+  (the notice was shorter than the write: the run resumed from the previous checkpoint).
+
+``jit_failure_config`` sets the ``FailureConfig`` preemption switches on purpose (see there
+why relaxed collectives stay off: they break the lockstep this helper relies on).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, NoReturn, Protocol
+
+from ..events import CheckpointCommitted, JitCheckpoint
+from ..ledger import LedgerRecord
+from .runlog import RunLog
+
+logger = logging.getLogger("spotfallback")
+
+# Ray Train's own fallback when a drain carries no deadline (DEFAULT_PREEMPTION_DEADLINE_S).
+NO_DEADLINE_WAIT_S = 120.0
+# Events that end a worker group's attempt: a JIT checkpoint not committed before one is lost.
+_ATTEMPT_ENDS = ("preempted", "node_failed", "application_failed", "capacity_timed_out", "run_started", "fatal")
+
+
+class JitHoldExpiredError(RuntimeError):
+    """The node outlived its preemption deadline by far: Ray never tore the workers down."""
+
+
+class TrainSession(Protocol):
+    """What the watch needs from Ray Train (a fake in unit tests)."""
+
+    def world_rank(self) -> int: ...
+
+    def preemption_info(self) -> Any: ...
+
+    def broadcast(self, value: Any) -> Any: ...
+
+    def run_log(self) -> RunLog | None: ...
+
+
+class RaySession:
+    """The real one: Ray Train V2's worker-side API."""
+
+    def world_rank(self) -> int:
+        import ray.train
+
+        return ray.train.get_context().get_world_rank()
+
+    def preemption_info(self) -> Any:
+        import ray.train
+
+        return ray.train.get_preemption_info()
+
+    def broadcast(self, value: Any) -> Any:
+        from ray.train.collective import broadcast_from_rank_zero
+
+        return broadcast_from_rank_zero(value)
+
+    def run_log(self) -> RunLog | None:
+        """The run's ledger if this is a spotfallback run (plain Ray Train runs have none)."""
+        import ray.train
+
+        from ..storage import resolve_run
+
+        try:
+            storage = ray.train.get_context().get_storage()
+            location = resolve_run(storage.storage_fs_path, storage.experiment_dir_name, storage.storage_filesystem)
+            log = RunLog(location, writer=f"jit{uuid.uuid4().hex[:6]}")
+            return log if log.is_spotfallback_run() else None
+        except Exception as e:  # the record is a nicety; training must not depend on it
+            logger.warning("just-in-time checkpoints will not be recorded in the ledger: %s", e)
+            return None
+
+
+def deadline_s_of(info: Any) -> float | None:
+    """A PreemptionInfo's deadline in epoch seconds (None: the drain announced none)."""
+    deadline_ms = getattr(info, "deadline_ms", None)
+    return deadline_ms / 1000.0 if deadline_ms else None
+
+
+class PreemptionWatch:
+    """Asks Ray Train about preemption notices at step boundaries, cheaply and in lockstep.
+
+    ``every_s``: ask about this often (the step count between asks is calibrated by rank 0
+    and re-agreed every ``resync_every`` asks); ``every_steps``: ask every N calls instead,
+    no calibration. ``max_hold_s``: how long after the deadline ``save_and_hold`` gives up
+    waiting for the teardown and raises. ``record``: write ``JitCheckpoint`` ledger records.
+    """
+
+    def __init__(
+        self,
+        every_s: float = 5.0,
+        *,
+        every_steps: int | None = None,
+        max_hold_s: float = 60.0,
+        record: bool = True,
+        resync_every: int = 8,
+        max_interval: int = 100_000,
+        session: TrainSession | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        if every_steps is not None and every_steps < 1:
+            raise ValueError("every_steps must be >= 1")
+        self.every_s = every_s
+        self.every_steps = every_steps
+        self.max_hold_s = max_hold_s
+        self.resync_every = max(1, resync_every)
+        self.max_interval = max_interval
+        self.session: TrainSession = session or RaySession()
+        self.clock = clock
+        self.rank = self.session.world_rank()
+        self.notice: Any = None
+        self.interval = every_steps or 1  # calls between asks, the same on every rank
+        self.calls = 0
+        self.asks = 0
+        self._next_ask = 1
+        self._last_ask: tuple[float, int] | None = None  # (clock, calls) at the previous ask
+        self._log: RunLog | None = None
+        self._tier = 0
+        if record and self.rank == 0:
+            self._log = self.session.run_log()
+            if self._log is not None:
+                self._reconcile()
+
+    # -- asking ---------------------------------------------------------------------------
+
+    def check(self) -> Any:
+        """Call at every step boundary on every rank; returns Ray's PreemptionInfo or None."""
+        if self.notice is not None:
+            return self.notice  # every rank got the same answer, so none asks again
+        self.calls += 1
+        if self.calls < self._next_ask:
+            return None
+        info = self.session.preemption_info()  # barrier
+        self.asks += 1
+        now = self.clock()
+        if self.every_steps is None and (self.asks == 2 or self.asks % self.resync_every == 0):
+            self.interval = int(self.session.broadcast(self._proposed_interval(now)))  # barrier
+        self._last_ask = (now, self.calls)
+        self._next_ask = self.calls + self.interval
+        if info is not None:
+            self.notice = info
+            if self.rank == 0:
+                left = deadline_s_of(info)
+                logger.warning(
+                    "preemption notice for node(s) %s (ranks %s), %s",
+                    [n[:8] for n in getattr(info, "preempted_node_ids", [])],
+                    getattr(info, "preempted_ranks", []),
+                    "no deadline" if left is None else f"{left - time.time():.1f}s left",
+                )
+        return info
+
+    def _proposed_interval(self, now: float) -> int:
+        """Rank 0's measure: calls per ``every_s`` at the recent pace (others' values are ignored)."""
+        if self._last_ask is None or self.every_s <= 0:
+            return 1
+        then, calls_then = self._last_ask
+        per_call = (now - then) / max(1, self.calls - calls_then)
+        if per_call <= 0:
+            return self.max_interval
+        return max(1, min(self.max_interval, math.floor(self.every_s / per_call)))
+
+    # -- acting ---------------------------------------------------------------------------
+
+    def save_and_hold(self, report: Callable[[], Any], *, step: int | None = None) -> NoReturn:
+        """Run ``report`` (every rank: it writes and reports the full checkpoint), then hold.
+
+        Never returns: returning would finish the run. Ray tears the workers down when the
+        deadline passes and resumes from this checkpoint.
+        """
+        if self.notice is None:
+            raise RuntimeError("save_and_hold() needs the notice check() returned")
+        deadline = deadline_s_of(self.notice)
+        attempt = uuid.uuid4().hex[:12]
+        info = {
+            "nodes": list(getattr(self.notice, "preempted_node_ids", [])),
+            "ranks": list(getattr(self.notice, "preempted_ranks", [])),
+        }
+        left = None if deadline is None else deadline - time.time()
+        if self._log is not None:
+            started = JitCheckpoint(
+                t=time.time(),
+                outcome="started",
+                step=step,
+                deadline_s=deadline,
+                attempt=attempt,
+                detail="no deadline" if left is None else f"{left:.1f}s before the deadline",
+            )
+            self._log.append_soon(started, info, tier=self._tier)
+        t0 = time.time()
+        report()
+        write_s = time.time() - t0
+        if self.rank == 0:
+            margin = None if deadline is None else deadline - time.time()
+            logger.warning(
+                "just-in-time checkpoint of step %s reported in %.2fs%s",
+                step,
+                write_s,
+                "" if margin is None else f", {margin:.1f}s before the deadline",
+            )
+            if self._log is not None:
+                reported = JitCheckpoint(
+                    t=time.time(),
+                    outcome="reported",
+                    step=step,
+                    deadline_s=deadline,
+                    attempt=attempt,
+                    detail=f"written and reported in {write_s:.2f}s",
+                )
+                self._log.append_soon(reported, {**info, "write_s": round(write_s, 3), "margin_s": margin})
+        self.hold()
+
+    def hold(self) -> NoReturn:
+        """Wait for the node to go (neither train on nor return); raise if it never does."""
+        deadline = deadline_s_of(self.notice) or time.time() + NO_DEADLINE_WAIT_S
+        until = deadline + self.max_hold_s
+        while time.time() < until:
+            time.sleep(0.2)
+        raise JitHoldExpiredError(
+            f"the workers were still running {self.max_hold_s:g}s after the preemption deadline; "
+            "Ray Train normally restarts them at the deadline"
+        )
+
+    # -- the previous attempt's outcome ---------------------------------------------------
+
+    def _reconcile(self) -> None:
+        """Record ``missed`` for a previous attempt's JIT checkpoint that was never committed."""
+        assert self._log is not None
+        try:
+            records = self._log.read()
+            self._tier = self._log.current_tier(records)
+            for missed in missed_jit_checkpoints(records):
+                self._log.append(missed, {"resumed_from_step": _last_committed_step(records)}, tier=self._tier)
+                logger.warning("just-in-time checkpoint of step %s did not make it: %s", missed.step, missed.detail)
+        except Exception as e:  # never let the ledger stop training
+            logger.warning("could not check earlier just-in-time checkpoints: %s", e)
+
+
+def _last_committed_step(records: list[LedgerRecord]) -> int | None:
+    steps = [r.event.step for r in records if isinstance(r.event, CheckpointCommitted)]
+    return steps[-1] if steps else None
+
+
+def missed_jit_checkpoints(records: list[LedgerRecord], now: float | None = None) -> list[JitCheckpoint]:
+    """``missed`` records due: JIT checkpoints started, their attempt over, none committed.
+
+    Committed means a ``checkpoint_committed`` (of the same step, when both name one) after
+    the ``started`` record and before the event that ended that attempt.
+    """
+    done = {r.event.attempt for r in records if isinstance(r.event, JitCheckpoint) and r.event.outcome == "missed"}
+    out = []
+    for i, rec in enumerate(records):
+        ev = rec.event
+        if not isinstance(ev, JitCheckpoint) or ev.outcome != "started" or ev.attempt in done:
+            continue
+        committed, ended = False, False
+        for later in records[i + 1 :]:
+            lev = later.event
+            if isinstance(lev, CheckpointCommitted) and (ev.step is None or lev.step in (None, ev.step)):
+                committed = True
+                break
+            if lev.kind in _ATTEMPT_ENDS:
+                ended = True
+                break
+        if committed or not ended:
+            continue
+        resumed = _last_committed_step(records[: i + 1])
+        out.append(
+            JitCheckpoint(
+                t=time.time() if now is None else now,
+                outcome="missed",
+                step=ev.step,
+                deadline_s=ev.deadline_s,
+                attempt=ev.attempt,
+                detail=(
+                    f"no checkpoint of step {ev.step} was committed before the node went; the run resumed "
+                    + ("from the start" if resumed is None else f"from the checkpoint of step {resumed}")
+                ),
+            )
+        )
+    return out
+
+
+def jit_failure_config(*, preemption_grace_s: float = 0.0, **kwargs: Any) -> Any:
+    """A ``ray.train.FailureConfig`` for just-in-time checkpoints, with the two switches set on purpose.
+
+    ``relax_collectives_on_preemption`` stays False: when it is on and the preempted rank is
+    not rank 0, Ray releases its barriers without that rank while it is still alive, the
+    ranks fall out of lockstep, and a checkpoint that needs every rank (the example gathers
+    each rank's RNG state) deadlocks until the deadline; measured here, the JIT checkpoint
+    was lost and 4 steps were redone. It only helps a checkpoint written by rank 0 alone,
+    with no collective of its own, after the preempted rank is already gone.
+    ``preemption_grace_s`` keeps the surviving ranks running past the deadline so a write
+    that outlasts the notice can still finish, when rank 0 is not on the preempted node;
+    it delays every such restart by as much, so it stays 0 unless writes outlast notices.
+    """
+    from ray.train import FailureConfig
+
+    kwargs.setdefault("relax_collectives_on_preemption", False)
+    return FailureConfig(preemption_grace_s=preemption_grace_s, **kwargs)

@@ -1,0 +1,72 @@
+"""Informational records (notices, just-in-time checkpoints) appended to a run's ledger.
+
+Why a wrapper: these records come from outside the Train controller (the notice agent on a
+node, the training function on a worker), so they must find the run's current tier
+themselves (replaying the ledger, as the driver does) and must never hold up what they
+describe: a storage hiccup may cost the record, never the drain or the checkpoint.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from typing import Any
+
+from ..events import InfoEvent
+from ..ledger import Ledger, LedgerRecord
+from ..policy import FallbackPolicy
+from ..storage import RunLocation
+
+logger = logging.getLogger("spotfallback")
+
+
+class RunLog:
+    """Appends ``InfoEvent``s to one run's ledger, tagged with the tier the run is on."""
+
+    def __init__(self, location: RunLocation, writer: str | None = None) -> None:
+        self.location = location
+        self.ledger = Ledger(location, writer=writer)
+        self._dirs_ready = False
+
+    def is_spotfallback_run(self) -> bool:
+        """Whether the run has a ledger (plain Ray Train runs have none: nothing is written)."""
+        return self.ledger.read_meta() is not None
+
+    def read(self) -> list[LedgerRecord]:
+        return self.ledger.read()
+
+    def current_tier(self, records: list[LedgerRecord] | None = None) -> int:
+        """The tier the run is on now, by replaying its ledger (0 before the run starts)."""
+        ladder = self.ledger.read_ladder()
+        if ladder is None:
+            return 0
+        records = self.ledger.read() if records is None else records
+        return FallbackPolicy(ladder).replay(r.event for r in records).tier
+
+    def append(self, event: InfoEvent, info: dict[str, Any] | None = None, *, tier: int | None = None) -> LedgerRecord:
+        """Append now (replaying for the tier unless given); storage errors propagate."""
+        if not self._dirs_ready:
+            self.ledger.ensure_dirs()  # the agent may record before the run's first driver starts
+            self._dirs_ready = True
+        if tier is None:
+            tier = self.current_tier()
+        return self.ledger.append(event, tier, {"action": "continue"}, info)
+
+    def append_soon(
+        self, event: InfoEvent, info: dict[str, Any] | None = None, *, tier: int | None = None, wait_s: float = 2.0
+    ) -> bool:
+        """Append on a helper thread, waiting at most ``wait_s``; True if it was written in time.
+
+        Storage retries can last minutes; what the record describes must not wait that long.
+        """
+        done = threading.Event()
+
+        def write() -> None:
+            try:
+                self.append(event, info, tier=tier)
+                done.set()
+            except Exception as e:  # a lost record is logged, never raised into the caller
+                logger.warning("could not record %s in %s: %s", event.kind, self.location.uri(), e)
+
+        threading.Thread(target=write, name=f"spotfallback-{event.kind}", daemon=True).start()
+        return done.wait(wait_s)

@@ -1,0 +1,155 @@
+"""`spotfallback status`, `report` and `init` through typer's test runner.
+
+Bad input must give one clear line naming the argument or option, exit code 2, and never a
+traceback; good input is checked against the same hand-built ledger as test_status_report.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+import typer
+from PIL import Image
+from typer.testing import CliRunner
+
+from spotfallback import cli_run, cli_status
+from spotfallback.config import JobConfig
+from spotfallback.ledger import Ledger
+from spotfallback.report import cost_report
+from spotfallback.storage import resolve_run, split_run_uri
+from test_status_report import LADDER, run_events, write_ledger
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    cli_status.register(app)
+    cli_run.register(app)
+    return app
+
+
+def invoke(app, *args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+@pytest.fixture()
+def run_uri(tmp_path):
+    location, _ = write_ledger(tmp_path / "runs", run_events(), name="digits-1")
+    return f"{tmp_path / 'runs'}/digits-1"
+
+
+def assert_usage_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_status_of_a_finished_run(app, run_uri):
+    r = invoke(app, "status", run_uri)
+    assert r.exit_code == 0, r.output
+    assert "finished" in r.output and "on-demand" in r.output
+    assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
+    assert "14 committed; latest step 140" in r.output
+    assert r.output.count("fall back to on-demand") == 1 and "latest events (10 of 21)" in r.output
+
+
+def test_status_json_matches_the_ledger(app, run_uri):
+    r = invoke(app, "status", run_uri, "--json", "--events", "3")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    records = Ledger(resolve_run(*split_run_uri(run_uri))).read()
+    report = cost_report(LADDER, records)
+    assert data["status"] == "finished" and data["tier"] == "on-demand"
+    assert data["spend"] == pytest.approx(report.spend) and data["checkpoints"] == 14
+    assert [e["kind"] for e in data["events"]] == ["checkpoint_committed", "checkpoint_committed", "finished"]
+
+
+def test_report_writes_png_html_and_a_table_whose_hours_times_price_is_the_spend(app, run_uri, tmp_path):
+    png, page = tmp_path / "t.png", tmp_path / "r.html"
+    r = invoke(app, "report", run_uri, "--out", str(png), "--html", str(page))
+    assert r.exit_code == 0, r.output
+    assert "│ spot      │ spot      │ $1.84/h │ 1.5833 h │ $2.91 │" in r.output
+    assert "│ on-demand │ on-demand │ $6.12/h │ 0.8333 h │ $5.10 │" in r.output
+    assert "predicts $8.42; measured $8.01" in r.output
+    Image.open(io.BytesIO(png.read_bytes())).verify()
+    assert "data:image/png;base64," in page.read_text()
+    r = invoke(app, "report", run_uri, "--json", "--out", str(png))
+    data = json.loads(r.output)
+    for tier in data["tiers"]:
+        assert round(tier["running_h"] * tier["price_per_hour"], 2) == round(tier["spend"], 2)
+    assert data["png"] == str(png) and data["seed"]["predicted"] == pytest.approx(8.4214, abs=1e-4)
+
+
+def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(app, "report", run_uri)
+    assert r.exit_code == 0, r.output
+    assert "timeline: digits-1-timeline.png" in r.output
+    assert (tmp_path / "digits-1-timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["status", "nonsense"], ["run: expected STORAGE_PATH/NAME", "'nonsense'"]),
+        (["status", "{tmp}/runs/missing"], ["run: no spotfallback run at", "missing"]),
+        (["status", "{tmp}/runs/bad name"], ["name: run name 'bad name'"]),
+        (["status", "{run}", "--events", "-1"], ["--events: must be 0 or more"]),
+        (["report", "{run}", "--out", "{tmp}/t.jpg"], ["--out:", "must end in .png"]),
+        (["report", "{run}", "--out", "{tmp}/nowhere/t.png"], ["--out: directory", "does not exist"]),
+        (["report", "{run}", "--html", "{tmp}/r.txt"], ["--html:", "must end in .html"]),
+        (["report", "s3://bucket"], ["names a bucket, not a run"]),
+        (["init", "{tmp}/nowhere/job.yaml"], ["PATH: directory", "does not exist"]),
+        (["init", "{tmp}"], ["is a directory"]),
+        (["run", "{tmp}/missing.yaml"], ["cannot read the job file"]),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_code_2(app, run_uri, tmp_path, args, needles):
+    args = [a.format(tmp=tmp_path, run=run_uri) for a in args]
+    assert_usage_error(invoke(app, *args), *needles)
+
+
+def test_init_writes_a_valid_commented_job_and_refuses_to_overwrite(app, tmp_path):
+    path = tmp_path / "job.yaml"
+    r = invoke(app, "init", str(path))
+    assert r.exit_code == 0, r.output
+    job = JobConfig.from_yaml(path)
+    assert job.entrypoint == "examples.ddp_digits:train_fn" and [t.name for t in job.tiers] == ["spot", "on-demand"]
+    assert job.tiers[0].price_per_worker_hour < job.tiers[1].price_per_worker_hour
+    assert sum(1 for line in path.read_text().splitlines() if line.lstrip().startswith("#")) >= 10
+    path.write_text("edited")
+    assert_usage_error(invoke(app, "init", str(path)), "already exists", "--force")
+    assert path.read_text() == "edited"
+    assert invoke(app, "init", str(path), "--force").exit_code == 0
+    assert JobConfig.from_yaml(path).name == job.name
+
+
+def test_report_of_a_run_with_no_events_yet_says_so(app, tmp_path):
+    location = write_ledger(tmp_path / "runs", [], name="empty")[0]
+    r = invoke(app, "report", f"{tmp_path / 'runs'}/empty")
+    assert r.exit_code == 1 and "no ledger events yet" in r.output and "Traceback" not in r.output
+    r = invoke(app, "status", f"{tmp_path / 'runs'}/empty")
+    assert r.exit_code == 0 and "not started" in r.output, r.output
+    assert location.name == "empty"
+
+
+@pytest.mark.parametrize(
+    ("command", "texts"),
+    [
+        ("status", ["STORAGE_PATH/NAME", "--json", "--events", "any machine"]),
+        ("report", ["--out", "--html", "--json", "seed formula", "hours"]),
+        ("init", ["--force", "commented example job"]),
+        ("run", ["--json", "--mlflow", "SPOTFALLBACK_RAY_ADDRESS", "Exit codes"]),
+    ],
+)
+def test_help_of_each_command_describes_its_options(app, command, texts):
+    r = invoke(app, command, "--help")
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    for text in texts:
+        assert text in flat, (text, r.output)

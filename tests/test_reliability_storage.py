@@ -1,0 +1,380 @@
+"""Storage under a real run: S3 (moto), outages during a checkpoint write, damaged checkpoints.
+
+One local cluster for the module (head, two spot and two on-demand one-CPU nodes) and one
+moto S3 server. Storage outages are injected with ``faultyfs`` (the switch is a file, so it
+reaches Ray's controller and worker processes); the outage limit is 8 s for the whole module
+(``SPOTFALLBACK_STORAGE_RETRY_S``, set before the cluster starts so every process has it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.faultyfs import FaultControl, faulty_filesystem  # noqa: E402 - importable by Ray workers too
+
+from helpers_e2e import (  # noqa: E402
+    REPO,
+    TRAIN_CONFIG,
+    Background,
+    apply_env,
+    checkpoints_since,
+    unique_name,
+    wait_for,
+)
+from reliability import (  # noqa: E402
+    Outcome,
+    check_run,
+    committed_not_in_snapshot,
+    not_plain_data,
+    record,
+    reference_hash,
+    snapshot_names,
+    steps_redone,
+)
+
+pytestmark = pytest.mark.ray
+
+RETRY_S = 5.0
+CONFIG = dict(TRAIN_CONFIG)  # 30 steps, a checkpoint every 5
+SPOT_THEN_ON_DEMAND = [
+    {"name": "spot", "market": "spot", "num_workers": 2, "max_preemptions": 0, "capacity_timeout_s": 60},
+    {"name": "on-demand", "market": "on-demand", "num_workers": 2, "capacity_timeout_s": 120},
+]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    apply_env()
+    os.environ["SPOTFALLBACK_STORAGE_RETRY_S"] = str(RETRY_S)
+    from spotfallback.local import LocalSpotCluster, NodeGroup
+
+    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        os.environ.pop("SPOTFALLBACK_STORAGE_RETRY_S", None)
+
+
+@pytest.fixture(scope="module")
+def s3():
+    from s3server import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def reference(cluster, tmp_path_factory):
+    return reference_hash(tmp_path_factory.mktemp("ref"), CONFIG)
+
+
+@pytest.fixture()
+def injector(cluster):
+    from spotfallback.local import Injector
+
+    inj = Injector(cluster)
+    try:
+        yield inj
+    finally:
+        for market in ("spot", "on-demand"):
+            inj.give_back(market)
+            inj.replenish(market)
+        inj.close()
+
+
+def trainer_for(storage_path: str, name: str, config: dict, *, fs=None, tiers=None, **kw):
+    import ray.train
+    from examples.ddp_digits import train_fn
+
+    from spotfallback import FallbackTrainer, Tier
+
+    return FallbackTrainer(
+        train_fn,
+        train_loop_config=config,
+        tiers=[Tier(**t) for t in tiers] if tiers else [Tier.on_demand(2, max_failures=0)],
+        run_config=ray.train.RunConfig(storage_path=storage_path, name=name, storage_filesystem=fs),
+        **kw,
+    )
+
+
+def worker_logs(cluster, text: str) -> int:
+    """How many lines of the cluster's worker logs contain ``text`` (the back-off is logged there)."""
+    count = 0
+    for path in Path(cluster.temp_dir).glob("session_*/logs/worker-*"):
+        try:
+            count += sum(text in line for line in path.read_text(errors="replace").splitlines())
+        except OSError:
+            continue
+    return count
+
+
+# -- S3 ------------------------------------------------------------------------------------
+
+
+def test_s3_run_survives_a_preemption_and_a_driver_restart(cluster, s3, injector, reference, tmp_path):
+    """Checkpoints and ledger in the bucket; the relaunched driver resumes there, bit for bit."""
+    from spotfallback.ledger import Ledger
+    from spotfallback.storage import resolve_run
+
+    t0 = time.monotonic()
+    name = unique_name("s3")
+    step_log = tmp_path / "steps.jsonl"
+    spec = {
+        "address": cluster.address,
+        "s3_endpoint": s3.endpoint,
+        "storage_path": f"{s3.bucket}/runs",
+        "name": name,
+        "config": {**CONFIG, "step_log": str(step_log)},
+        "tiers": SPOT_THEN_ON_DEMAND,
+    }
+    location = resolve_run(f"{s3.bucket}/runs", name, s3.filesystem())
+    ledger = Ledger(location)
+    command = [sys.executable, str(REPO / "tests" / "api_driver.py"), json.dumps(spec)]
+
+    def start(tag: str) -> subprocess.Popen:
+        out = open(tmp_path / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    first = start("first")
+    try:
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180)
+        injector.preempt_one("spot", notice_s=1.0)
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 1, 180)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = start("second")
+    try:
+        assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+    final = json.loads((tmp_path / "second.log").read_text().strip().splitlines()[-1])
+    assert final["metrics"]["weights_sha256"] == reference
+
+    records, problems, lost, dupes = check_run(location)
+    assert problems == [] and lost == [] and dupes == 0
+    kinds = [r.event.kind for r in records if r.event.kind != "checkpoint_committed"]
+    assert kinds == ["run_started", "workers_acquired", "preempted", "workers_acquired", "run_started", "workers_acquired", "finished"]
+    assert records[-1].tier == 1
+    # Everything lives in the bucket: Ray's checkpoints and snapshot, spotfallback's ledger.
+    fs = s3.filesystem()
+    from pyarrow.fs import FileSelector
+
+    keys = [i.path for i in fs.get_file_info(FileSelector(f"{s3.bucket}/runs/{name}", recursive=True))]
+    assert any(k.endswith("/checkpoint_manager_snapshot.json") for k in keys)
+    assert any("/_spotfallback/ledger/" in k for k in keys) and any(k.endswith("/_spotfallback/run.json") for k in keys)
+    assert len(snapshot_names(location)) == sum(r.event.kind == "checkpoint_committed" for r in records) == 6
+    assert not_plain_data(location, _user_files()) == []
+    record(
+        Outcome(
+            "object storage (S3 via moto): preemption + driver SIGKILL",
+            injected=2,
+            runs_completed=1,
+            runs=1,
+            steps_redone=steps_redone(step_log, CONFIG["total_steps"]),
+            events_lost=len(problems),
+            checkpoints_lost=len(lost),
+            duplicated_events=dupes,
+            seconds=time.monotonic() - t0,
+        )
+    )
+
+
+def _user_files() -> tuple[str, ...]:
+    from examples.ddp_digits import CHECKPOINT_FILES
+
+    return CHECKPOINT_FILES
+
+
+# -- storage outages ------------------------------------------------------------------------
+
+
+def test_outage_in_the_middle_of_a_checkpoint_write_only_pauses_the_run(cluster, reference, tmp_path):
+    """Storage goes away while a checkpoint is being uploaded and comes back within the limit."""
+    t0 = time.monotonic()
+    control = FaultControl(tmp_path / "control")
+    fs = faulty_filesystem(control.dir)
+    name = unique_name("outage")
+    step_log = tmp_path / "steps.jsonl"
+    trainer = trainer_for(str(tmp_path / "runs"), name, {**CONFIG, "step_log": str(step_log)}, fs=fs)
+    before = worker_logs(cluster, "storage error while trying to write")
+    control.arm("optimizer.pt", duration_s=RETRY_S / 2)  # the step-5 checkpoint's second file
+    try:
+        driver = Background(trainer.fit)
+        result = driver.join(300)
+    finally:
+        control.stop()
+    assert driver.error is None, driver.error
+    assert control.outages == 1
+    assert result.metrics["weights_sha256"] == reference
+
+    records, problems, lost, dupes = check_run(trainer.location)
+    assert problems == [] and lost == [] and dupes == 0
+    # Not one restart: the run waited for storage instead of failing.
+    assert [r.event.kind for r in records if r.event.kind != "checkpoint_committed"] == [
+        "run_started", "workers_acquired", "finished",
+    ]
+    assert steps_redone(step_log, CONFIG["total_steps"]) == 0
+    assert len(snapshot_names(trainer.location)) == 6 and committed_not_in_snapshot(trainer.location, records) == set()
+    assert worker_logs(cluster, "storage error while trying to write") > before  # the back-off is logged
+    record(
+        Outcome(
+            "storage outage shorter than the limit (during a checkpoint write)",
+            injected=control.outages,
+            runs_completed=1,
+            runs=1,
+            steps_redone=0,
+            events_lost=len(problems),
+            checkpoints_lost=len(lost),
+            duplicated_events=dupes,
+            seconds=time.monotonic() - t0,
+        )
+    )
+
+
+def test_outage_past_the_limit_stops_clearly_keeps_everything_and_resumes(cluster, reference, tmp_path):
+    from spotfallback.ledger import StorageUnavailableError
+
+    t0 = time.monotonic()
+    control = FaultControl(tmp_path / "control")
+    fs = faulty_filesystem(control.dir)
+    name = unique_name("gone")
+    step_log = tmp_path / "steps.jsonl"
+    config = {**CONFIG, "step_log": str(step_log)}
+    trainer = trainer_for(str(tmp_path / "runs"), name, config, fs=fs)
+    driver = Background(trainer.fit)
+    wait_for(trainer.ledger, lambda rs: checkpoints_since(rs, "workers_acquired") >= 2, 180, driver)
+    control.arm("optimizer.pt", duration_s=600)  # the next checkpoint's upload: storage is gone
+    try:
+        driver.join(120)
+    finally:
+        control.stop()
+    assert isinstance(driver.error, StorageUnavailableError), repr(driver.error)
+    message = str(driver.error)
+    assert "storage unavailable" in message and "SPOTFALLBACK_STORAGE_RETRY_S" in message and "intact" in message
+
+    # Everything written before the outage is intact: the ledger replays, each commit is whole,
+    # and the checkpoint whose upload was cut short is recorded nowhere.
+    records, problems, lost, dupes = check_run(trainer.location, expect_finished=False)
+    assert problems == [] and lost == [] and dupes == 0
+    committed = [r for r in records if r.event.kind == "checkpoint_committed"]
+    assert len(committed) == len(snapshot_names(trainer.location)) >= 2
+    partial = sorted(
+        p.name for p in (tmp_path / "runs" / name).glob("checkpoint_2*") if p.name not in snapshot_names(trainer.location)
+    )
+    assert partial, "the interrupted upload left a partial directory (and nothing refers to it)"
+
+    # Storage is back: the same run resumes from the last whole checkpoint and ends bit for bit.
+    # (The stopped driver could not delete its lease; a new process would take it over at once
+    # since its pid is gone, but this test resumes in the same process, so the lease must expire.)
+    from spotfallback.lease import DriverLease
+
+    stale = DriverLease(trainer.location).read()
+    if stale is not None:
+        time.sleep(max(0.0, stale.expires_at - time.time()) + 0.5)
+    resumed = trainer_for(str(tmp_path / "runs"), name, config, fs=fs)
+    result = resumed.fit()
+    assert result.metrics["weights_sha256"] == reference
+    records, problems, lost, dupes = check_run(resumed.location)
+    assert problems == [] and lost == [] and dupes == 0
+    record(
+        Outcome(
+            "storage gone past the limit (stop, then resume)",
+            injected=control.outages,
+            runs_completed=1,
+            runs=1,
+            steps_redone=steps_redone(step_log, CONFIG["total_steps"]),
+            events_lost=len(problems),
+            checkpoints_lost=len(lost),
+            duplicated_events=dupes,
+            seconds=time.monotonic() - t0,
+            notes="stopped with StorageUnavailableError after the limit; resumed by running again",
+        )
+    )
+
+
+# -- damaged checkpoints ---------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def failed_run(cluster, tmp_path_factory):
+    """A run that stopped at step 18 (an application error, no retries) after checkpoints 5, 10, 15."""
+    from spotfallback.errors import RunFailedError  # noqa: F401 - documents the state it leaves
+
+    root = tmp_path_factory.mktemp("damaged")
+    name = unique_name("base")
+    config = {**CONFIG, "raise_at_step": 18, "raise_marker": str(root / "raised")}
+    trainer = trainer_for(str(root / "runs"), name, {**config, "step_log": str(root / "base-steps.jsonl")})
+    with pytest.raises(ValueError, match="injected application error at step 18"):
+        trainer.fit()
+    assert len(snapshot_names(trainer.location)) == 3
+    return root, name, config
+
+
+@pytest.mark.parametrize("damage", ["truncated", "file_missing", "dir_gone"])
+def test_damaged_newest_checkpoint_resumes_from_the_newest_whole_one(failed_run, reference, damage, tmp_path, caplog):
+    from spotfallback.checkpoints import DAMAGED_DIR
+
+    t0 = time.monotonic()
+    root, base, config = failed_run
+    name = unique_name(f"damaged-{damage}")
+    run_dir = root / "runs" / name
+    shutil.copytree(root / "runs" / base, run_dir)
+    shutil.copy(root / "base-steps.jsonl", tmp_path / "steps.jsonl")
+    newest = sorted(p for p in run_dir.glob("checkpoint_2*"))[-1]
+    previous = sorted(p for p in run_dir.glob("checkpoint_2*"))[-2].name
+    if damage == "truncated":
+        (newest / "model.pt").write_bytes((newest / "model.pt").read_bytes()[:64])
+    elif damage == "file_missing":
+        (newest / "optimizer.pt").unlink()
+    else:
+        shutil.rmtree(newest)
+
+    trainer = trainer_for(str(root / "runs"), name, {**config, "step_log": str(tmp_path / "steps.jsonl")}, retry_failed=True)
+    with caplog.at_level("WARNING", logger="spotfallback"):
+        result = trainer.fit()
+    assert result.metrics["weights_sha256"] == reference
+
+    records, problems, lost, dupes = check_run(trainer.location)
+    assert problems == [] and lost == [] and dupes == 0
+    repair = [r.info["checkpoint_repair"] for r in records if "checkpoint_repair" in r.info]
+    assert len(repair) == 1 and repair[0]["resumed_from"] == previous
+    assert [d["checkpoint"] for d in repair[0]["damaged"]] == [newest.name]
+    assert f"checkpoint {newest.name} is damaged" in caplog.text and previous in caplog.text
+    kept = list((run_dir / DAMAGED_DIR).glob(f"{newest.name}.*"))
+    assert (len(kept) == 1) == (damage != "dir_gone")  # set aside, never deleted
+    # Resumed from step 10: steps 11-17 ran twice (the failed attempt had reached step 17).
+    redone = steps_redone(tmp_path / "steps.jsonl", CONFIG["total_steps"])
+    assert redone == 7
+    record(
+        Outcome(
+            f"damaged newest checkpoint ({damage.replace('_', ' ')})",
+            injected=1,
+            runs_completed=1,
+            runs=1,
+            steps_redone=redone,
+            events_lost=len(problems),
+            checkpoints_lost=len(lost),
+            duplicated_events=dupes,
+            seconds=time.monotonic() - t0,
+            notes=f"resumed from {previous[:11]}… (step 10); damaged one kept under _damaged/"
+            if damage != "dir_gone"
+            else "directory gone: Ray alone fails with CheckpointManagerInitializationError",
+        )
+    )
