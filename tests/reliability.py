@@ -25,10 +25,15 @@ import pyarrow.fs as pafs
 
 from spotfallback.checkpoints import DAMAGED_DIR, MANIFEST_NAME, SNAPSHOT_NAME, verify
 from spotfallback.ledger import Ledger, LedgerRecord
-from spotfallback.storage import RunLocation
+from spotfallback.storage import RunLocation, list_dir
 
 REPO = Path(__file__).resolve().parents[1]
 RESULTS_DIR = Path(os.environ.get("SPOTFALLBACK_RELIABILITY_DIR", REPO / "build" / "reliability"))
+
+# The example job as every fault test runs it: 30 steps, a checkpoint every 5, and metrics only
+# with checkpoints (each report waits for the controller's poll; per-step reports cost ~0.25 s
+# a step here). One config, so one uninterrupted reference run per session serves all tests.
+RUN_CONFIG: dict[str, Any] = {"total_steps": 30, "checkpoint_every": 5, "step_delay_s": 0.15, "seed": 7, "report_every": 5}
 
 FAILURES = {"preempted", "node_failed", "application_failed"}
 RESTARTS = {"retry", "switch_tier", "climb_back", "resize"}
@@ -91,7 +96,7 @@ def raw_ledger_objects(location: RunLocation) -> list[dict[str, Any]]:
     """Every ledger object as stored (no de-duplication), to count what ``Ledger.read`` would hide."""
     fs = location.fs
     directory = location.path("ledger")
-    infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+    infos = list_dir(fs, directory)
     out = []
     for info in sorted(infos, key=lambda i: i.path):
         if info.type == pafs.FileType.File and not info.base_name.startswith(".tmp-"):
@@ -211,7 +216,7 @@ def record(outcome: Outcome) -> Path:
 def ledger_dir_files(location: RunLocation) -> list[str]:
     return sorted(
         i.base_name
-        for i in location.fs.get_file_info(pafs.FileSelector(location.path("ledger"), allow_not_found=True))
+        for i in list_dir(location.fs, location.path("ledger"))
     )
 
 

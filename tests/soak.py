@@ -201,7 +201,7 @@ def _start_replay(
 
 def _gaps(injector: Any) -> int:
     """Trace ticks that took the spot group to zero nodes after it had some (capacity gaps)."""
-    gaps, had = 0, False
+    gaps, had = 0, True  # the spot group starts full
     for entry in injector.actions("trace"):
         running = entry.detail.rsplit("running=", 1)[-1]
         try:
@@ -221,14 +221,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=60, help="training steps per run")
     args = parser.parse_args(argv)
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
-    from helpers_e2e import TRAIN_CONFIG, apply_env
-    from reliability import Outcome, record, reference_hash
+    from helpers_e2e import apply_env
+    from reliability import RUN_CONFIG, Outcome, record, reference_hash
     from spotfallback.local import LocalSpotCluster, NodeGroup
 
     apply_env()
     os.environ["SPOTFALLBACK_STORAGE_RETRY_S"] = str(RETRY_S)
     rng = random.Random(args.seed)
-    config = {**TRAIN_CONFIG, "total_steps": args.steps}
+    config = {**RUN_CONFIG, "total_steps": args.steps}
     results: list[SoakResult] = []
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sf-soak-") as tmp, LocalSpotCluster(
@@ -236,7 +236,8 @@ def main(argv: list[str] | None = None) -> int:
     ) as cluster:
         reference = reference_hash(Path(tmp) / "ref", config)
         traces = trace_files()
-        while time.monotonic() - t0 < args.minutes * 60:
+        t0 = time.monotonic()  # the soak's minutes start once the cluster and reference are ready
+        while not results or time.monotonic() - t0 < args.minutes * 60:
             trace = rng.choice(traces)
             r = soak_run(cluster, Path(tmp) / f"run-{len(results)}", config, reference, trace=trace, rng=rng,
                          ticks=30, driver_kills=rng.randint(0, 2), storage_outages=rng.randint(0, 2))

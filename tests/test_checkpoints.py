@@ -193,6 +193,21 @@ def test_torn_or_missing_snapshot_is_rebuilt_from_the_whole_checkpoints(run, sna
     assert ray_resumes_from(run.parent, run.name) == NAMES[1]
 
 
+@pytest.mark.parametrize("manifest_arrived", [False, True])
+def test_a_first_upload_cut_short_is_not_mistaken_for_a_checkpoint(tmp_path, manifest_arrived):
+    """Found by the driver-kill loop: killed during the first checkpoint upload, so no snapshot yet
+    and a directory holding some of the files. Listing it handed the workers a checkpoint without
+    optimizer.pt; it must be left alone and Ray must start over.
+    """
+    run_dir = tmp_path / "job"
+    make_checkpoint(run_dir / NAMES[0], 5, manifest=manifest_arrived)
+    (run_dir / NAMES[0] / "optimizer.pt").unlink()
+    resume = repair_run(resolve_run(str(tmp_path), "job"))
+    assert not (run_dir / SNAPSHOT_NAME).exists() and resume.resumed_from is None
+    assert [p.name for p in run_dir.iterdir()] == NAMES[:1] and (run_dir / NAMES[0] / "model.pt").exists()
+    assert ray_resumes_from(tmp_path, "job") is None
+
+
 def test_checkpoints_without_manifests_are_judged_by_existence_only(tmp_path):
     run_dir = tmp_path / "job"
     for i, name in enumerate(NAMES):

@@ -7,6 +7,7 @@ import multiprocessing
 import os
 import time
 
+import pyarrow.fs as pafs
 import pytest
 
 from spotfallback.accounting import summarize
@@ -22,7 +23,7 @@ from spotfallback.events import (
 from spotfallback.lease import DriverAlreadyRunningError, DriverLease
 from spotfallback.ledger import Ledger, LedgerError
 from spotfallback.policy import FallbackPolicy
-from spotfallback.storage import resolve_run, split_run_uri
+from spotfallback.storage import list_dir, resolve_run, split_run_uri
 
 LADDER = make_ladder([
     Tier.spot(2, max_preemptions=1, price_per_worker_hour=1.0),
@@ -187,3 +188,22 @@ def test_two_drivers_started_at_the_same_instant_exactly_one_wins(tmp_path):
     for p in procs:
         p.join(30)
     assert sorted(results.get(timeout=5) for _ in range(2)) == ["refused", "won"]
+
+
+def test_a_directory_that_appears_while_it_is_listed_is_listed_not_an_error(tmp_path):
+    """pyarrow lists first and checks for a missing directory after, so a ledger created in
+    between raised FileNotFoundError despite allow_not_found (seen in CI: a test reading the
+    ledger of a run that was just starting). The listing is tried again and sees it."""
+    local = pafs.LocalFileSystem()
+    target = tmp_path / "ledger"
+
+    class CreatedMidListing:
+        def get_file_info(self, selector):
+            if not target.exists():
+                target.mkdir()
+                (target / "e.json").write_text("{}")
+                raise FileNotFoundError(f"Cannot list directory '{target}'")
+            return local.get_file_info(selector)
+
+    assert [i.base_name for i in list_dir(CreatedMidListing(), str(target))] == ["e.json"]
+    assert list_dir(local, str(tmp_path / "missing" / "deeper")) == []

@@ -104,15 +104,23 @@ def test_the_wrapper_travels_to_other_processes(faulty, tmp_path):
     assert (tmp_path / "p").read_bytes() == b"ok"
 
 
-def test_ray_gets_the_wrapped_filesystem_and_the_stripped_root(tmp_path, monkeypatch):
-    location = resolve_run(str(tmp_path), "job")
-    config = RunConfig(storage_path=str(tmp_path), name="job")
+def test_ray_gets_the_wrapped_filesystem_and_the_stripped_root(faulty, tmp_path, monkeypatch):
+    _, fs = faulty
+    location = resolve_run(str(tmp_path), "job", fs)
+    config = RunConfig(storage_path=str(tmp_path), name="job", storage_filesystem=fs)
     monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "5")
     ray_config = ray_run_config(config, location)
     assert ray_config.name == "job" and ray_config.storage_path == str(tmp_path)
-    assert ray_config.storage_filesystem.type_name == "py::spotfallback-retry+local"
+    assert ray_config.storage_filesystem.type_name == "py::spotfallback-retry+py::faulty-local"
     monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "0")
     assert ray_run_config(config, location) is config
+
+
+def test_a_local_path_stays_rays_own(tmp_path, monkeypatch):
+    """Ray reads a local/NFS checkpoint in place; wrapped, it would download a copy per worker."""
+    monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "5")
+    config = RunConfig(storage_path=str(tmp_path), name="job")
+    assert ray_run_config(config, resolve_run(str(tmp_path), "job")) is config
 
 
 def test_a_uri_with_an_explicit_filesystem_is_refused_not_mangled(tmp_path):

@@ -36,6 +36,7 @@ import pyarrow.fs as pafs
 
 from .events import CheckpointCommitted, Event
 from .ledger import _write_atomic, with_storage_retry
+from .storage import list_dir
 
 if TYPE_CHECKING:
     from .ledger import Ledger, LedgerRecord
@@ -127,7 +128,7 @@ def verify(path: str, filesystem: pafs.FileSystem | None = None, *, checksums: b
     fs, root = _resolve(path, filesystem)
     root = root.rstrip("/")
     infos = with_storage_retry(
-        lambda: fs.get_file_info(pafs.FileSelector(root, recursive=True, allow_not_found=True)), f"list {root}"
+        lambda: list_dir(fs, root, recursive=True), f"list {root}"
     )
     if not infos:
         return CheckpointCheck(path, ok=False, has_manifest=False, exists=False, problems=("directory is missing or empty",))
@@ -164,6 +165,7 @@ class Resume:
     resumed_from: str | None = None
     snapshot_backup: str | None = None
     rebuilt_snapshot: bool = False
+    skipped: list[dict[str, Any]] = field(default_factory=list)  # not provably whole; left in place
     recorded: list[Event] = field(default_factory=list)  # commits Ray made but the ledger missed
 
     def info(self) -> dict[str, Any] | None:
@@ -174,6 +176,7 @@ class Resume:
                 "resumed_from": self.resumed_from,
                 "snapshot_backup": self.snapshot_backup,
                 "rebuilt_snapshot": self.rebuilt_snapshot,
+                "not_listed": self.skipped,
             }
         if self.recorded:
             out["recorded_missing_commits"] = len(self.recorded)
@@ -204,7 +207,7 @@ def _move_aside(fs: pafs.FileSystem, src: str, dst: str) -> None:
 
 def _checkpoint_dirs(fs: pafs.FileSystem, run_dir: str) -> list[str]:
     infos = with_storage_retry(
-        lambda: fs.get_file_info(pafs.FileSelector(run_dir, allow_not_found=True)), f"list {run_dir}"
+        lambda: list_dir(fs, run_dir), f"list {run_dir}"
     )
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith(CHECKPOINT_PREFIX))
 
@@ -349,13 +352,22 @@ class _Repairer:
         self.log_outcome()
 
     def rebuild(self, dirs: list[str], raw: bytes | None) -> None:
+        """No usable snapshot: list again only the checkpoints whose manifest proves them whole.
+
+        Nothing is moved aside here: without Ray's list, a directory that does not match a
+        manifest may be an upload cut short before Ray committed it (a driver killed during
+        the first checkpoint leaves exactly that, and no snapshot), not a damaged checkpoint.
+        """
         import ray
 
-        damaged, checks = self.judge(dirs, set(dirs))
+        checks = {n: verify(posixpath.join(self.run_dir, n), self.fs) for n in dirs}
+        keep = [n for n in dirs if checks[n].ok]
+        self.resume.skipped = [{"checkpoint": n, "problems": list(checks[n].problems)} for n in dirs if n not in keep]
+        if raw is None and not keep:
+            return  # no snapshot and nothing whole: Ray starts from the beginning, as it would anyway
         if raw is not None:
             self.backup_snapshot(raw)
-        self.set_aside(damaged, checks, set(dirs))
-        keep = [n for n in dirs if n not in set(damaged)]
+        self.resume.resumed_from = keep[-1] if keep else None
         snap = {
             "ray_version": ray.__version__,
             "checkpoint_results": [_result(n) for n in keep],
@@ -370,6 +382,8 @@ class _Repairer:
         }
         self.write_snapshot(snap)
         self.resume.rebuilt_snapshot = True
+        for skipped in self.resume.skipped:
+            logger.warning("not listing %s in the rebuilt snapshot: %s", skipped["checkpoint"], "; ".join(skipped["problems"]))
         self.log_outcome()
 
     def log_outcome(self) -> None:

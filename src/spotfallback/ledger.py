@@ -22,7 +22,7 @@ import pyarrow.fs as pafs
 
 from .config import Ladder
 from .events import Event, event_from_json
-from .storage import RunLocation
+from .storage import RunLocation, list_dir
 
 logger = logging.getLogger(__name__)
 
@@ -172,7 +172,7 @@ class Ledger:
         fs = self.location.fs
 
         def listing() -> list[pafs.FileInfo]:
-            return fs.get_file_info(pafs.FileSelector(self.directory, allow_not_found=True))
+            return list_dir(fs, self.directory)
 
         infos = with_storage_retry(listing, "list the ledger")
         names = sorted(

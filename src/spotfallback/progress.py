@@ -31,7 +31,7 @@ from rich.text import Text
 from .accounting import RunSummary, summarize
 from .config import Ladder
 from .ledger import FORMAT_VERSION, LedgerError, LedgerRecord, _write_atomic
-from .storage import RunLocation
+from .storage import RunLocation, list_dir
 
 logger = logging.getLogger("spotfallback")
 
@@ -514,7 +514,7 @@ class LedgerTail:
     def poll(self) -> list[LedgerRecord]:
         fs = self.location.fs
         directory = self.location.path("ledger")
-        infos = fs.get_file_info(pafs.FileSelector(directory, allow_not_found=True))
+        infos = list_dir(fs, directory)
         for info in sorted(infos, key=lambda i: i.path):
             name = info.base_name
             if info.type != pafs.FileType.File or name.startswith(".tmp-") or not name.endswith(".json"):

@@ -246,12 +246,15 @@ def ray_run_config(run_config: Any, location: Any) -> Any:
     """The ``RunConfig`` handed to Ray: same run, its filesystem wrapped by ``retrying``.
 
     Ray then takes ``storage_path`` as a path inside that filesystem (its rule for a custom
-    filesystem), which is the run's root as ``resolve_run`` found it.
+    filesystem), which is the run's root as ``resolve_run`` found it. Local paths are not
+    wrapped (see below).
     """
     import dataclasses
     import posixpath
 
-    if retry_limit_s() <= 0:
+    if retry_limit_s() <= 0 or isinstance(location.fs, pafs.LocalFileSystem):
+        # A local or NFS path stays Ray's own: Ray reads its checkpoints in place instead of
+        # downloading them (and an NFS hard mount blocks through an outage rather than failing).
         return run_config
     return dataclasses.replace(
         run_config, storage_path=posixpath.dirname(location.run_dir), storage_filesystem=retrying(location.fs)

@@ -37,6 +37,23 @@ class RunLocation:
         return posixpath.join(self.storage_path.rstrip("/"), self.name)
 
 
+def list_dir(fs: pafs.FileSystem, path: str, *, recursive: bool = False) -> list[pafs.FileInfo]:
+    """List a directory that may not exist yet (an empty list then).
+
+    pyarrow's local listing tries the directory first and only then checks that it is missing,
+    so a directory created in between (``status`` or a test reading a run that is just starting)
+    raises ``FileNotFoundError`` despite ``allow_not_found``. Listing again sees it.
+    """
+    selector = pafs.FileSelector(path, recursive=recursive, allow_not_found=True)
+    for attempt in range(3):
+        try:
+            return fs.get_file_info(selector)
+        except FileNotFoundError:
+            if attempt == 2:
+                raise
+    raise AssertionError("unreachable")
+
+
 def _is_uri(path: str) -> bool:
     return "://" in path
 
