@@ -36,7 +36,21 @@ the deadline the hold lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a jus
 checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
 where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to measure lost work),
 ``raise_at_step`` / ``raise_marker`` (an application error at that step, on every attempt,
-or only on the first when a marker path is given).
+or only on the first when a marker path is given), ``global_batch_size`` (None: see below).
+
+When the world size changes (a tier with another worker count, or an elastic tier
+``num_workers=[min, max]`` that shrinks on a lost node and grows back when capacity returns),
+a fixed per-rank ``batch_size`` changes the global batch (per-rank batch x world size), hence
+the gradient noise and the step the learning rate was tuned for. Give ``global_batch_size``
+instead: each rank then takes ``global_batch_size / world_size`` samples a step, so the global
+batch, and the learning rate that suits it, stay the same at every size. It must divide by
+every world size the run can have (for ``[2, 4]``: 12, 24, 48, ...); at a world size it does
+not divide, every rank raises a ValueError naming both before training (an application
+error: retried up to the tier's ``max_failures``, then raised). The other common fix, keeping
+the per-rank batch and scaling the learning rate with the world size, changes the optimisation
+at every resize; this example does not do it. With ``global_batch_size`` the metrics also
+carry ``world_size`` and the per-rank ``batch_size``. Unset, ``batch_size`` is per rank, as
+before.
 """
 
 from __future__ import annotations
@@ -72,6 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "step_log": None,
     "raise_at_step": None,
     "raise_marker": None,
+    "global_batch_size": None,
 }
 DROPOUT = 0.1
 CHECKPOINT_FILES = (
@@ -167,6 +182,21 @@ def _mean(value: float) -> float:
     return value
 
 
+def rank_batch_size(cfg: dict[str, Any], world: int) -> int:
+    """Samples per rank per step: ``global_batch_size / world`` when given, else ``batch_size``."""
+    total = cfg.get("global_batch_size")
+    if total is None:
+        return int(cfg["batch_size"])
+    if isinstance(total, bool) or not isinstance(total, int) or total < 1:
+        raise ValueError(f"global_batch_size must be a positive integer, not {total!r}")
+    if total % world:
+        raise ValueError(
+            f"global_batch_size={total} does not divide by the world size {world}; "
+            "use a multiple of every worker count the run can have (for [2, 4]: 12, 24, 48, ...)"
+        )
+    return total // world
+
+
 class _Rank:
     """One rank's data stream: its shard, its generator and where it stands in the epoch."""
 
@@ -228,12 +258,13 @@ def train_fn(config: dict[str, Any]) -> None:
     torch.use_deterministic_algorithms(True)
     ctx = ray.train.get_context()
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
+    batch_size = rank_batch_size(cfg, world)  # before any work: a bad size fails at once
 
     x_train, y_train, x_test, y_test = load_digits_split(seed=cfg["seed"])
     model = make_model(cfg["hidden"], cfg["seed"])
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
-    stream = _Rank(len(y_train), rank, world, cfg["seed"], cfg["batch_size"])
+    stream = _Rank(len(y_train), rank, world, cfg["seed"], batch_size)
 
     start = 1
     checkpoint = ray.train.get_checkpoint()
@@ -250,7 +281,7 @@ def train_fn(config: dict[str, Any]) -> None:
         else:
             # Another tier with another worker count: shards differ, so per-rank streams
             # cannot continue; reseed them from the step so the run stays reproducible.
-            stream = _Rank(len(y_train), rank, world, cfg["seed"] + start, cfg["batch_size"])
+            stream = _Rank(len(y_train), rank, world, cfg["seed"] + start, batch_size)
 
     ddp: nn.Module = model
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
@@ -280,6 +311,8 @@ def train_fn(config: dict[str, Any]) -> None:
             "loss": _mean(float(loss.detach())),
             "lr": scheduler.get_last_lr()[0],
         }
+        if cfg["global_batch_size"] is not None:
+            metrics.update(world_size=world, batch_size=batch_size)
         last = step == cfg["total_steps"]
         if last:
             metrics["accuracy"] = accuracy(model, x_test, y_test)

@@ -9,7 +9,7 @@ import typer
 from typer.testing import CliRunner
 
 from spotfallback import cli_plan
-from spotfallback.config import ladder_from_yaml
+from spotfallback.config import JobConfig
 
 FIXTURES = Path(__file__).resolve().parent / "fixtures"
 TRACE = str(FIXTURES / "us-west-2a_v100_1.json")
@@ -34,24 +34,35 @@ def invoke(app, *args: str):
 def test_seed_table_prints_the_corrected_rows(app):
     r = invoke(app, "--seed-table")
     assert r.exit_code == 0, r.output
-    for figure in ("36.99% longer", "56.25% longer", "81.82% longer", "117.39% longer", "1.37x", "2.174x"):
+    for figure in ("36.99% longer", "56.25% longer", "81.82% longer", "117.39% longer",
+                   "1.370x", "1.5625x", "1.818x", "2.174x"):  # the ratios as the issue lists them
         assert figure in r.output
     assert "217% longer" in r.output and "117% longer" in r.output
     r = invoke(app, "--seed-table", "--discount", "0.7")
     assert r.exit_code == 0 and "d = 0.7" in r.output
 
 
-def test_plan_on_a_trace_writes_yaml_and_plot(app, tmp_path):
-    yaml_path, png = tmp_path / "tiers.yaml", tmp_path / "plan.png"
+def test_plan_on_a_trace_writes_a_job_file_and_a_plot(app, tmp_path):
+    yaml_path, png = tmp_path / "job.yaml", tmp_path / "plan.png"
     r = invoke(app, "--hours", "24", "--workers", "4", "--trace", TRACE, "--deadline-h", "40",
-               "--runs", "60", "--write-yaml", str(yaml_path), "--plot", str(png))
+               "--runs", "60", "--write-yaml", str(yaml_path), "--plot", str(png),
+               "--entrypoint", "examples/ddp_digits.py:train_fn", "--train-loop-config", '{"total_steps": 50}')
     assert r.exit_code == 0, r.output
     for text in ("Recommended ladder", "recommended", "on-demand only", "spot forever", "seed M=5",
-                 "uniform progress", "P(<=D)", "Daly", "wall_h", "p99"):
+                 "uniform progress", "P(<=D)", "Daly", "wall_h", "p99", "deadline_guard"):
         assert text in r.output
-    ladder = ladder_from_yaml(yaml_path)
-    assert ladder[-1].market == "on-demand" and all(t.num_workers == 4 for t in ladder.tiers)
+    job = JobConfig.from_yaml(yaml_path)  # what `spotfallback run` and `manifest` read
+    assert (job.name, job.storage_path, job.entrypoint) == ("job-24h-4w", "./runs", "examples/ddp_digits.py:train_fn")
+    assert job.train_loop_config == {"total_steps": 50}
+    assert job.tiers[-1].market == "on-demand" and all(t.num_workers == 4 for t in job.tiers)
+    assert job.plan is not None and job.plan.deadline_h == 40 and job.plan.on_time_probability >= 0.95
+    assert "us-west-2a_v100_1" in job.plan.made_with
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = invoke(app, "--hours", "24", "--workers", "4", "--rate", "0.01", "--runs", "20", "--write-yaml", str(yaml_path),
+               "--entrypoint", "train.py:main", "--name", "nightly", "--storage-path", "s3://bucket/runs")
+    assert r.exit_code == 0, r.output
+    job = JobConfig.from_yaml(yaml_path)
+    assert (job.name, job.storage_path) == ("nightly", "s3://bucket/runs") and job.plan.deadline_h is None
 
 
 def test_plan_on_a_rate_model_and_a_node_trace(app):
@@ -80,6 +91,13 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--node-trace", str(FIXTURES / "aws-p3-trace.csv"), "--workers", "40"], "--workers:"),
         (["--hours", "10", "--rate", "0.1", "--plot", "/no/such/dir/p.png"], "--plot: directory"),
         (["--seed-table", "--discount", "3"], "--discount:"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml"], "--entrypoint: required with --write-yaml"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "nocolon"], "--entrypoint: entrypoint 'nocolon'"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--name", "a/b"], "--name: run name 'a/b'"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--train-loop-config", "{x"],
+         "--train-loop-config: not valid JSON"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--train-loop-config", "[1]"],
+         "--train-loop-config: must be a JSON object"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(app, args, needle):

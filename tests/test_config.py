@@ -97,3 +97,52 @@ def test_label_selector_check_agrees_with_ray(key, value):
     ours = label_key_error(key) or label_selector_value_error(value)
     theirs = validate_label_selector({key: value})
     assert (ours is None) == (theirs is None), (key, value, ours, theirs)
+
+
+JOB_HEAD = "name: ok\nstorage_path: /tmp/x\nentrypoint: examples.ddp_digits:train_fn\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # A tier's typo is matched against tier fields, not the job's.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, max_preemption: 1}\n",
+         "tiers[0].max_preemption: unknown field; did you mean 'max_preemptions'?"),
+        # A tier field one level too high says where it belongs (it used to suggest itself).
+        ("num_workers: 2\ntiers:\n  - {name: spot, market: spot, num_workers: 2}\n",
+         "num_workers: unknown field here; 'num_workers' belongs under each entry of 'tiers'"),
+        # A job-level typo is matched against job fields.
+        ("train_loop_cfg: {}\ntiers:\n  - {name: spot, market: spot, num_workers: 2}\n",
+         "train_loop_cfg: unknown field; did you mean 'train_loop_config'?"),
+        # The plan's fields (spotfallback plan --write-yaml) are known too.
+        ("plan: {spend: 3.0, wall_hours: 2}\ntiers:\n  - {name: spot, market: spot, num_workers: 2}\n",
+         "plan.wall_hours: unknown field; did you mean 'wall_h'?"),
+        # A tier's deadline guard is matched against the guard's own fields.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, deadline_guard: {deadline_h: 9, work_hh: 5}}\n",
+         "tiers[0].deadline_guard.work_hh: unknown field; did you mean 'work_h'?"),
+        # The ladder's own rule is reported under 'tiers', not 'tiers.tiers'.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2}\n  - {name: spot, market: on-demand, num_workers: 2}\n",
+         "tiers: tier names must be unique; repeated: spot"),
+    ],
+)
+def test_job_file_typos_get_suggestions_from_the_fields_valid_there(tmp_path, body, expected):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_HEAD + body)
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_yaml(path)
+    assert str(info.value) == f"{path}: {expected}"  # one problem: one line, naming the file and the field
+
+
+def test_a_bad_tier_lists_only_its_own_problems(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_HEAD + "workers: 2\ntiers:\n  - {name: spot, market: spot, num_workerz: 2}\n")
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_yaml(path)
+    lines = str(info.value).splitlines()
+    # No "tiers: Tuple should have at least 1 item" echo of the tier's own error, and no
+    # "tiers[0].num_workers: required field is missing" beside the suggestion that says it.
+    assert lines == [
+        f"{path}:",
+        "tiers[0].num_workerz: unknown field; did you mean 'num_workers'?",
+        "workers: unknown field; remove it or check its spelling",
+    ]

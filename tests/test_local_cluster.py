@@ -68,6 +68,9 @@ class Busy:
     def node(self) -> str:
         return ray.get_runtime_context().get_node_id()
 
+    def niceness(self) -> int:
+        return os.nice(0)
+
 
 @ray.remote(num_cpus=1)
 class RayTrainWorker:  # the class name Ray Train V2 gives its worker actors
@@ -132,6 +135,8 @@ def test_nodes_carry_their_labels_and_the_head_has_no_cpus(cluster) -> None:
     actor = Busy.options(label_selector={MARKET_LABEL: "on-demand"}).remote()
     try:
         assert ray.get(actor.node.remote(), timeout=60) == od.node_id
+        # Not Ray's nice 15: on one shared machine any busy process would starve training.
+        assert ray.get(actor.niceness.remote(), timeout=60) == 0
     finally:
         ray.kill(actor)
 

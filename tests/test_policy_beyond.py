@@ -14,9 +14,12 @@ from hypothesis import strategies as st
 from spotfallback.config import ConfigError, Tier, make_ladder
 from spotfallback.events import (
     CapacityObserved,
+    CapacityTimedOut,
+    CheckpointCommitted,
     ClimbBack,
     Continue,
     Event,
+    GiveUp,
     Preempted,
     Resize,
     Retry,
@@ -282,12 +285,15 @@ def test_beyond_engine_matches_the_reference_engine_on_a_one_way_ladder_and_clim
     for metric in ("wall_h", "spend", "lost_work_h"):  # same arithmetic, other rounding order
         np.testing.assert_allclose(getattr(ref, metric), getattr(new, metric), rtol=1e-9, atol=1e-9)
     climbing = [one_way[0].model_copy(update={"climb_back": True, "min_dwell_s": 3600.0}), one_way[1]]
-    res = simulate(climbing, job, world, runs=200, seed=1)  # delegates to the beyond engine
+    res = simulate(climbing, job, world, runs=200, seed=1, engine="policy")  # delegates to the beyond engine
     assert res.mean_spend < 0.9 * ref.mean_spend
     assert res.deadline_probability() >= ref.deadline_probability()
     assert res.switches.max() > 1  # it did climb, and more than once in some runs
+    fast = simulate(climbing, job, world, runs=200, seed=1, engine="fast")  # climbing is vectorised too
+    np.testing.assert_allclose(fast.spend, res.spend, rtol=1e-9, atol=1e-9)
+    bursty = [Tier.spot(4, max_preemptions=2, max_preemption_rate={"count": 2, "window_s": 600}), one_way[1]]
     with pytest.raises(ValueError, match="engine='policy'"):
-        simulate(climbing, job, world, runs=10, engine="fast")
+        simulate(bursty, job, world, runs=10, engine="fast")
 
 
 # -- the controller shell's own logic (no cluster needed) -------------------------------
@@ -312,15 +318,15 @@ def test_capacity_watch_observes_only_after_a_checkpoint_of_the_running_gang():
     watch = CapacityWatch()
     watch.poll_s, watch.after_checkpoint_s = 5.0, 30.0
     assert not watch.due(100.0, running_since=50.0)  # no checkpoint yet
-    watch.record(CheckpointCommitted(40.0), Continue(), {"metrics": {"remaining_work_s": 900}})
+    watch.record(CheckpointCommitted(40.0, remaining_work_s=900), Continue())
     assert not watch.due(100.0, running_since=50.0)  # that checkpoint was the previous gang's
-    watch.record(CheckpointCommitted(90.0), Continue(), {"metrics": {"remaining_work_s": 800}})
+    watch.record(CheckpointCommitted(90.0, remaining_work_s=800), Continue())
     assert watch.due(100.0, running_since=50.0) and not watch.due(102.0, running_since=50.0)  # throttled
     assert not watch.due(200.0, running_since=50.0)  # too long after the checkpoint
     assert watch.remaining_work_s == 800 and watch.checkpoint_interval_s == 50.0
     assert watch.restart_s == DEFAULT_RESTART_S
-    watch.record(Preempted(210.0), Retry(tier=0), None)
-    watch.record(WorkersAcquired(235.0, 2), Continue(), None)
+    watch.record(Preempted(210.0), Retry(tier=0))
+    watch.record(WorkersAcquired(235.0, 2), Continue())
     assert watch.restart_s == 25.0 and watch.checkpoints == []
 
 
@@ -333,3 +339,185 @@ def test_no_climb_when_the_deadline_slack_cannot_absorb_a_failed_climb():
     assert policy.decide(state, tight).decision == Continue()
     roomy = CapacityObserved(420, tier=0, available_workers=2, remaining_work_s=36000, restart_s=60, slack_s=36000)
     assert isinstance(policy.decide(state, roomy).decision, ClimbBack)
+
+
+# -- deadline guard: Uniform Progress as a leave rule and a climb test -------------------
+
+H = 3600.0
+
+
+def guarded(pace: float = 1.0, climb: bool = False, timeout: float | None = None, **extra: object) -> FallbackPolicy:
+    """Spot with a guard: 5 h of work due 10 h after the start (line slope 1/2), margin 0.5 h."""
+    guard = {"deadline_h": 10, "work_h": 5, "pace": pace, "margin_h": 0.5}
+    spot = Tier.spot(2, max_preemptions=-1, capacity_timeout_s=timeout, price_per_worker_hour=1.0,
+                     deadline_guard=guard, climb_back=climb, min_dwell_s=0, **extra)
+    return FallbackPolicy([spot, Tier.on_demand(2, price_per_worker_hour=3.0)])
+
+
+def one_hour_done() -> list[Event]:
+    """1 h of the 5 h committed at t = 1 h: on schedule until 2 h, behind by the margin at 2.5 h."""
+    return [RunStarted(0), WorkersAcquired(60, 2), CheckpointCommitted(H, remaining_work_s=4 * H)]
+
+
+def test_guard_leaves_after_a_failure_only_once_behind_schedule():
+    policy = guarded()
+    state, decisions = run(policy, [*one_hour_done(), Preempted(2.4 * H)])
+    assert isinstance(decisions[-1], Retry) and state.started_at == 0 and state.remaining_work_s == 4 * H
+    state, decisions = run(policy, [*one_hour_done(), Preempted(2.6 * H)])
+    assert isinstance(decisions[-1], SwitchTier) and "behind schedule" in decisions[-1].reason
+    assert state.tier == 1 and "deadline_h=10" in state.stats[0].left_reason
+
+
+def test_a_shrunk_gang_behind_schedule_moves_down_while_running_but_the_last_tier_is_never_given_up():
+    guard = {"deadline_h": 10, "work_h": 5, "pace": 1.0, "margin_h": 0.5}
+    spot = Tier.spot((2, 4), max_preemptions=-1, capacity_timeout_s=None, deadline_guard=guard, min_dwell_s=0,
+                     price_per_worker_hour=1.0)
+    # 9 h left for 2 workers is 4.5 h of the full gang's work: 0.5 h done, due by 1 h (+ 0.5 h margin).
+    start = [RunStarted(0), WorkersAcquired(60, 2), CheckpointCommitted(H, remaining_work_s=9 * H)]
+    still_two = CapacityObserved(1.6 * H, tier=0, available_workers=2, remaining_work_s=9 * H, restart_s=60)
+    two_tiers = FallbackPolicy([spot, Tier.on_demand(4, price_per_worker_hour=3.0)])
+    state, _ = run(two_tiers, start)
+    step = two_tiers.decide(state, still_two)
+    assert isinstance(step.decision, SwitchTier) and "running 2 of 4 workers" in step.decision.reason
+    assert step.state.tier == 1 and step.state.running_since is None
+    alone = FallbackPolicy([spot])
+    state, _ = run(alone, start)
+    step = alone.decide(state, still_two)
+    assert not isinstance(step.decision, SwitchTier | GiveUp) and step.state.status == "running"
+
+
+def test_guard_cuts_the_capacity_wait_where_the_run_would_fall_behind():
+    policy = guarded()
+    state, _ = run(policy, [*one_hour_done(), Preempted(2 * H)])
+    assert policy.capacity_deadline(state) == pytest.approx(2.5 * H)  # progress frozen: 2 h + margin
+    step = policy.decide(state, CapacityTimedOut(2.5 * H, waited_s=0.5 * H))
+    assert isinstance(step.decision, SwitchTier) and "behind schedule" in step.decision.reason
+    # A capacity timeout that comes first is still a capacity timeout.
+    timed = guarded(timeout=600)
+    state, _ = run(timed, [*one_hour_done(), Preempted(2 * H)])
+    assert timed.capacity_deadline(state) == 2 * H + 600
+    step = timed.decide(state, CapacityTimedOut(2 * H + 600, waited_s=600))
+    assert "capacity_timeout_s=600" in step.decision.reason
+
+
+def test_slack_rule_alone_waits_as_long_as_the_deadline_allows():
+    policy = guarded(pace=0.0)
+    state, decisions = run(policy, [*one_hour_done(), Preempted(5.4 * H)])
+    assert isinstance(decisions[-1], Retry)  # 10 h - 4 h left - 0.5 h margin = 5.5 h
+    assert policy.capacity_deadline(state) == pytest.approx(5.5 * H)
+    _, decisions = run(policy, [*one_hour_done(), Preempted(5.6 * H)])
+    assert isinstance(decisions[-1], SwitchTier) and "slack" in decisions[-1].reason
+
+
+def test_guard_without_progress_reports_assumes_nothing_was_done():
+    policy = guarded()
+    state, _ = run(policy, [RunStarted(0), WorkersAcquired(60, 2), Preempted(0.4 * H)])
+    assert policy.capacity_deadline(state) == pytest.approx(0.5 * H)  # 0 done: the margin only
+    late_start = [RunStarted(0), RunStarted(7 * H)]  # a driver restart keeps the first start
+    state, _ = run(policy, late_start)
+    assert state.started_at == 0 and policy.capacity_deadline(state) == 7 * H  # already behind: now
+
+
+def test_climbs_back_to_a_guarded_tier_only_when_ahead_by_two_restarts():
+    policy = guarded(climb=True)
+    events = [*one_hour_done(), Preempted(2.6 * H), WorkersAcquired(2.7 * H, 2)]
+    state, _ = run(policy, events)
+    # 1.5 h done by 3 h: on schedule exactly, not two restarts (2 x 600 s) ahead of it.
+    assert policy.decide(state, seen(3 * H, remaining=3.5 * H, restart=600)).decision == Continue()
+    step = policy.decide(state, seen(4 * H, remaining=2.5 * H, restart=600))  # schedule 5 h >= 4 h 20 min
+    assert isinstance(step.decision, ClimbBack) and "ahead of schedule" in step.decision.reason
+    assert step.state.remaining_work_s == 2.5 * H
+    # Never when the slack is down to the margin, however far ahead of the line.
+    late = policy.decide(state, seen(6.9 * H, remaining=2.8 * H, restart=600))
+    assert late.decision == Continue()
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(60.0, 1800.0), st.sampled_from(["seen", "gone", "preempt"])),
+                      min_size=1, max_size=60))
+def test_guarded_climbs_never_flap_under_alternating_availability(steps):
+    """Between leaving a guarded tier (behind schedule) and climbing back to it (two restarts
+    ahead), the run must gain margin + two restarts of schedule: at least 40 min here."""
+    policy = guarded(pace=1.0, climb=True)
+    state = policy.decide(policy.initial_state(), RunStarted(0)).state
+    state = policy.decide(state, WorkersAcquired(1, 2)).state
+    t, done, last_change, changes = 1.0, 0.0, None, 0
+    for gap, what in steps:
+        t += gap
+        if state.running_since is not None:
+            done += gap  # work advances only while a gang runs
+        remaining = max(5 * H - done, 0.0)
+        if what == "preempt" and state.running_since is not None:
+            state = policy.decide(state, CheckpointCommitted(t - 1, remaining_work_s=remaining)).state
+            step = policy.decide(state, Preempted(t))
+        else:
+            step = policy.decide(state, seen(t, tier=0, n=2 if what == "seen" else 0, remaining=remaining, restart=600))
+        if isinstance(step.decision, ClimbBack | SwitchTier):
+            if isinstance(step.decision, ClimbBack):
+                assert last_change is not None and t - last_change >= 0.5 * H + 1200 - 1e-6
+            last_change, changes = t, changes + 1
+        state = step.state
+        if state.waiting_since is not None:
+            t += 30.0
+            state = policy.decide(state, WorkersAcquired(t, 2)).state
+
+
+def test_deadline_guard_config_is_validated_and_round_trips():
+    tier = guarded().tiers[0]
+    assert Tier.model_validate(tier.model_dump(mode="json")) == tier
+    assert "deadline_guard" not in Tier.spot(2).model_dump()  # unused: left out of files
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.deadline_guard\.pace"):
+        make_ladder([{"name": "s", "market": "spot", "num_workers": 1,
+                      "deadline_guard": {"deadline_h": 5, "work_h": 4, "pace": 1.5}}])
+    with pytest.raises(ConfigError, match="deadline_guard.work_h"):
+        make_ladder([{"name": "s", "market": "spot", "num_workers": 1, "deadline_guard": {"deadline_h": 5}}])
+
+
+# -- expected-cost exit -------------------------------------------------------------------
+
+
+def stormy(n_preemptions: int, exit_on: bool = True, remaining: float | None = 2 * H) -> tuple[FallbackPolicy, list]:
+    """Spot (1/worker-h) then on-demand (3/worker-h), 2 workers each. The first gang commits
+    400 s and 700 s after its start (restore 100 s, interval 300 s) and loses 90 s of work;
+    then the gangs are preempted 90 s after they start, before any commit."""
+    spot = Tier.spot(2, max_preemptions=-1, price_per_worker_hour=1.0, expected_cost_exit=exit_on)
+    policy = FallbackPolicy([spot, Tier.on_demand(2, price_per_worker_hour=3.0)])
+    events: list[Event] = [RunStarted(0), WorkersAcquired(100, 2),
+                           CheckpointCommitted(500, remaining_work_s=remaining), CheckpointCommitted(800, remaining_work_s=remaining)]
+    t = 890.0
+    for _ in range(n_preemptions):
+        events += [Preempted(t), WorkersAcquired(t + 600, 2)]  # waiting 600 s for capacity costs nothing
+        t += 690.0
+    return policy, events[:-1]
+
+
+def test_expected_cost_exit_leaves_when_the_observed_rate_makes_spot_dearer():
+    from spotfallback.policy import EXIT_PRIOR_H, expected_cost
+
+    policy, events = stormy(1)
+    state, decisions = run(policy, events)
+    assert isinstance(decisions[-1], Retry)
+    assert (state.restore_s, state.checkpoint_interval_s, state.lost_s, state.interruptions) == (100, 300, 90, 1)
+    lo, hi = 1, 400  # the first storm long enough to leave: bisect on the number of preemptions
+    while hi - lo > 1:
+        mid = (lo + hi) // 2
+        left, _ = run(*stormy(mid))
+        lo, hi = (lo, mid) if left.tier == 1 else (mid, hi)
+    n = hi
+    policy, events = stormy(n)
+    state, decisions = run(policy, events)
+    assert isinstance(decisions[-1], SwitchTier) and "expected cost of staying" in decisions[-1].reason
+    # It leaves exactly where staying costs more than moving, by the model: 190 s wasted per
+    # interruption (100 s restore + 90 s of lost work), the waits for capacity not counted,
+    # the rate over the run's running hours plus four calm ones.
+    assert 50 < n < 200
+    waste_h = 190 / H
+    for k, leaves in ((n - 1, False), (n, True)):
+        policy, events = stormy(k)
+        before, _ = run(policy, events)
+        stay = expected_cost(2.0, policy.observed_interruption_rate(before, 0, EXIT_PRIOR_H), waste_h, 2.0)
+        assert (stay > 6.0 * 100 / H + 6.0 * 2.0) == leaves
+    # The same storm without the exit, or without progress reports, stays on spot.
+    for quiet in (stormy(n, exit_on=False), stormy(n, remaining=None)):
+        _, decisions = run(*quiet)
+        assert isinstance(decisions[-1], Retry)

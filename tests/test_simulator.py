@@ -118,6 +118,7 @@ TRACES = {"spot": SPOT, "spot4": SPOT4, "complement": complement_trace(SPOT), "n
 def scenarios(draw):
     n_tiers = draw(st.integers(1, 3))
     workers = draw(st.sampled_from([1, 2, 4, 8]))
+    work_h = draw(st.sampled_from([1.0, 7.5, 40.0]))
     tiers, world = [], []
     for i in range(n_tiers):
         spot = i < n_tiers - 1 or draw(st.booleans())
@@ -130,6 +131,16 @@ def scenarios(draw):
             capacity_timeout_s=draw(st.sampled_from([None, 300.0, 1800.0, 7200.0])),
             price_per_worker_hour=draw(st.sampled_from([0.3, 1.0, 3.0])),
         )
+        if draw(st.booleans()):  # a deadline guard, round numbers and all (ties must break alike)
+            kw["deadline_guard"] = dict(
+                deadline_h=work_h * draw(st.sampled_from([1.1, 1.5, 3.0])),
+                work_h=work_h * draw(st.sampled_from([1.0, 1.2])),
+                pace=draw(st.sampled_from([0.0, 0.5, 1.0])),
+                margin_h=draw(st.sampled_from([0.0, 0.25, 0.7])),
+            )
+        if i < n_tiers - 1 and draw(st.booleans()):
+            kw.update(climb_back=True, min_dwell_s=draw(st.sampled_from([0.0, 600.0, 3600.0])),
+                      climb_budgets=draw(st.sampled_from(["carry", "fresh"])))
         tiers.append(Tier(**kw))
         if spot and draw(st.booleans()):
             world.append(TRACES[draw(st.sampled_from(sorted(TRACES)))])
@@ -143,7 +154,7 @@ def scenarios(draw):
                 )
             )
     job = JobSpec(
-        work_h=draw(st.sampled_from([1.0, 7.5, 40.0])),
+        work_h=work_h,
         checkpoint_interval_h=draw(st.sampled_from([None, 0.3, 1.0, 2.5])),
         checkpoint_cost_h=draw(st.sampled_from([0.0, 0.02, 0.1])),
         restart_overhead_h=draw(st.sampled_from([0.0, 0.1, 0.3])),
@@ -154,9 +165,15 @@ def scenarios(draw):
     return Ladder(tiers=tuple(tiers)), job, world, draw(st.integers(0, 2**16))
 
 
-@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=80, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(scenarios())
 def test_fast_engine_matches_policy_engine(scenario):
+    """Budgets, capacity timeouts, deadline guards and climbing back: the same outcome, run by run.
+
+    The policy engine feeds ``FallbackPolicy`` every event a shell would (commits with the
+    remaining work, capacity observations at checkpoint ends); the fast engine re-implements
+    its rules on arrays.
+    """
     ladder, job, world, seed = scenario
     try:
         fast = simulate(ladder, job, world, runs=25, seed=seed, engine="fast")
@@ -164,13 +181,36 @@ def test_fast_engine_matches_policy_engine(scenario):
         assert "never has" in str(e)
         return
     ref = simulate(ladder, job, world, runs=25, seed=seed, engine="policy")
-    for i in range(25):
+    assert_same_runs(fast, ref)
+
+
+def assert_same_runs(fast, ref) -> None:
+    for i in range(fast.runs):
         a, b = fast.outcome(i), ref.outcome(i)
         for key in a:
             if isinstance(a[key], float):
                 assert a[key] == pytest.approx(b[key], rel=1e-9, abs=1e-9), (i, key, a, b)
             else:
                 assert a[key] == b[key], (i, key, a, b)
+
+
+@pytest.mark.parametrize("world_name", ["spot", "spot4", "nodes", "rate"])
+@pytest.mark.parametrize(("pace", "climb", "m", "budgets"), [(1.0, True, -1, "carry"), (0.0, True, 3, "carry"),
+                                                              (0.5, True, 2, "fresh"), (1.0, False, -1, "carry")])
+def test_fast_engine_matches_policy_engine_on_guarded_climbing_ladders(world_name, pace, climb, m, budgets):
+    """The planner's ladders, which the random scenarios above rarely reach: many climbs."""
+    job = JobSpec(work_h=24, checkpoint_interval_h=0.7, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
+                  provisioning_delay_h=0.05, notice_s=120, deadline_h=36)
+    guard = {"deadline_h": 36, "work_h": float(wall_to_finish(24, 0.7, 5 / 60)), "pace": pace, "margin_h": 0.4}
+    spot = Tier.spot(4, max_preemptions=m, capacity_timeout_s=None if m == -1 else 1800, price_per_worker_hour=0.9,
+                     climb_back=climb, min_dwell_s=0 if pace else 600, climb_budgets=budgets, deadline_guard=guard)
+    ladder = [spot, Tier.on_demand(4, price_per_worker_hour=3.06)]
+    proc = {"rate": RateModel(preemptions_per_node_hour=0.05, outage_probability=0.3, mean_outage_h=1), **TRACES}[world_name]
+    world = world_for(ladder, proc)
+    fast = simulate(ladder, job, world, runs=60, seed=3, engine="fast")
+    ref = simulate(ladder, job, world, runs=60, seed=3, engine="policy")
+    assert_same_runs(fast, ref)
+    assert fast.switches.max() > (1 if climb else 0)  # it did climb back (and the guard moved it)
 
 
 def test_fast_engine_covers_every_outcome_kind():
@@ -204,16 +244,25 @@ def test_custom_rules_use_the_policy_engine():
     assert (res.preemptions <= 1).all() and res.switches.sum() == res.preemptions.sum()
 
 
-def test_checkpoint_commits_never_change_a_decision():
-    # The simulator does not feed CheckpointCommitted (it would cost a call per checkpoint);
-    # this is only sound because the policy never decides anything on it.
+def test_checkpoint_commits_change_measurements_not_budget_decisions():
+    # The simulators feed only the last commits of each attempt (every periodic one would
+    # cost a call each): sound because a commit only updates what the policy measures
+    # (remaining work, interval), which the budgets and timeouts never read.
     policy = FallbackPolicy(two_tier(m=2))
-    state = policy.decide(policy.initial_state(), RunStarted(t=0)).state
-    for k, ev in enumerate([WorkersAcquired(t=1), Preempted(t=2), WorkersAcquired(t=3), Preempted(t=4)]):
-        step = policy.decide(state, CheckpointCommitted(t=k, step=k))
+    with_commits = policy.decide(policy.initial_state(), RunStarted(t=0)).state
+    without = with_commits
+    for k, ev in enumerate([WorkersAcquired(t=1), Preempted(t=2), WorkersAcquired(t=3), Preempted(t=4),
+                            WorkersAcquired(t=5), Preempted(t=6), WorkersAcquired(t=7), Preempted(t=8)]):
+        step = policy.decide(with_commits, CheckpointCommitted(t=ev.t - 0.5, step=k, remaining_work_s=100.0 - k))
         assert step.decision == Continue()
-        assert replace(step.state, checkpoints=state.checkpoints) == state
-        state = policy.decide(state, ev).state
+        a, b = policy.decide(step.state, ev), policy.decide(without, ev)
+        assert a.decision == b.decision
+        with_commits, without = a.state, b.state
+    assert with_commits.remaining_work_s == 93.0 and without.remaining_work_s is None
+    assert with_commits.checkpoint_interval_s is None  # no two commits of one gang here
+    measurements = dict(checkpoints=0, remaining_work_s=None, last_checkpoint_t=None, first_commit_s=None,
+                        lost_s=without.lost_s)
+    assert replace(with_commits, **measurements) == without
 
 
 # ---------------------------------------------------------------------------------------
@@ -326,18 +375,27 @@ def test_daly_interval_is_near_the_simulated_optimum():
 
 
 @pytest.mark.parametrize("deadline", [101.0, 115.0, 150.0, 250.0])
-def test_uniform_progress_always_meets_a_feasible_deadline(deadline):
+@pytest.mark.parametrize("same_job", [False, True])
+def test_uniform_progress_always_meets_a_feasible_deadline(deadline, same_job):
+    # same_job: on-demand sessions checkpoint every tau too (the same training function as
+    # the ladder's) and the safety net counts those writes in the time still needed.
     job = JobSpec(work_h=80, checkpoint_interval_h=0.75, checkpoint_cost_h=0.05, restart_overhead_h=0.1,
                   provisioning_delay_h=0.05, notice_s=120, deadline_h=deadline)
     spot = Tier.spot(8, price_per_worker_hour=0.9)
     od = Tier.on_demand(8, price_per_worker_hour=3.0)
     for world in (SPOT, RateModel(preemptions_per_node_hour=0.02, outage_probability=0.3, mean_outage_h=2.0)):
-        res = simulate_uniform_progress(job, spot, od, world, runs=150, seed=4)
+        res = simulate_uniform_progress(job, spot, od, world, runs=150, seed=4, checkpoint_on_demand=same_job)
         assert res.deadline_probability() == 1.0
         od_only = 8 * 3.0 * (0.05 + float(wall_to_finish(80, 0.75, 0.05)))
         assert res.spend.max() <= od_only * 1.05
         if deadline >= 150:
             assert res.mean_spend < 0.7 * od_only and res.alpha.mean() > 0.5
+    # With no spot at all it keeps pace on on-demand alone; the same job pays its writes there.
+    never = SpotTrace("never", 600.0, np.zeros(100, dtype=np.int64))
+    res = simulate_uniform_progress(job, spot, od, never, runs=5, seed=4, checkpoint_on_demand=same_job)
+    free = simulate_uniform_progress(job, spot, od, never, runs=5, seed=4)
+    assert res.deadline_probability() == 1.0 and res.alpha.max() == 0
+    assert (res.spend >= free.spend - 1e-9).all() if same_job else (res.spend == free.spend).all()
 
 
 def test_uniform_progress_needs_a_deadline():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -11,7 +12,7 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from .config import format_validation_error
+from .config import ConfigError, JobConfig, format_validation_error
 from .costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from .planner import Candidate, Plan, PlanRequest, load_process, plan
 from .simulator import Process, RateModel, complement_trace
@@ -23,7 +24,8 @@ class _UsageError(Exception):
 
 
 def _fail(option: str, message: str) -> _UsageError:
-    return _UsageError(f"{option}: {message}")
+    # One line whatever the input held: a path or value with a newline is shown escaped.
+    return _UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
 
 
 def seed_table(discount: float = DEFAULT_DISCOUNT) -> Table:
@@ -37,8 +39,13 @@ def seed_table(discount: float = DEFAULT_DISCOUNT) -> Table:
         seed = "" if row.seed_claim_percent is None else f"{row.seed_claim_percent:g}% longer"
         if row.seed_is_right is False:
             seed += f" (wrong: that is the {row.ratio:.2f}x ratio)"
-        table.add_row(f"{row.alpha:.0%}", f"{row.ratio:.4g}x", f"{row.percent_longer:.2f}% longer", seed)
+        table.add_row(f"{row.alpha:.0%}", f"{_ratio(row.ratio)}x", f"{row.percent_longer:.2f}% longer", seed)
     return table
+
+
+def _ratio(r: float) -> str:
+    """Three decimals, or four when that is exact (1/0.64 = 1.5625), as the issue lists them."""
+    return f"{r:.4f}" if math.isclose(round(r, 4), r, rel_tol=0, abs_tol=1e-12) else f"{r:.3f}"
 
 
 def _fmt_h(h: float) -> str:
@@ -90,12 +97,16 @@ def _ladder_table(p: Plan) -> Table:
     rec = p.recommended
     tau = "none (no periodic checkpoint)" if rec.tau_h is None else _fmt_h(rec.tau_h)
     table = Table(title=f"Recommended ladder (checkpoint every {tau})")
-    for col in ("tier", "market", "workers", "max_preemptions", "max_failures", "capacity_timeout_s", "price"):
+    for col in ("tier", "market", "workers", "max_preemptions", "max_failures", "capacity_timeout_s", "price",
+                "deadline_guard", "climb_back"):
         table.add_column(col, overflow="fold")
     assert rec.ladder is not None
     for t in rec.ladder.tiers:
+        g = t.deadline_guard
+        guard = "" if g is None else f"pace {g.pace:g}, margin {g.margin_h * 60:.0f} min, by {g.deadline_h:g} h"
+        climb = f"after {t.min_dwell_s:g} s" if t.climb_back else ""
         table.add_row(t.name, t.market, str(t.num_workers), str(t.max_preemptions), str(t.max_failures),
-                      _fmt_timeout(t.capacity_timeout_s), f"{t.price_per_worker_hour:g}")
+                      _fmt_timeout(t.capacity_timeout_s), f"{t.price_per_worker_hour:g}", guard, climb)
     return table
 
 
@@ -198,6 +209,40 @@ def _request(**kw: object) -> PlanRequest:
         raise _fail(option, message) from None
 
 
+_JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoint": "--entrypoint",
+                  "train_loop_config": "--train-loop-config"}
+
+
+def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers: int, storage_path: str,
+                entrypoint: str | None, train_loop_config: str) -> dict[str, object] | None:
+    """The job file's own fields, checked before minutes of simulation are spent."""
+    if write_yaml is None:
+        return None
+    if not entrypoint:
+        raise _fail("--entrypoint", "required with --write-yaml: the training function as "
+                                    "'package.module:function' or 'path/file.py:function'")
+    try:
+        loop_config = json.loads(train_loop_config)
+    except json.JSONDecodeError as e:
+        raise _fail("--train-loop-config", f"not valid JSON: {e.msg} at character {e.pos}") from None
+    if not isinstance(loop_config, dict):
+        raise _fail("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
+    fields = {
+        "name": name or f"job-{hours:g}h-{workers}w",
+        "storage_path": storage_path,
+        "entrypoint": entrypoint,
+        "train_loop_config": loop_config,
+    }
+    probe = {**fields, "tiers": [{"name": "probe", "market": "on-demand", "num_workers": 1}]}
+    try:
+        JobConfig.model_validate(probe)
+    except ValidationError as e:
+        first = e.errors()[0]
+        option = _JOB_OPTION_OF.get(str(first["loc"][0]) if first["loc"] else "", "--write-yaml")
+        raise _fail(option, format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
+    return fields
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``plan`` command to the spotfallback CLI."""
 
@@ -227,9 +272,29 @@ def register(app: typer.Typer) -> None:
         runs: int = typer.Option(400, "--runs", help="Simulated runs per candidate."),
         seed: int = typer.Option(0, "--seed", help="Random seed (same draws for every candidate)."),
         plot: Path | None = typer.Option(None, "--plot", help="Write spend and finish time against M and tau to this PNG."),
-        write_yaml: Path | None = typer.Option(None, "--write-yaml", help="Write the recommended tiers as YAML (tiers: [...])."),
+        write_yaml: Path | None = typer.Option(
+            None, "--write-yaml",
+            help="Write a complete job file for `spotfallback run` / `manifest`: the recommended tiers, the plan's "
+            "prediction (plan:), and --name, --storage-path, --entrypoint, --train-loop-config.",
+        ),
+        name: str | None = typer.Option(
+            None, "--name", help="Run name in the job file. Default: job-<hours>h-<workers>w, e.g. job-100h-8w."
+        ),
+        storage_path: str = typer.Option("./runs", "--storage-path", help="Where the run's checkpoints and ledger go."),
+        entrypoint: str | None = typer.Option(
+            None, "--entrypoint",
+            help="Training function, 'package.module:function' or 'file.py:function'; required with --write-yaml.",
+        ),
+        train_loop_config: str = typer.Option("{}", "--train-loop-config", help="JSON object handed to the training function."),
     ) -> None:
-        """Recommend max_preemptions, capacity_timeout_s and the checkpoint interval by simulation."""
+        """Recommend max_preemptions, capacity_timeout_s, a deadline guard, climb back and the checkpoint interval.
+
+        Simulates every candidate ladder on the same random draws of the given trace or rate
+        model and recommends the cheapest that meets --deadline-h with --deadline-prob, next
+        to four baselines: on-demand only, spot forever, the seed's fixed M (--seed-m), and
+        Uniform Progress (Can't Be Late, NSDI '24). --no-jit: no just-in-time checkpoint on a
+        preemption notice (every preemption then loses the work since the last checkpoint).
+        """
         console = Console()
         try:
             if seed_table_only:
@@ -250,6 +315,7 @@ def register(app: typer.Typer) -> None:
             for opt, path in [("--plot", plot), ("--write-yaml", write_yaml)]:
                 if path is not None and not path.parent.exists():
                     raise _fail(opt, f"directory {str(path.parent)!r} does not exist")
+            job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config)
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                 restart_overhead_h=restart_overhead_s / 3600.0, provisioning_delay_h=provisioning_delay_s / 3600.0,
@@ -291,11 +357,14 @@ def register(app: typer.Typer) -> None:
         if not result.feasible:
             console.print("[red]No candidate meets the deadline requirement; shown is the most likely to.[/red]")
         if write_yaml is not None:
-            if result.recommended.ladder is None:
-                typer.echo("Error: --write-yaml: the recommendation is not a ladder", err=True)
-                raise typer.Exit(2)
-            write_yaml.write_text(result.tiers_yaml())
-            console.print(f"Wrote the recommended tiers to {write_yaml}")
+            assert job_fields is not None
+            try:
+                text = result.job_yaml(**job_fields)
+            except ConfigError as e:
+                typer.echo(f"Error: {_fail('--write-yaml', '; '.join(str(e).splitlines()))}", err=True)
+                raise typer.Exit(2) from None
+            write_yaml.write_text(text)
+            console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
         if plot is not None:
             _plot(result, plot)
             console.print(f"Wrote the plot to {plot}")

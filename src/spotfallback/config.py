@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import re
+import typing
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -82,12 +83,42 @@ class PreemptionRate(BaseModel):
     window_s: float = Field(gt=0, description="Length of the sliding window in seconds.")
 
 
+class DeadlineGuard(BaseModel):
+    """Use a tier only while the run keeps pace with its deadline (Uniform Progress, *Can't Be Late*, NSDI '24).
+
+    A count budget or a fixed capacity timeout cannot tell a run with hours of slack from one
+    about to miss its deadline; the straight line from start to deadline can. The run is on
+    schedule while its progress is at least ``pace`` times the line's; it leaves the tier
+    (after a failure, or while waiting for capacity) once it is more than ``margin_h`` behind
+    schedule, or once its slack (time to the deadline beyond the remaining work) is down to
+    ``margin_h``; it climbs back (``climb_back``) only when ahead of schedule by two restarts
+    with more than ``margin_h`` slack left. ``pace=0`` keeps the slack rule alone (wait for
+    this tier as long as the deadline allows). Progress comes from the ``remaining_work_s``
+    metric reported with checkpoints; until one arrives the whole ``work_h`` is left.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    deadline_h: float = Field(gt=0, description="Deadline in hours after the run first started.")
+    work_h: float = Field(
+        gt=0, description="Wall hours this tier's gang needs for the whole job uninterrupted, checkpoints included."
+    )
+    pace: float = Field(
+        default=1.0, ge=0, le=1, description="Share of the start-to-deadline line to keep; 0 = slack rule only."
+    )
+    margin_h: float = Field(
+        default=0.5, ge=0, description="Hours behind schedule tolerated, and slack kept for the move to the next tier."
+    )
+
+
 _BEYOND_DEFAULTS: dict[str, Any] = {
     "min_workers": None,
     "climb_back": False,
     "min_dwell_s": 600.0,
     "climb_budgets": "carry",
     "max_preemption_rate": None,
+    "deadline_guard": None,
+    "expected_cost_exit": False,
 }
 
 
@@ -151,6 +182,17 @@ class Tier(BaseModel):
     )
     max_preemption_rate: PreemptionRate | None = Field(
         default=None, description="Leave after `count` preemptions within `window_s` seconds; None = counts only."
+    )
+    deadline_guard: DeadlineGuard | None = Field(
+        default=None,
+        description="Leave (and climb back to) this tier by the run's progress against its deadline; None = off.",
+    )
+    expected_cost_exit: bool = Field(
+        default=False,
+        description=(
+            "After a failure, leave when staying for the remaining work is expected to cost more than the next "
+            "tier (observed interruption rate, measured restart time and checkpoint interval)."
+        ),
     )
 
     @model_validator(mode="before")
@@ -276,7 +318,8 @@ class Ladder(BaseModel):
         if dupes:
             raise ValueError(f"tier names must be unique; repeated: {', '.join(dupes)}")
         if len({t.use_gpu for t in tiers}) > 1:
-            raise ValueError("all tiers must agree on use_gpu (Ray sets up devices once per run)")
+            gpu = ", ".join(f"tiers[{i}] ({t.name})" for i, t in enumerate(tiers) if t.use_gpu)
+            raise ValueError(f"all tiers must agree on use_gpu (Ray sets up devices once per run); only {gpu} set it")
         return tiers
 
     def __len__(self) -> int:
@@ -286,31 +329,99 @@ class Ladder(BaseModel):
         return self.tiers[i]
 
 
-def _known_fields() -> list[str]:
-    """Every field name a configuration file may use, for "did you mean" suggestions."""
-    models = [Tier, Ladder] + [m for m in (globals().get("JobConfig"),) if m is not None]
-    return sorted({name for model in models for name in model.model_fields})
+def _models() -> dict[str, type[BaseModel]]:
+    """The configuration models by name (a ValidationError's ``title``), for field suggestions."""
+    found = [globals().get(n) for n in ("Tier", "Ladder", "PreemptionRate", "DeadlineGuard", "PlanPrediction", "JobConfig")]
+    return {m.__name__: m for m in found if isinstance(m, type) and issubclass(m, BaseModel)}
+
+
+def _sub_model(annotation: Any) -> type[BaseModel] | None:
+    """The model a field holds (directly, in a tuple/list, or optional), if any."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        if arg is not Ellipsis and (found := _sub_model(arg)) is not None:
+            return found
+    return None
+
+
+def _model_at(root: type[BaseModel] | None, loc: tuple[Any, ...]) -> type[BaseModel] | None:
+    """The model that holds the field at ``loc`` (list indexes skipped); None when unknown."""
+    model = root
+    for part in loc:
+        if model is None:
+            return None
+        if isinstance(part, int):
+            continue
+        field = model.model_fields.get(str(part))
+        model = _sub_model(field.annotation) if field is not None else None
+    return model
+
+
+def _known_fields(model: type[BaseModel] | None = None) -> list[str]:
+    """The field names valid where an unknown one was found (every model's when unknown)."""
+    models = [model] if model is not None else list(_models().values())
+    return sorted({name for m in models for name in m.model_fields})
+
+
+def _unknown_field_message(key: str, model: type[BaseModel] | None) -> str:
+    """'did you mean' among the fields valid at that place; else say where the field belongs."""
+    close = difflib.get_close_matches(key, _known_fields(model), n=1, cutoff=0.6)
+    if close:
+        return f"unknown field; did you mean {close[0]!r}?"
+    if model is not None:
+        # A field of a nested model written one level too high (e.g. num_workers at the top).
+        for name, field in model.model_fields.items():
+            sub = _sub_model(field.annotation)
+            if sub is not None and key in sub.model_fields:
+                where = f"each entry of {name!r}" if typing.get_origin(field.annotation) in (tuple, list) else repr(name)
+                return f"unknown field here; {key!r} belongs under {where}"
+    return "unknown field; remove it or check its spelling"
 
 
 def format_validation_error(err: ValidationError, root: str = "") -> str:
-    """One line per problem: ``field.path: what is wrong``."""
+    """One line per problem: ``field.path: what is wrong``.
+
+    Unknown fields get a suggestion from the fields valid at *that* place (a tier's typo is
+    matched against tier fields only). A list's "too short after validation" line that only
+    echoes its items' own errors is left out: the items' lines say what to fix.
+    """
+    items = err.errors()
+    model = _models().get(err.title)
+    unknown = {
+        tuple(i["loc"]): _unknown_field_message(str(i["loc"][-1]), _model_at(model, tuple(i["loc"])[:-1]) if model else None)
+        for i in items
+        if i["type"] == "extra_forbidden"
+    }
+    # "did you mean 'x'?" already says that 'x' is missing: one line for the one mistake.
+    suggested = {loc[:-1] + (m.split("'")[1],) for loc, m in unknown.items() if "did you mean" in m}
     lines = []
-    for item in err.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"])
+    for item in items:
+        where = tuple(item["loc"])
+        if item["type"] == "too_short" and any(
+            tuple(other["loc"])[: len(where)] == where and len(other["loc"]) > len(where) for other in items
+        ):
+            continue
+        if item["type"] == "missing" and where in suggested:
+            continue
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in where)
         loc = loc.replace(".[", "[")
         if root:
             loc = f"{root}.{loc}" if loc else root
         msg = item["msg"]
         if item["type"] == "extra_forbidden":
-            msg = "unknown field; remove it or check its spelling"
-            close = difflib.get_close_matches(str(item["loc"][-1]), _known_fields(), n=1, cutoff=0.6)
-            if close:
-                msg = f"unknown field; did you mean {close[0]!r}?"
+            msg = unknown[where]
         elif item["type"] == "missing":
             msg = "required field is missing; add it"
         msg = msg.removeprefix("Value error, ")
         lines.append(f"{loc or '(top level)'}: {msg}")
     return "\n".join(lines)
+
+
+def validation_config_error(source: str, err: ValidationError) -> ConfigError:
+    """``source: field: problem`` on one line for one problem; a line per problem under ``source:`` for more."""
+    text = format_validation_error(err)
+    return ConfigError(f"{source}: {text}" if "\n" not in text else f"{source}:\n{text}")
 
 
 def make_ladder(tiers: Any) -> Ladder:
@@ -319,6 +430,8 @@ def make_ladder(tiers: Any) -> Ladder:
         return tiers
     if tiers is None or (hasattr(tiers, "__len__") and len(tiers) == 0):
         raise ConfigError("tiers: the ladder is empty; give at least one tier, e.g. [Tier.on_demand(num_workers=2)]")
+    if isinstance(tiers, str | bytes | Mapping) or not hasattr(tiers, "__iter__"):  # a str/dict would iterate as tiers
+        raise ConfigError(f"tiers: expected a list of Tier objects or dicts, got {type(tiers).__name__}")
     try:
         return Ladder(tiers=tuple(tiers))
     except ValidationError as e:
@@ -369,6 +482,24 @@ def run_name_error(name: str) -> str | None:
     return None
 
 
+class PlanPrediction(BaseModel):
+    """What ``spotfallback plan`` predicted for this job, kept so ``report`` can set it beside the outcome.
+
+    Written into the job file by ``spotfallback plan --write-yaml``; the run records it in its
+    metadata when it starts, so a later ``report`` finds it without the job file.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    spend: float = Field(ge=0, description="Expected spend of the whole run, in the tiers' price unit.")
+    wall_h: float = Field(gt=0, description="Expected wall time of the whole run, in hours.")
+    p90_wall_h: float | None = Field(default=None, gt=0, description="90th percentile of the wall time, hours.")
+    deadline_h: float | None = Field(default=None, gt=0, description="The deadline the plan was made for, hours.")
+    on_time_probability: float | None = Field(default=None, ge=0, le=1, description="Share of simulated runs that met the deadline.")
+    checkpoint_interval_h: float | None = Field(default=None, gt=0, description="Recommended checkpoint interval (tau), hours.")
+    made_with: str = Field(default="", description="What the plan was made from: trace or rate model, job size, number of runs.")
+
+
 class JobConfig(BaseModel):
     """Everything `spotfallback run job.yaml` needs: where the run lives, what it trains, the ladder.
 
@@ -390,6 +521,7 @@ class JobConfig(BaseModel):
     )
     ray_address: str = Field(default="local")
     tiers: tuple[Tier, ...] = Field(min_length=1)
+    plan: PlanPrediction | None = Field(default=None, description="The planner's prediction, when the ladder came from `spotfallback plan`.")
 
     @field_validator("name")
     @classmethod
@@ -417,7 +549,10 @@ class JobConfig(BaseModel):
     @field_validator("tiers")
     @classmethod
     def _check_tiers(cls, tiers: tuple[Tier, ...]) -> tuple[Tier, ...]:
-        Ladder(tiers=tiers)
+        try:
+            Ladder(tiers=tiers)
+        except ValidationError as e:  # the ladder's own message, not a nested 'tiers.tiers' report
+            raise ValueError("; ".join(i["msg"].removeprefix("Value error, ") for i in e.errors())) from None
         return tiers
 
     @property
@@ -435,4 +570,4 @@ class JobConfig(BaseModel):
         try:
             return cls.model_validate(data)
         except ValidationError as e:
-            raise ConfigError(f"{path}:\n" + format_validation_error(e)) from None
+            raise validation_config_error(str(path), e) from None

@@ -6,7 +6,8 @@ controller stop the group and start a new one from the latest checkpoint, asking
 ``on_controller_start_worker_group`` hook for its label selector. So a climb back is: count
 the higher tier's capacity, hand the count to the pure policy as ``CapacityObserved``, and
 on ``ClimbBack`` (the runtime has already moved to the higher tier) answer with a
-``ResizeDecision`` of that tier's size. Elastic growth is the same with ``Resize``.
+``ResizeDecision`` of that tier's size. Elastic growth is the same with ``Resize``, and a
+shrunk gang that its tier's deadline guard sends down gets a ``SwitchTier`` answered the same way.
 
 Capacity is the number of workers the alive, non-draining nodes matching a tier's label
 selector could hold, counted from their total resources: the question is "could this tier's
@@ -20,7 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import time
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import ray
 
@@ -114,14 +115,12 @@ class CapacityWatch:
             return 0.0
         return self.checkpoints[-1] - self.checkpoints[-2]
 
-    def record(self, event: Event, decision: Decision, info: dict[str, Any] | None) -> None:
+    def record(self, event: Event, decision: Decision) -> None:
         """Learn from every event the runtime applies (called under its lock)."""
         if isinstance(event, CheckpointCommitted):
             self.checkpoints = [*self.checkpoints[-1:], event.t]
-            metrics = (info or {}).get("metrics") or {}
-            remaining = metrics.get("remaining_work_s") if isinstance(metrics, dict) else None
-            if isinstance(remaining, int | float):
-                self.remaining_work_s = float(remaining)
+            if event.remaining_work_s is not None:
+                self.remaining_work_s = event.remaining_work_s
         elif isinstance(event, WorkersAcquired) and self.moved_at is not None:
             self.restart_s = max(0.0, event.t - self.moved_at)
             self.moved_at = None
@@ -175,4 +174,8 @@ def decide_while_running(rt: LadderRuntime) -> tuple[Tier, int] | None:
             if isinstance(decision, Resize):
                 logger.info("[spotfallback] resizing %r to %d workers", tiers[cur].name, decision.num_workers)
                 return tiers[cur], decision.num_workers
+            if isinstance(decision, SwitchTier):  # a shrunk gang's deadline guard: behind schedule
+                to = tiers[decision.to_tier]
+                logger.info("[spotfallback] leaving %r for %r: %s", tiers[cur].name, to.name, decision.reason)
+                return to, start_size(to)
     return None

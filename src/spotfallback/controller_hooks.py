@@ -4,14 +4,16 @@ Ray Train V2's controller already restarts worker groups; it asks a ``FailurePol
 do after each failure and a ``ScalingPolicy`` how large the next worker group is, and lets a
 ``ControllerCallback`` choose each new worker group's label selector. spotfallback plugs into
 exactly those three places, so moving to the next tier costs the same as Ray's own restart:
-no new trainer, no new controller. The policy's state lives in the controller process; every
-event is written to the ledger before the decision is acted on, so a crashed driver resumes
-where the ledger says.
+no new trainer, no new controller. The scaling policy also words the resource request Ray
+sends the autoscaler: the current tier's gang on the tier's own nodes. The policy's state
+lives in the controller process; every event is written to the ledger before the decision is
+acted on, so a crashed driver resumes where the ledger says.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -101,7 +103,7 @@ class LadderRuntime:
             if not (isinstance(event, CapacityObserved) and step.state == self.state):
                 self.ledger.append(event, tier, step.decision.to_json(), info)
             self.state = step.state
-            self.watch.record(event, step.decision, info)
+            self.watch.record(event, step.decision)
             return step.decision
 
     def start_timeout_s(self, now: float) -> float:
@@ -211,12 +213,43 @@ class TierScalingPolicy(FixedScalingPolicy):
     def __init__(self, scaling_config: ScalingConfig, spec: RunSpec):
         super().__init__(scaling_config)
         self.spec = spec
+        self._requested_tier: int | None = None
 
     def _runtime(self) -> LadderRuntime:
         return runtime_for(self.spec)
 
     def _get_num_workers_for_resource_request(self) -> int:
         return self._runtime().tier.num_workers
+
+    def tier_scaling_config(self) -> ScalingConfig:
+        """The current tier's gang as the autoscaler should see it: size, resources, label selector."""
+        tier = self._runtime().tier
+        return ScalingConfig(
+            num_workers=tier.num_workers,  # an elastic tier's maximum: new capacity grows the gang
+            use_gpu=tier.use_gpu,
+            resources_per_worker=tier.resources_per_worker,
+            label_selector=dict(tier.label_selector) or None,
+        )
+
+    def _send_resource_request(self) -> None:
+        """Ask the autoscaler (through Ray's coordinator) for the current tier's gang on its nodes.
+
+        Ray would send the trainer's one ScalingConfig: the first tier's size with no label
+        selector, which after a move keeps capacity requested for the tier the run left, on
+        whatever nodes fit, and never asks for the nodes an elastic tier could grow onto.
+        """
+        assert self._coordinator_client is not None
+        config = self.tier_scaling_config()
+        self._coordinator_client.send_resource_request(config, config.num_workers)
+        self._requested_tier = self._runtime().state.tier
+
+    def _maybe_send_resource_request(self) -> None:
+        assert self._coordinator_client is not None
+        if self._runtime().state.tier != self._requested_tier:
+            self._send_resource_request()  # the run moved: replace the request at once
+            return
+        config = self.tier_scaling_config()
+        self._coordinator_client.maybe_send_resource_request(config, config.num_workers)
 
     def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
         rt = self._runtime()
@@ -231,6 +264,7 @@ class TierScalingPolicy(FixedScalingPolicy):
 
     def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> ScalingDecision:
         """Climb back or grow an elastic gang when the pure policy says it pays."""
+        self._maybe_send_resource_request()  # the request expires unless renewed, as Ray's policies do
         move = decide_while_running(self._runtime())
         if move is None:
             return NoopDecision()
@@ -271,6 +305,20 @@ class LedgerCallback(WorkerGroupCallback, ReportCallback, ControllerCallback):
                 step = m["step"]
                 break
         rt.apply(
-            CheckpointCommitted(t=time.time(), path=str(checkpoint.path), step=step),
+            CheckpointCommitted(
+                t=time.time(), path=str(checkpoint.path), step=step, remaining_work_s=remaining_work(first)
+            ),
             {"metrics": scalar_metrics(first)},
         )
+
+
+def remaining_work(metrics: dict[str, Any]) -> float | None:
+    """The training function's ``remaining_work_s`` metric, if it reported a usable one.
+
+    The policy weighs climbs, resizes, deadline guards and the expected-cost exit with it;
+    anything but a finite number >= 0 counts as not reported.
+    """
+    value = metrics.get("remaining_work_s")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)

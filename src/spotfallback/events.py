@@ -49,6 +49,9 @@ class CheckpointCommitted(Event):
     kind: ClassVar[str] = "checkpoint_committed"
     path: str = ""
     step: int | None = None
+    # Wall seconds the gang still needs from this checkpoint, uninterrupted (the training
+    # function's `remaining_work_s` metric); None = not reported. Deadline guards read it.
+    remaining_work_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -111,8 +114,9 @@ class PreemptionNotice(InfoEvent):
     """The cloud announced that a node will be reclaimed (``spotfallback notice-agent``).
 
     ``deadline_s``: when the node goes (seconds since the epoch; None: not announced).
-    ``source``: aws, aws-rebalance, gcp, azure, k8s. ``drained``: whether the Ray node was
-    drained for it (a rebalance recommendation is only recorded unless asked otherwise).
+    ``source``: aws, aws-rebalance, gcp, azure, k8s, or injector (the local cluster's
+    ``Injector``). ``drained``: whether the Ray node was drained for it (a rebalance
+    recommendation is only recorded unless asked otherwise).
     """
 
     kind: ClassVar[str] = "preemption_notice"

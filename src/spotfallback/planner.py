@@ -1,14 +1,21 @@
-"""Planner: pick the ladder's budgets, capacity timeouts, climb back and checkpoint interval.
+"""Planner: pick the ladder's budgets, capacity timeouts, deadline guard, climb back and tau.
 
 The objective is the expected spend, subject to finishing by the deadline with the required
 probability. Every candidate is simulated on the same random draws (the same trace start
 ticks, the same exponential samples), so differences between candidates are differences of
-policy, not of luck. The search covers one-way ladders (vectorised engine) and two-way ones
-whose spot tiers climb back (``simulator_beyond``, the engine that drives ``FallbackPolicy``
-with ``CapacityObserved`` and the deadline slack). It contains the three ladder baselines
+policy, not of luck. All candidates run on the vectorised engine, which implements the same
+rules as ``FallbackPolicy`` (a test checks them run by run), so what is recommended is what
+the runner does with the YAML the planner writes.
+
+The search: one-way ladders (budgets and timeouts, then tau), then, with a deadline, spot
+tiers with a ``deadline_guard`` (Uniform Progress's line at several paces and margins, with
+and without climbing back), then climb-back ladders without a guard; finally the first
+tier's budget and tau are swept around the best. It contains the three ladder baselines
 (on-demand only, spot forever, the seed's fixed-M fallback), so on the sample it is
-evaluated on, the recommendation never costs more than any of them while meeting the
-deadline; the fourth baseline, Uniform Progress, is not a ladder and is compared as simulated.
+evaluated on the recommendation never costs more than any of them that meets the deadline.
+The fourth baseline, Uniform Progress (simulated as in the paper on the same job), is not a
+ladder; ``tests/test_planner.py`` checks on every shared trace that the recommendation costs
+no more than it either.
 """
 
 from __future__ import annotations
@@ -16,13 +23,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Literal, NamedTuple
+from typing import Any, Literal, NamedTuple
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from .config import Ladder, PreemptionRate, Tier
+from .config import DeadlineGuard, Ladder, PlanPrediction, Tier
 from .costmodel import SeedComparison, compare_seed_with_exact, daly_interval, young_interval
 from .simulator import (
     NEVER_H,
@@ -32,7 +39,6 @@ from .simulator import (
     SimResult,
     TraceCapacity,
     compile_process,
-    simulate,
     simulate_many,
     simulate_uniform_progress,
     wall_to_finish,
@@ -42,20 +48,26 @@ from .traces import NodeTrace, SpotTrace
 M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
 TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
 TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
-# Two-way search: climb-back dwell times, capacity timeouts tried with them, and the rate rule.
+# Deadline guards: paces of the start-to-deadline line (1 = Uniform Progress, 0 = slack only).
+PACE_GRID: tuple[float, ...] = (1.0, 0.9, 0.75, 0.5, 0.0)
+GUARD_TAU_FACTORS: tuple[float, ...] = (0.71, 1.0, 1.41)
+# Climbing back without a guard: dwell times and capacity timeouts tried with them.
 DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
 CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
-CLIMB_RATE = PreemptionRate(count=2, window_s=1800.0)
 
 
 class Rung(NamedTuple):
-    """Settings of one spot tier; ``dwell_s`` None = one-way (the tier is never climbed back to)."""
+    """Settings of one spot tier.
+
+    ``dwell_s`` None = one-way (the tier is never climbed back to); ``guard`` = (pace,
+    margin_h) of a ``deadline_guard`` for the request's deadline, None = no guard.
+    """
 
     max_preemptions: int
     timeout_s: float | None
     dwell_s: float | None = None
     budgets: Literal["carry", "fresh"] = "carry"
-    rate: PreemptionRate | None = None
+    guard: tuple[float, float] | None = None
 
     @property
     def climbs(self) -> bool:
@@ -65,7 +77,7 @@ class Rung(NamedTuple):
 class PlanRequest(BaseModel):
     """The job to plan for; durations in hours, prices per worker-hour."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf hours: a simulation without end
 
     work_h: float = Field(gt=0, description="Training hours on an uninterrupted gang.")
     num_workers: int = Field(gt=0)
@@ -116,6 +128,12 @@ class PlanRequest(BaseModel):
     def on_demand_tier(self) -> Tier:
         return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price)
 
+    def guard(self, tau_h: float | None, pace: float, margin_h: float) -> DeadlineGuard:
+        """A deadline guard for this job: its work in wall hours includes the checkpoint writes."""
+        assert self.deadline_h is not None
+        work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
+        return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9))
+
 
 @dataclass
 class Candidate:
@@ -156,6 +174,7 @@ class Plan:
     tau_daly_h: float | None
     seed_check: SeedComparison | None = None
     notes: list[str] = field(default_factory=list)
+    made_with: str = ""
 
     def comparison(self) -> list[Candidate]:
         return [self.recommended, *self.baselines]
@@ -169,6 +188,7 @@ class Plan:
         rows = [
             c for c in self.candidates
             if c.ladder is not None and len(c.ladder) == len(rec.ladder) and c.tau_h == rec.tau_h
+            and len(c.ladder) > 1
             and c.ladder[0].model_copy(update={"max_preemptions": first.max_preemptions}) == first
             and all(a == b for a, b in zip(c.ladder.tiers[1:], rec.ladder.tiers[1:], strict=True))
         ]
@@ -178,11 +198,60 @@ class Plan:
         rec = self.recommended
         if rec.ladder is None:
             return []
-        rows = [c for c in self.candidates if c.ladder == rec.ladder and c.tau_h is not None]
+        # Same rungs (the label), other tau: a guard's work_h follows tau, so ladders differ.
+        rows = [c for c in self.candidates if c.label == rec.label and c.ladder is not None and c.tau_h is not None]
         return sorted(_unique(rows), key=lambda c: c.tau_h)  # type: ignore[arg-type,return-value]
 
     def tiers_yaml(self) -> str:
         return ladder_yaml(self.recommended.ladder, self.recommended.tau_h) if self.recommended.ladder else ""
+
+    def prediction(self) -> PlanPrediction:
+        """What the recommendation is expected to do, for the job file's ``plan:`` block."""
+        rec, d = self.recommended, self.request.deadline_h
+        return PlanPrediction(
+            spend=round(rec.mean_spend, 6),
+            wall_h=round(rec.mean_wall_h, 6),
+            p90_wall_h=round(float(np.percentile(rec.result.wall_h, 90)), 6),
+            deadline_h=d,
+            on_time_probability=None if d is None else round(rec.p_deadline, 6),
+            checkpoint_interval_h=None if rec.tau_h is None else round(rec.tau_h, 6),
+            made_with=self.made_with,
+        )
+
+    def job_yaml(self, name: str, storage_path: str, entrypoint: str,
+                 train_loop_config: dict[str, Any] | None = None) -> str:
+        """A complete job file for ``spotfallback run``: the recommended tiers and the plan's prediction.
+
+        Validated through ``JobConfig`` before it is returned, so a bad name or entrypoint is a
+        ``ConfigError`` naming the field, not a file the runner later rejects.
+        """
+        from .config import ConfigError, JobConfig, format_validation_error
+
+        if self.recommended.ladder is None:
+            raise ConfigError("the recommendation is not a ladder")
+        data: dict[str, Any] = {
+            "name": name,
+            "storage_path": storage_path,
+            "entrypoint": entrypoint,
+            "train_loop_config": dict(train_loop_config or {}),
+            "tiers": yaml.safe_load(ladder_yaml(self.recommended.ladder))["tiers"],
+            "plan": self.prediction().model_dump(mode="json"),
+        }
+        try:
+            JobConfig.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e)) from None
+        tau = self.recommended.tau_h
+        head = (
+            "# Written by `spotfallback plan`. `spotfallback run` runs it; `plan:` is the prediction that\n"
+            "# `spotfallback report` sets beside what the run did.\n"
+        )
+        if tau is not None:
+            head += f"# Checkpoint every {tau * 60:.1f} min of training (tau, chosen by the plan).\n"
+        if any(t.deadline_guard is not None for t in self.recommended.ladder.tiers):
+            head += ("# deadline_guard reads the `remaining_work_s` metric (wall seconds left, checkpoints included)\n"
+                     "# that the training function reports with each checkpoint.\n")
+        return head + yaml.safe_dump(data, sort_keys=False)
 
 
 def _m_key(m: int) -> float:
@@ -264,17 +333,17 @@ def _tau_grid(daly_h: float | None, work_h: float) -> list[float | None]:
     return sorted({min(round(daly_h * f, 6), work_h) for f in TAU_FACTORS})
 
 
-def _spot_tier(req: PlanRequest, i: int, rung: Rung) -> Tier:
-    if not rung.climbs:
-        return req.spot_tier(i, rung.max_preemptions, rung.timeout_s)
-    return req.spot_tier(
-        i, rung.max_preemptions, rung.timeout_s,
-        climb_back=True, min_dwell_s=rung.dwell_s, climb_budgets=rung.budgets, max_preemption_rate=rung.rate,
-    )
+def _spot_tier(req: PlanRequest, i: int, rung: Rung, tau_h: float | None) -> Tier:
+    beyond: dict[str, Any] = {}
+    if rung.climbs:
+        beyond.update(climb_back=True, min_dwell_s=rung.dwell_s, climb_budgets=rung.budgets)
+    if rung.guard is not None:
+        beyond["deadline_guard"] = req.guard(tau_h, *rung.guard)
+    return req.spot_tier(i, rung.max_preemptions, rung.timeout_s, **beyond)
 
 
-def _ladder(req: PlanRequest, spots: Sequence[Rung]) -> Ladder:
-    return Ladder(tiers=(*[_spot_tier(req, i, r) for i, r in enumerate(spots)], req.on_demand_tier()))
+def _ladder(req: PlanRequest, spots: Sequence[Rung], tau_h: float | None) -> Ladder:
+    return Ladder(tiers=(*[_spot_tier(req, i, r, tau_h) for i, r in enumerate(spots)], req.on_demand_tier()))
 
 
 def _label(spots: Sequence[Rung]) -> str:
@@ -283,19 +352,45 @@ def _label(spots: Sequence[Rung]) -> str:
         ms = "inf" if r.max_preemptions == -1 else str(r.max_preemptions)
         ts = "none" if r.timeout_s is None else f"{r.timeout_s / 60:g}m"
         extra = ""
+        if r.guard is not None:
+            extra += f",guard pace={r.guard[0]:g} margin={r.guard[1] * 60:.0f}m"
         if r.climbs:
-            extra = f",climb back after {r.dwell_s / 60:g}m,{r.budgets} budgets"  # type: ignore[operator]
-            if r.rate is not None:
-                extra += f",leave on {r.rate.count} in {r.rate.window_s / 60:g}m"
+            extra += f",climb back after {r.dwell_s / 60:g}m"  # type: ignore[operator]
+            if r.budgets == "fresh":
+                extra += ",fresh budgets"
         parts.append(f"{'spot' if i == 0 else f'spot-{i + 1}'}(M={ms},timeout={ts}{extra})")
     return " > ".join([*parts, "on-demand"])
 
 
 def _two_way_grid(best: Rung) -> list[Rung]:
-    """Climb-back variants around a one-way rung: budget, timeout, dwell, then budgets/rate."""
+    """Climb-back variants (no guard) around a one-way rung: budget, timeout, dwell, budgets."""
     ms = dict.fromkeys([best.max_preemptions, -1])
     tos = dict.fromkeys([best.timeout_s, *CLIMB_TIMEOUT_GRID_S])
-    return [Rung(m, to, dwell, "fresh") for m in ms for to in tos for dwell in DWELL_GRID_S]
+    return [Rung(m, to, dwell, budgets) for m in ms for to in tos for dwell in DWELL_GRID_S for budgets in ("fresh", "carry")]
+
+
+def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]:
+    """Deadline-guarded variants of a rung: pace x margin x climbing back x (its budgets, none).
+
+    Margins: one changeover (restart + provisioning) plus a checkpoint write; two of them
+    (room for a last failed attempt); and the same plus half or all of a checkpoint interval
+    (work lost to a preemption without notice, since the guard decides only after one).
+    """
+    change = req.restart_overhead_h + req.provisioning_delay_h
+    tau = tau_h or 0.0
+    margins = dict.fromkeys(
+        round(m, 6)
+        for m in (change + req.checkpoint_cost_h, 2 * change + req.checkpoint_cost_h,
+                  change + req.checkpoint_cost_h + tau / 2, 2 * change + req.checkpoint_cost_h + tau)
+    )
+    budgets = dict.fromkeys([(-1, None), (best.max_preemptions, best.timeout_s)])
+    return [
+        Rung(m, to, dwell, "carry", (pace, margin))
+        for pace in PACE_GRID
+        for margin in margins
+        for dwell in (0.0, None)
+        for m, to in budgets
+    ]
 
 
 def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
@@ -312,6 +407,16 @@ def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
     return a.mean_wall_h < b.mean_wall_h
 
 
+def describe_process(process: Process) -> str:
+    """One line naming a spot process, for a plan's ``made_with``."""
+    if isinstance(process, SpotTrace | NodeTrace):
+        return f"trace {process.name}"
+    if isinstance(process, RateModel):
+        return (f"rate model ({process.preemptions_per_node_hour:g} preemptions and {process.failures_per_node_hour:g} "
+                f"failures per node-hour, outages {process.outage_probability:g} x {process.mean_outage_h:g} h)")
+    return type(process).__name__
+
+
 def plan(
     request: PlanRequest,
     spot: Process | Sequence[Process],
@@ -319,11 +424,11 @@ def plan(
     timeout_grid_s: Sequence[float | None] = TIMEOUT_GRID_S,
     climb: bool = True,
 ) -> Plan:
-    """Recommend ``max_preemptions``, ``capacity_timeout_s`` and climb back per spot tier, and tau.
+    """Recommend budgets, capacity timeouts, a deadline guard and climb back per spot tier, and tau.
 
     ``spot`` is one process per spot tier (several = several spot pools, tried in order);
     the ladder always ends on a reliable on-demand tier. ``climb=False`` searches one-way
-    ladders only (the vectorised engine, much faster).
+    ladders without guards only (the seed's kind of ladder).
     """
     spots = list(spot) if isinstance(spot, list | tuple) else [spot]
     if not spots:
@@ -352,15 +457,9 @@ def plan(
 
     def evaluate(settings: list[tuple[tuple[Rung, ...], float | None]]) -> list[Candidate]:
         todo = list(dict.fromkeys((s, tau) for s, tau in settings if (s, tau) not in cache))
-        one_way = [(s, tau) for s, tau in todo if not any(r.climbs for r in s)]
-        two_way = [(s, tau) for s, tau in todo if any(r.climbs for r in s)]
-        configs = [(_ladder(req, s), req.job(tau)) for s, tau in one_way]
-        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in one_way])
-        for s, tau in two_way:  # simulate() routes climb-back ladders to the engine that drives FallbackPolicy
-            lad = _ladder(req, s)
-            configs.append((lad, req.job(tau)))
-            results.append(simulate(lad, req.job(tau), world, runs=req.runs, seed=req.seed, label=_label(s)))
-        for (s, tau), (lad, _), res in zip(one_way + two_way, configs, results, strict=True):
+        configs = [(_ladder(req, s, tau), req.job(tau)) for s, tau in todo]
+        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in todo])
+        for (s, tau), (lad, _), res in zip(todo, configs, results, strict=True):
             cand = Candidate(_label(s), lad, tau, res, req.deadline_h)
             cache[(s, tau)] = cand
             candidates.append(cand)
@@ -374,8 +473,11 @@ def plan(
         assert best is not None
         return best
 
-    # Coordinate descent over the spot tiers' (M, timeout), then tau, then once more if tau
-    # moved; finally refine each tier's M between its grid neighbours.
+    def same_on_every_tier(rungs: Sequence[Rung], tau_h: float | None) -> list[Candidate]:
+        return evaluate([(tuple([r] * n_spot), tau_h) for r in rungs])
+
+    # 1. One-way ladders: coordinate descent over the spot tiers' (M, timeout), then tau, then
+    # once more if tau moved; finally refine each tier's M between its grid neighbours.
     current: list[Rung] = [Rung(3, 600.0)] * n_spot
     tau = tau0
     for _round in range(2):
@@ -399,24 +501,27 @@ def plan(
             settings.append((tuple(s), tau))
         if settings:
             current = list(_spots_of(best_of([*evaluate(settings), cache[(tuple(current), tau)]]), n_spot))
+    best = cache[(tuple(current), tau)]
 
-    # Two-way ladders: every spot tier may be climbed back to (same settings on each), around
-    # the best one-way rung; then the budgets, the rate rule and tau for the best of them.
-    changeover_h = req.restart_overhead_h + req.provisioning_delay_h + req.checkpoint_cost_h
-    if climb and gang_mtbf < 2 * changeover_h:
-        notes.append(
-            f"spot is interrupted every {gang_mtbf * 60:.0f} min, less than two changeovers "
-            f"({2 * changeover_h * 60:.0f} min): climbing back cannot pay, two-way ladders not searched"
-        )
-    elif climb:
-        two = best_of(evaluate([(tuple([r] * n_spot), tau) for r in _two_way_grid(current[0])]))
-        top = _spots_of(two, n_spot)[0]
-        variants = [top._replace(budgets="carry"), top._replace(rate=CLIMB_RATE)]
-        two = best_of([two, *evaluate([(tuple([r] * n_spot), tau) for r in variants])])
-        top = _spots_of(two, n_spot)[0]
-        two = best_of([two, *evaluate([(tuple([top] * n_spot), t) for t in taus])])
-        if _better(two, cache[(tuple(current), tau)], prob):
-            current, tau = list(_spots_of(two, n_spot)), two.tau_h
+    if climb:
+        # 2. Deadline guards (the same on every spot tier), around the best one-way budgets.
+        if req.deadline_h is not None:
+            guard_taus = [tau] if tau is None else sorted({min(round(tau * f, 6), req.work_h) for f in GUARD_TAU_FACTORS})
+            for t in guard_taus:
+                best = best_of([best, *same_on_every_tier(_guard_grid(current[0], req, t), t)])
+        # 3. Climbing back without a guard (it pays by climb_pays alone).
+        best = best_of([best, *same_on_every_tier(_two_way_grid(current[0]), tau)])
+        current, tau = list(_spots_of(best, n_spot)), best.tau_h
+        # 4. Sweep the first tier's budget and tau around the best: a refinement, and the
+        # rows of the plot.
+        settings = []
+        for m in m_grid:
+            s = list(current)
+            s[0] = current[0]._replace(max_preemptions=m)
+            settings.append((tuple(s), tau))
+        best = best_of([best, *evaluate(settings)])
+        current = list(_spots_of(best, n_spot))
+        best = best_of([best, *evaluate([(tuple(current), t) for t in _around(tau, taus, req.work_h)])])
 
     # Baselines, on the same draws.
     od_ladder = Ladder(tiers=(req.on_demand_tier(),))
@@ -431,13 +536,14 @@ def plan(
     ]
     if req.deadline_h is not None:
         up = simulate_uniform_progress(
-            req.job(tau0), req.spot_tier(), req.on_demand_tier(), spots[0], runs=req.runs, seed=req.seed
+            req.job(tau0), req.spot_tier(), req.on_demand_tier(), spots[0], runs=req.runs, seed=req.seed,
+            checkpoint_on_demand=True,
         )
         baselines.append(Candidate("uniform progress", None, tau0, up, req.deadline_h))
     else:
-        notes.append("no deadline given: the Uniform Progress baseline needs one and is left out")
+        notes.append("no deadline given: the Uniform Progress baseline and deadline guards need one and are left out")
 
-    best = best_of([*candidates, od])
+    best = best_of([best, *candidates, od])
     feasible = best.meets(prob)
     if not feasible:
         notes.append(
@@ -457,18 +563,30 @@ def plan(
             t_eff, min(alpha_work, 1.0), max(round(m_mean), 0), per_failure,
             req.on_demand_price * req.num_workers, min(max(discount, 0.0), 1.0), lost,
         )
-    return Plan(req, best, feasible, baselines, candidates + [od], gang_mtbf, lossy, tau_young, tau_daly, seed_check, notes)
+    made_with = (f"{'; '.join(describe_process(p) for p in spots)}; {req.work_h:g} h on {req.num_workers} workers; "
+                 f"{req.runs} runs, seed {req.seed}")
+    return Plan(req, best, feasible, baselines, candidates + [od], gang_mtbf, lossy, tau_young, tau_daly, seed_check,
+                notes, made_with)
+
+
+def _around(tau: float | None, taus: Sequence[float | None], work_h: float) -> list[float | None]:
+    """The tau grid, rescaled around ``tau`` when the search moved it."""
+    if tau is None:
+        return list(taus)
+    return sorted({min(round(tau * f, 6), work_h) for f in TAU_FACTORS})
 
 
 def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
     assert c.ladder is not None
     if len(c.ladder) == 1:
         return tuple([Rung(0, 600.0)] * n_spot)
-    return tuple(
-        Rung(t.max_preemptions, t.capacity_timeout_s, t.min_dwell_s, t.climb_budgets, t.max_preemption_rate)
-        if t.climb_back else Rung(t.max_preemptions, t.capacity_timeout_s)
-        for t in c.ladder.tiers[:n_spot]
-    )
+    rungs = []
+    for t in c.ladder.tiers[:n_spot]:
+        guard = (t.deadline_guard.pace, t.deadline_guard.margin_h) if t.deadline_guard is not None else None
+        dwell = t.min_dwell_s if t.climb_back else None
+        budgets = t.climb_budgets if t.climb_back else "carry"
+        rungs.append(Rung(t.max_preemptions, t.capacity_timeout_s, dwell, budgets, guard))
+    return tuple(rungs)
 
 
 def load_process(path: str, kind: str | None = None) -> SpotTrace | NodeTrace:

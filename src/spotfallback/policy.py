@@ -6,16 +6,21 @@ simulator predicts is what the runner does.
 
 Leaving a tier is decided by small composable rules in the manner of tenacity's stop
 strategies (``PreemptionBudget(3) | FailureBudget(2)``); the capacity timeout is a deadline
-the shell watches (``capacity_deadline``) and reports back as ``CapacityTimedOut``.
+the shell watches (``capacity_deadline``) and reports back as ``CapacityTimedOut``. Two rules
+need the run's own measurements, which the state keeps from the events' timestamps and the
+``remaining_work_s`` the shell passes with each commit: a tier's ``deadline_guard`` (leave
+when behind the start-to-deadline line, climb back when ahead of it: Uniform Progress) and
+its ``expected_cost_exit`` (leave when staying is expected to cost more than moving down).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from .config import Ladder, Tier, make_ladder
+from .config import DeadlineGuard, Ladder, Tier, make_ladder
 from .events import (
     ApplicationFailed,
     CapacityObserved,
@@ -40,6 +45,8 @@ from .events import (
 )
 
 Status = Literal["running", "finished", "failed"]
+
+EXIT_PRIOR_H = 4.0  # calm running hours assumed before the run's own, for the expected-cost exit
 
 
 @dataclass(frozen=True)
@@ -69,6 +76,16 @@ class PolicyState:
     tier_since: float | None = None  # when the run last changed tier (climb-back dwell)
     workers: int = 0  # size of the gang now running or last run (elastic tiers)
     tier_running_s: tuple[float, ...] = ()  # running time per tier (observed preemption rates)
+    # The run's own measurements, for deadline guards and the expected-cost exit:
+    started_at: float | None = None  # first RunStarted: deadlines count from here
+    remaining_work_s: float | None = None  # latest reported with a committed checkpoint
+    remaining_gang: int = 0  # size of the gang that reported it (elastic gangs run slower)
+    last_checkpoint_t: float | None = None  # latest commit of the running gang
+    first_commit_s: float | None = None  # workers up to the gang's first commit, until the interval is known
+    checkpoint_interval_s: float | None = None  # between the last two commits of one gang
+    restore_s: float | None = None  # billed restart: first commit of a gang less one interval
+    lost_s: float = 0.0  # work lost to interruptions: time since the gang's last commit, summed
+    interruptions: int = 0  # interruptions of a running gang, counted for lost_s
 
     @property
     def current(self) -> TierStats:
@@ -157,6 +174,19 @@ def leave_rule_for(tier: Tier) -> LeaveRule:
     return rule
 
 
+def schedule_time(guard: DeadlineGuard, started_at: float, done_s: float) -> float:
+    """When the guard's line (``pace`` x the straight line from start to deadline) reaches ``done_s``."""
+    if guard.pace <= 0:
+        return math.inf
+    return started_at + done_s * guard.deadline_h / (guard.pace * guard.work_h)
+
+
+def expected_cost(work_h: float, rate_per_h: float, loss_h: float, price_per_h: float) -> float:
+    """Billed cost of ``work_h`` hours of work with ``rate_per_h`` interruptions each losing ``loss_h``."""
+    useful = 1.0 - rate_per_h * loss_h
+    return math.inf if useful <= 0 else price_per_h * work_h / useful
+
+
 # ---------------------------------------------------------------------------------------
 
 
@@ -183,11 +213,26 @@ class FallbackPolicy:
         return PolicyState(tier=0, stats=tuple(TierStats() for _ in self.tiers), tier_history=(0,))
 
     def capacity_deadline(self, state: PolicyState) -> float | None:
-        """Time by which the current tier's workers must be up, or None for no deadline."""
+        """Time by which the current tier's workers must be up, or None for no deadline.
+
+        The tier's capacity timeout, or earlier when its deadline guard says that waiting
+        any longer puts the run behind schedule.
+        """
         if state.is_terminal or state.waiting_since is None:
             return None
         timeout = self.tiers[state.tier].capacity_timeout_s
-        return None if timeout is None else state.waiting_since + timeout
+        deadline = None if timeout is None else state.waiting_since + timeout
+        guard_at = self._guard_deadline(state)
+        if guard_at is not None and (deadline is None or guard_at < deadline):
+            return guard_at
+        return deadline
+
+    def _guard_deadline(self, state: PolicyState) -> float | None:
+        """While waiting: when the current tier's deadline guard says leave (progress is frozen)."""
+        if state.waiting_since is None:
+            return None
+        limits = self.guard_limits(state, state.tier)
+        return None if limits is None else max(state.waiting_since, min(limits))
 
     def replay(self, events: Iterable[Event], state: PolicyState | None = None) -> PolicyState:
         state = state or self.initial_state()
@@ -201,9 +246,16 @@ class FallbackPolicy:
             # announce arrives as its own Preempted event.
             return Step(state, Continue())
         if isinstance(event, RunStarted) and event.reset:
-            # A failed run started again on purpose: fresh budgets, progress kept in checkpoints.
-            fresh = self.initial_state()
-            return Step(replace(fresh, waiting_since=event.t, checkpoints=state.checkpoints), Continue())
+            # A failed run started again on purpose: fresh budgets, progress kept in checkpoints
+            # (and the deadline still counts from the first start).
+            fresh = replace(
+                self.initial_state(),
+                waiting_since=event.t,
+                checkpoints=state.checkpoints,
+                started_at=state.started_at if state.started_at is not None else event.t,
+                remaining_work_s=state.remaining_work_s,
+            )
+            return Step(fresh, Continue())
         if state.is_terminal:
             # Late events (a checkpoint commit racing the finish, a straggler failure) change
             # nothing; the terminal decision is repeated so the shell stays idempotent.
@@ -213,13 +265,16 @@ class FallbackPolicy:
             state = self._ran(state, t)
         match event:
             case RunStarted():
-                return Step(replace(state, waiting_since=t, running_since=None), Continue())
+                started = state.started_at if state.started_at is not None else t
+                return Step(replace(state, waiting_since=t, running_since=None, started_at=started), Continue())
             case WorkersAcquired(num_workers=n):
-                return Step(replace(state, waiting_since=None, running_since=t, workers=n), Continue())
+                new = replace(state, waiting_since=None, running_since=t, workers=n, last_checkpoint_t=None,
+                              first_commit_s=None)
+                return Step(new, Continue())
             case CapacityObserved():
                 return self._observed(state, event)
-            case CheckpointCommitted():
-                return Step(replace(state, checkpoints=state.checkpoints + 1), Continue())
+            case CheckpointCommitted(remaining_work_s=remaining):
+                return Step(self._committed(state, t, remaining), Continue())
             case Finished():
                 return Step(replace(state, status="finished", waiting_since=None, running_since=None), Complete())
             case Fatal(message=message):
@@ -229,9 +284,14 @@ class FallbackPolicy:
             case NodeFailed():
                 return self._infrastructure(state, t, failures=1)
             case CapacityTimedOut(waited_s=waited):
+                guard_at = self._guard_deadline(state)
                 stats = replace(state.current, capacity_timeouts=state.current.capacity_timeouts + 1)
                 state = self._with_stats(state, stats)
                 timeout = self.tiers[state.tier].capacity_timeout_s
+                timeout_at = None if timeout is None or state.waiting_since is None else state.waiting_since + timeout
+                if guard_at is not None and (timeout_at is None or guard_at <= timeout_at):
+                    why = self.guard_reason(state, max(t, guard_at)) or "deadline guard"
+                    return self._leave(state, t, f"{why} while waiting for capacity (waited {waited:.1f}s)")
                 limit = f"within capacity_timeout_s={timeout:g}" if timeout is not None else "(the cluster cannot fit this tier)"
                 return self._leave(state, t, f"no capacity {limit} (waited {waited:.1f}s)")
             case ApplicationFailed(error_type=etype, message=message):
@@ -250,6 +310,31 @@ class FallbackPolicy:
 
     # -- helpers -------------------------------------------------------------------------
 
+    def _committed(self, state: PolicyState, t: float, remaining: float | None) -> PolicyState:
+        """Count a commit and measure from it: remaining work, checkpoint interval, restore time.
+
+        The gang's first commit comes a restore plus one interval after its workers were up;
+        the second gives the interval, and so the restore.
+        """
+        interval, first, restore = state.checkpoint_interval_s, state.first_commit_s, state.restore_s
+        if state.running_since is not None:
+            if state.last_checkpoint_t is None:
+                first = t - state.running_since
+            else:
+                interval = t - state.last_checkpoint_t
+                if first is not None:
+                    restore, first = max(0.0, first - interval), None
+        return replace(
+            state,
+            checkpoints=state.checkpoints + 1,
+            remaining_work_s=remaining if remaining is not None else state.remaining_work_s,
+            remaining_gang=state.workers if remaining is not None else state.remaining_gang,
+            last_checkpoint_t=t if state.running_since is not None else None,
+            first_commit_s=first,
+            checkpoint_interval_s=interval,
+            restore_s=restore,
+        )
+
     def _with_stats(self, state: PolicyState, stats: TierStats) -> PolicyState:
         all_stats = list(state.stats)
         all_stats[state.tier] = stats
@@ -261,11 +346,14 @@ class FallbackPolicy:
             preemptions=state.current.preemptions + preemptions,
             failures=state.current.failures + failures,
         )
+        if state.running_since is not None:  # the work since the gang's last commit is lost
+            since = state.last_checkpoint_t if state.last_checkpoint_t is not None else state.running_since
+            state = replace(state, lost_s=state.lost_s + max(0.0, t - since), interruptions=state.interruptions + 1)
         rate = self.tiers[state.tier].max_preemption_rate
         if preemptions and rate is not None:
             stats = replace(stats, preemption_times=(*stats.preemption_times, t)[-rate.count :])
         state = self._with_stats(state, stats)
-        why = self.rules[state.tier].reason(stats)
+        why = self.rules[state.tier].reason(stats) or self.guard_reason(state, t) or self.expected_cost_reason(state)
         if why:
             return self._leave(state, t, why)
         return Step(replace(state, waiting_since=t, running_since=None), Retry(tier=state.tier))
@@ -329,6 +417,107 @@ class FallbackPolicy:
         running_h = (state.tier_running_s[tier] if state.tier_running_s else 0.0) / 3600.0
         return state.stats[tier].preemptions / (running_h + 0.25)
 
+    def observed_interruption_rate(self, state: PolicyState, tier: int, prior_h: float = 0.25) -> float:
+        """Preemptions and node failures per running hour on ``tier``, smoothed by ``prior_h`` calm hours."""
+        running_h = (state.tier_running_s[tier] if state.tier_running_s else 0.0) / 3600.0
+        stats = state.stats[tier]
+        return (stats.preemptions + stats.failures) / (running_h + prior_h)
+
+    # -- deadline guard: Uniform Progress as a leave rule and a climb test ------------------
+
+    def guard_limits(self, state: PolicyState, tier: int, remaining_s: float | None = None) -> tuple[float, float] | None:
+        """(when the run falls more than the margin behind schedule, when its slack is down to the margin).
+
+        Both for progress frozen where it is now (``remaining_s`` on ``tier``'s full gang, else
+        the latest reported, scaled to it from the gang that ran, else all of the guard's
+        ``work_h``). None without a guard or a start.
+        """
+        guard = self.tiers[tier].deadline_guard
+        if guard is None or state.started_at is None:
+            return None
+        work, margin = guard.work_h * 3600.0, guard.margin_h * 3600.0
+        rem = remaining_s
+        if rem is None and state.remaining_work_s is not None:
+            # Reported on the gang that ran; progress is measured on the tier's full gang.
+            gang, reported = self.tiers[tier].num_workers, state.remaining_gang
+            rem = state.remaining_work_s if reported in (0, gang) else state.remaining_work_s * reported / gang
+        rem = work if rem is None else max(rem, 0.0)
+        behind = schedule_time(guard, state.started_at, work - rem) + margin
+        must_go = state.started_at + guard.deadline_h * 3600.0 - rem - margin
+        return behind, must_go
+
+    def guard_reason(self, state: PolicyState, t: float) -> str | None:
+        """Why the deadline guard of the current tier says leave at ``t``, or None."""
+        limits = self.guard_limits(state, state.tier)
+        if limits is None:
+            return None
+        guard = self.tiers[state.tier].deadline_guard
+        assert guard is not None and state.started_at is not None
+        behind, must_go = limits
+        if t >= must_go:
+            slack_h = (must_go - t) / 3600.0 + guard.margin_h
+            return f"deadline slack down to {slack_h:.2f} h (margin_h={guard.margin_h:g}, deadline_h={guard.deadline_h:g})"
+        if t >= behind:
+            late_h = (t - behind) / 3600.0 + guard.margin_h
+            return f"{late_h:.2f} h behind schedule for deadline_h={guard.deadline_h:g} (pace={guard.pace:g}, margin_h={guard.margin_h:g})"
+        return None
+
+    def guard_allows_climb(self, state: PolicyState, event: CapacityObserved) -> tuple[bool, str]:
+        """Climb back to a guarded tier only when ahead of schedule by two restarts, with slack to spare.
+
+        Uniform Progress's hysteresis: the run leaves when behind schedule and returns when
+        ahead of it at ``t + 2 * restart``, so capacity that comes and goes cannot make it flap.
+        """
+        cur, to = state.tier, event.tier
+        w_cur = state.workers or self.tiers[cur].num_workers
+        w_to = max(min(event.available_workers, self.tiers[to].num_workers), 1)
+        rem = event.remaining_work_s if event.remaining_work_s is not None else state.remaining_work_s
+        limits = self.guard_limits(state, to, None if rem is None else rem * w_cur / w_to)
+        if limits is None:
+            return False, "no start time"
+        guard = self.tiers[to].deadline_guard
+        assert guard is not None
+        behind, must_go = limits
+        ahead_until = min(behind - guard.margin_h * 3600.0, must_go)
+        need = event.t + 2.0 * event.restart_s
+        if ahead_until < need:
+            return False, f"not ahead of schedule by two restarts ({(ahead_until - event.t) / 3600.0:.2f} h)"
+        return True, f"{(ahead_until - event.t) / 3600.0:.2f} h ahead of schedule"
+
+    # -- expected-cost exit -----------------------------------------------------------------
+
+    def expected_cost_reason(self, state: PolicyState) -> str | None:
+        """After a failure: leave when staying is expected to cost more than the next tier.
+
+        Each interruption wastes billed time: the restore of the next gang (measured from its
+        first commits) and the work since the last commit (measured at every interruption,
+        nothing when a just-in-time checkpoint caught it). At the observed interruption rate
+        ``r`` an hour of work then takes ``1 / (1 - r * waste)`` billed hours. The next tier
+        is priced the same way from what was seen on it, plus one restore. Waiting for
+        capacity is not billed and does not count. The rates count ``EXIT_PRIOR_H`` calm
+        running hours before the run's own: leaving is for good on a one-way ladder, and a
+        burst that passes is not a rate that lasts for the rest of the work. Needs
+        ``remaining_work_s`` reported with checkpoints; without it the run stays.
+        """
+        k = state.tier
+        tier = self.tiers[k]
+        if not tier.expected_cost_exit or k + 1 >= len(self.tiers) or state.remaining_work_s is None:
+            return None
+        rem_h = state.remaining_work_s / 3600.0
+        restart_h = (state.restore_s or 0.0) / 3600.0
+        loss_h = restart_h + (state.lost_s / state.interruptions if state.interruptions else 0.0) / 3600.0
+        w_cur = state.workers or tier.num_workers
+        w_next = self.tiers[k + 1].num_workers
+        rate_now = self.observed_interruption_rate(state, k, EXIT_PRIOR_H)
+        rate_next = self.observed_interruption_rate(state, k + 1, EXIT_PRIOR_H)
+        stay = expected_cost(rem_h, rate_now, loss_h, self.gang_rate(k, w_cur))
+        move = self.gang_rate(k + 1, w_next) * restart_h + expected_cost(
+            rem_h * w_cur / w_next, rate_next, loss_h, self.gang_rate(k + 1, w_next)
+        )
+        if stay > move:
+            return f"expected cost of staying {stay:.2f} exceeds {move:.2f} on {self.tiers[k + 1].name!r} (expected_cost_exit)"
+        return None
+
     def climb_pays(self, state: PolicyState, event: CapacityObserved) -> tuple[bool, str]:
         """Remaining work x price difference against one restart + expected re-preemption cost."""
         cur, to = state.tier, event.tier
@@ -365,6 +554,14 @@ class FallbackPolicy:
             return Step(state, Continue())
         tier = self.tiers[to]
         if to == cur:
+            # A shrunk elastic gang runs slower than the tier's full gang: its guard must be able
+            # to send it down while it runs, not only after its next failure.
+            state = self._reported(state, event)
+            # Only towards a next tier: a running gang is never given up on, only moved.
+            why = self.guard_reason(state, t) if to + 1 < len(self.tiers) else None
+            if why:
+                state = replace(self._ran(state, t), running_since=None)
+                return self._leave(state, t, f"{why} (running {state.workers} of {tier.num_workers} workers)")
             return self._grow(state, event)
         since = state.tier_since if state.tier_since is not None else state.running_since
         if (
@@ -374,7 +571,15 @@ class FallbackPolicy:
             or t - since < self.climb_dwell_s(state, to)
         ):
             return Step(state, Continue())
-        pays, why = self.climb_pays(state, event)
+        if tier.deadline_guard is not None:
+            # The guard knows the deadline; the slack a shell may pass is not needed.
+            ahead, why_ahead = self.guard_allows_climb(state, event)
+            if not ahead:
+                return Step(state, Continue())
+            pays, why = self.climb_pays(state, replace(event, slack_s=None))
+            why = f"{why_ahead}; {why}"
+        else:
+            pays, why = self.climb_pays(state, event)
         if not pays:
             return Step(state, Continue())
         reason = f"capacity back on {tier.name!r} ({event.available_workers} workers): {why}"
@@ -390,8 +595,16 @@ class FallbackPolicy:
             running_since=None,
             tier_since=t,
             tier_history=(*state.tier_history, to),
+            remaining_work_s=event.remaining_work_s if event.remaining_work_s is not None else state.remaining_work_s,
+            remaining_gang=state.workers if event.remaining_work_s is not None else state.remaining_gang,
         )
         return Step(new, ClimbBack(from_tier=cur, to_tier=to, reason=reason))
+
+    def _reported(self, state: PolicyState, event: CapacityObserved) -> PolicyState:
+        """The state with the observation's remaining work, if it carries one (it is the freshest)."""
+        if event.remaining_work_s is None:
+            return state
+        return replace(state, remaining_work_s=event.remaining_work_s, remaining_gang=state.workers)
 
     def _grow(self, state: PolicyState, event: CapacityObserved) -> Step:
         """An elastic gang below its maximum restarts larger when that saves more than a restart."""
@@ -404,5 +617,5 @@ class FallbackPolicy:
             saved_s = event.remaining_work_s * (1.0 - state.workers / target)
             if saved_s <= event.restart_s:
                 return Step(state, Continue())
-        state = replace(self._ran(state, event.t), waiting_since=event.t, running_since=None)
+        state = replace(self._ran(self._reported(state, event), event.t), waiting_since=event.t, running_since=None)
         return Step(state, Resize(tier=state.tier, num_workers=target))

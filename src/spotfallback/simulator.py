@@ -2,9 +2,10 @@
 
 Why it exists: a plan is only worth something if it predicts what the runner will do, so the
 reference engine feeds typed events to the very ``FallbackPolicy`` object the live runner uses
-and follows its decisions. A vectorised numpy engine gives the same outcomes for the default
-leave rules (a test checks them run by run on the same random draws) and is what the planner
-and the benchmark use.
+and follows its decisions (``simulator_beyond`` does the same for ladders that move while the
+run runs). A vectorised numpy engine gives the same outcomes for the budgets, capacity
+timeouts, deadline guards and climbing back (tests check them run by run on the same random
+draws) and is what the planner and the benchmark use.
 
 The world, per run (hours internally, seconds in the events handed to the policy):
 
@@ -37,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from .config import Ladder, Tier, make_ladder
 from .events import (
     CapacityTimedOut,
+    CheckpointCommitted,
     Complete,
     Finished,
     GiveUp,
@@ -148,6 +150,34 @@ def wall_to_finish(w: np.ndarray | float, tau: np.ndarray | float, delta: np.nda
     """Compute-phase hours to do ``w`` more work from a fresh start (no checkpoint at the end)."""
     n = np.maximum(np.ceil(np.divide(w, tau) - _EPS) - 1.0, 0.0)
     return np.add(w, np.multiply(n, delta))
+
+
+def remaining_s(work_h: float, committed_h: float, tau: float, delta: float) -> float:
+    """The ``remaining_work_s`` a training function reports with a checkpoint: wall seconds to finish."""
+    return float(wall_to_finish(max(work_h - committed_h, 0.0), tau, delta)) * 3600.0
+
+
+def commits_of_attempt(work_h: float, committed_h: float, start: float, x: float, gain: float, t_end: float,
+                       tau: float, delta: float) -> list[CheckpointCommitted]:
+    """The commits a shell reports for an attempt cut at ``t_end`` (hours; ``x`` hours computed from ``start``).
+
+    The first periodic one and the last two (what the policy measures the restore time and
+    the interval between commits from) and, when the just-in-time checkpoint saved more,
+    that one at the kill; the commits between change nothing the policy reads. Nothing
+    without progress.
+    """
+    if gain <= 0:
+        return []
+    cyc = tau + delta
+    periodic = int(math.floor(x / cyc + _EPS)) if math.isfinite(cyc) and x > 0 else 0
+    out = []
+    for k in sorted({1, periodic - 1, periodic}):
+        if k >= 1 and k * tau <= gain + _EPS:
+            out.append(CheckpointCommitted(t=(start + k * cyc) * 3600.0,
+                                           remaining_work_s=remaining_s(work_h, committed_h + k * tau, tau, delta)))
+    if not out or gain > periodic * tau + _EPS:
+        out.append(CheckpointCommitted(t=t_end * 3600.0, remaining_work_s=remaining_s(work_h, committed_h + gain, tau, delta)))
+    return out
 
 
 # ---------------------------------------------------------------------------------------
@@ -523,6 +553,8 @@ def _policy_run(policy: FallbackPolicy, job: JobSpec, procs, draws: _Draws | Non
                     else:
                         done, comm = cycle_progress(x, tau, delta)
                         gain, lost_here = float(comm), float(done) - float(comm)
+                    for commit in commits_of_attempt(W, committed, t + overhead, x, gain, t_int, tau, delta):
+                        state = policy.decide(state, commit).state
                     committed += gain
                     lost += lost_here
                     if tier.is_spot:
@@ -555,8 +587,17 @@ def _policy_run(policy: FallbackPolicy, job: JobSpec, procs, draws: _Draws | Non
 
 
 def uses_beyond(ladder: Ladder) -> bool:
-    """Whether a tier climbs back, is elastic or leaves on a preemption rate (issue 10)."""
-    return any(t.climb_back or t.is_elastic or t.max_preemption_rate is not None for t in ladder.tiers)
+    """Whether the run can move while running: a tier climbs back or is elastic (``simulator_beyond``)."""
+    return any(t.climb_back or t.is_elastic for t in ladder.tiers)
+
+
+def fast_supports(ladder: Ladder) -> bool:
+    """Whether the vectorised engine implements every rule of the ladder.
+
+    It does the budgets, capacity timeouts, deadline guards and climbing back; elastic tiers,
+    the preemption-rate rule and the expected-cost exit need the policy engines.
+    """
+    return not any(t.is_elastic or t.max_preemption_rate is not None or t.expected_cost_exit for t in ladder.tiers)
 
 
 def _uses_default_rules(policy: FallbackPolicy) -> bool:
@@ -565,6 +606,14 @@ def _uses_default_rules(policy: FallbackPolicy) -> bool:
 
 def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed: int, horizon_h: float,
                labels: Sequence[str]) -> list[SimResult]:
+    """The policy's rules on numpy arrays, one row per (candidate, run), a cycle per loop.
+
+    A cycle is one wait for capacity and one attempt. Each rule mirrors a line of
+    ``FallbackPolicy`` (``test_fast_engine_matches_policy_engine`` checks them run by run):
+    the capacity deadline (timeout or deadline guard), the budgets and the guard after an
+    interruption, and the climb back at the first checkpoint end where the policy would say
+    so (``_climb_candidates``), with the remaining work a shell would report.
+    """
     C = len(configs)
     K = len(configs[0][0])
     n = C * runs
@@ -576,10 +625,19 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
 
     maxpre = per_tier(lambda t: t.max_preemptions)
     maxfail = per_tier(lambda t: t.max_failures)
-    timeout = per_tier(lambda t: math.inf if t.capacity_timeout_s is None else t.capacity_timeout_s / 3600.0)
+    timeout_s = per_tier(lambda t: math.inf if t.capacity_timeout_s is None else t.capacity_timeout_s)
     price = per_tier(lambda t: t.num_workers * t.price_per_worker_hour)
     workers = per_tier(lambda t: t.num_workers)
     is_spot = per_tier(lambda t: 1.0 if t.is_spot else 0.0).astype(bool)
+    guarded = per_tier(lambda t: 1.0 if t.deadline_guard is not None else 0.0).astype(bool)
+    g_work = per_tier(lambda t: t.deadline_guard.work_h if t.deadline_guard else 1.0)
+    g_deadline = per_tier(lambda t: t.deadline_guard.deadline_h if t.deadline_guard else 1.0)
+    g_margin = per_tier(lambda t: t.deadline_guard.margin_h if t.deadline_guard else 0.0)
+    g_pace = per_tier(lambda t: t.deadline_guard.pace if t.deadline_guard else 0.0)
+    climbable = per_tier(lambda t: 1.0 if t.climb_back else 0.0).astype(bool)
+    dwell_s = per_tier(lambda t: t.min_dwell_s)
+    fresh = per_tier(lambda t: 1.0 if t.climb_budgets == "fresh" else 0.0).astype(bool)
+    any_climb = bool(climbable[:, :-1].any()) if K > 1 else False
 
     def per_job(fn) -> np.ndarray:
         return np.array([fn(job) for _, job in configs], dtype=float)[cand]
@@ -602,9 +660,30 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
     col = np.zeros(n, dtype=np.int64)
     cnt_pre = np.zeros((n, K))
     cnt_fail = np.zeros((n, K))
+    run_s = np.zeros((n, K))  # running seconds per tier, as the policy's tier_running_s
+    reported_s = np.full(n, np.nan)  # the policy's remaining_work_s: last reported by a commit or an observation
+    reported_gang = np.zeros(n)  # ... and the size of the gang that reported it
+    climbs_to = np.zeros((n, K))
+    tier_since = np.zeros(n)
     status = np.zeros(n, dtype=np.int64)
     spend, lost, billed, spot_h, work_spot = (np.zeros(n) for _ in range(5))
     pre, fail, switches, timeouts = (np.zeros(n, dtype=np.int64) for _ in range(4))
+
+    def guard_at_s(idx: np.ndarray, k: np.ndarray) -> np.ndarray:
+        """FallbackPolicy.guard_limits, in seconds: when tier k's guard says leave, progress frozen (inf: none).
+
+        The remaining work is what the policy was last told: the shell reports it with every
+        commit, so after any progress it is the wall time to finish from ``committed``.
+        """
+        out = np.full(idx.size, np.inf)
+        on = guarded[idx, k]
+        if on.any():
+            i, kk = idx[on], k[on]
+            gang, full = reported_gang[i], workers[i, kk]
+            scaled = np.where(gang == full, reported_s[i], reported_s[i] * gang / full)  # policy.guard_limits
+            rem_s = np.where(np.isnan(reported_s[i]), g_work[i, kk] * 3600.0, scaled)
+            out[on] = _guard_leave_at_s(rem_s, g_work[i, kk], g_deadline[i, kk], g_margin[i, kk], g_pace[i, kk], True)
+        return out
 
     def leave(idx: np.ndarray) -> None:
         nxt = tier[idx] + 1
@@ -612,6 +691,7 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
         status[idx[last]] = FAILED
         moved = idx[~last]
         tier[moved] = nxt[~last]
+        tier_since[moved] = t[moved]
         switches[moved] += 1
 
     while True:
@@ -621,7 +701,9 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
         draws.ensure(int(col[act].max()))
         k_act = tier[act]
         acq = np.empty(act.size)
-        cap_dl = wait_from[act] + timeout[act, k_act]
+        # FallbackPolicy.capacity_deadline, in its own units (seconds), so ties break alike.
+        since_s = wait_from[act] * 3600.0
+        cap_dl = np.minimum(since_s + timeout_s[act, k_act], np.maximum(since_s, guard_at_s(act, k_act))) / 3600.0
         for k in np.unique(k_act):
             m = k_act == k
             idx = act[m]
@@ -654,6 +736,41 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
             t_fin = t_acq + overhead + wall_to_finish(rem, tau[gi], delta[gi])
             fin = t_fin <= t_int
             end = np.where(fin, t_fin, t_int)
+            climbed = np.zeros(gi.size, dtype=bool)
+            if any_climb:
+                at, to, obs_s = _climb_candidates(
+                    gi, kg, t_acq + overhead, end, committed, W, tau, delta, R + prov, procs, offset,
+                    tier_since, climbs_to, climbable, dwell_s, fresh, cnt_pre, cnt_fail, maxpre, maxfail, run_s,
+                    price, workers, guarded, g_work, g_deadline, g_margin, g_pace,
+                )
+                climbed = np.isfinite(at)
+                if climbed.any():
+                    ci, kc, jc, tc = gi[climbed], kg[climbed], to[climbed], at[climbed]
+                    dur = tc - t_acq[climbed]
+                    sp = is_spot[ci, kc]
+                    gain, _ = cycle_progress(tc - (t_acq[climbed] + overhead[climbed]), tau[ci], delta[ci])
+                    reported_s[ci] = obs_s[climbed]
+                    reported_gang[ci] = workers[ci, kc]
+                    spend[ci] += dur * price[ci, kc]
+                    billed[ci] += dur
+                    spot_h[ci] += np.where(sp, dur, 0.0)
+                    work_spot[ci] += np.where(sp, gain, 0.0)
+                    committed[ci] += gain
+                    run_s[ci, kc] += tc * 3600.0 - t_acq[climbed] * 3600.0
+                    t[ci] = tc
+                    wait_from[ci] = tc
+                    tier[ci] = jc
+                    tier_since[ci] = tc
+                    climbs_to[ci, jc] += 1
+                    switches[ci] += 1
+                    reset = fresh[ci, jc]
+                    cnt_pre[ci[reset], jc[reset]] = 0
+                    cnt_fail[ci[reset], jc[reset]] = 0
+                    late = ci[t[ci] > horizon_h]
+                    status[late], t[late] = STUCK, horizon_h
+            stay = ~climbed
+            gi, kg, t_acq, t_int, is_pre, overhead = gi[stay], kg[stay], t_acq[stay], t_int[stay], is_pre[stay], overhead[stay]
+            rem, t_fin, fin, end = rem[stay], t_fin[stay], fin[stay], end[stay]
             dur = end - t_acq
             sp = is_spot[gi, kg]
             spend[gi] += dur * price[gi, kg]
@@ -676,10 +793,14 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
                 gain = np.where(x > 0, np.where(use_jit, done, comm), 0.0)
                 lost[ni] += np.where((x > 0) & ~use_jit, done - comm, 0.0)
                 committed[ni] += gain
+                reported_s[ni] = np.where(gain > 0, wall_to_finish(np.maximum(W[ni] - committed[ni], 0.0), tau[ni], delta[ni])
+                                          * 3600.0, reported_s[ni])
+                reported_gang[ni] = np.where(gain > 0, workers[ni, tier[ni]], reported_gang[ni])
                 work_spot[ni] += np.where(sp[~fin], gain, 0.0)
                 t[ni] = t_int[~fin]
                 wait_from[ni] = t[ni]
                 kn = tier[ni]
+                run_s[ni, kn] += t[ni] * 3600.0 - t_acq[~fin] * 3600.0
                 pi, fi2 = ni[ip], ni[~ip]
                 cnt_pre[pi, kn[ip]] += 1
                 pre[pi] += 1
@@ -688,6 +809,7 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
                 lim_p = maxpre[ni, kn]
                 lim_f = maxfail[ni, kn]
                 over = ((lim_p != -1) & (cnt_pre[ni, kn] > lim_p)) | ((lim_f != -1) & (cnt_fail[ni, kn] > lim_f))
+                over |= t[ni] * 3600.0 >= guard_at_s(ni, kn)
                 leave(ni[over])
                 late = ni[(status[ni] == 0) & (t[ni] > horizon_h)]
                 status[late], t[late] = STUCK, horizon_h
@@ -711,6 +833,125 @@ def _fast_many(configs: Sequence[tuple[Ladder, JobSpec]], procs, runs: int, seed
         res.final_tier[:] = tier[sl]
         results.append(res)
     return results
+
+
+def _guard_leave_at_s(rem_s: np.ndarray, work_h: np.ndarray, deadline_h: np.ndarray, margin_h: np.ndarray,
+                      pace: np.ndarray, on: np.ndarray) -> np.ndarray:
+    """``min(FallbackPolicy.guard_limits)`` for a run started at 0, seconds; inf where ``on`` is False."""
+    behind = _schedule_s(rem_s, work_h, deadline_h, pace) + margin_h * 3600.0
+    must_go = 0.0 + deadline_h * 3600.0 - rem_s - margin_h * 3600.0
+    return np.where(on, np.minimum(behind, must_go), np.inf)
+
+
+def _schedule_s(rem_s: np.ndarray, work_h: np.ndarray, deadline_h: np.ndarray, pace: np.ndarray) -> np.ndarray:
+    """``policy.schedule_time`` (same operations, so the same floats): inf at pace 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        line = 0.0 + (work_h * 3600.0 - rem_s) * deadline_h / np.where(pace > 0, pace * work_h, 1.0)
+    return np.where(pace > 0, line, np.inf)
+
+
+def _climb_candidates(gi, kg, start, end, committed, W, tau, delta, restart_h, procs, offset, tier_since, climbs_to,
+                      climbable, dwell_s, fresh, cnt_pre, cnt_fail, maxpre, maxfail, run_s, price, workers, guarded,
+                      g_work, g_deadline, g_margin, g_pace):
+    """For runs ``gi`` running on tiers ``kg`` from ``start`` to ``end``: (time, tier, remaining_work_s) of a climb.
+
+    The first checkpoint end at which ``FallbackPolicy._observed`` says ``ClimbBack``, with
+    the observation ``simulator_beyond`` would feed: capacity of a higher climb-back tier
+    fits, the dwell has passed, the deadline guard (if any) is ahead of schedule by two
+    restarts with slack to spare, and ``climb_pays``. The tests are the policy's own
+    arithmetic in its own units. Over the checkpoint ends of one attempt the remaining work
+    falls by a cycle each, so ``climb_pays`` only gets worse, the slack stays and the
+    schedule gets further ahead: the search jumps to the first end ahead of schedule and
+    stops where paying ends. inf where there is no climb before ``end``.
+    """
+    best_at = np.full(gi.size, np.inf)
+    best_to = np.zeros(gi.size, dtype=np.int64)
+    best_rem = np.zeros(gi.size)
+    for j in range(climbable.shape[1] - 1):
+        sel = np.flatnonzero((kg > j) & climbable[gi, j])
+        if sel.size == 0:
+            continue
+        idx, k = gi[sel], kg[sel]
+        s, e, cyc = start[sel], end[sel], tau[idx] + delta[idx]
+        since_s = tier_since[idx] * 3600.0
+        dwell = dwell_s[idx, j] * 2.0 ** np.minimum(climbs_to[idx, j], 4)
+        look = np.maximum(s, tier_since[idx] + dwell / 3600.0)
+        kk = np.maximum(1.0, np.ceil((look - s) / cyc - _EPS))
+        # The observation's fields and the policy's state that do not change during the attempt.
+        restart_s = restart_h[idx] * 3600.0
+        interval_s = tau[idx] * 3600.0
+        w_cur, w_to = workers[idx, k], workers[idx, j]
+        rate_cur, rate_to = price[idx, k], price[idx, j]
+        per_pre = (restart_s / 3600.0 + interval_s / 7200.0) * rate_to
+        pre_next = np.where(fresh[idx, j], 0.0, cnt_pre[idx, j]) + 1
+        fails = np.where(fresh[idx, j], 0.0, cnt_fail[idx, j])
+        trips = ((maxpre[idx, j] != -1) & (pre_next > maxpre[idx, j])) | ((maxfail[idx, j] != -1) & (fails > maxfail[idx, j]))
+        per_pre = per_pre + np.where(trips, restart_s / 3600.0 * rate_cur, 0.0)
+        lam = cnt_pre[idx, j] / (run_s[idx, j] / 3600.0 + 0.25)
+        g, gw, gd, gm, gp = guarded[idx, j], g_work[idx, j], g_deadline[idx, j], g_margin[idx, j], g_pace[idx, j]
+        # Jump to about the first checkpoint end ahead of schedule (remaining falls a cycle per end).
+        rem0 = wall_to_finish(np.maximum(W[idx] - committed[idx], 0.0), tau[idx], delta[idx]) * w_cur / w_to
+        with np.errstate(divide="ignore", invalid="ignore"):
+            kappa = np.where(gp > 0, gd / np.where(gp > 0, gp * gw, 1.0), 0.0)  # schedule hours per hour of work
+            gaining = kappa * w_cur / w_to > 1.0
+            n_ahead = (s + 2.0 * restart_h[idx] - (gw - rem0) * kappa) / (cyc * (kappa * w_cur / w_to - 1.0))
+        kk = np.where(g & gaining & np.isfinite(n_ahead), np.maximum(kk, np.ceil(n_ahead) - 2.0), kk)
+        proc = procs[j]
+        todo = np.ones(sel.size, dtype=bool)
+        found_at = np.full(sel.size, np.inf)
+        found_rem = np.zeros(sel.size)
+        while True:
+            q = np.flatnonzero(todo)
+            if q.size == 0:
+                break
+            iq = idx[q]
+            at = s[q] + kk[q] * cyc[q]
+            past = at >= e[q]
+            if isinstance(proc, TraceCapacity):
+                ok = proc.is_ok(np.where(past, 0.0, at) + offset[iq]) & ~past
+            else:
+                ok = ~past
+            t_s = at * 3600.0
+            ok &= ~(t_s - since_s[q] < dwell[q])
+            done, _ = cycle_progress(at - s[q], tau[iq], delta[iq])
+            left = np.maximum(W[iq] - committed[iq] - done, 0.0)
+            rem_s = wall_to_finish(left, tau[iq], delta[iq]) * 3600.0  # the observation's remaining_work_s
+            # climb_pays
+            rem_cur_h = rem_s / 3600.0
+            rem_to_h = rem_cur_h * w_cur[q] / w_to[q]
+            saving = rem_cur_h * rate_cur[q] - rem_to_h * rate_to[q]
+            expected = lam[q] * rem_to_h * per_pre[q]
+            pays = saving > restart_s[q] / 3600.0 * rate_to[q] + expected
+            # guard_allows_climb
+            rem_to_s = rem_s * w_cur[q] / w_to[q]
+            behind = _schedule_s(rem_to_s, gw[q], gd[q], gp[q]) + gm[q] * 3600.0
+            must_go = 0.0 + gd[q] * 3600.0 - rem_to_s - gm[q] * 3600.0
+            need = t_s + 2.0 * restart_s[q]
+            on_line = behind - gm[q] * 3600.0 >= need
+            slack_ok = must_go >= need
+            ahead = ~g[q] | (on_line & slack_ok)
+            yes = ok & ahead & pays
+            found_at[q[yes]] = at[yes]
+            found_rem[q[yes]] = rem_s[yes]
+            # The slack is the same at every end of the attempt (up to rounding: stop only when
+            # it is short by more than a millisecond), the line is never reached when not gaining.
+            short = must_go - need < -1e-3
+            never = ~pays | (g[q] & short & (w_cur[q] == w_to[q])) | (g[q] & ~on_line & ~gaining[q])
+            stop = yes | past | never
+            todo[q[stop]] = False
+            cont = q[~stop]
+            nxt = kk[cont] + 1.0
+            off = ~ok[~stop]
+            if isinstance(proc, TraceCapacity) and off.any():  # jump to where the capacity is back
+                r = cont[off]
+                back = proc.next_available(s[r] + kk[r] * cyc[r] + offset[idx[r]]) - offset[idx[r]]
+                nxt[off] = np.maximum(nxt[off], np.ceil((back - s[r]) / cyc[r] - _EPS))
+            kk[cont] = nxt
+        better = found_at < best_at[sel]
+        best_at[sel[better]] = found_at[better]
+        best_to[sel[better]] = j
+        best_rem[sel[better]] = found_rem[better]
+    return best_at, best_to, best_rem
 
 
 # ---------------------------------------------------------------------------------------
@@ -739,31 +980,43 @@ def simulate(
     engine: Engine = "auto",
     horizon_h: float | None = None,
     label: str = "",
+    start_h: float | None = None,
 ) -> SimResult:
     """Simulate ``runs`` independent runs of ``job`` under the ladder's fallback policy.
 
-    ``engine="policy"`` drives ``FallbackPolicy.decide`` event by event (the reference);
-    ``"fast"`` is the vectorised equivalent for the default leave rules; ``"auto"`` picks the
-    fast engine whenever it applies.
+    ``engine="policy"`` drives ``FallbackPolicy.decide`` event by event (the reference; a
+    ladder that climbs back or is elastic runs on ``simulator_beyond``, which also feeds the
+    policy while the run runs); ``"fast"`` is the vectorised equivalent for the rules it
+    implements (``fast_supports``, default leave rules); ``"auto"`` picks it whenever it
+    applies. ``start_h``: start every run this many hours into the traces instead of at a
+    random tick, to predict one recorded replay (the benchmarks compare such a prediction
+    with a run on the local cluster); it uses the policy engine.
     """
     if runs <= 0:
         raise ValueError(f"runs must be > 0, got {runs}")
     policy = ladder if isinstance(ladder, FallbackPolicy) else FallbackPolicy(make_ladder(ladder))
-    if uses_beyond(policy.ladder):
-        if engine == "fast":
-            raise ValueError("climb_back, elastic tiers and max_preemption_rate need engine='policy'")
+    if start_h is not None and (uses_beyond(policy.ladder) or engine == "fast"):
+        raise ValueError("start_h needs engine='policy' and a ladder that does not climb back or resize")
+    fast_ok = (
+        _uses_default_rules(policy)
+        and fast_supports(policy.ladder)
+        and not any(isinstance(p, ScriptedModel) for p in world)
+    )
+    if engine == "fast" and not fast_ok:
+        raise ValueError(
+            "the fast engine needs the default leave rules, no elastic tier, max_preemption_rate or "
+            "expected_cost_exit, and no ScriptedModel; use engine='policy'"
+        )
+    if uses_beyond(policy.ladder) and (engine == "policy" or not fast_ok):
         from .simulator_beyond import simulate_beyond
 
         return simulate_beyond(policy, job, world, runs, seed, horizon_h, label)
     procs = _compile_world(policy.ladder, world)
     horizon = default_horizon_h(job) if horizon_h is None else horizon_h
-    fast_ok = _uses_default_rules(policy) and not any(isinstance(p, ScriptedModel) for p in procs)
-    if engine == "fast" and not fast_ok:
-        raise ValueError("the fast engine needs the default leave rules and no ScriptedModel; use engine='policy'")
-    if engine != "policy" and fast_ok:
+    if engine != "policy" and fast_ok and start_h is None:
         return _fast_many([(policy.ladder, job)], procs, runs, seed, horizon, [label])[0]
     draws = _Draws(runs, seed)
-    offsets = _offsets(procs, runs, seed)
+    offsets = _offsets(procs, runs, seed) if start_h is None else np.full(runs, float(start_h))
     out = _empty_result(label, runs, job.deadline_h)
     for r in range(runs):
         _policy_run(policy, job, procs, draws, r, float(offsets[r]), horizon, out)
@@ -786,8 +1039,10 @@ def simulate_many(
     if not configs:
         return []
     ladders = [make_ladder(lad) for lad, _ in configs]
-    if any(uses_beyond(lad) for lad in ladders):
-        raise ValueError("simulate_many runs the fast engine; climb_back, elastic tiers and rate rules need simulate()")
+    if not all(fast_supports(lad) for lad in ladders):
+        raise ValueError(
+            "simulate_many runs the fast engine; elastic tiers, max_preemption_rate and expected_cost_exit need simulate()"
+        )
     shape = [t.num_workers for t in ladders[0].tiers]
     for lad in ladders:
         if [t.num_workers for t in lad.tiers] != shape:
@@ -816,6 +1071,7 @@ def simulate_uniform_progress(
     tick_h: float | None = None,
     horizon_h: float | None = None,
     label: str = "uniform-progress",
+    checkpoint_on_demand: bool = False,
 ) -> SimResult:
     """Deadline-aware baseline: spot while ahead of the straight line from start to deadline.
 
@@ -826,8 +1082,11 @@ def simulate_uniform_progress(
     (on-demand when idle and behind ep(t) = t * W / D), otherwise idle. d, the changeover
     delay, is provisioning + restart. A voluntary switch checkpoints first (delta, billed).
     On-demand sessions take no periodic checkpoints (nothing interrupts them here), which
-    favours the baseline over a ladder that keeps one interval throughout. Node failures
-    without notice are not modelled here: only the spot process's preemptions and outages.
+    favours the baseline over a ladder that keeps one interval throughout; with
+    ``checkpoint_on_demand=True`` they checkpoint every tau too and the safety net counts those
+    writes in the time still needed: the same job as a ladder's, which is how the planner
+    compares. Node failures without notice are not modelled here: only the spot process's
+    preemptions and outages.
     """
     if job.deadline_h is None:
         raise ValueError("Uniform Progress needs a deadline (JobSpec.deadline_h)")
@@ -866,8 +1125,10 @@ def simulate_uniform_progress(
         spot_back = np.where(first_out, rng.standard_exponential(runs) * proc.mean_outage_h, 0.0)
     lam_p = proc.preemptions_per_node_hour * spot_tier.num_workers if not is_trace else 0.0
 
+    tau_od = tau if checkpoint_on_demand else NEVER_H
+
     def tau_of(m: np.ndarray) -> np.ndarray:
-        return np.where(m == ON_OD, NEVER_H, tau)
+        return np.where(m == ON_OD, tau_od, tau)
 
     def progress() -> tuple[np.ndarray, np.ndarray]:
         done, comm = cycle_progress(x, tau_of(mode), delta)
@@ -881,7 +1142,7 @@ def simulate_uniform_progress(
         t = step * h
         done, comm = progress()
         spot_ok = proc.is_ok(offset + t) if is_trace else t >= spot_back
-        need = prov + R + np.maximum(W - comm, 0.0)  # on-demand to the end, no periodic checkpoints
+        need = prov + R + wall_to_finish(np.maximum(W - comm, 0.0), tau_od, delta)  # on-demand to the end
         safety |= act & (D - t <= need + d + h + delta)
         ep_now, ep_hyst = t * W / D, (t + 2 * d) * W / D
         target = np.where(
@@ -1026,6 +1287,7 @@ __all__ = [
     "complement_trace",
     "cycle_progress",
     "default_horizon_h",
+    "fast_supports",
     "simulate",
     "simulate_many",
     "simulate_uniform_progress",

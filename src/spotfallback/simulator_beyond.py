@@ -5,17 +5,21 @@ per acquisition and never looks at the tiers above the current one. This engine 
 again driving the very ``FallbackPolicy`` the runner uses, with the two things the shell
 feeds the policy while a run is running (``CapacityObserved``):
 
-* the tiers above that allow a climb back: the first time after the tier's dwell that their
-  capacity is back, and only at the end of a checkpoint write (the controller shell does the
-  same, so a climb or a resize loses no work); a climb costs one restart (``R``) and the
-  provisioning delay like any other move;
+* the tiers above that allow a climb back: at the end of every checkpoint write after the
+  tier's dwell at which their capacity is there (the controller shell observes after each
+  commit, so a climb or a resize loses no work), until the policy says climb; a climb costs
+  one restart (``R``) and the provisioning delay like any other move;
 * an elastic tier (``min_workers``): it starts with whatever the trace offers between min and
   max, a gang of ``s`` of ``N`` workers progresses at ``s/N`` of the full rate and costs ``s``
-  workers; losing a node restarts it smaller at once; more capacity after the dwell grows it.
+  workers; losing a node restarts it smaller at once; a shrunk gang is observed at every
+  checkpoint end, so more capacity after the dwell grows it and its deadline guard can send
+  it down.
 
-Preemption-rate leave rules need nothing here: the policy sees each ``Preempted`` with its
-time. On a one-way, rigid ladder this engine takes the same random draws and gives the same
-outcome as ``simulate(engine="policy")`` run by run (a test checks it).
+Commits carry the ``remaining_work_s`` a training function reports (wall time left on the
+running gang); preemption-rate rules and the expected-cost exit need nothing more: the policy
+sees each event with its time. On a one-way, rigid ladder this engine takes the same random
+draws and gives the same outcome as ``simulate(engine="policy")`` run by run (a test checks
+it), and on guarded and climbing ladders the same as the vectorised engine.
 """
 
 from __future__ import annotations
@@ -56,6 +60,7 @@ from .simulator import (
     _empty_result,
     _interrupt,
     _offsets,
+    commits_of_attempt,
     compile_process,
     cycle_progress,
     default_horizon_h,
@@ -65,6 +70,7 @@ from .traces import NodeTrace, SpotTrace
 
 _EPS = 1e-9
 Compiled = RateModel | TraceCapacity
+_ALWAYS = RateModel()  # "capacity or not": observe at every checkpoint end
 
 
 def _compile_tier(process: Process, tier: Tier) -> dict[int, Compiled]:
@@ -176,6 +182,9 @@ def _beyond_run(policy: FallbackPolicy, job: JobSpec, caps: list[dict[int, Compi
                     else:
                         done, comm = cycle_progress(x, tau_w, delta)
                         gain, lost_here = float(comm) * f, (float(done) - float(comm)) * f
+                    # What the shell reports: wall time left on this gang after each commit.
+                    for commit in commits_of_attempt(W / f, committed / f, start, x, gain / f, t_int, tau_w, delta):
+                        state = policy.decide(state, commit).state
                     committed += gain
                     lost += lost_here
                     if tier.is_spot:
@@ -208,12 +217,15 @@ def _move_while_running(policy: FallbackPolicy, state, caps: list[dict[int, Comp
                         offset: float, job: JobSpec):
     """The first climb back or elastic growth the policy takes before ``end``: (t, Step) or None.
 
-    Candidates are the end of the first checkpoint write after the tier's dwell at which the
-    other tier (or a larger gang) can be placed; each is put to the policy in time order.
+    As in the controller shell, the policy is asked at the end of every checkpoint write
+    (after the tier's dwell) at which the other tier, or a larger gang, could be placed, in
+    time order (lower tiers first at the same time), until it says move.
     """
     tiers = policy.tiers
     since_h = (state.tier_since if state.tier_since is not None else state.running_since) / 3600.0
-    candidates: list[tuple[float, int]] = []
+    cycle = tau_w + delta
+    needs: dict[int, Compiled] = {}
+    pending: dict[int, float] = {}
     for j in range(k + 1):
         target = tiers[j]
         if j < k and not target.climb_back:
@@ -222,36 +234,53 @@ def _move_while_running(policy: FallbackPolicy, state, caps: list[dict[int, Comp
             continue
         if j < k:
             look = max(start, since_h + policy.climb_dwell_s(state, j) / 3600.0)
+            needs[j] = caps[j][min(caps[j])]
         else:
-            look = max(start, state.running_since / 3600.0 + target.min_dwell_s / 3600.0)
-        need = caps[j][min(caps[j])] if j < k else caps[k][size + 1]
-        for _ in range(64):  # capacity may vanish again before the checkpoint ends
-            found = _next_ok(need, look + offset) - offset
-            if not math.isfinite(found) or found >= end:
-                break
-            at = _checkpoint_end_after(found, start, tau_w, delta)
-            if at >= end:
-                break
-            if _is_ok(need, at + offset):
-                candidates.append((at, j))
-                break
-            look = at
-    for at, j in sorted(candidates):
+            # The shell observes a shrunk elastic gang after every checkpoint, whatever the
+            # capacity (the policy checks its deadline guard and whether growing pays).
+            look = start
+            needs[j] = _ALWAYS
+        at = _next_candidate(needs[j], look, start, end, tau_w, delta, offset)
+        if at is not None:
+            pending[j] = at
+    restart_s = (job.restart_overhead_h + job.provisioning_delay_h) * 3600.0
+    while pending:
+        j = min(pending, key=lambda i: (pending[i], i))
+        at = pending[j]
         done, _ = cycle_progress(at - start, tau_w, delta)
-        remaining_h = max(W - committed - float(done) * f, 0.0) / f
+        left_h = max(W - committed - float(done) * f, 0.0) / f
         event = CapacityObserved(
             t=at * 3600.0,
             tier=j,
             available_workers=_available(caps[j], at + offset),
-            remaining_work_s=remaining_h * 3600.0,
-            restart_s=(job.restart_overhead_h + job.provisioning_delay_h) * 3600.0,
+            remaining_work_s=float(wall_to_finish(left_h, tau_w, delta)) * 3600.0,
+            restart_s=restart_s,
             checkpoint_interval_s=tau_w * 3600.0 if math.isfinite(tau_w) else 0.0,
-            slack_s=None if job.deadline_h is None else (job.deadline_h - at - remaining_h) * 3600.0,
         )
         step = policy.decide(state, event)
-        if isinstance(step.decision, ClimbBack | Resize):
+        if isinstance(step.decision, ClimbBack | Resize | SwitchTier | GiveUp):
             return at, step
+        nxt = _next_candidate(needs[j], at + 0.5 * cycle, start, end, tau_w, delta, offset)
+        if nxt is None:
+            del pending[j]
+        else:
+            pending[j] = nxt
     return None
+
+
+def _next_candidate(need: Compiled, look: float, start: float, end: float, tau_w: float, delta: float,
+                    offset: float) -> float | None:
+    """First end of a checkpoint write at or after ``look`` and before ``end`` at which ``need`` fits."""
+    while True:  # capacity may vanish again before the checkpoint ends
+        found = _next_ok(need, look + offset) - offset
+        if not math.isfinite(found) or found >= end:
+            return None
+        at = _checkpoint_end_after(found, start, tau_w, delta)
+        if at >= end:
+            return None
+        if _is_ok(need, at + offset):
+            return at
+        look = at
 
 
 def simulate_beyond(

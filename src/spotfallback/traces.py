@@ -107,6 +107,8 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     if not data:
         raise TraceError(f"{path}: field 'data' is empty; a trace needs at least one tick")
     for i, v in enumerate(data):
+        if _is_number(v) and v > 2**53:  # no pool is that big, and int64 would overflow
+            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer up to 2**53, got {v!r}")
         if not (isinstance(v, int) and not isinstance(v, bool)) or v < 0:
             if isinstance(v, float) and v.is_integer() and v >= 0:
                 continue
@@ -129,7 +131,9 @@ def load_node_trace(path: str | Path) -> NodeTrace:
     events: list[NodeEvent] = []
     live: set[str] = set()
     last_ms = -math.inf
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    # Lines as an editor counts them: only '\n' ends one (str.splitlines also splits on
+    # form feeds and other separators, which would number the lines after them wrong).
+    for lineno, raw in enumerate(text.split("\n"), start=1):
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

@@ -43,6 +43,11 @@ LOCAL_RAY_ENV: Mapping[str, str] = {
     "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.25",
     # Workers learn of a drain within a second (default 5 s), so a few-second notice is usable.
     "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+    # Ray starts its workers (the Train controller and every training worker) at nice 15, so
+    # that on a VM of their own they never slow the raylet down. Here all nodes share one
+    # machine with the driver and whatever else runs on it, and each busy nice-0 process gets
+    # about 28 times their CPU share: two of them on two cores stall training for minutes.
+    "RAY_worker_niceness": "0",
 }
 
 logger = logging.getLogger(__name__)
