@@ -1,6 +1,7 @@
 """Work lost per eviction, with and without a preemption notice, spotfallback vs plain Ray Train.
 
-`.venv/bin/python bench/bench_notices.py [--repeat N] [--notice S] [--at-step K] [--only NAME ...]`
+`.venv/bin/python bench/bench_notices.py [--repeat N] [--notice S] [--at-step K] [--only NAME ...]
+[--scenario NAME:EVICTION ...]`
 
 One local cluster (head without CPUs + three one-CPU spot nodes) runs the DDP digits example
 (2 workers, 30 steps, a checkpoint every 5) once per scenario; when rank 0 has completed
@@ -9,6 +10,12 @@ PREEMPTION and a deadline ``--notice`` s ahead, then kill: the drain the notice 
 issues) or not (kill). Rank 0's step log gives, per eviction: steps redone, the stall
 (last step before the eviction -> first step beyond it after the restart) and the time
 from the kill to that step. Prints a Markdown table and the machine it ran on.
+
+Scenario names: ``spotfallback`` or ``ray`` (plain ``TorchTrainer``, same selector and
+budgets), plus ``+jit`` (the example's ``PreemptionWatch``) and ``+relax``
+(``relax_collectives_on_preemption=True``); an eviction is a notice length in seconds or
+``kill``. For spotfallback runs the ledger also times, from the kill, when the failure was
+decided (``failure_s``) and when the new worker group was up (``workers_s``).
 """
 
 from __future__ import annotations
@@ -45,6 +52,8 @@ class Row:
     stall_s: float
     kill_to_new_s: float
     weights_ok: bool
+    failure_s: float | None = None  # kill -> the failure decided (spotfallback's ledger)
+    workers_s: float | None = None  # kill -> the next worker group up (spotfallback's ledger)
 
 
 def cpu_model() -> str:
@@ -58,7 +67,7 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
     return [json.loads(x) for x in path.read_text().splitlines() if x.strip()] if path.exists() else []
 
 
-def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any]) -> Callable[[], Any]:
+def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any], *, relax: bool = False) -> Callable[[], Any]:
     import ray.train
     from examples.ddp_digits import train_fn
     from ray.train.torch import TorchTrainer
@@ -71,7 +80,11 @@ def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any]) -> Cal
             train_fn,
             train_loop_config=config,
             tiers=[Tier.spot(2, max_preemptions=3, max_failures=3)],
-            run_config=ray.train.RunConfig(storage_path=str(storage), name=name, failure_config=jit_failure_config()),
+            run_config=ray.train.RunConfig(
+                storage_path=str(storage),
+                name=name,
+                failure_config=jit_failure_config(relax_collectives_on_preemption=relax),
+            ),
         )
     else:  # plain Ray Train: same selector, same retry budgets, same preemption switches
         trainer = TorchTrainer(
@@ -83,7 +96,9 @@ def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any]) -> Cal
             run_config=ray.train.RunConfig(
                 storage_path=str(storage),
                 name=name,
-                failure_config=ray.train.FailureConfig(max_failures=3, max_preemption_failures=3),
+                failure_config=ray.train.FailureConfig(
+                    max_failures=3, max_preemption_failures=3, relax_collectives_on_preemption=relax
+                ),
             ),
         )
     return trainer.fit
@@ -92,10 +107,10 @@ def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any]) -> Cal
 def run_scenario(
     cluster: Any, injector: Any, storage: Path, scenario: str, notice_s: float | None, at_step: int, evicted_rank: int, reference: str
 ) -> Row:
-    kind, _, variant = scenario.partition("+")
+    kind, *variants = scenario.split("+")
     log = storage / f"{scenario}-{uuid.uuid4().hex[:6]}.steps"
-    config = {**CONFIG, "step_log": str(log), **(JIT if variant == "jit" else {})}
-    fit = make_fit(kind, storage, f"bench-{uuid.uuid4().hex[:8]}", config)
+    config = {**CONFIG, "step_log": str(log), **(JIT if "jit" in variants else {})}
+    fit = make_fit(kind, storage, f"bench-{uuid.uuid4().hex[:8]}", config, relax="relax" in variants)
     out: dict[str, Any] = {}
 
     def drive() -> None:
@@ -127,6 +142,15 @@ def run_scenario(
     last = first[-1]
     new = next(s for s in after if s["step"] > last["step"])
     injector.replenish("spot")
+    failure_s = workers_s = None
+    ledger = getattr(getattr(fit, "__self__", None), "ledger", None)
+    if ledger is not None:  # spotfallback: when the failure was decided, when workers were back
+        later = [r for r in ledger.read() if r.t >= kill_t - 1.0]
+        failed = next((r for r in later if r.event.kind in ("preempted", "node_failed", "application_failed")), None)
+        if failed is not None:
+            failure_s = round(failed.t - kill_t, 1)
+            up = next((r for r in later if r.event.kind == "workers_acquired" and r.t >= failed.t), None)
+            workers_s = None if up is None else round(up.t - kill_t, 1)
     return Row(
         scenario=f"{scenario} ({'kill, no notice' if notice_s is None else f'{notice_s:g} s notice'})",
         evicted_rank=evicted_rank,
@@ -136,7 +160,23 @@ def run_scenario(
         stall_s=round(new["t"] - last["t"], 1),
         kill_to_new_s=round(new["t"] - kill_t, 1),
         weights_ok=out["result"].metrics.get("weights_sha256") == reference,
+        failure_s=failure_s,
+        workers_s=workers_s,
     )
+
+
+def parse_scenario(spec: str) -> tuple[str, float | None]:
+    """``NAME:EVICTION`` -> (name, notice seconds or None for a kill)."""
+    name, sep, eviction = spec.partition(":")
+    kind, *variants = name.split("+")
+    if not sep or kind not in ("spotfallback", "ray") or not set(variants) <= {"jit", "relax"}:
+        raise SystemExit(f"--scenario {spec!r}: expected (spotfallback|ray)[+jit][+relax]:(SECONDS|kill)")
+    if eviction == "kill":
+        return name, None
+    try:
+        return name, float(eviction)
+    except ValueError:
+        raise SystemExit(f"--scenario {spec!r}: the eviction is a notice in seconds or 'kill'") from None
 
 
 def main() -> None:
@@ -147,6 +187,13 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=1, choices=(0, 1), help="whose node is evicted (0 writes checkpoints)")
     parser.add_argument(
         "--only", nargs="*", default=None, help="scenarios: spotfallback+jit, spotfallback, ray+jit, ray"
+    )
+    parser.add_argument(
+        "--scenario",
+        action="append",
+        default=None,
+        metavar="NAME:EVICTION",
+        help="instead of the default five: e.g. spotfallback:kill, ray+jit:8, spotfallback+jit+relax:8 (repeatable)",
     )
     args = parser.parse_args()
 
@@ -162,6 +209,8 @@ def main() -> None:
         ("ray", None),
         ("ray+jit", args.notice),
     ]
+    if args.scenario:
+        scenarios = [parse_scenario(spec) for spec in args.scenario]
     if args.only:
         scenarios = [s for s in scenarios if s[0] in args.only]
     storage = Path(tempfile.mkdtemp(prefix="sf-bench-notices-"))
@@ -182,10 +231,16 @@ def main() -> None:
     print(f"command: {' '.join([Path(sys.executable).name, *sys.argv])}")
     print(f"machine: nproc={os.cpu_count()}, CPU: {cpu_model()}, load average before/after: "
           f"{load_before[0]:.1f}/{os.getloadavg()[0]:.1f}, total {time.time() - t0:.0f}s")
-    print("\n| scenario | evicted rank | last step before | resumed at | steps redone | stall (s) | kill -> new step (s) | weights bit-identical |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| scenario | evicted rank | last step before | resumed at | steps redone | stall (s) | kill -> new step (s) "
+          "| kill -> failure decided (s) | kill -> workers up (s) | weights bit-identical |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r.scenario} | {r.evicted_rank} | {r.last_before} | {r.resumed_at} | {r.redone} | {r.stall_s} | {r.kill_to_new_s} | {r.weights_ok} |")
+        print(f"| {r.scenario} | {r.evicted_rank} | {r.last_before} | {r.resumed_at} | {r.redone} | {r.stall_s} "
+              f"| {r.kill_to_new_s} | {_dash(r.failure_s)} | {_dash(r.workers_s)} | {r.weights_ok} |")
+
+
+def _dash(value: float | None) -> str:
+    return "-" if value is None else f"{value}"
 
 
 if __name__ == "__main__":

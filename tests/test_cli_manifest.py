@@ -61,7 +61,7 @@ def test_kuberay_writes_a_valid_file(app: typer.Typer, job_file: Path, tmp_path:
 
 def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")
-    assert result.exit_code == 0 and result.stderr == ""
+    assert result.exit_code == 0 and result.stderr.startswith("run name: churn-v2 (from --name); ")
     manifest = yaml.safe_load(result.stdout)
     assert json.loads(shlex.split(manifest["spec"]["entrypoint"])[3])["name"] == "churn-v2"
     saved = tmp_path / "rayjob.yaml"
@@ -79,6 +79,38 @@ def test_unique_name_makes_a_new_run(app: typer.Typer, job_file: Path) -> None:
     assert manifest["metadata"]["annotations"]["spotfallback/run-name"] == name
 
 
+@pytest.mark.parametrize("command", [["kuberay", "--cloud", "aks"], ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]])
+def test_every_generation_says_the_same_name_resumes(app: typer.Typer, job_file: Path, tmp_path: Path, command: list[str]) -> None:
+    result = run(app, *command, "--job", job_file, "--out", tmp_path / "out.yaml")
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[-1] == (
+        "run name: churn-model (from the job file); if s3://ml-runs/spotfallback/churn-model already holds a run, "
+        "this file RESUMES it: for a new run, pass --unique-name or another --name"
+    )
+
+
+IMAGE = "registry.example.com/ml/churn-train:1.4"
+
+
+def _containers(text: str) -> list[list[str]]:
+    groups = yaml.safe_load(text)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return [[c["name"] for c in g["template"]["spec"]["containers"]] for g in groups]
+
+
+def test_notice_agent_switch(app: typer.Typer, job_file: Path) -> None:
+    stock = run(app, "kuberay", "--cloud", "gke", "--job", job_file)
+    assert _containers(stock.stdout) == [["ray-worker"], ["ray-worker"]]
+    own = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--spot-grace", "12")
+    assert _containers(own.stdout) == [["ray-worker", "notice-agent"], ["ray-worker"]]
+    assert "grace 12 s" in own.stdout
+    off = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--no-notice-agent")
+    assert _containers(off.stdout) == [["ray-worker"], ["ray-worker"]] and "# Notice agent: off (--no-notice-agent)" in off.stdout
+    vm = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
+    assert "spotfallback notice-agent --cloud aws" in yaml.safe_load(vm.stdout)["worker_start_ray_commands"][-1]
+    vm_off = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--no-notice-agent")
+    assert "worker_start_ray_commands" not in yaml.safe_load(vm_off.stdout)
+
+
 NO_MARKET = JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: spot, num_workers: 2}")
 
 
@@ -94,6 +126,9 @@ NO_MARKET = JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: sp
         (["--cloud", "gke", "--storage-pvc", "runs"], JOB, "error: --storage-pvc: storage_path 's3://ml-runs/spotfallback' is remote storage"),
         (["--cloud", "gke"], JOB.replace("s3://ml-runs/spotfallback", "/tmp/runs"), "job.yaml: storage_path: '/tmp/runs' is a local path"),
         (["--cloud", "gke"], JOB.replace("market: spot", "market: reserved"), "job.yaml: tiers[0].market: 'reserved' has no node selection on gke"),
+        (["--cloud", "gke", "--notice-agent"], JOB, "error: --notice-agent: the sidecar runs `spotfallback notice-agent` from the image"),
+        (["--cloud", "gke", "--image", IMAGE, "--spot-grace", "0"], JOB, "error: --spot-grace: must be at least 1"),
+        (["--cloud", "eks-karpenter", "--image", IMAGE, "--spot-grace", "300"], JOB, "error: --spot-grace: 300 s is longer than the longest spot notice"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_file(app: typer.Typer, tmp_path: Path, args: list[str], job_text: str, message: str) -> None:
@@ -135,6 +170,7 @@ def test_cluster_launcher_writes_a_valid_file(app: typer.Typer, job_file: Path, 
         (["--cloud", "aws", "--region", "us-east-1", "--instance-type", "m5.large"], "error: --instance-type: expected TIER=TYPE, got 'm5.large'"),
         (["--cloud", "aws", "--region", "us-east-1", "--instance-type", "gpu=p4d.24xlarge"], "error: --instance-type: no tier named 'gpu'"),
         (["--cloud", "gcp", "--zone", "us-central1-a"], "error: --project-id: required on GCP"),
+        (["--cloud", "aws", "--region", "us-east-1", "--image", "my image"], "error: --image: 'my image' is not a container image"),
     ],
 )
 def test_cluster_launcher_bad_input(app: typer.Typer, job_file: Path, tmp_path: Path, args: list[str], message: str) -> None:

@@ -271,15 +271,33 @@ def test_local_storage_needs_a_shared_volume() -> None:
 
 
 def test_notice_agent_switch_adds_a_sidecar_to_spot_workers_only() -> None:
+    # The agent's pod details and its agreement with the agent's CLI: tests/test_deploy_notice_agent.py.
     job = make_job(LADDERS[2])
-    off = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE))
+    image = "registry.example.com/ml/churn-train:1.4"
+    off = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image, notice_agent=False))
     assert all(len(g["template"]["spec"]["containers"]) == 1 for g in groups(off))
-    on = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE, notice_agent=True))
+    on = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image, notice_agent=True))
     spot, od = groups(on)
     assert [c["name"] for c in spot["template"]["spec"]["containers"]] == ["ray-worker", "notice-agent"]
     assert spot["template"]["spec"]["containers"][1]["command"] == ["spotfallback", "notice-agent"]
     assert len(od["template"]["spec"]["containers"]) == 1
-    assert validate_text(render_kuberay(job, KubeRayOptions(cloud=K8sCloud.GKE, notice_agent=True))).ok
+    assert validate_text(render_kuberay(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image))).ok
+
+
+def test_entrypoint_writes_only_what_the_job_sets() -> None:
+    # A default (backend: from the entrypoint's SPOTFALLBACK_BACKEND, which the generating
+    # machine may not be able to import) is decided where the job runs, as `run job.yaml` would.
+    job = make_job(LADDERS[1])
+    payload = json.loads(shlex.split(rayjob_entrypoint(job))[3])
+    assert "backend" not in payload and "plan" not in payload
+    assert "backend" not in JobConfig.model_validate(payload).model_fields_set
+    tf = make_job(LADDERS[1], backend="tensorflow")
+    assert json.loads(shlex.split(rayjob_entrypoint(tf))[3])["backend"] == "tensorflow"
+    # An explicit null is a setting ("wait forever"), not a default: it is kept.
+    forever = make_job([{**SPOT_A, "capacity_timeout_s": None}])
+    tiers = json.loads(shlex.split(rayjob_entrypoint(forever))[3])["tiers"]
+    assert tiers[0]["capacity_timeout_s"] is None
+    assert JobConfig.model_validate({**payload, "tiers": tiers}).tiers[0].capacity_timeout_s is None
 
 
 @pytest.mark.parametrize(
@@ -320,7 +338,9 @@ def test_golden(cloud: K8sCloud) -> None:
     storage, zone = GOLDEN_SETUP[cloud]
     spot_b = {**SPOT_B, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": zone}}
     job = make_job([SPOT_A, spot_b, ON_DEMAND], storage_path=storage)
-    text = render_kuberay(job, KubeRayOptions(cloud=cloud, storage_secret="ml-runs-creds"))
+    # An image of one's own (with spotfallback), so the spot pods show the notice agent.
+    opts = KubeRayOptions(cloud=cloud, storage_secret="ml-runs-creds", image="registry.example.com/ml/churn-train:1.4")
+    text = render_kuberay(job, opts)
     path = GOLDEN / f"kuberay-{cloud.value}.yaml"
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)

@@ -102,6 +102,28 @@ def test_broken_copies_fail_naming_the_field(what: str, mutate: Mutation, expect
     assert any(e.startswith(head) and tail in e for e in found), found
 
 
+def _drop_cluster_group_name(doc: dict[str, Any]) -> None:
+    del doc["spec"]["workerGroupSpecs"][1]["groupName"]
+
+
+BROKEN_CLUSTERS: list[tuple[str, Mutation, str]] = [
+    ("misspelt field", _set("spec.enableInTreeAutoscalling", True), "spec.enableInTreeAutoscalling: unknown field; did you mean 'enableInTreeAutoscaling'?"),
+    ("misspelt group field", _set("spec.workerGroupSpecs.0.maxReplica", 3), "spec.workerGroupSpecs[0].maxReplica: unknown field; did you mean 'maxReplicas'?"),
+    ("wrong type", _set("spec.workerGroupSpecs.1.minReplicas", "0"), "spec.workerGroupSpecs[1].minReplicas: expected integer, got string '0'"),
+    ("labels in rayStartParams", _set("spec.workerGroupSpecs.0.rayStartParams", {"labels": "ray.io/market-type=spot"}), "spec.workerGroupSpecs[0].rayStartParams.labels: not supported since KubeRay 1.5"),
+    ("missing groupName", _drop_cluster_group_name, "spec.workerGroupSpecs[1].groupName: required field is missing"),
+]
+
+
+@pytest.mark.parametrize(("what", "mutate", "expected"), BROKEN_CLUSTERS, ids=[b[0] for b in BROKEN_CLUSTERS])
+def test_broken_raycluster_copies_fail_naming_the_field(what: str, mutate: Mutation, expected: str) -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    assert errors(doc) == []
+    mutate(doc)
+    found = errors(doc)
+    assert any(e.startswith(expected) for e in found), found
+
+
 def test_strictness_is_what_catches_the_typo() -> None:
     doc = sample(JOB_SAMPLE)
     doc["spec"]["backofLimit"] = 3

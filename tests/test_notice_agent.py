@@ -119,8 +119,15 @@ class FakeGcp(FakeMetadata):
         self.value = b"FALSE"
         self.flavor_header = True
         self.honor_wait = True
+        self.status = 200  # what instance/preempted answers with (non-200: an empty body)
+        self.hang_waits = False  # hanging GETs never answer (until close)
+        self.released = threading.Event()
         self.cv = threading.Condition()
         super().__init__()
+
+    def close(self) -> None:
+        self.released.set()
+        super().close()
 
     def set(self, value: bytes) -> None:
         with self.cv:
@@ -138,6 +145,10 @@ class FakeGcp(FakeMetadata):
             return 200, out, b"4520031799277581759"
         if path != "/computeMetadata/v1/instance/preempted":
             return 404, out, b""
+        if self.status != 200:
+            return self.status, out, b""
+        if query.get("wait_for_change") == ["true"] and self.hang_waits:
+            self.released.wait(30)
         if query.get("wait_for_change") == ["true"] and self.honor_wait:
             timeout = float(query.get("timeout_sec", ["60"])[0])
             with self.cv:
@@ -155,6 +166,7 @@ class FakeAzure(FakeMetadata):
         self.events: list[Any] = []
         self.incarnation = 1
         self.raw: bytes | None = None
+        self.status = 200  # what scheduledevents answers with (non-200: an error body)
         super().__init__()
 
     def handle(self, method: str, path: str, query: dict[str, list[str]], headers: Any) -> Answer:
@@ -165,6 +177,8 @@ class FakeAzure(FakeMetadata):
         if path == "/metadata/instance/compute/azEnvironment":
             return 200, {}, b"AzurePublicCloud"
         if path == "/metadata/scheduledevents" and query.get("api-version") == ["2020-07-01"]:
+            if self.status != 200:
+                return self.status, {"Content-Type": "application/json"}, b'{"error": "Internal Server Error"}'
             if self.raw is not None:
                 return 200, {}, self.raw
             body = {"DocumentIncarnation": self.incarnation, "Events": self.events}
@@ -293,8 +307,10 @@ def test_aws_expired_token_is_renewed(aws):
         b'{"action": "terminate", "time": "2030-01-01T00:00:00"}',
         b"\xff\xfe\x00garbage",
         b'{"action": "terminate", "time": "' + b"9" * 70000 + b'"}',
+        b"",
+        b" \n",
     ],
-    ids=["html", "list", "no-time", "bad-action", "bad-time", "far-future", "stale", "no-zone", "binary", "huge"],
+    ids=["html", "list", "no-time", "bad-action", "bad-time", "far-future", "stale", "no-zone", "binary", "huge", "empty", "blank"],
 )
 def test_aws_never_drains_on_garbage_and_recovers(aws, body):
     aws.instance_action = body
@@ -329,6 +345,23 @@ def test_aws_rebalance_is_recorded_and_only_drained_when_asked(aws):
     aws.instance_action = json.dumps({"action": "terminate", "time": iso(time.time() + 110)}).encode()
     poll(acting, 2)
     assert [n.source for n in drains2.calls] == ["aws-rebalance", "aws"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"not json", b"[]", b"{}", b'{"noticeTime": "soon"}', b'{"noticeTime": "2024-05-01T10:00:00"}', b'{"noticeTime": 7}'],
+    ids=["empty", "not-json", "list", "no-time", "bad-time", "no-zone", "number"],
+)
+def test_aws_malformed_rebalance_never_drains_and_does_not_hide_the_instance_action(aws, body):
+    aws.rebalance = body
+    agent, drains, records = agent_for(AwsPoller(aws.url, act_on_rebalance=True))
+    poll(agent, 2)
+    assert drains.calls == [] and records.calls == []
+    assert len(agent.problems) == 2 and all(p.startswith("aws rebalance:") for p in agent.problems)
+    when = int(time.time()) + 100
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(when)}).encode()
+    poll(agent, 3)
+    assert [(n.source, n.deadline_s) for n in drains.calls] == [("aws", float(when))]
 
 
 def test_a_later_deadline_from_a_second_notice_does_not_drain_again(aws):
@@ -372,6 +405,39 @@ def test_gcp_answer_without_the_flavor_header_is_not_trusted(gcp):
     agent, drains, _ = agent_for(GcpPoller(gcp.url))
     agent.poll_once()
     assert drains.calls == [] and "Metadata-Flavor" in agent.problems[0]
+
+
+@pytest.mark.parametrize("status", [404, 500, 503])
+def test_gcp_error_status_never_drains_then_recovers(gcp, status):
+    gcp.set(b"TRUE")
+    gcp.status = status
+    now = [2_000.0]
+    agent, drains, _ = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == [f"gcp preempted: HTTP {status}"] * 2
+    gcp.status = 200
+    poll(agent, 1)
+    now[0] += 5
+    poll(agent, 2)
+    assert [n.deadline_s for n in drains.calls] == [2_030.0]  # first seen when it answered, + 30 s
+
+
+def test_gcp_hanging_get_that_never_returns_costs_one_hang_then_the_notice_drains_once(gcp):
+    gcp.hang_waits = True
+    poller = GcpPoller(gcp.url, timeout_s=0.3, wait_for_change=True, wait_timeout_s=1)
+    agent, drains, _ = agent_for(poller)
+    agent.poll_once()  # plain GET: FALSE, learns the ETag
+    assert poller.blocking and agent.problems == []
+    t0 = time.monotonic()
+    agent.poll_once()  # the hanging GET: the server never answers
+    assert 1.0 < time.monotonic() - t0 < 3.0  # bounded by timeout_sec + the request timeout
+    assert drains.calls == [] and len(agent.problems) == 1 and not poller.blocking
+    gcp.set(b"TRUE")
+    seen = time.time()
+    agent.poll_once()  # a plain GET again: the notice gets through
+    agent.poll_once()  # hanging again, never answered: still one drain
+    assert len(drains.calls) == 1
+    assert drains.calls[0].deadline_s == pytest.approx(seen + 30, abs=1.0)
 
 
 def test_gcp_wait_for_change_wakes_on_the_notice(gcp):
@@ -424,6 +490,19 @@ def test_azure_started_preempt_with_blank_not_before_means_now(azure):
     agent, drains, _ = agent_for(AzurePoller(azure.url))
     agent.poll_once()
     assert len(drains.calls) == 1 and drains.calls[0].deadline_s == pytest.approx(time.time(), abs=2)
+
+
+@pytest.mark.parametrize("status", [400, 500, 503])
+def test_azure_error_status_never_drains_then_recovers(azure, status):
+    not_before = int(time.time()) + 30
+    azure.events = [preempt_event("H9", not_before, [azure.vm_name])]
+    azure.status = status
+    agent, drains, _ = agent_for(AzurePoller(azure.url))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == [f"azure scheduledevents: HTTP {status}"] * 2
+    azure.status = 200
+    poll(agent, 3)
+    assert [(n.key, n.deadline_s) for n in drains.calls] == [("azure:H9", float(not_before))]
 
 
 @pytest.mark.parametrize(
@@ -567,29 +646,40 @@ def test_detect_cloud_by_metadata_environment_and_firmware(aws, gcp, azure, tmp_
     assert detect_cloud(closed_port_url(), env={}, dmi_dir=dmi) == "aws"
 
 
-def _cli(args: list[str]) -> Any:
+def _cli(args: list[str], env: dict[str, str] | None = None) -> Any:
     from spotfallback.cli import _register_subcommands, app
 
     _register_subcommands()
-    return CliRunner().invoke(app, args)
+    return CliRunner().invoke(app, args, env=env)
 
 
-def test_cli_once_dry_run_prints_and_records_the_notice(gcp, tmp_path):
+def _ledger_records(storage: str, name: str, timeout_s: float = 10.0) -> list[Any]:
+    """The run's ledger once something is in it (the agent writes beside the drain, bounded)."""
     from spotfallback.ledger import Ledger
     from spotfallback.storage import resolve_run
 
+    deadline = time.time() + timeout_s
+    while True:
+        records = Ledger(resolve_run(storage, name)).read()
+        if records or time.time() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["flags", "sidecar-env"])
+def test_cli_once_dry_run_prints_and_records_the_notice(gcp, tmp_path, how):
     gcp.set(b"TRUE")
     run = f"{tmp_path}/runs/job-1"
-    result = _cli(["notice-agent", "--cloud", "gcp", "--metadata-url", gcp.url, "--once", "--dry-run", "--run", run])
+    if how == "flags":
+        args = ["--cloud", "gcp", "--metadata-url", gcp.url, "--run", run]
+        env: dict[str, str] = {}
+    else:  # the KubeRay sidecar's contract: everything through the environment
+        args, env = [], {"SPOTFALLBACK_CLOUD": "gcp", "SPOTFALLBACK_METADATA_URL": gcp.url, "SPOTFALLBACK_RUN": run}
+    result = _cli(["notice-agent", *args, "--once", "--dry-run"], env)
     assert result.exit_code == 0, result.output
     line = json.loads([ln for ln in result.stdout.splitlines() if ln.startswith("{")][0])
     assert (line["source"], line["action"], line["drained"]) == ("gcp", "preempt", False)
-    deadline = time.time() + 10
-    while time.time() < deadline:  # the ledger write runs beside the agent, bounded
-        records = Ledger(resolve_run(str(tmp_path / "runs"), "job-1")).read()
-        if records:
-            break
-        time.sleep(0.05)
+    records = _ledger_records(str(tmp_path / "runs"), "job-1")
     assert [(r.event.kind, r.event.source, r.event.drained) for r in records] == [("preemption_notice", "gcp", False)]
     assert records[0].decision == {"action": "continue"} and records[0].tier == 0
 
@@ -601,3 +691,93 @@ def test_cli_rejects_unknown_cloud_and_undetectable_machine():
         pytest.skip("this machine names its cloud by firmware or environment")
     result = _cli(["notice-agent", "--metadata-url", dead, "--timeout", "0.2", "--dry-run", "--once"])
     assert result.exit_code == 2 and "could not detect the cloud" in result.output
+
+
+def test_cli_names_the_environment_variable_of_a_bad_value():
+    result = _cli(["notice-agent", "--once", "--dry-run"], {"SPOTFALLBACK_CLOUD": "eks-karpenter"})
+    assert result.exit_code == 2
+    assert "--cloud (SPOTFALLBACK_CLOUD): 'eks-karpenter' is not one of auto, aws, gcp, azure, k8s" in result.output
+    result = _cli(["notice-agent", "--once", "--dry-run", "--cloud", "k8s"], {"SPOTFALLBACK_K8S_GRACE_S": "half a minute"})
+    assert result.exit_code == 2 and "SPOTFALLBACK_K8S_GRACE_S" in result.output
+
+
+def test_cli_malformed_ray_address_fails_at_once_without_waiting(gcp):
+    t0 = time.monotonic()
+    result = _cli(["notice-agent", "--cloud", "gcp", "--metadata-url", gcp.url, "--once"], {"RAY_ADDRESS": "head:port:x"})
+    assert result.exit_code == 2 and "cannot find the Ray node to drain: Invalid address format" in result.output
+    assert time.monotonic() - t0 < 20  # not the --ray-wait of 120 s
+
+
+def test_cli_k8s_sidecar_drains_on_sigterm_at_once_with_the_grace_period(tmp_path):
+    """The real process, configured only by the sidecar's environment; SIGTERM wakes the poll."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "SPOTFALLBACK_CLOUD": "k8s",
+        "SPOTFALLBACK_K8S_GRACE_S": "25",
+        "SPOTFALLBACK_RUN": f"{tmp_path}/runs/job-2",
+    }
+    cmd = [sys.executable, "-m", "spotfallback.cli", "notice-agent", "--dry-run", "--interval", "60"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        assert "watching k8s notices" in proc.stderr.readline()
+        time.sleep(0.3)  # the first poll (nothing) is done; the next is 60 s away
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        line = json.loads(proc.stdout.readline())
+        assert time.time() - sent < 5  # woken by the signal, not by the 60 s interval
+        assert (line["source"], line["action"]) == ("k8s", "sigterm")
+        assert line["deadline_s"] == pytest.approx(sent + 25, abs=1.5)
+        records = _ledger_records(str(tmp_path / "runs"), "job-2")
+        assert [(r.event.kind, r.event.source) for r in records] == [("preemption_notice", "k8s")]
+        assert proc.poll() is None  # a k8s agent outlives SIGTERM: the kubelet ends it after the grace period
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_drain_deadline_is_epoch_milliseconds_and_a_past_one_becomes_now_plus_one():
+    from spotfallback.notices.drain import deadline_ms_for
+
+    assert deadline_ms_for(None) == 0  # Ray: no deadline
+    assert deadline_ms_for(1_000.25, now_s=900.0) == 1_000_250
+    assert deadline_ms_for(800.0, now_s=900.0) == 900_001  # past: now + 1 ms (0 would mean none)
+    assert deadline_ms_for(900.0, now_s=900.0) == 900_001
+    assert deadline_ms_for(0.0, now_s=900.0) == 900_001
+    assert abs(deadline_ms_for(time.time() - 5) - time.time() * 1000) < 1_000  # default now: the clock
+
+
+def test_local_injector_drains_and_records_through_the_agents_path(tmp_path):
+    """The injector's notice: the agent's RayDrain (same Ray call) and LedgerRecorder (same record)."""
+    from types import SimpleNamespace
+
+    from ray.core.generated import autoscaler_pb2
+
+    from spotfallback.local.injector import Injector
+
+    calls: list[tuple[Any, ...]] = []
+
+    class Gcs:
+        def drain_node(self, *args: Any) -> tuple[bool, str]:
+            calls.append(args)
+            return True, ""
+
+    node = SimpleNamespace(node_id="ab" * 28, market="spot")
+    cluster = SimpleNamespace(node=lambda n: node, gcs_client=lambda: Gcs())
+    injector = Injector(cluster, run=f"{tmp_path}/runs/job-3")  # type: ignore[arg-type]
+    try:
+        before = time.time()
+        injector.drain(node.node_id, notice_s=20)
+    finally:
+        injector.close()
+    ((node_id, reason, message, deadline_ms),) = calls
+    assert (node_id, reason) == (node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"))
+    assert message.startswith("injector preemption notice: ") and before + 19.999 <= deadline_ms / 1000 <= time.time() + 20
+    (record,) = _ledger_records(str(tmp_path / "runs"), "job-3")
+    ev = record.event
+    assert (ev.kind, ev.source, ev.action, ev.drained, ev.node_id) == ("preemption_notice", "injector", "preempt", True, node.node_id)
+    assert ev.deadline_s == pytest.approx(deadline_ms / 1000, abs=0.002)
+    assert [a.action for a in injector.actions()] == ["drain"]

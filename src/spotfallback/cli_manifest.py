@@ -2,6 +2,8 @@
 
 Every generated file is validated before it is written, and bad input (an unknown cloud, a
 tier with no market, a malformed image) is one line on stderr, exit code 2, and no file.
+Every generation says on stderr which run the file starts, because the same run name
+resumes that run: a name reused by accident would continue someone else's training.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ _OPTION_OF = {
     "project_id": "--project-id",
     "instance_type": "--instance-type",
     "source_image": "--source-image",
+    "notice_agent": "--notice-agent",
+    "spot_grace_seconds": "--spot-grace",
 }
 
 JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_path, entrypoint, tiers).")]
@@ -89,10 +93,22 @@ def _load(job_path: Path, name: str | None, unique: bool) -> tuple[JobConfig, st
         job = JobConfig.from_yaml(job_path)
     except ConfigError as e:
         _fail(f"--job: {_one_line(str(e))}")
+    return job, (unique_run_name(name or job.name) if unique else name)
+
+
+def _say_run_name(job: JobConfig, name: str | None, unique: bool) -> None:
+    """One stderr line, every time, after the file is made: the run it starts, and that the
+    same name resumes it (the seed's warning against reusing a name by accident)."""
     if unique:
-        name = unique_run_name(name or job.name)
         typer.echo(f"run name: {name} (a new run)", err=True)
-    return job, name
+        return
+    run = name or job.name
+    source = "--name" if name else "the job file"
+    typer.echo(
+        f"run name: {run} (from {source}); if {job.storage_path.rstrip('/')}/{run} already holds a run, "
+        "this file RESUMES it: for a new run, pass --unique-name or another --name",
+        err=True,
+    )
 
 
 def _emit(text: str, out: Path | None, what: str) -> None:
@@ -122,6 +138,22 @@ def kuberay_command(
     backoff_limit: Annotated[int, typer.Option(min=0, help="RayJob retries; each retry resumes the run.")] = 5,
     active_deadline: Annotated[int, typer.Option(min=1, help="RayJob wall-clock limit, seconds.")] = 3 * 24 * 3600,
     ttl: Annotated[int, typer.Option(min=0, help="Seconds the finished RayJob's cluster is kept for inspection.")] = 300,
+    notice_agent: Annotated[
+        bool | None,
+        typer.Option(
+            "--notice-agent/--no-notice-agent",
+            help="Sidecar on spot workers that drains the Ray node on the pod's SIGTERM (just-in-time "
+            "checkpoints). Default: on with --image, off with the stock Ray image (no spotfallback in it).",
+            show_default=False,
+        ),
+    ] = None,
+    spot_grace: Annotated[
+        int | None,
+        typer.Option(
+            help="Spot pods' terminationGracePeriodSeconds with the agent; must fit in the cloud's notice "
+            "(default: eks-* 90, aks 25, gke 15).",
+        ),
+    ] = None,
     out: OutOpt = None,
 ) -> None:
     """Write a KubeRay RayJob (or RayCluster): on-demand head, one worker group per tier."""
@@ -142,6 +174,8 @@ def kuberay_command(
             backoff_limit=backoff_limit,
             active_deadline_seconds=active_deadline,
             ttl_seconds_after_finished=ttl,
+            notice_agent=notice_agent,
+            spot_grace_seconds=spot_grace,
         )
         text = render_kuberay(config, opts)
     except ConfigError as e:
@@ -149,6 +183,7 @@ def kuberay_command(
     except ManifestInvalid as e:
         _fail(f"internal error, the generated manifest does not validate: {e}", code=1)
     _emit(text, out, f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups")
+    _say_run_name(config, run_name, unique_name)
 
 
 def _instance_types(entries: list[str]) -> dict[str, str]:
@@ -176,6 +211,13 @@ def launcher_command(
     instance_profile: Annotated[str | None, typer.Option(help="AWS instance profile ARN for the worker nodes (storage access).")] = None,
     service_account: Annotated[str | None, typer.Option(help="GCP service account email for the worker nodes (storage access).")] = None,
     pip: PipOpt = None,
+    notice_agent: Annotated[
+        bool,
+        typer.Option(
+            "--notice-agent/--no-notice-agent",
+            help="Start `spotfallback notice-agent` on spot nodes after `ray start` (needs spotfallback in the image or --pip).",
+        ),
+    ] = True,
     out: OutOpt = None,
 ) -> None:
     """Write a `ray up` config: on-demand head, one node type per tier."""
@@ -197,6 +239,7 @@ def launcher_command(
             instance_profile=instance_profile,
             service_account=service_account,
             pip=tuple(pip or ()),
+            notice_agent=notice_agent,
         )
         text = render_cluster_launcher(config, opts)
     except ConfigError as e:
@@ -204,6 +247,7 @@ def launcher_command(
     except ManifestInvalid as e:
         _fail(f"internal error, the generated config does not validate: {e}", code=1)
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
+    _say_run_name(config, run_name, unique_name)
 
 
 def _print_report(path: Path, report: Report) -> None:

@@ -70,6 +70,19 @@ ON_DEMAND_NODE_LABELS: frozenset[tuple[str, str]] = frozenset(
 SPOT_TAINT_KEYS: frozenset[str] = frozenset({AKS_KEY, GKE_KEY, "cloud.google.com/gke-preemptible"})
 
 
+# terminationGracePeriodSeconds of spot worker pods that run the notice agent: how long a pod
+# lives after its SIGTERM, which is the warning a pod gets. It must fit inside the cloud's
+# notice, or the VM dies first. EKS: the spot notice is 2 minutes and Karpenter / the AWS node
+# termination handler drain the node on it, so 90 s leaves a margin. AKS: the eviction notice is
+# at least 30 s. GKE: graceful node shutdown of a Spot VM gives ordinary pods 15 s of its 30 s.
+SPOT_GRACE_S: dict[K8sCloud, int] = {
+    K8sCloud.EKS_KARPENTER: 90,
+    K8sCloud.EKS_MANAGED: 90,
+    K8sCloud.AKS: 25,
+    K8sCloud.GKE: 15,
+}
+
+
 @dataclass(frozen=True)
 class PodPlacement:
     """The pod-spec fields that put a pod on one market of one cloud."""

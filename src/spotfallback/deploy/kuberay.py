@@ -12,7 +12,11 @@ Shape, and why:
   has left scales back to zero instead of being held at a minimum;
 - the RayJob runs the spotfallback driver (``rayjob_entrypoint``) in ``SidecarMode``, so the
   submitter lives in the on-demand head pod rather than in a pod that could land on spot;
-  ``backoffLimit`` retries re-run the same command, which resumes the run from its checkpoints.
+  ``backoffLimit`` retries re-run the same command, which resumes the run from its checkpoints;
+- spot worker pods carry the preemption-notice agent (``_notice_agent``) when the image has
+  spotfallback: on Kubernetes the pod's warning is its SIGTERM, which the agent turns into a
+  Ray drain with ``terminationGracePeriodSeconds`` as the deadline, while a ``preStop`` sleep
+  keeps the Ray container (and the workers' just-in-time checkpoint) alive until then.
 """
 
 from __future__ import annotations
@@ -28,7 +32,7 @@ from typing import Any
 import yaml
 
 from ..config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
-from .clouds import K8sCloud, PodPlacement, pod_placement
+from .clouds import SPOT_GRACE_S, K8sCloud, PodPlacement, pod_placement
 from .common import (
     DEFAULT_RAY_VERSION,
     REGION_LABEL,
@@ -52,6 +56,15 @@ RUN_NAME_ANNOTATION = "spotfallback/run-name"
 ENTRYPOINT_ANNOTATION = "spotfallback/entrypoint"
 GCS_CREDENTIALS_DIR = "/var/run/secrets/spotfallback/storage"
 TOPOLOGY_LABELS = {ZONE_LABEL: "topology.kubernetes.io/zone", REGION_LABEL: "topology.kubernetes.io/region"}
+# The notice agent's sidecar finds its Ray node through /tmp/ray/ray_current_cluster, which
+# `ray start` writes once the node is up (the agent waits for it), so both containers share
+# /tmp/ray; the node is the one with the pod's IP, which both containers have.
+RAY_TMP_VOLUME = "ray-tmp"
+RAY_TMP_DIR = "/tmp/ray"
+NOTICE_AGENT_COMMAND = ["spotfallback", "notice-agent"]
+MAX_SPOT_GRACE_S = 120
+# Ray Train polls for drains every 5 s by default; a 15 s notice needs a quicker look.
+PREEMPTION_POLL_ENV = {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"}
 
 # Credentials each storage scheme reads from the environment: (variable, required).
 _STORAGE_ENV: dict[str, tuple[tuple[str, bool], ...]] = {
@@ -74,8 +87,11 @@ class KubeRayOptions:
     ``run_name`` replaces the job's ``name``: the same name resumes that run from its
     checkpoints, so pass a new one (see ``common.unique_run_name``) for a fresh run.
     ``notice_agent`` adds a ``spotfallback notice-agent`` sidecar to spot worker pods, which
-    turns the cloud's preemption notice into a Ray node drain; it comes with the notices issue
-    and stays off until that command exists in the image.
+    turns the pod's SIGTERM (its eviction warning) into a Ray node drain, so the workers
+    checkpoint just in time. ``None`` (default): on when ``image`` is given, off with the stock
+    Ray image, which has no spotfallback (``pip`` packages reach only the job's Ray processes, never a
+    sidecar). ``spot_grace_seconds``: the spot pods' ``terminationGracePeriodSeconds`` with the
+    agent on, default per cloud (``clouds.SPOT_GRACE_S``); it must fit in the cloud's notice.
     """
 
     cloud: K8sCloud
@@ -95,7 +111,8 @@ class KubeRayOptions:
     head_memory: str = "8Gi"
     memory_per_cpu_gib: int = 4
     idle_timeout_seconds: int = 60
-    notice_agent: bool = False
+    notice_agent: bool | None = None
+    spot_grace_seconds: int | None = None
 
     def __post_init__(self) -> None:
         for name, low in (
@@ -104,18 +121,43 @@ class KubeRayOptions:
             ("ttl_seconds_after_finished", 0),
             ("memory_per_cpu_gib", 1),
             ("idle_timeout_seconds", 0),
+            ("spot_grace_seconds", 1),
         ):
-            if getattr(self, name) < low:
-                raise ConfigError(f"{name}: must be at least {low} (got {getattr(self, name)})")
+            value = getattr(self, name)
+            if value is not None and value < low:
+                raise ConfigError(f"{name}: must be at least {low} (got {value})")
+        if self.spot_grace_seconds is not None and self.spot_grace_seconds > MAX_SPOT_GRACE_S:
+            raise ConfigError(
+                f"spot_grace_seconds: {self.spot_grace_seconds} s is longer than the longest spot notice "
+                f"({MAX_SPOT_GRACE_S} s, AWS); the VM would be gone before the grace period ends"
+            )
+        if self.notice_agent and self.image is None:
+            raise ConfigError(
+                "notice_agent: the sidecar runs `spotfallback notice-agent` from the image, and the stock "
+                "rayproject/ray image has no spotfallback; pass an image built FROM it with spotfallback "
+                "installed (--image), or leave the agent off (--no-notice-agent)"
+            )
+
+    @property
+    def with_notice_agent(self) -> bool:
+        """Whether spot worker pods get the agent (see the class docstring for the default)."""
+        return self.image is not None if self.notice_agent is None else self.notice_agent
+
+    @property
+    def grace_seconds(self) -> int:
+        return self.spot_grace_seconds or SPOT_GRACE_S[self.cloud]
 
 
 def rayjob_entrypoint(job: JobConfig, ray_address: str = "auto") -> str:
     """The shell command that runs ``job`` with the spotfallback driver on an existing cluster.
 
-    The whole JobConfig travels as one shell-quoted JSON argument, so the command is
-    self-contained; running it again resumes the run (same ``name`` and ``storage_path``).
+    The JobConfig travels as one shell-quoted JSON argument, so the command is self-contained;
+    running it again resumes the run (same ``name`` and ``storage_path``). Only the fields the
+    job sets are written, as in its job file: a field left to its default (``backend``, taken
+    from the entrypoint's declaration, which the generating machine may not be able to import)
+    is decided where the job runs, exactly as `spotfallback run job.yaml` would decide it.
     """
-    payload = job.model_copy(update={"ray_address": ray_address}).model_dump(mode="json")
+    payload = job.model_copy(update={"ray_address": ray_address}).model_dump(mode="json", exclude_unset=True)
     text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
     return shlex.join(["spotfallback", "run", "--job-json", text, "--ray-address", ray_address])
 
@@ -170,23 +212,35 @@ def _storage(job: JobConfig, opts: KubeRayOptions) -> _Storage:
     return _Storage(env=env)
 
 
-def _container(name: str, image: str, requests: dict[str, str], storage: _Storage) -> dict[str, Any]:
+def _container(
+    name: str, image: str, requests: dict[str, str], storage: _Storage, env: tuple[dict[str, Any], ...] = ()
+) -> dict[str, Any]:
     container: dict[str, Any] = {
         "name": name,
         "image": image,
         # Equal requests and limits: Guaranteed QoS, and Ray sizes itself from the limits.
         "resources": {"requests": dict(requests), "limits": dict(requests)},
     }
-    if storage.env:
-        container["env"] = [dict(e) for e in storage.env]
+    if storage.env or env:
+        container["env"] = [dict(e) for e in (*storage.env, *env)]
     if storage.mounts:
         container["volumeMounts"] = [dict(m) for m in storage.mounts]
     return container
 
 
-def _pod_spec(containers: list[dict[str, Any]], placement: PodPlacement, storage: _Storage, opts: KubeRayOptions) -> dict[str, Any]:
+def _pod_spec(
+    containers: list[dict[str, Any]],
+    placement: PodPlacement,
+    storage: _Storage,
+    opts: KubeRayOptions,
+    grace_seconds: int | None = None,
+) -> dict[str, Any]:
     # restartPolicy Never: required by autoscaler v2 (and SidecarMode); a dead Ray pod is replaced, not restarted.
     spec: dict[str, Any] = {"restartPolicy": "Never", "containers": containers}
+    volumes = [dict(v) for v in storage.volumes]
+    if grace_seconds is not None:
+        spec["terminationGracePeriodSeconds"] = grace_seconds
+        volumes.append({"name": RAY_TMP_VOLUME, "emptyDir": {}})
     if opts.service_account:
         spec["serviceAccountName"] = opts.service_account
     if placement.node_selector:
@@ -195,27 +249,46 @@ def _pod_spec(containers: list[dict[str, Any]], placement: PodPlacement, storage
         spec["affinity"] = placement.affinity
     if placement.tolerations:
         spec["tolerations"] = [dict(t) for t in placement.tolerations]
-    if storage.volumes:
-        spec["volumes"] = [dict(v) for v in storage.volumes]
+    if volumes:
+        spec["volumes"] = volumes
     return spec
 
 
-def _notice_agent(image: str, cloud: K8sCloud) -> dict[str, Any]:
+def _notice_agent(image: str, grace_seconds: int) -> dict[str, Any]:
+    """The sidecar: ``spotfallback notice-agent`` in the Ray worker's pod (same IP, so the agent
+    finds its Ray node), configured by environment (``--cloud k8s``: SIGTERM is the notice,
+    the grace period its deadline). It records no ledger entries: on Kubernetes every scale-down
+    and the cluster's deletion at the end of the job send the same SIGTERM, so they would read
+    as preemptions; Ray's own ``preempted`` event and the JIT checkpoint records remain."""
     return {
         "name": "notice-agent",
         "image": image,
-        "command": ["spotfallback", "notice-agent"],
+        "command": list(NOTICE_AGENT_COMMAND),
         "env": [
-            {"name": "SPOTFALLBACK_CLOUD", "value": cloud.value},
-            {"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}},
-            {"name": "POD_IP", "valueFrom": {"fieldRef": {"fieldPath": "status.podIP"}}},
+            {"name": "SPOTFALLBACK_CLOUD", "value": "k8s"},
+            {"name": "SPOTFALLBACK_K8S_GRACE_S", "value": str(grace_seconds)},
         ],
-        "resources": {"requests": {"cpu": "50m", "memory": "64Mi"}, "limits": {"cpu": "50m", "memory": "64Mi"}},
+        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR}],
+        # Python with Ray's client imported; 64Mi was too little for it.
+        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "100m", "memory": "256Mi"}},
     }
 
 
-def _head_group(image: str, storage: _Storage, opts: KubeRayOptions) -> dict[str, Any]:
-    head = _container("ray-head", image, {"cpu": opts.head_cpu, "memory": opts.head_memory}, storage)
+def _wait_for_the_drain(container: dict[str, Any], grace_seconds: int) -> None:
+    """Keep the Ray container up for the grace period after the pod's SIGTERM.
+
+    Kubernetes signals every container of the pod at once; without this the raylet would stop
+    at once and the drain the agent just sent would find no workers to checkpoint. A preStop
+    hook runs before the container's own SIGTERM, and the kubelet kills at the grace's end.
+    """
+    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(grace_seconds)]}}}
+    container.setdefault("volumeMounts", []).append({"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR})
+
+
+def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, agents: bool) -> dict[str, Any]:
+    # The Train controller runs here (the driver's node); it is what polls for drains.
+    env = (PREEMPTION_POLL_ENV,) if agents else ()
+    head = _container("ray-head", image, {"cpu": opts.head_cpu, "memory": opts.head_memory}, storage, env)
     head["ports"] = [
         {"containerPort": 6379, "name": "gcs-server"},
         {"containerPort": 8265, "name": "dashboard"},
@@ -241,8 +314,11 @@ def _worker_group(tier: Tier, index: int, image: str, storage: _Storage, opts: K
     if gpu:
         requests["nvidia.com/gpu"] = str(gpu)
     containers = [_container("ray-worker", image, requests, storage)]
-    if opts.notice_agent and tier.market == SPOT:
-        containers.append(_notice_agent(image, opts.cloud))
+    grace = None
+    if opts.with_notice_agent and tier.market == SPOT:
+        grace = opts.grace_seconds
+        _wait_for_the_drain(containers[0], grace)
+        containers.append(_notice_agent(image, grace))
     placement = pod_placement(opts.cloud, tier.market, where=f"tiers[{index}].market")
     labels = tier_labels(tier, index)
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
@@ -259,7 +335,7 @@ def _worker_group(tier: Tier, index: int, image: str, storage: _Storage, opts: K
     if custom:
         # Custom Ray resources go in the top-level field, never also in rayStartParams.
         group["resources"] = {k: cpu_quantity(v) for k, v in sorted(custom.items())}
-    group["template"] = {"spec": _pod_spec(containers, placement, storage, opts)}
+    group["template"] = {"spec": _pod_spec(containers, placement, storage, opts, grace)}
     return group
 
 
@@ -267,6 +343,7 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
     """The ``RayClusterSpec`` (head + one worker group per tier) shared by both kinds."""
     image = check_image(opts.image or default_image(job.tiers[0].use_gpu, opts.ray_version))
     storage = _storage(job, opts)
+    agents = opts.with_notice_agent and any(t.market == SPOT for t in job.tiers)
     return {
         "rayVersion": opts.ray_version,
         "enableInTreeAutoscaling": True,
@@ -275,7 +352,7 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
             "upscalingMode": "Default",
             "idleTimeoutSeconds": opts.idle_timeout_seconds,
         },
-        "headGroupSpec": _head_group(image, storage, opts),
+        "headGroupSpec": _head_group(image, storage, opts, agents),
         "workerGroupSpecs": [_worker_group(t, i, image, storage, opts) for i, t in enumerate(job.tiers)],
     }
 
@@ -326,7 +403,19 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
             f"{ENTRYPOINT_ANNOTATION} on the head pod (or submit it with `ray job submit -- ...`).",
             f"Run name {run!r}: running that command again RESUMES the run; never reuse a name by accident.",
         ]
-    return [f"Generated by `spotfallback manifest kuberay --cloud {opts.cloud.value}`; do not edit by hand.", *how]
+    return [f"Generated by `spotfallback manifest kuberay --cloud {opts.cloud.value}`; do not edit by hand.", *how, *_agent_note(job, opts)]
+
+
+def _agent_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:
+    if not any(t.market == SPOT for t in job.tiers):
+        return []
+    if opts.with_notice_agent:
+        return [
+            f"Notice agent: a notice-agent sidecar on spot workers drains the Ray node on the pod's SIGTERM; "
+            f"grace {opts.grace_seconds} s (terminationGracePeriodSeconds), which must fit in the cloud's notice."
+        ]
+    why = "--no-notice-agent" if opts.notice_agent is False else "the stock Ray image has no spotfallback; pass --image"
+    return [f"Notice agent: off ({why}): spot evictions are not drained, so no just-in-time checkpoints."]
 
 
 def render_kuberay(job: JobConfig, opts: KubeRayOptions) -> str:

@@ -27,6 +27,8 @@ from typing import TYPE_CHECKING, Any, Literal
 from .cluster import LocalNode, LocalSpotCluster, NodeGroup
 
 if TYPE_CHECKING:
+    from ..notices.runlog import RunLog
+    from ..storage import RunLocation
     from ..traces import NodeTrace, SpotTrace
 
 Action = Literal[
@@ -156,12 +158,22 @@ class Injector:
 
     ``replace_after_s``: after a preemption or kill, add a node of the same group after this
     many seconds (a cloud autoscaler replacing the VM), unless that market's capacity is
-    taken; ``None`` means no automatic replacement.
+    taken; ``None`` means no automatic replacement. ``run`` (a ``RunLocation`` or
+    ``STORAGE_PATH/NAME``; also settable later with ``record_notices``): each drain's notice
+    is written to that run's ledger, as ``spotfallback notice-agent --run`` writes a cloud's.
     """
 
-    def __init__(self, cluster: LocalSpotCluster, *, replace_after_s: float | None = None) -> None:
+    def __init__(
+        self,
+        cluster: LocalSpotCluster,
+        *,
+        replace_after_s: float | None = None,
+        run: RunLocation | str | None = None,
+    ) -> None:
         self.cluster = cluster
         self.replace_after_s = replace_after_s
+        self._run_log: RunLog | None = None
+        self.record_notices(run)
         self.log: list[Injection] = []
         self.errors: list[BaseException] = []
         self._t0 = time.monotonic()
@@ -227,23 +239,48 @@ class Injector:
     def _resolve(self, node: LocalNode | str) -> LocalNode:
         return self.cluster.node(node)
 
+    def record_notices(self, run: RunLocation | str | None) -> None:
+        """Write each later drain's notice to ``run``'s ledger (``None``: stop writing them).
+
+        The demo and the tests create the injector before the trainer, so they name the run
+        here once the trainer exists (``injector.record_notices(trainer.location)``).
+        """
+        if run is None:
+            self._run_log = None
+            return
+        from ..notices.runlog import RunLog
+        from ..storage import resolve_run, split_run_uri
+
+        location = resolve_run(*split_run_uri(run)) if isinstance(run, str) else run
+        self._run_log = RunLog(location, writer=f"injector{id(self) % 10000:04d}")
+
     # ----------------------------------------------------------------- node faults
 
     def drain(self, node: LocalNode | str, notice_s: float, reason: str = "") -> LocalNode:
         """Send a preemption notice: drain with reason PREEMPTION and deadline now + notice_s.
 
-        The same drain as ``spotfallback notice-agent`` issues for a cloud's notice.
+        The notice goes the notice agent's way: the same ``RayDrain`` (hence the same Ray
+        call) and, when a run is known (``record_notices``), the same ``LedgerRecorder``,
+        so the ledger shows an injected notice exactly as it shows a cloud's.
         """
-        from ..notices.drain import drain_for_preemption
+        from ..notices.agent import LedgerRecorder, Notice, RayDrain
 
         local = self._resolve(node)
-        reason = reason or f"spot preemption injected by spotfallback ({notice_s:g}s notice)"
-        drain_for_preemption(
-            self.cluster.gcs_client(), local.node_id, time.time() + max(notice_s, 0.0), reason
+        deadline = time.time() + max(notice_s, 0.0)
+        notice = Notice(
+            "injector",
+            f"injector:{local.node_id}:{deadline:.3f}",
+            "preempt",
+            deadline,
+            detail=reason or f"spot preemption injected by spotfallback ({notice_s:g}s notice)",
         )
+        RayDrain(self.cluster.gcs_client(), local.node_id)(notice)
         with self._lock:
             self._doomed.add(local.node_id)
         self._record("drain", local.node_id, local.market, f"deadline in {notice_s:g}s")
+        run_log = self._run_log
+        if run_log is not None:
+            LedgerRecorder(run_log, local.node_id)(notice, True, notice.detail)
         return local
 
     def preempt(

@@ -6,11 +6,13 @@
 """
 
 from .agent import (
+    AmbiguousRayNodeError,
     AwsPoller,
     AzurePoller,
     GcpPoller,
     LedgerRecorder,
     MetadataError,
+    NoLocalRayNodeError,
     Notice,
     NoticeAgent,
     PollResult,
@@ -24,6 +26,7 @@ from .jit import JitHoldExpiredError, PreemptionWatch, jit_failure_config, misse
 from .runlog import RunLog
 
 __all__ = [
+    "AmbiguousRayNodeError",
     "AwsPoller",
     "AzurePoller",
     "DrainRejectedError",
@@ -31,6 +34,7 @@ __all__ = [
     "JitHoldExpiredError",
     "LedgerRecorder",
     "MetadataError",
+    "NoLocalRayNodeError",
     "Notice",
     "NoticeAgent",
     "PollResult",

@@ -324,6 +324,9 @@ class GcpPoller:
             if value not in ("TRUE", "FALSE"):
                 raise MetadataError(f"expected TRUE or FALSE, got {value[:40]!r}")
         except MetadataError as e:
+            # A hanging GET that failed (a server that never answers it, a proxy cutting it)
+            # is followed by a plain, short one: one hang lost, not every poll.
+            self._etag = None
             return PollResult(problems=[f"gcp preempted: {e}"])
         self._etag = r.headers.get("etag") or None
         if value == "FALSE":
@@ -425,14 +428,22 @@ class SigtermPoller:
         self.grace_s = grace_s
         self.clock = clock
         self.received_at: float | None = None
+        self._after: Callable[[], None] | None = None
 
-    def install(self) -> Any:
-        """Handle SIGTERM (main thread only); returns the previous handler."""
+    def install(self, after: Callable[[], None] | None = None) -> Any:
+        """Handle SIGTERM (main thread only); returns the previous handler.
+
+        ``after`` runs in the handler once the signal is noted (the agent's ``wake``, so the
+        drain does not wait for the next poll); it must not take locks.
+        """
+        self._after = after
         return signal.signal(signal.SIGTERM, self.on_signal)
 
     def on_signal(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
         if self.received_at is None:
             self.received_at = self.clock()
+        if self._after is not None:
+            self._after()
 
     def poll(self) -> PollResult:
         if self.received_at is None:
@@ -500,43 +511,96 @@ def detect_cloud(
 # ----------------------------------------------------------------------------- actions
 
 
-class RayDrain:
-    """Drains one Ray node through the shared drain call (the local injector uses it too)."""
+class NoLocalRayNodeError(RuntimeError):
+    """No live Ray node has this machine's address (yet: Ray may still be starting)."""
 
-    def __init__(self, gcs_address: str, node_id: str) -> None:
-        self.gcs_address = gcs_address
+
+class AmbiguousRayNodeError(ValueError):
+    """Several live Ray nodes share this machine's address: the node id must be given."""
+
+
+def _gcs_client(gcs: Any) -> Any:
+    if isinstance(gcs, str):
+        from ray._raylet import GcsClient
+
+        return GcsClient(address=gcs)
+    return gcs
+
+
+class RayDrain:
+    """Drains this machine's Ray node (or ``node_id``) through the shared drain call.
+
+    ``gcs``: the GCS address or a ``GcsClient``. Without ``node_id`` the node is looked up
+    at each drain, not once at start: a Ray container restarted since then has a new node
+    id, and the GCS accepts the drain of the old, dead one as a no-op. ``node_id`` holds the
+    node of the last drain (the injector and the local tests pass it explicitly).
+    """
+
+    def __init__(self, gcs: Any, node_id: str | None = None) -> None:
+        self.gcs = gcs
+        self.fixed_node_id = node_id
         self.node_id = node_id
         self._client: Any = None
 
-    def __call__(self, notice: Notice) -> None:
+    def client(self) -> Any:
         if self._client is None:
-            from ray._raylet import GcsClient
+            self._client = _gcs_client(self.gcs)
+        return self._client
 
-            self._client = GcsClient(address=self.gcs_address)
+    def target(self) -> str:
+        """The node the next drain goes to."""
+        return self.fixed_node_id or local_node_id(self.client())
+
+    def __call__(self, notice: Notice) -> None:
+        node_id = self.target()
         message = f"{notice.source} preemption notice: {notice.detail}"
-        drain_for_preemption(self._client, self.node_id, notice.deadline_s, message)
+        drain_for_preemption(self.client(), node_id, notice.deadline_s, message)
+        self.node_id = node_id
 
 
 def gcs_address_for(address: str | None) -> str:
-    """``host:port`` of the GCS from an address, ``auto``, or RAY_ADDRESS / this node's cluster."""
-    from ray._private.services import canonicalize_bootstrap_address_or_die
+    """``host:port`` of the GCS: from ``address``, else RAY_ADDRESS, else this node's cluster.
 
-    return canonicalize_bootstrap_address_or_die(address or os.environ.get("RAY_ADDRESS") or "auto")
+    "This node's cluster" is the address ``ray start`` (head or worker) writes to
+    ``$RAY_TMPDIR/ray/ray_current_cluster`` (``/tmp/ray/...`` by default): a sidecar that
+    shares that directory with the Ray container finds it there. Unlike Ray's ``auto``, it
+    never falls back to any GCS process it can see: the node to drain must be this one's.
+    Raises ConnectionError when there is no address, ValueError for a malformed one.
+    """
+    from ray._common.utils import get_ray_address_file
+    from ray._private.services import canonicalize_bootstrap_address
+
+    found = canonicalize_bootstrap_address(address or os.environ.get("RAY_ADDRESS") or None)
+    if found is None:
+        raise ConnectionError(
+            f"no Ray address: --address and RAY_ADDRESS are unset and {get_ray_address_file(None)} "
+            "(written by `ray start` on this node) does not exist"
+        )
+    return found
 
 
-def local_node_id(gcs_address: str) -> str:
-    """The one live Ray node on this machine's IP; ambiguous (several raylets) is an error."""
+def local_node_id(gcs: Any, ip: str | None = None) -> str:
+    """The one live Ray node with this machine's address (``ip``: that address, if known).
+
+    The address is the one this machine uses to reach the GCS, as ``ray start`` picks it.
+    Raises NoLocalRayNodeError when there is none, AmbiguousRayNodeError when several
+    raylets share it (a local test cluster, several nodes per VM).
+    """
     from ray._private.services import get_node_ip_address
-    from ray._raylet import GcsClient
     from ray.core.generated import gcs_pb2
 
-    ip = get_node_ip_address()
+    client = _gcs_client(gcs)
+    if ip is None:
+        ip = get_node_ip_address(gcs if isinstance(gcs, str) else getattr(client, "address", None))
     alive = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
-    infos = GcsClient(address=gcs_address).get_all_node_info(timeout=10)
+    infos = client.get_all_node_info(timeout=10)
     mine = sorted(nid.hex() for nid, info in infos.items() if info.state == alive and info.node_manager_address == ip)
-    if len(mine) != 1:
-        raise RuntimeError(
-            f"{len(mine)} live Ray nodes have this machine's address {ip}; pass the node id explicitly (--node-id)"
+    if not mine:
+        raise NoLocalRayNodeError(f"no live Ray node has this machine's address {ip} (is Ray running here?)")
+    if len(mine) > 1:
+        raise AmbiguousRayNodeError(
+            f"{len(mine)} live Ray nodes have this machine's address {ip}: pass the one to drain with "
+            f"--node-id (or SPOTFALLBACK_NODE_ID), e.g. {mine[0]}"
         )
     return mine[0]
 
@@ -588,6 +652,7 @@ class NoticeAgent:
         self.problems: list[str] = []
         self._drained_deadline: float | None = None  # deadline of the last drain (inf: none)
         self._last_problem: str | None = None
+        self._poll_now = False  # a plain flag: wake() runs in signal handlers
 
     def poll_once(self) -> list[Notice]:
         """One poll; returns the notices handled (drained or recorded) for the first time."""
@@ -634,8 +699,13 @@ class NoticeAgent:
                 logger.warning("notice agent: could not record %s: %s", notice.key, e)
         return True
 
+    def wake(self) -> None:
+        """Poll now instead of at the end of the current wait (safe in a signal handler)."""
+        self._poll_now = True
+
     def run(self, stop: threading.Event | None = None, *, max_polls: int | None = None) -> None:
-        """Poll until ``stop`` is set (or ``max_polls`` polls), at most once per ``interval_s``.
+        """Poll until ``stop`` is set (or ``max_polls`` polls), at most once per ``interval_s``
+        unless woken.
 
         A hanging GET that waited longer than the interval is followed at once by the next.
         """
@@ -643,8 +713,14 @@ class NoticeAgent:
         polls = 0
         while not stop.is_set():
             started = time.monotonic()
+            self._poll_now = False
             self.poll_once()
             polls += 1
             if max_polls is not None and polls >= max_polls:
                 return
-            stop.wait(max(0.0, self.interval_s - (time.monotonic() - started)))
+            due = started + self.interval_s
+            while not stop.is_set() and not self._poll_now:
+                left = due - time.monotonic()
+                if left <= 0:
+                    break
+                stop.wait(min(left, 0.1))

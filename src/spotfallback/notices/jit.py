@@ -311,12 +311,15 @@ def missed_jit_checkpoints(records: list[LedgerRecord], now: float | None = None
 def jit_failure_config(*, preemption_grace_s: float = 0.0, **kwargs: Any) -> Any:
     """A ``ray.train.FailureConfig`` for just-in-time checkpoints, with the two switches set on purpose.
 
-    ``relax_collectives_on_preemption`` stays False: when it is on and the preempted rank is
-    not rank 0, Ray releases its barriers without that rank while it is still alive, the
-    ranks fall out of lockstep, and a checkpoint that needs every rank (the example gathers
-    each rank's RNG state) deadlocks until the deadline; measured here, the JIT checkpoint
-    was lost and 4 steps were redone. It only helps a checkpoint written by rank 0 alone,
-    with no collective of its own, after the preempted rank is already gone.
+    ``relax_collectives_on_preemption`` stays False (pass True to override): when it is on and
+    the preempted rank is not rank 0, Ray narrows its barrier to the surviving ranks while the
+    preempted one is still alive, so the ranks fall out of the lockstep ``PreemptionWatch``
+    keeps, and a checkpoint that needs every rank (the example gathers each rank's RNG state)
+    does not complete before the deadline. Measured (``bench/bench_notices.py --scenario
+    spotfallback+jit+relax:8``, rank 1's node, 8 s notice, 3 runs): the JIT checkpoint was lost
+    every time and the run resumed from the periodic one (1-2 steps redone), against 0 steps
+    redone in 3 of 3 runs with it off. It could only help a checkpoint that rank 0 writes alone,
+    with no collective, after the preempted rank is already gone.
     ``preemption_grace_s`` keeps the surviving ranks running past the deadline so a write
     that outlasts the notice can still finish, when rank 0 is not on the preempted node;
     it delays every such restart by as much, so it stays 0 unless writes outlast notices.
