@@ -6,17 +6,23 @@ without a failure between, one ``finished``, last; each driver session's writers
 that session), every committed checkpoint is still whole or was set aside on record, and
 nothing under the run directory is a pickle of spotfallback's making.
 
-Results: ``record(kind, ...)`` writes ``build/reliability/<kind>.json``;
-``scripts/reliability_table.py`` renders them into ``docs/reliability.md``.
+The table: each fault test ends with ``record(Outcome(...))``; at the end of the pytest session
+(``tests/conftest.py``) ``publish`` merges this session's rows into ``docs/reliability.json``
+(kept rows of tests not run this time stay, rows of tests that failed this time are marked
+so) and renders ``docs/reliability.md`` from it, with the date, machine and command of every
+session a row comes from. The long soak (``python -m tests.soak``) publishes its own row.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import platform
 import posixpath
+import re
+import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,7 +34,9 @@ from spotfallback.ledger import Ledger, LedgerRecord
 from spotfallback.storage import RunLocation, list_dir
 
 REPO = Path(__file__).resolve().parents[1]
-RESULTS_DIR = Path(os.environ.get("SPOTFALLBACK_RELIABILITY_DIR", REPO / "build" / "reliability"))
+# Where reliability.json (the rows) and reliability.md (the table) live; tests of the
+# publisher itself point it elsewhere.
+DOCS_DIR = Path(os.environ.get("SPOTFALLBACK_RELIABILITY_DIR", REPO / "docs"))
 
 # The example job as every fault test runs it: 30 steps, a checkpoint every 5, and metrics only
 # with checkpoints (each report waits for the controller's poll; per-step reports cost ~0.25 s
@@ -102,6 +110,44 @@ def raw_ledger_objects(location: RunLocation) -> list[dict[str, Any]]:
         if info.type == pafs.FileType.File and not info.base_name.startswith(".tmp-"):
             out.append(json.loads(fs.open_input_stream(info.path).readall()))
     return out
+
+
+class LedgerTail:
+    """A run's ledger, polled cheaply: each ``records()`` lists the directory and parses only new objects.
+
+    Ledger objects never change once in place (written under a temporary name, then moved),
+    so a poll on S3 costs one listing, not one download per event.
+    """
+
+    def __init__(self, location: RunLocation) -> None:
+        self.location = location
+        self._parsed: dict[str, LedgerRecord] = {}
+
+    def records(self) -> list[LedgerRecord]:
+        fs = self.location.fs
+        for info in list_dir(fs, self.location.path("ledger")):
+            if info.type != pafs.FileType.File or info.base_name.startswith(".tmp-") or info.path in self._parsed:
+                continue
+            data = json.loads(fs.open_input_stream(info.path).readall())
+            self._parsed[info.path] = LedgerRecord.from_json(data, info.path)
+        out, seen = [], set()
+        for path in sorted(self._parsed):
+            record = self._parsed[path]
+            if record.id not in seen:
+                seen.add(record.id)
+                out.append(record)
+        return out
+
+
+def final_result(log: str) -> dict[str, Any]:
+    """The driver's result line (the last line that is a JSON object): Ray may log after it."""
+    for line in reversed(log.strip().splitlines()):
+        if line.startswith("{"):
+            try:
+                return json.loads(line)
+            except ValueError:
+                continue
+    raise AssertionError(f"no result line in the driver's output: {log[-2000:]}")
 
 
 def duplicated_events(location: RunLocation) -> int:
@@ -193,6 +239,38 @@ class Outcome:
     seconds: float = 0.0
     recorded_at: float = field(default_factory=time.time)
     load_avg: float = field(default_factory=lambda: round(os.getloadavg()[0], 1))  # the machine is shared
+    test: str = field(default_factory=lambda: current_test())  # the test that produced the row
+    machine: str = field(default_factory=lambda: machine())
+    command: str = ""  # filled in by ``publish``
+    status: str = "passed"  # ``publish`` sets "failed" when the row's test failed in a later session
+
+
+def current_test() -> str:
+    """The running test's node id (pytest sets PYTEST_CURRENT_TEST), or the running script."""
+    current = os.environ.get("PYTEST_CURRENT_TEST", "")
+    return current.rsplit(" (", 1)[0] if current else Path(sys.argv[0]).name
+
+
+def machine() -> str:
+    """CPU model, cores, OS, Python and Ray version: enough to tell two tables' machines apart."""
+    model = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        model = platform.processor()
+    try:
+        import ray
+
+        ray_version = f", Ray {ray.__version__}"
+    except ImportError:
+        ray_version = ""
+    return f"{os.cpu_count()} cores {model or platform.machine()}, {platform.system()}, Python {platform.python_version()}{ray_version}"
+
+
+RECORDED: list[Outcome] = []  # rows recorded in this process, published at the end of the session
 
 
 def check_run(location: RunLocation, *, expect_finished: bool = True) -> tuple[list[LedgerRecord], list[str], list[str], int]:
@@ -204,13 +282,122 @@ def check_run(location: RunLocation, *, expect_finished: bool = True) -> tuple[l
     return records, problems, lost_checkpoints(location, records), duplicated_events(location)
 
 
-def record(outcome: Outcome) -> Path:
-    """Write one result for the table (``scripts/reliability_table.py`` renders them)."""
-    RESULTS_DIR.mkdir(parents=True, exist_ok=True)
-    slug = "-".join("".join(c if c.isalnum() else " " for c in outcome.kind.lower()).split())
-    path = RESULTS_DIR / f"{slug}.json"
-    path.write_text(json.dumps(asdict(outcome), indent=1, sort_keys=True))
-    return path
+def record(outcome: Outcome) -> Outcome:
+    """Keep one result for the table; ``publish`` (at the end of the session) writes it out."""
+    RECORDED.append(outcome)
+    return outcome
+
+
+# -- the table in docs/reliability.md --------------------------------------------------------
+
+
+def _test_exists(test: str) -> bool:
+    """Whether the test (``path::function[param]``) that made a kept row still exists."""
+    path, _, name = test.partition("::")
+    function = name.split("[", 1)[0]
+    file = REPO / path
+    if not function or not file.is_file():
+        return False
+    return re.search(rf"^def {re.escape(function)}\(", file.read_text(), re.M) is not None
+
+
+def publish(
+    rows: Sequence[Outcome], *, command: str, failed_tests: Collection[str] = (), docs_dir: Path | None = None
+) -> Path | None:
+    """Merge ``rows`` into ``reliability.json`` and render ``reliability.md`` from it.
+
+    A row replaces the kept row its test made before (one row per test); kept rows whose test no longer exists
+    are dropped; kept rows of ``failed_tests`` (node ids that failed in this session) are
+    marked failed, so the table never shows an old success for a test that fails now.
+    Returns the page, or None when there was nothing to change (no row, no failed row's test).
+    """
+    docs_dir = docs_dir or DOCS_DIR
+    store = docs_dir / "reliability.json"
+    kept: dict[str, dict[str, Any]] = {}
+    if store.exists():
+        kept = {r["test"]: r for r in json.loads(store.read_text())["rows"]}
+    kept = {k: r for k, r in kept.items() if _test_exists(r.get("test", ""))}
+    now = time.time()
+    failed_rows = [r for r in kept.values() if r.get("test") in failed_tests]
+    if not rows and not failed_rows:
+        return None
+    for r in failed_rows:
+        r["status"] = f"failed at {_stamp(now)}"
+    for outcome in rows:
+        row = asdict(outcome)
+        row["command"] = row["command"] or command
+        kept[row["test"]] = row
+    ordered = sorted(kept.values(), key=lambda r: (r["test"].split("::")[0], r["kind"]))
+    docs_dir.mkdir(parents=True, exist_ok=True)
+    store.write_text(json.dumps({"rows": ordered}, indent=1, sort_keys=True) + "\n")
+    doc = docs_dir / "reliability.md"
+    doc.write_text(render(ordered))
+    return doc
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(t))
+
+
+HEADER = """# Reliability: what breaks, how often the suite breaks it, and what is lost
+
+Written by the fault suite itself: every row comes from a test that injected the fault into a
+real run of the example job (`examples/ddp_digits.py`, 2 DDP workers on a local Ray cluster
+whose nodes are labelled spot / on-demand) and then checked the same invariants, and the
+pytest session that ran it rewrote this page at its end (`tests/conftest.py`; the rows are
+kept in `docs/reliability.json`, so a session that runs some of the tests updates only
+their rows). Columns:
+
+- **runs completed**: the run finished, with final weights bit-identical to a run that was
+  never interrupted;
+- **steps redone**: training steps computed more than once (rank 0 logs every completed
+  step), i.e. the work the faults cost;
+- **events lost**: places where the replayed ledger is not a sequence a live run can produce
+  (workers acquired twice with no failure between, a record from a driver session that had
+  ended, a missing or repeated `finished`); **duplicated**: ledger objects sharing an id;
+- **checkpoints lost**: committed checkpoints that are neither whole (manifest sizes and
+  SHA-256) where they were nor set aside under `_damaged/` on record.
+
+To regenerate every row: `python -m pytest tests/test_reliability_storage.py
+tests/test_reliability_drivers.py tests/test_reliability_soak.py` (the CI suite runs them
+too); the long soak, `python -m tests.soak --minutes 10`, adds its own row. Times are wall
+seconds on a shared machine; the load average when each row was recorded is given because
+other jobs ran beside the suite.
+
+"""
+
+
+def render(rows: list[dict[str, Any]]) -> str:
+    sessions: list[tuple[str, str]] = []  # (machine, command), numbered in order of appearance
+    lines = [
+        "| Fault | Injected | Runs completed | Steps redone | Events lost | Duplicated | Checkpoints lost | Time (s) | Load | Recorded | Notes |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---|",
+    ]
+    for r in rows:
+        key = (r.get("machine", ""), r.get("command", ""))
+        if key not in sessions:
+            sessions.append(key)
+        status = r.get("status", "passed")
+        recorded = f"{_stamp(r['recorded_at'])} [{sessions.index(key) + 1}]"
+        if status != "passed":
+            recorded += f"; **test {status}**"
+        lines.append(
+            f"| {r['kind']} | {r['injected']} | {r['runs_completed']}/{r['runs']} | {r['steps_redone']} | "
+            f"{r['events_lost']} | {r.get('duplicated_events', 0)} | {r['checkpoints_lost']} | {r['seconds']:.0f} | "
+            f"{r.get('load_avg', '')} | {recorded} | {r.get('notes', '')} |"
+        )
+    total = {k: sum(r[k] for r in rows) for k in ("injected", "events_lost", "checkpoints_lost", "runs_completed", "runs")}
+    total["duplicated_events"] = sum(r.get("duplicated_events", 0) for r in rows)
+    lines.append(
+        f"| **all** | **{total['injected']}** | **{total['runs_completed']}/{total['runs']}** | | "
+        f"**{total['events_lost']}** | **{total['duplicated_events']}** | **{total['checkpoints_lost']}** | | | | |"
+    )
+    failing = [r["kind"] for r in rows if r.get("status", "passed") != "passed"]
+    footer = ["", "Sessions the rows come from:", ""]
+    footer += [f"{i}. `{command}` on {machine_}" for i, (machine_, command) in enumerate(sessions, 1)]
+    if failing:
+        footer += ["", f"**Failing now:** {', '.join(failing)} (the row shows the last passing run)."]
+    return HEADER + "\n".join(lines) + "\n" + "\n".join(footer) + "\n"
 
 
 def ledger_dir_files(location: RunLocation) -> list[str]:

@@ -1,18 +1,19 @@
-"""Trace-driven chaos soak: real spot traces replayed onto a local cluster, plus driver kills and storage outages.
+"""Trace-driven chaos soak: real spot traces replayed onto a local cluster, plus driver kills and S3 outages.
 
-Each soak run trains the example job to the end while, at the same time, a SkyPilot spot
-trace (or the AWS p3 node trace) drives how many spot nodes exist (preemptions with a notice,
-capacity gaps), the driver is SIGKILLed and relaunched at random moments, and storage goes
-away for a few seconds at random moments. Afterwards the same invariants as every other fault
+Each soak run trains the example job to the end, its checkpoints and ledger on S3 (moto),
+while a SkyPilot spot trace (or the AWS p3 node trace) drives how many spot nodes exist
+(preemptions with a notice, capacity gaps; a gap longer than the spot tier's 20 s capacity
+timeout moves the run to on-demand), the driver is SIGKILLed and relaunched at random
+moments, and the S3 endpoint goes away for a few seconds at random moments. Afterwards the same invariants as every other fault
 test are checked: finished, weights bit-identical to an uninterrupted run, the ledger
 consistent (no event lost or doubled), no committed checkpoint lost.
 
 CI runs one short run (tests/test_reliability_soak.py). By hand::
 
-    .venv/bin/python -m tests.soak --minutes 30
+    .venv/bin/python -m tests.soak --minutes 10
 
-starts its own local cluster, runs back-to-back soak runs until the time is up, prints each
-run's outcome and records the total for docs/reliability.md.
+starts its own S3 server and local cluster, runs back-to-back soak runs until the time is up,
+prints each run's outcome and writes the total as a row of docs/reliability.md.
 """
 
 from __future__ import annotations
@@ -34,9 +35,12 @@ REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data"
 FIXTURES = REPO / "tests" / "fixtures"
 RETRY_S = 8.0
+CAPACITY_TIMEOUT_S = 20.0
 TIERS = [
-    # Spot rides out the trace's preemptions; a capacity gap longer than 40 s moves the run on.
-    {"name": "spot", "market": "spot", "num_workers": 2, "max_preemptions": 50, "max_failures": 20, "capacity_timeout_s": 40},
+    # Spot rides out the trace's preemptions and short gaps; a gap longer than 20 s (at 6 s a
+    # tick: four ticks without spot) moves the run on to on-demand.
+    {"name": "spot", "market": "spot", "num_workers": 2, "max_preemptions": 50, "max_failures": 20,
+     "capacity_timeout_s": CAPACITY_TIMEOUT_S},
     {"name": "on-demand", "market": "on-demand", "num_workers": 2, "capacity_timeout_s": 300},
 ]
 
@@ -53,7 +57,9 @@ class SoakResult:
 
     trace: str
     preemptions: int = 0
-    capacity_gaps: int = 0
+    capacity_gaps: int = 0  # trace ticks that took every spot node away
+    capacity_timeouts: int = 0  # waits for a tier's workers that ran past its capacity_timeout_s
+    tier_moves: int = 0  # switches to the next tier (after a budget spent or a capacity timeout)
     driver_kills: int = 0
     storage_outages: int = 0
     steps_redone: int = 0
@@ -72,6 +78,7 @@ class SoakResult:
 
 def soak_run(
     cluster: Any,
+    s3: Any,
     workdir: Path,
     config: dict[str, Any],
     reference: str,
@@ -84,28 +91,27 @@ def soak_run(
     driver_kills: int = 1,
     storage_outages: int = 1,
     timeout_s: float = 600,
+    tiers: list[dict[str, Any]] | None = None,
 ) -> SoakResult:
-    """One run of the example job under trace-driven capacity, driver kills and storage outages."""
-    from tests.faultyfs import FaultControl
-
-    from reliability import check_run, steps_redone
-    from spotfallback.ledger import Ledger
+    """One run of the example job on S3 under trace-driven capacity, driver kills and S3 outages."""
+    from reliability import LedgerTail, check_run, final_result, steps_redone
+    from s3server import OutageProxy
     from spotfallback.local import Injector
     from spotfallback.storage import resolve_run
 
     t0 = time.monotonic()
     workdir.mkdir(parents=True, exist_ok=True)
     result = SoakResult(trace=trace.name)
-    control = FaultControl(workdir / "control")
     name = f"soak-{os.getpid()}-{int(time.time() * 1000) % 10**8}"
     step_log = workdir / "steps.jsonl"
+    proxy = OutageProxy(s3.endpoint).start()  # the run's only way to its storage
     spec = {
         "address": cluster.address,
-        "storage_path": str(workdir / "runs"),
+        "storage_path": f"{s3.bucket}/soak",
         "name": name,
         "config": {**config, "step_log": str(step_log)},
-        "tiers": TIERS,
-        "faulty_control": str(control.dir),
+        "tiers": tiers or TIERS,
+        "s3_endpoint": proxy.endpoint,
     }
     command = [sys.executable, str(REPO / "tests" / "api_driver.py"), json.dumps(spec)]
     launches = 0
@@ -117,7 +123,8 @@ def soak_run(
         return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
 
     injector = Injector(cluster)
-    ledger = Ledger(resolve_run(str(workdir / "runs"), name))  # plain local view: polling sees no outage
+    location = resolve_run(f"{s3.bucket}/soak", name, s3.filesystem())  # past the proxy: polling sees no outage
+    ledger = LedgerTail(location)
     replay = None
     # Chaos on a schedule drawn up front: (seconds after start, what).
     horizon = max(20.0, config["total_steps"] * 0.4)
@@ -131,7 +138,7 @@ def soak_run(
         while True:
             code = proc.poll()
             elapsed = time.monotonic() - t0
-            if replay is None and any(r.event.kind == "workers_acquired" for r in ledger.read()):
+            if replay is None and any(r.event.kind == "workers_acquired" for r in ledger.records()):
                 # The trace starts once the run trains, so its first drops hit a running gang.
                 replay = _start_replay(injector, trace, tick_s, start_tick, ticks, rng)
             if schedule and elapsed >= schedule[0][0]:
@@ -143,7 +150,7 @@ def soak_run(
                     proc = launch()
                     continue
                 if what == "outage":
-                    control.start(rng.uniform(1.0, RETRY_S / 2))
+                    proxy.cut("soak outage", duration_s=rng.uniform(1.0, RETRY_S / 2))
                     result.storage_outages += 1
             if code is not None:
                 if code == 0:
@@ -160,19 +167,21 @@ def soak_run(
             proc.wait(30)
         if replay is not None:
             replay.stop()
-        control.stop()
+        proxy.close()
         for market in ("spot", "on-demand"):
             injector.give_back(market)
             injector.replenish(market)
         injector.close()
     result.preemptions = len(injector.actions("preempt")) + len(injector.actions("kill"))
     result.capacity_gaps = _gaps(injector)
-    records, problems, lost, dupes = check_run(ledger.location)
+    records, problems, lost, dupes = check_run(location)
+    result.capacity_timeouts = sum(r.event.kind == "capacity_timed_out" for r in records)
+    result.tier_moves = sum((r.decision or {}).get("action") == "switch_tier" for r in records)
     result.problems += problems
     result.events_lost, result.checkpoints_lost, result.duplicated_events = len(problems), len(lost), dupes
     result.finished = bool(records) and records[-1].event.kind == "finished"
     if result.finished:
-        final = json.loads((workdir / f"driver-{launches}.log").read_text().strip().splitlines()[-1])
+        final = final_result((workdir / f"driver-{launches}.log").read_text())
         result.identical_weights = final["metrics"]["weights_sha256"] == reference
         result.steps_redone = steps_redone(step_log, config["total_steps"])
     result.seconds = time.monotonic() - t0
@@ -193,7 +202,12 @@ def _start_replay(
             node_trace, "spot", time_scale=600 / tick_s, start_s=start_s, end_s=end_s, notice_s=1.0
         )
     spot = load_spot_trace(trace)
-    start = start_tick if start_tick is not None else rng.randrange(0, max(1, len(spot.available) - 40))
+    start = start_tick
+    if start is None:
+        # A window that opens at most 3 ticks before spot capacity is gone: long stretches of
+        # full availability would let a run finish without meeting the trace at all.
+        gaps = [int(i) for i in (spot.available == 0).nonzero()[0]]
+        start = max(0, rng.choice(gaps) - rng.randint(0, 3)) if gaps else rng.randrange(0, max(1, len(spot.available) - 40))
     return injector.replay_spot_trace(
         spot, "spot", time_scale=spot.gap_seconds / tick_s, start_tick=start, ticks=ticks, nodes_per_unit=2, notice_s=1.0
     )
@@ -217,12 +231,13 @@ def _gaps(injector: Any) -> int:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m tests.soak", description=__doc__.split("\n\n")[0])
     parser.add_argument("--minutes", type=float, default=30.0, help="keep starting soak runs for this long")
-    parser.add_argument("--seed", type=int, default=1)
+    parser.add_argument("--seed", type=int, default=1, help="seeds the trace, its window and the chaos schedule")
     parser.add_argument("--steps", type=int, default=60, help="training steps per run")
     args = parser.parse_args(argv)
     sys.path[:0] = [str(REPO), str(REPO / "tests")]
     from helpers_e2e import apply_env
-    from reliability import RUN_CONFIG, Outcome, record, reference_hash
+    from reliability import RUN_CONFIG, Outcome, publish, record, reference_hash
+    from s3server import S3Server
     from spotfallback.local import LocalSpotCluster, NodeGroup
 
     apply_env()
@@ -231,22 +246,22 @@ def main(argv: list[str] | None = None) -> int:
     config = {**RUN_CONFIG, "total_steps": args.steps}
     results: list[SoakResult] = []
     t0 = time.monotonic()
-    with tempfile.TemporaryDirectory(prefix="sf-soak-") as tmp, LocalSpotCluster(
-        [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True
-    ) as cluster:
-        reference = reference_hash(Path(tmp) / "ref", config)
-        traces = trace_files()
-        t0 = time.monotonic()  # the soak's minutes start once the cluster and reference are ready
-        while not results or time.monotonic() - t0 < args.minutes * 60:
-            trace = rng.choice(traces)
-            r = soak_run(cluster, Path(tmp) / f"run-{len(results)}", config, reference, trace=trace, rng=rng,
-                         ticks=30, driver_kills=rng.randint(0, 2), storage_outages=rng.randint(0, 2))
-            results.append(r)
-            print(json.dumps({**r.__dict__, "injected": r.injected}), flush=True)
+    with tempfile.TemporaryDirectory(prefix="sf-soak-") as tmp, S3Server() as s3:
+        os.environ.update(s3.env())
+        with LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True) as cluster:
+            reference = reference_hash(Path(tmp) / "ref", config)
+            traces = trace_files()
+            t0 = time.monotonic()  # the soak's minutes start once the cluster and reference are ready
+            while not results or time.monotonic() - t0 < args.minutes * 60:
+                trace = rng.choice(traces)
+                r = soak_run(cluster, s3, Path(tmp) / f"run-{len(results)}", config, reference, trace=trace, rng=rng,
+                             ticks=30, driver_kills=rng.randint(0, 2), storage_outages=rng.randint(0, 2))
+                results.append(r)
+                print(json.dumps({**r.__dict__, "injected": r.injected}), flush=True)
     bad = [r for r in results if r.problems or not r.identical_weights]
-    record(
+    outcome = record(
         Outcome(
-            f"soak, by hand ({args.minutes:g} min, {len(results)} runs)",
+            "trace-driven chaos soak (by hand, long, on S3)",
             injected=sum(r.injected for r in results),
             runs_completed=sum(r.finished and r.identical_weights for r in results),
             runs=len(results),
@@ -255,16 +270,22 @@ def main(argv: list[str] | None = None) -> int:
             checkpoints_lost=sum(r.checkpoints_lost for r in results),
             duplicated_events=sum(r.duplicated_events for r in results),
             seconds=time.monotonic() - t0,
-            notes=_breakdown(results),
+            notes=f"{args.minutes:g} min, {len(results)} runs of {args.steps} steps, seed {args.seed}: " + _breakdown(results),
+            test="tests/soak.py::main",
         )
     )
+    doc = publish([outcome], command=" ".join(["python -m tests.soak", *(argv if argv is not None else sys.argv[1:])]))
+    print(f"{doc} rewritten with this soak's row", flush=True)
     return 1 if bad else 0
 
 
 def _breakdown(results: list[SoakResult]) -> str:
+    total = {k: sum(getattr(r, k) for r in results) for k in (
+        "preemptions", "capacity_gaps", "capacity_timeouts", "tier_moves", "driver_kills", "storage_outages")}
     return (
-        f"{sum(r.preemptions for r in results)} preemptions, {sum(r.capacity_gaps for r in results)} capacity gaps, "
-        f"{sum(r.driver_kills for r in results)} driver kills, {sum(r.storage_outages for r in results)} storage outages"
+        f"{total['preemptions']} preemptions, {total['capacity_gaps']} capacity gaps "
+        f"({total['capacity_timeouts']} past the capacity timeout, {total['tier_moves']} tier moves), "
+        f"{total['driver_kills']} driver kills, {total['storage_outages']} S3 outages"
     )
 
 

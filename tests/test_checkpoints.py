@@ -115,6 +115,11 @@ def test_cli_verify_exit_codes(tmp_path, capsys):
     assert main(["verify", str(tmp_path / "good"), str(tmp_path / "bad")]) == 1
     out = capsys.readouterr().out
     assert f"OK {tmp_path / 'good'}" in out and f"DAMAGED {tmp_path / 'bad'}" in out and "model.pt: 1 bytes" in out
+    # Bad input outranks damage: a path that holds no checkpoint, or a URI without a bucket.
+    assert main(["verify", str(tmp_path / "bad"), str(tmp_path / "nowhere")]) == 2
+    assert main(["verify", "s3://"]) == 2
+    out = capsys.readouterr().out
+    assert f"ERROR {tmp_path / 'nowhere'}: no checkpoint there" in out and "ERROR s3://: names no bucket" in out
 
 
 def damage(run_dir: Path, how: str) -> None:

@@ -1,8 +1,9 @@
 """The short, CI-sized soak: one run of the example job under a replayed spot trace plus chaos.
 
 A real availability trace (tests/fixtures copy of SkyPilot's us-west-2a V100 trace, one tick
-every 6 s) preempts and restores the spot nodes while the driver is SIGKILLed once and storage
-goes away once. The long version is ``python -m tests.soak --minutes 30`` (see tests/soak.py).
+every 6 s) preempts and restores the spot nodes, including a capacity gap longer than the
+spot tier's capacity timeout, while the driver is SIGKILLed once and the S3 endpoint goes
+away once. The long version is ``python -m tests.soak --minutes 10`` (see tests/soak.py).
 """
 
 from __future__ import annotations
@@ -16,13 +17,21 @@ pytest.importorskip("torch")
 
 from helpers_e2e import apply_env  # noqa: E402
 from reliability import RUN_CONFIG, Outcome, record, reference_hash  # noqa: E402
-from soak import FIXTURES, RETRY_S, soak_run  # noqa: E402
+from soak import CAPACITY_TIMEOUT_S, FIXTURES, RETRY_S, soak_run  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def cluster():
+def s3():
+    from s3server import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster(s3):
     apply_env()
     os.environ["SPOTFALLBACK_STORAGE_RETRY_S"] = str(RETRY_S)
     from spotfallback.local import LocalSpotCluster, NodeGroup
@@ -36,17 +45,21 @@ def cluster():
         os.environ.pop("SPOTFALLBACK_STORAGE_RETRY_S", None)
 
 
-def test_short_trace_driven_chaos_soak(cluster, tmp_path_factory):
+def test_short_trace_driven_chaos_soak(cluster, s3, tmp_path_factory):
     config = dict(RUN_CONFIG)
     reference = reference_hash(tmp_path_factory.mktemp("ref"), config)
     result = soak_run(
         cluster,
+        s3,
         tmp_path_factory.mktemp("soak"),
         config,
         reference,
         trace=FIXTURES / "us-west-2a_v100_1.json",
-        start_tick=1,  # 0, 0, 1, 1, 1, 1, 0, 0, 1: spot gone as soon as the run trains, back 12 s later, ...
-        ticks=9,  # ... gone again at 36 s and back at 48 s; then capacity stays, so the run must finish
+        # Ticks 21-30 of the trace: 0, 1, 0 x 7, 1. Spot is gone as soon as the run trains, back
+        # 6 s later, then gone for 42 s: longer than the spot tier's 20 s capacity timeout, so
+        # the run must move to on-demand to finish.
+        start_tick=21,
+        ticks=10,
         rng=random.Random(3),
         driver_kills=1,
         storage_outages=1,
@@ -56,9 +69,10 @@ def test_short_trace_driven_chaos_soak(cluster, tmp_path_factory):
     assert result.finished and result.identical_weights
     assert result.events_lost == result.checkpoints_lost == result.duplicated_events == 0
     assert result.preemptions >= 1 and result.driver_kills == 1 and result.storage_outages == 1
+    assert result.capacity_gaps >= 1 and result.capacity_timeouts >= 1 and result.tier_moves == 1, result
     record(
         Outcome(
-            "trace-driven chaos soak (CI, short)",
+            "trace-driven chaos soak (CI, short, on S3)",
             injected=result.injected,
             runs_completed=1,
             runs=1,
@@ -67,6 +81,8 @@ def test_short_trace_driven_chaos_soak(cluster, tmp_path_factory):
             checkpoints_lost=result.checkpoints_lost,
             duplicated_events=result.duplicated_events,
             seconds=result.seconds,
-            notes=f"{result.preemptions} preemptions, {result.capacity_gaps} capacity gaps, 1 driver kill, 1 storage outage",
+            notes=f"{result.preemptions} preemptions, {result.capacity_gaps} capacity gaps "
+            f"({result.capacity_timeouts} past the {CAPACITY_TIMEOUT_S:g} s capacity timeout: moved to on-demand), "
+            "1 driver kill, 1 S3 outage",
         )
     )

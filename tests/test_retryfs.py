@@ -218,3 +218,73 @@ def test_cli_reports_storage_gone_as_an_error_not_as_the_users_code(monkeypatch,
     result = CliRunner().invoke(app, ["run", str(job)])
     assert result.exit_code == 1, result.output
     assert "storage unavailable" in result.output and "training function failed" not in result.output
+
+
+@pytest.fixture(scope="module")
+def s3():
+    from s3server import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+def test_a_real_s3_endpoint_going_away_mid_upload_only_pauses_a_checkpoint_copy(s3, tmp_path, caplog):
+    """moto behind the outage proxy: the endpoint resets and refuses connections the instant
+    ``part3.bin``'s upload is sent, for 4 s (past the S3 client's own ~2 s of retries)."""
+    from s3server import OutageProxy
+
+    src = tmp_path / "local"
+    src.mkdir()
+    files = {f"part{i}.bin": bytes([i]) * (50_000 + i) for i in range(6)}
+    for name, data in files.items():
+        (src / name).write_bytes(data)
+    with OutageProxy(s3.endpoint) as proxy:
+        wrapped = retrying(s3.filesystem(proxy.endpoint), limit_s=20)
+        proxy.cut_on("part3.bin", duration_s=4)
+        t0 = time.monotonic()
+        with caplog.at_level(logging.WARNING, logger="spotfallback"):
+            pafs.copy_files(str(src), f"{s3.bucket}/ckpt", destination_filesystem=wrapped)
+        took = time.monotonic() - t0
+    assert proxy.outages == 1 and proxy.refused > 0 and 3.5 < took < 20, (proxy.log, took)
+    assert "storage error while trying to write" in caplog.text and "retrying in" in caplog.text
+    direct = s3.filesystem()
+    assert {n: direct.open_input_stream(f"{s3.bucket}/ckpt/{n}").readall() for n in files} == files
+
+
+def test_a_real_s3_endpoint_gone_for_good_stops_within_the_limit_and_keeps_what_was_written(s3, tmp_path):
+    from s3server import OutageProxy
+
+    with OutageProxy(s3.endpoint) as proxy:
+        wrapped = retrying(s3.filesystem(proxy.endpoint), limit_s=3)
+        with wrapped.open_output_stream(f"{s3.bucket}/gone/before.bin") as out:
+            out.write(b"kept")
+        proxy.cut()
+        t0 = time.monotonic()
+        with pytest.raises(StorageUnavailableError, match=r"limit 3s.*intact"):  # noqa: SIM117
+            with wrapped.open_output_stream(f"{s3.bucket}/gone/after.bin") as out:
+                out.write(b"lost")
+        assert time.monotonic() - t0 < 15
+    direct = s3.filesystem()
+    assert direct.open_input_stream(f"{s3.bucket}/gone/before.bin").readall() == b"kept"
+    assert direct.get_file_info(f"{s3.bucket}/gone/after.bin").type == pafs.FileType.NotFound
+
+
+def test_the_outage_proxy_stalls_an_upload_until_its_client_goes_away(s3):
+    """What the driver-kill test relies on to kill "during a checkpoint write"."""
+    import socket
+
+    from s3server import OutageProxy
+
+    with OutageProxy(s3.endpoint) as proxy:
+        proxy.hold_on("/held.bin", max_s=30)
+        client = socket.create_connection(("127.0.0.1", proxy.port))
+        client.sendall(f"PUT /{s3.bucket}/held.bin HTTP/1.1\r\nHost: x\r\nContent-Length: 4\r\n\r\ndata".encode())
+        deadline = time.monotonic() + 10
+        while not proxy.uploads_held() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r.path for r in proxy.uploads_held()] == [f"/{s3.bucket}/held.bin"]
+        client.close()  # the uploader dies
+        while proxy.uploads_held() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert [r.state for r in proxy.held] == ["aborted"]
+    assert s3.filesystem().get_file_info(f"{s3.bucket}/held.bin").type == pafs.FileType.NotFound

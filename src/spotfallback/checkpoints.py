@@ -448,7 +448,11 @@ def prepare_resume(location: RunLocation, ledger: Ledger, records: Sequence[Ledg
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    """``python -m spotfallback.checkpoints verify PATH...``: exit 0 if every checkpoint is whole."""
+    """``python -m spotfallback.checkpoints verify PATH...``: one line per checkpoint.
+
+    Exit codes: 0 every checkpoint is whole, 1 one is damaged, 2 bad input (a path that is
+    not a checkpoint directory, or a URI that cannot be opened), never a traceback.
+    """
     import argparse
 
     parser = argparse.ArgumentParser(prog="python -m spotfallback.checkpoints")
@@ -457,17 +461,31 @@ def main(argv: Sequence[str] | None = None) -> int:
     check.add_argument("paths", nargs="+", help="checkpoint directory: local path or URI (s3://, gs://)")
     check.add_argument("--sizes-only", action="store_true", help="compare sizes, skip SHA-256")
     args = parser.parse_args(argv)
-    bad = 0
+    code = 0
     for path in args.paths:
+        shown = path if path.isprintable() else repr(path)
+        if not path.strip() or any(ord(c) < 32 or ord(c) == 127 for c in path):
+            print(f"ERROR {path!r}: not a path: empty or holding control characters")
+            code = 2
+            continue
+        if "://" in path and not path.split("://", 1)[1].split("?", 1)[0].strip("/"):
+            print(f"ERROR {shown}: names no bucket or directory; give the checkpoint directory, e.g. s3://bucket/runs/NAME/checkpoint_...")
+            code = 2
+            continue
         try:
             result = verify(path, checksums=not args.sizes_only)
-        except Exception as e:  # a CLI reports every failure as one line
-            print(f"ERROR {path}: {type(e).__name__}: {e}")
-            bad += 1
+        except Exception as e:  # noqa: BLE001 - a bad URI, unreachable storage: one line, never a traceback
+            print(f"ERROR {shown}: {type(e).__name__}: {' '.join(str(e).split())}")
+            code = 2
+            continue
+        if not result.exists:
+            print(f"ERROR {shown}: no checkpoint there (the directory is missing or empty)")
+            code = 2
             continue
         print(f"{'OK' if result.ok else 'DAMAGED'} {path}" + "".join(f"\n  {p}" for p in result.problems))
-        bad += not result.ok
-    return 1 if bad else 0
+        if not result.ok:
+            code = max(code, 1)
+    return code
 
 
 if __name__ == "__main__":

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import socket
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
+from .config import ConfigError
 from .errors import SpotfallbackError
 from .ledger import _write_atomic, with_storage_retry
 from .storage import RunLocation
@@ -44,6 +46,27 @@ class LeaseInfo:
         return self.__dict__.copy()
 
 
+TTL_ENV = "SPOTFALLBACK_LEASE_TTL_S"
+
+
+def lease_ttl_s(ttl_s: float | None = None) -> float:
+    """The lease's time to live: ``ttl_s``, else ``SPOTFALLBACK_LEASE_TTL_S``, else 30 s.
+
+    Why checked: a zero, negative or NaN TTL would make every lease look expired, so a second
+    driver would take over a live run instead of being refused.
+    """
+    source = "lease_ttl_s"
+    if ttl_s is None:
+        source, raw = TTL_ENV, os.environ.get(TTL_ENV, "30")
+        try:
+            ttl_s = float(raw)
+        except ValueError:
+            raise ConfigError(f"{TTL_ENV}: {raw!r} is not a number of seconds") from None
+    if isinstance(ttl_s, bool) or not isinstance(ttl_s, int | float) or not math.isfinite(ttl_s) or ttl_s <= 0:
+        raise ConfigError(f"{source}: must be a positive, finite number of seconds, got {ttl_s!r}")
+    return float(ttl_s)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -59,7 +82,7 @@ class DriverLease:
 
     def __init__(self, location: RunLocation, ttl_s: float | None = None, settle_s: float | None = None):
         self.location = location
-        self.ttl_s = ttl_s if ttl_s is not None else float(os.environ.get("SPOTFALLBACK_LEASE_TTL_S", "30"))
+        self.ttl_s = lease_ttl_s(ttl_s)
         self.settle_s = settle_s if settle_s is not None else min(1.0, self.ttl_s / 10)
         self.token = uuid.uuid4().hex
         self.previous: LeaseInfo | None = None  # a stale lease this driver took over
@@ -116,6 +139,15 @@ class DriverLease:
             raise DriverAlreadyRunningError(self._refusal(winner) if winner else "lost the race for the driver lease")
         self._thread = threading.Thread(target=self._renew_loop, name="spotfallback-lease", daemon=True)
         self._thread.start()
+
+    def refuse_if_held(self) -> None:
+        """Raise ``DriverAlreadyRunningError`` if another live driver holds the lease; writes nothing.
+
+        Lets a caller refuse before it starts anything expensive; ``acquire()`` checks again.
+        """
+        current = self.read()
+        if current is not None and self._holder_is_live(current):
+            raise DriverAlreadyRunningError(self._refusal(current))
 
     def _refusal(self, info: LeaseInfo) -> str:
         left = max(0.0, info.expires_at - time.time())

@@ -73,9 +73,12 @@ def resolve_run(storage_path: str, name: str, filesystem: pafs.FileSystem | None
             )
         root = storage_path
     elif _is_uri(storage_path):
+        scheme, rest = storage_path.split("://", 1)
+        if scheme != "file" and not rest.split("?", 1)[0].strip("/"):  # s3:// alone would list every bucket
+            raise ConfigError(f"storage_path: {storage_path!r} names no bucket; give {scheme}://BUCKET/PREFIX")
         try:
             filesystem, root = pafs.FileSystem.from_uri(storage_path)
-        except (pafs.ArrowInvalid, ValueError, OSError) as e:  # type: ignore[attr-defined]
+        except (ValueError, OSError) as e:  # pyarrow.ArrowInvalid is a ValueError
             raise ConfigError(f"storage_path: cannot open {storage_path!r}: {e}") from None
     else:
         filesystem = pafs.LocalFileSystem()
