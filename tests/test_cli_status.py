@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import re
 
 import pytest
 import typer
@@ -153,3 +154,57 @@ def test_help_of_each_command_describes_its_options(app, command, texts):
     flat = " ".join(r.output.split())
     for text in texts:
         assert text in flat, (text, r.output)
+
+
+def test_status_shows_the_progress_total_and_bar_from_the_runs_metadata(app, tmp_path):
+    location, ledger = write_ledger(tmp_path / "runs", run_events(), name="digits-2")
+    run = f"{tmp_path / 'runs'}/digits-2"
+    assert "step 140/140" not in invoke(app, "status", run).output  # no total known: no bar
+    ledger.write_meta(LADDER, {"name": "digits-2", "progress_totals": {"total_steps": 140}})
+    r = invoke(app, "status", run)
+    assert r.exit_code == 0, r.output
+    assert "step 140/140  (100%)" in r.output and "━━━━━━━━━━" in r.output  # the bar, as in the live view
+    assert json.loads(invoke(app, "status", run, "--json").output)["progress"]["total"] == 140
+
+
+def test_report_sets_the_plan_beside_the_outcome_in_table_html_and_json(app, tmp_path):
+    location, ledger = write_ledger(tmp_path / "runs", run_events(), name="digits-3")
+    plan = {"spend": 7.5, "wall_h": 2.0, "deadline_h": 3.0, "made_with": "rate model, 200 runs"}
+    ledger.write_meta(LADDER, {"name": "digits-3", "plan": plan})
+    run, png, page = f"{tmp_path / 'runs'}/digits-3", tmp_path / "t.png", tmp_path / "r.html"
+    r = invoke(app, "report", run, "--out", str(png), "--html", str(page))
+    assert r.exit_code == 0, r.output
+    assert "Plan vs outcome (rate model, 200 runs)" in r.output
+    assert re.search(r"│ spend\s+│\s+\$7\.50 │\s+\$8\.01 │\s+\+6\.8% │", r.output), r.output
+    assert re.search(r"│ deadline\s+│\s+3h00m │\s+2h30m │\s+met │", r.output), r.output
+    assert "Plan vs outcome" in page.read_text()
+    data = json.loads(invoke(app, "report", run, "--json", "--out", str(png)).output)
+    assert data["plan"]["predicted_spend"] == 7.5 and data["plan"]["measured_spend"] == pytest.approx(data["spend"])
+    # A run without a plan has no such table.
+    write_ledger(tmp_path / "runs", run_events(), name="digits-4")
+    r = invoke(app, "report", f"{tmp_path / 'runs'}/digits-4", "--out", str(png))
+    assert r.exit_code == 0 and "Plan vs outcome" not in r.output and "plan:" not in r.output
+
+
+def test_status_and_report_read_a_run_on_s3(app, tmp_path, monkeypatch):
+    """The ledger on an S3 server (moto, on loopback), read with nothing but the s3:// URI."""
+    from s3server import S3Server
+
+    with S3Server() as s3:
+        for key, value in s3.env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{s3.endpoint}")  # how a user points at MinIO/moto
+        write_ledger(f"s3://{s3.bucket}/runs", run_events(), name="digits-s3")
+        run = f"s3://{s3.bucket}/runs/digits-s3"
+        r = invoke(app, "status", run)
+        assert r.exit_code == 0, r.output
+        assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
+        png = tmp_path / "s3.png"
+        r = invoke(app, "report", run, "--out", str(png))
+        assert r.exit_code == 0, r.output
+        assert "│ spot      │ spot      │ $1.84/h │ 1.5833 h │ $2.91 │" in r.output
+        Image.open(io.BytesIO(png.read_bytes())).verify()
+        # The endpoint may also ride in the URI's query, as pyarrow and Ray accept it.
+        r = invoke(app, "status", s3.uri("runs/digits-s3"), "--json")
+        assert r.exit_code == 0 and json.loads(r.output)["spend"] == pytest.approx(8.01, abs=0.005), r.output
+        assert_usage_error(invoke(app, "status", f"s3://{s3.bucket}/runs/missing"), "run: no spotfallback run at")

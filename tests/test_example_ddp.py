@@ -26,11 +26,14 @@ from examples.ddp_digits import (  # noqa: E402
     CHECKPOINT_FILES,
     load_digits_split,
     make_model,
+    rank_batch_size,
     state_hash,
     train_fn,
 )
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig  # noqa: E402
 from ray.train.torch import TorchTrainer  # noqa: E402
+
+pytestmark = pytest.mark.ray
 
 CONFIG = {"total_steps": 40, "checkpoint_every": 5, "seed": 3}
 
@@ -52,6 +55,17 @@ def test_model_init_is_seeded_and_leaves_global_rng_alone() -> None:
     assert state_hash(make_model(32, seed=1)) == state_hash(make_model(32, seed=1))
     assert state_hash(make_model(32, seed=1)) != state_hash(make_model(32, seed=2))
     assert torch.equal(torch.get_rng_state(), before)
+
+
+def test_global_batch_size_is_split_over_the_world_and_must_divide() -> None:
+    per_rank = {"batch_size": 32, "global_batch_size": None}
+    assert [rank_batch_size(per_rank, w) for w in (2, 3)] == [32, 32]  # unset: per rank, as before
+    fixed = {"batch_size": 32, "global_batch_size": 48}
+    assert [rank_batch_size(fixed, w) for w in (2, 3, 4)] == [24, 16, 12]
+    with pytest.raises(ValueError, match=r"global_batch_size=48 does not divide by the world size 5; use a multiple"):
+        rank_batch_size(fixed, 5)
+    with pytest.raises(ValueError, match="global_batch_size must be a positive integer"):
+        rank_batch_size({**fixed, "global_batch_size": 0}, 1)
 
 
 # ----------------------------------------------------------------- on Ray Train

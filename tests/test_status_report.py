@@ -65,12 +65,12 @@ def run_events() -> list:
     return [*evs, Finished(T0 + 9000)]
 
 
-def write_ledger(storage, events, name: str = "r1") -> tuple:
+def write_ledger(storage, events, name: str = "r1", ladder=LADDER) -> tuple:
     location = resolve_run(str(storage), name)
     ledger = Ledger(location, writer="test")
     ledger.ensure_dirs()
-    ledger.write_meta(LADDER, {"name": name})
-    policy = FallbackPolicy(LADDER)
+    ledger.write_meta(ladder, {"name": name})
+    policy = FallbackPolicy(ladder)
     state = policy.initial_state()
     for ev in events:
         step = policy.decide(state, ev)
@@ -399,3 +399,146 @@ def test_live_panel_on_a_terminal_prints_events_and_the_final_panel(tmp_path):
     assert "fall back to on-demand" in text and "finished on on-demand" in text
     assert "checkpoint committed" not in text  # this run's checkpoints predate the watch: history
     assert "step 140/140  (100%)" in text and "$8.01 so far" in text
+
+
+# ---------------------------------------------------------------------------------------
+# Climbs back, resizes, preemption notices and just-in-time checkpoints (issues 4 and 10)
+
+from spotfallback.events import CapacityObserved, JitCheckpoint, PreemptionNotice  # noqa: E402
+from spotfallback.progress import money  # noqa: E402
+
+BEYOND = make_ladder([
+    Tier.spot((1, 2), max_preemptions=0, price_per_worker_hour=SPOT_PRICE, climb_back=True, min_dwell_s=0),
+    Tier.on_demand(2, price_per_worker_hour=OD_PRICE),
+])
+
+
+def beyond_events() -> list:
+    """Spot (2 workers) -> notice, JIT checkpoint, preempted -> on-demand -> climb back to spot
+    with 1 worker -> grows back to 2 (resize) -> finished. Hand-computed below."""
+    return [
+        RunStarted(T0), WorkersAcquired(T0 + 30, num_workers=2), CheckpointCommitted(T0 + 630, step=10),
+        PreemptionNotice(T0 + 1200, node_id="n1", deadline_s=T0 + 1230, source="aws", action="terminate", drained=True),
+        JitCheckpoint(T0 + 1202, outcome="started", step=19, attempt="a1", detail="28.0s before the deadline"),
+        JitCheckpoint(T0 + 1204, outcome="reported", step=19, attempt="a1", detail="written and reported in 2.00s"),
+        CheckpointCommitted(T0 + 1204, step=19), Preempted(T0 + 1230),
+        WorkersAcquired(T0 + 1300, num_workers=2), CheckpointCommitted(T0 + 1900, step=30),
+        CapacityObserved(T0 + 1910, tier=0, available_workers=1, remaining_work_s=3000, restart_s=60,
+                         checkpoint_interval_s=600),
+        WorkersAcquired(T0 + 1980, num_workers=1), CheckpointCommitted(T0 + 2580, step=40),
+        CapacityObserved(T0 + 2590, tier=0, available_workers=2, remaining_work_s=2000, restart_s=60,
+                         checkpoint_interval_s=600),
+        WorkersAcquired(T0 + 2650, num_workers=2), CheckpointCommitted(T0 + 3250, step=50), Finished(T0 + 3300),
+    ]
+
+
+def write_beyond(storage, name: str = "b1") -> tuple:
+    location, ledger = write_ledger(storage, beyond_events(), name, ladder=BEYOND)
+    records = ledger.read()
+    actions = [r.decision["action"] for r in records if r.event.kind == "capacity_observed"]
+    assert actions == ["climb_back", "resize"]  # the real policy decided both
+    return location, records
+
+
+def test_climbs_resizes_notices_and_jit_checkpoints_are_counted_in_the_report(tmp_path):
+    _, records = write_beyond(tmp_path)
+    r = cost_report(BEYOND, records)
+    spot, od = r.tiers
+    assert (r.climbs, r.resizes, r.tier_switches, r.interruptions) == (1, 1, 1, 1)
+    assert (r.notices, r.jit_checkpoints, r.jit_missed) == (1, 1, 0)
+    # Spot ran 30-1230 (2 workers), 1980-2590 (1 worker) and 2650-3300 (2 workers): charged per worker.
+    assert spot.running_h == pytest.approx((1200 + 610 + 650) / 3600)
+    assert spot.worker_h == pytest.approx((2400 + 610 + 1300) / 3600)
+    assert spot.spend == pytest.approx(spot.worker_h * SPOT_PRICE)
+    assert od.running_h == pytest.approx(610 / 3600) and od.spend == pytest.approx(610 / 3600 * 2 * OD_PRICE)
+    # Waiting for the new gang after the climb (1910-1980) and after the resize (2590-2650) is spot's.
+    assert spot.waiting_h == pytest.approx((30 + 70 + 60) / 3600) and od.waiting_h == pytest.approx(70 / 3600)
+    # 1204 (just-in-time checkpoint) -> 1230 (node gone): billed and lost, but held, not redone.
+    assert spot.redone_h == 0 and spot.held_h == pytest.approx(26 / 3600) and r.held_h == spot.held_h
+    # The seed's M counts every restart from a checkpoint: the preemption, the climb and the resize.
+    assert r.seed.interruptions == 3
+    text = " ".join(table_text(r).split())  # the lines as one, whatever the console's width
+    assert "1 interruptions, 1 tier switches, 1 climbs back, 1 resizes" in text
+    assert "redone work 0.0000 h and held after just-in-time checkpoints 0.0072 h" in text
+    assert "1 preemption notices; 1 just-in-time checkpoints reported before the node went, 0 missed" in text
+    assert f"spot ran with a varying gang: 1.1972 worker-h x {money(SPOT_PRICE)}/worker-h = {money(spot.spend)}" in text
+    assert r.to_json()["climbs"] == 1
+
+
+def test_timeline_waits_replay_the_same_rules_as_accounting(tmp_path, finished_run):
+    from spotfallback.accounting import summarize
+    from spotfallback.report import _intervals
+
+    for ladder, records in ((BEYOND, write_beyond(tmp_path)[1]), (LADDER, finished_run[1])):
+        summary = summarize(ladder, records)
+        waiting, redone, held = _intervals(records, summary.ended_at)
+        for i, usage in enumerate(summary.tiers):
+            assert sum(b - a for t, a, b in waiting if t == i) == pytest.approx(usage.waiting_s), (i, waiting)
+            # Lost time is either redone work or the hold after a just-in-time checkpoint.
+            lost = sum(b - a for t, a, b in (*redone, *held) if t == i)
+            assert lost == pytest.approx(usage.lost_s), (i, redone, held)
+    waiting, redone, held = _intervals(write_beyond(tmp_path, "b2")[1], T0 + 3300)
+    assert (0, T0 + 1910, T0 + 1980) in waiting and (0, T0 + 2590, T0 + 2650) in waiting
+    assert held == [(0, T0 + 1204, T0 + 1230)] and redone == []  # the JIT checkpoint: nothing redone
+
+
+def test_event_lines_for_climbs_resizes_notices_and_jit_checkpoints(tmp_path):
+    _, records = write_beyond(tmp_path)
+    text = "\n".join(filter(None, (describe_event(r, T0, BEYOND) for r in records)))
+    assert "preemption notice[/] (aws, 30s before the node goes) on [bold]spot[/]; node drained" in text
+    assert "just-in-time checkpoint of step 19 reported[/] on [bold]spot[/] (written and reported in 2.00s)" in text
+    assert "→ climb back from on-demand to spot[/] (capacity back on 'spot'" in text
+    assert "→ resize spot to 2 workers" in text
+
+
+def colour_share(png: bytes, hex_colour: str) -> float:
+    image = Image.open(io.BytesIO(png)).convert("RGB")
+    counts = {c: n for n, c in image.getcolors(maxcolors=1 << 20)}
+    rgb = tuple(int(hex_colour[i : i + 2], 16) for i in (1, 3, 5))
+    return counts.get(rgb, 0) / (image.width * image.height)
+
+
+def test_timeline_png_marks_notices_jit_checkpoints_climbs_and_resizes(tmp_path):
+    location, records = write_beyond(tmp_path)
+    png = timeline_png(BEYOND, records, title="climb back and resize")
+    plain = timeline_png(LADDER, write_ledger(tmp_path, run_events(), name="plain")[1].read())
+    for colour in ("#f77f00", "#2b9348", "#3a86ff"):  # notice / JIT checkpoint and climb arrow / resize
+        assert colour_share(png, colour) > 0.00003, colour
+        assert colour_share(plain, colour) == 0, colour  # drawn only when such events happened
+
+
+# ---------------------------------------------------------------------------------------
+# The plan's prediction beside the outcome
+
+
+def test_plan_prediction_beside_the_outcome(finished_run):
+    from spotfallback.config import PlanPrediction
+    from spotfallback.report import plan_rows, plan_table
+
+    location, records = finished_run
+    plan = PlanPrediction(spend=7.5, wall_h=2.0, p90_wall_h=2.4, deadline_h=3.0, on_time_probability=0.97,
+                          made_with="trace aws-spot-a, 500 runs")
+    r = cost_report(LADDER, records, run=location.uri(), plan=plan)
+    p = r.plan
+    assert p.final and p.measured_spend == pytest.approx(r.spend) and p.measured_wall_h == pytest.approx(2.5)
+    assert p.spend_error == pytest.approx(r.spend / 7.5 - 1) and p.wall_error == pytest.approx(0.25)
+    assert p.deadline_met is True
+    assert plan_rows(p) == [
+        ("spend", "$7.50", "$8.01", "+6.8%"),
+        ("wall time", "2h00m", "2h30m", "+25.0%"),
+        ("wall time, p90", "2h24m", "2h30m", "beyond"),
+        ("deadline", "3h00m (planned on time: 97%)", "2h30m", "met"),
+    ]
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(plan_table(r))
+    assert "Plan vs outcome (trace aws-spot-a, 500 runs)" in console.export_text()
+    assert "plan: $7.50 in 2h00m; outcome: $8.01 in 2h30m (+6.8% spend); deadline met" in table_text(r)
+    data = json.loads(json.dumps(r.to_json()))
+    assert data["plan"]["predicted_spend"] == 7.5 and data["plan"]["deadline_met"] is True
+    assert data["plan"]["spend_error"] == pytest.approx(p.spend_error)
+    page = html_report(r, timeline_png(LADDER, records))
+    assert "Plan vs outcome" in page and "<td>3h00m (planned on time: 97%)</td>" in page
+    # While the run goes, the measured side is "so far" and no verdict is given on the deadline.
+    live = cost_report(LADDER, records[:12], plan=plan, now=T0 + 5000).plan
+    assert not live.final and live.deadline_met is None and plan_rows(live)[0][2].endswith("so far")
+    assert cost_report(LADDER, records).plan is None and plan_table(cost_report(LADDER, records)) is None

@@ -9,15 +9,16 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from .cli_run import EXIT_BAD_INPUT, EXIT_ERROR, fail
-from .config import ConfigError, JobConfig, Ladder
+from .config import ConfigError, JobConfig, Ladder, PlanPrediction
 from .ledger import Ledger, LedgerError, LedgerRecord
+from .progress import print_wide
 from .storage import STATE_DIR, RunLocation, resolve_run, split_run_uri
 
 RUN_HELP = "The run as STORAGE_PATH/NAME, e.g. ./runs/digits-1 or s3://bucket/runs/digits-1."
@@ -67,8 +68,9 @@ tiers:
 
 def _open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:
     """The run's location, ledger and ladder; ConfigError when RUN names no spotfallback run."""
-    storage_path, name = split_run_uri(run)
-    location = resolve_run(storage_path, name)
+    base, sep, query = run.partition("?")  # s3://b/runs/NAME?endpoint_override=...: options stay with the storage
+    storage_path, name = split_run_uri(base)
+    location = resolve_run(storage_path + sep + query, name)
     ledger = Ledger(location)
     ladder = ledger.read_ladder()
     if ladder is None:
@@ -79,14 +81,25 @@ def _open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:
     return location, ledger, ladder
 
 
-def _load(run: str) -> tuple[RunLocation, Ladder, list[LedgerRecord]]:
+def _load(run: str) -> tuple[RunLocation, Ladder, list[LedgerRecord], dict[str, Any]]:
+    """The run's location, ladder, ledger records and metadata (plan, progress totals)."""
     try:
         location, ledger, ladder = _open_run(run)
-        return location, ladder, ledger.read()
+        return location, ladder, ledger.read(), ledger.read_meta() or {}
     except ConfigError as e:
         raise fail(str(e), EXIT_BAD_INPUT) from None
     except LedgerError as e:
         raise fail(f"cannot read the run's ledger: {e}", EXIT_ERROR) from None
+
+
+def _plan(meta: dict[str, Any]) -> PlanPrediction | None:
+    """The plan the run was started with (``spotfallback plan --write-yaml``), if any and readable."""
+    from pydantic import ValidationError
+
+    try:
+        return PlanPrediction.model_validate(meta["plan"]) if meta.get("plan") is not None else None
+    except ValidationError:
+        return None
 
 
 def _tier_table(ladder: Ladder, records: list[LedgerRecord], now: float | None) -> Table:
@@ -102,19 +115,6 @@ def _tier_table(ladder: Ladder, records: list[LedgerRecord], now: float | None) 
         table.add_row(mark + u.name, u.market, str(t.num_workers), f"{u.preemptions}/{t.max_preemptions if t.max_preemptions != -1 else '∞'}",
                       f"{u.failures}/{t.max_failures if t.max_failures != -1 else '∞'}", f"{u.running_s / 3600:.4f} h", money(u.spend))
     return table
-
-
-def _print_wide(console: Console, table: Table) -> None:
-    """Print a table at its natural width: numbers cut to '…' on a narrow or piped console help nobody."""
-    from rich.measure import Measurement
-
-    needed = Measurement.get(console, console.options.update_width(1000), table).maximum
-    width = console.width
-    console.width = max(width, needed)  # print(width=...) cannot exceed the console's own width
-    try:
-        console.print(table)
-    finally:
-        console.width = width
 
 
 def _check_output(option: str, path: Path, suffix: str) -> None:
@@ -151,11 +151,12 @@ def register(app: typer.Typer) -> None:
 
         if events < 0:
             raise fail(f"--events: must be 0 or more, got {events}", EXIT_BAD_INPUT)
-        location, ladder, records = _load(run)
+        location, ladder, records, meta = _load(run)
         now = time.time()
         driver = read_driver(location)
+        totals = meta.get("progress_totals") if isinstance(meta.get("progress_totals"), dict) else None
         snap = build_snapshot(ladder, records, run=location.uri(), now=now, heartbeat=read_heartbeat(location),
-                              driver=driver)
+                              driver=driver, config=totals)
         t0 = records[0].t if records else now
         shown = records[-events:] if events else []
         if as_json:
@@ -165,7 +166,7 @@ def register(app: typer.Typer) -> None:
             return
         console = Console(highlight=False)
         console.print(snapshot_renderable(snap))
-        _print_wide(console, _tier_table(ladder, records, charge_until(records, driver, now)))
+        print_wide(console, _tier_table(ladder, records, charge_until(records, driver, now)))
         if shown:
             console.print(f"[bold]latest events[/] ({len(shown)} of {len(records)})")
             for rec in shown:
@@ -185,23 +186,33 @@ def register(app: typer.Typer) -> None:
         Hours and spend per tier (spend = running hours x the tier's price), waiting and redone
         work, savings against all-on-demand for the same useful work, alpha (the share of the
         work done on spot), and the seed formula's prediction for the run's own T, M, dt and
-        alpha beside the measured spend. The picture shows tiers as coloured bands, faults as
-        marks, checkpoints as ticks and the committed step as a line.
+        alpha beside the measured spend; where the job file came from `spotfallback plan
+        --write-yaml`, the plan's spend and wall time beside the outcome. The picture shows
+        tiers as coloured bands, faults, preemption notices and just-in-time checkpoints as
+        marks, fall-backs and climbs back as arrows, checkpoints as ticks and the committed
+        step as a line.
         Exit codes: 0 written, 2 bad input, 1 the ledger cannot be read or holds no events yet.
         """
         from .progress import charge_until, describe_event, read_driver
-        from .report import cost_report, cost_table, html_report, summary_lines, timeline_png
+        from .report import (
+            cost_report,
+            cost_table,
+            html_report,
+            plan_table,
+            summary_lines,
+            timeline_png,
+        )
 
         if out is not None:
             _check_output("--out", out, ".png")
         if html_file is not None:
             _check_output("--html", html_file, ".html")
-        location, ladder, records = _load(run)
+        location, ladder, records, meta = _load(run)
         if not records:
             raise fail(f"run {location.uri()!r} has no ledger events yet; nothing to report", EXIT_ERROR)
         out = out or Path(f"{location.name}-timeline.png")
         until = charge_until(records, read_driver(location), time.time())
-        report = cost_report(ladder, records, run=location.uri(), now=until)
+        report = cost_report(ladder, records, run=location.uri(), now=until, plan=_plan(meta))
         try:
             png = timeline_png(ladder, records, title=run.rstrip("/"), now=until)  # as the user named it
         except ImportError:
@@ -220,9 +231,11 @@ def register(app: typer.Typer) -> None:
             typer.echo(json.dumps(data, default=str))
             return
         console = Console(highlight=False)
-        _print_wide(console, cost_table(report))
+        print_wide(console, cost_table(report))
         for line in summary_lines(report):
             console.print(line, soft_wrap=True)
+        if (planned := plan_table(report)) is not None:
+            print_wide(console, planned)
         console.print(f"timeline: {out}" + (f"; page: {html_file}" if html_file else ""))
 
     @app.command("init")

@@ -51,6 +51,20 @@ PROGRESS_KEYS: dict[str, tuple[str, ...]] = {
 Mode = Literal["live", "plain", "json", "off"]
 
 
+def progress_totals(config: Mapping[str, Any] | None) -> dict[str, float]:
+    """The progress totals a ``train_loop_config`` gives (``total_steps``, ``num_epochs``...).
+
+    The run keeps them in its metadata so ``status`` on another machine, without the job file,
+    can show a total and a bar.
+    """
+    keys = {k for totals in PROGRESS_KEYS.values() for k in totals}
+    return {
+        k: v
+        for k, v in (config or {}).items()
+        if k in keys and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+    }
+
+
 # ---------------------------------------------------------------------------------------
 # The progress heartbeat: the latest reported metrics, overwritten in place.
 
@@ -407,6 +421,27 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
             return f"{at}  [bold red]fatal:[/] {getattr(ev, 'message', '')}"
         case "finished":
             return f"{at}  [green]finished[/] on [bold]{tier}[/]"
+        case "capacity_observed" if decision.get("action") == "climb_back":
+            to = tiers[int(decision.get("to_tier", record.tier))].name
+            return f"{at}  capacity back on {to} [bold green]→ climb back from {tier} to {to}[/] ({decision.get('reason', '')})"
+        case "capacity_observed" if decision.get("action") == "resize":
+            return f"{at}  capacity changed [bold]→ resize {tier} to {decision.get('num_workers')} workers[/]"
+        case "preemption_notice":
+            deadline = getattr(ev, "deadline_s", None)
+            left = f", {duration(deadline - record.t)} before the node goes" if deadline else ""
+            source = getattr(ev, "source", "") or "notice"
+            drained = "; node drained" if getattr(ev, "drained", False) else ""
+            return f"{at}  [yellow]preemption notice[/] ({source}{left}) on [bold]{tier}[/]{drained}"
+        case "jit_checkpoint":
+            outcome, step = getattr(ev, "outcome", ""), getattr(ev, "step", None)
+            at_step = f" of step {step}" if step is not None else ""
+            detail = getattr(ev, "detail", "")
+            if outcome == "started":
+                return f"{at}  just-in-time checkpoint{at_step} started on [bold]{tier}[/] ({detail})"
+            if outcome == "reported":
+                return f"{at}  [green]just-in-time checkpoint{at_step} reported[/] on [bold]{tier}[/] ({detail})"
+            if outcome == "missed":
+                return f"{at}  [red]just-in-time checkpoint{at_step} missed[/] on [bold]{tier}[/]: {detail}"
     # Kinds added later (notices, observations...): named plainly with their set fields.
     fields = [f"{k}={v}" for k, v in ev.to_json().items() if k not in ("kind", "t") and v not in (None, "", False)]
     what = ev.kind.replace("_", " ") + (f" ({', '.join(fields[:2])})" if fields else "")
@@ -476,8 +511,8 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
     cost = f"{money(snap.spend)} so far; all on-demand for the same progress {money(snap.on_demand_spend)}"
     if saved is not None:
         cost += f" ({saved:+.0%} saved)"
-    if snap.lost_s > 0:
-        cost += f"; {duration(snap.lost_s)} of work redone"
+    if snap.lost_s > 0:  # redone work, or the hold after a just-in-time checkpoint: billed, not progress
+        cost += f"; {duration(snap.lost_s)} lost to interruptions"
     grid.add_row("spend", cost)
     if snap.driver is not None:
         alive = "live" if snap.driver.live(snap.now) else "gone"
@@ -485,6 +520,19 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
     if snap.give_up_reason:
         grid.add_row("gave up", Text(snap.give_up_reason, style="red"))
     return grid
+
+
+def print_wide(console: Console, table: Table) -> None:
+    """Print a table at its natural width: numbers cut to '…' on a narrow or piped console help nobody."""
+    from rich.measure import Measurement
+
+    needed = Measurement.get(console, console.options.update_width(1000), table).maximum
+    width = console.width
+    console.width = max(width, needed)  # print(width=...) cannot exceed the console's own width
+    try:
+        console.print(table)
+    finally:
+        console.width = width
 
 
 def snapshot_line(snap: Snapshot) -> str:
@@ -738,10 +786,16 @@ class WatchOptions:
     plain_every_s: float = field(default_factory=lambda: float(os.environ.get("SPOTFALLBACK_STATUS_EVERY_S", "60")))
 
 
-def watcher_for_job(job: Any, options: WatchOptions | None = None) -> RunWatcher:
-    """The watcher `spotfallback run` uses for ``job``: live on a TTY, plain lines otherwise, or JSON."""
+def watcher_for_job(
+    job: Any, options: WatchOptions | None = None, *, console: Console | None = None, out: IO[str] | None = None
+) -> RunWatcher:
+    """The watcher `spotfallback run` uses for ``job``: live on a TTY, plain lines otherwise, or JSON.
+
+    ``console`` (default: stderr) is where the live panel or the plain lines go, and whether it
+    is a terminal picks between them; ``out`` (default: stdout) takes the JSON lines.
+    """
     options = options or WatchOptions()
-    console = Console(stderr=True, highlight=False)
+    console = console or Console(stderr=True, highlight=False)
     mode = options.mode or ("live" if console.is_terminal else "plain")
     sinks: list[ProgressSink] = []
     if mode == "live":
@@ -749,7 +803,7 @@ def watcher_for_job(job: Any, options: WatchOptions | None = None) -> RunWatcher
     elif mode == "plain":
         sinks.append(PlainSink(job.ladder, console, every_s=options.plain_every_s))
     elif mode == "json":
-        sinks.append(JsonSink(job.ladder, sys.stdout))
+        sinks.append(JsonSink(job.ladder, out or sys.stdout))
     if options.mlflow:
         from .integrations.mlflow import MlflowSink
 

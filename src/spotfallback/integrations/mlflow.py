@@ -5,6 +5,11 @@ ledger, and the watcher already reads it on the driver. The MLflow run is found 
 ``spotfallback.run_name`` (the spotfallback run name), so a driver restarted after a crash
 logs into the same MLflow run, and events logged before the crash are not logged twice.
 
+The sink is built only once the run is accepted (``spotfallback run`` refuses a live, finished
+or failed run first), so a refused run creates no MLflow run; a tracking server that cannot be
+reached is one clear error (exit 2) before any cluster starts. MLflow's own HTTP client retries
+a while first (``MLFLOW_HTTP_REQUEST_MAX_RETRIES``, ``MLFLOW_HTTP_REQUEST_TIMEOUT``).
+
 Use: ``spotfallback run job.yaml --mlflow``, or in Python::
 
     watcher = RunWatcher(ladder, [MlflowSink(ladder, run_name=name)])
@@ -50,21 +55,30 @@ class MlflowSink:
     def __init__(self, ladder: Ladder, run_name: str, *, experiment: str | None = None, client: Any = None):
         mlflow = _mlflow()
         self.ladder = ladder
-        self.client = client or mlflow.MlflowClient()
         self.owns_run = False
-        active = mlflow.active_run()
-        if active is not None:
-            self.run_id = active.info.run_id
-        else:
-            self.run_id, self.owns_run = self._find_or_create(run_name, experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
-        run = self.client.get_run(self.run_id)
-        self.skip = int(run.data.tags.get(LOGGED_TAG, "0") or 0)  # events an earlier driver logged
         self.seen = 0
         self.counts: dict[str, int] = {}
         self._last_spend_t = 0.0
-        self.client.set_tag(self.run_id, RUN_NAME_TAG, run_name)
-        self.client.set_tag(self.run_id, "spotfallback.ladder", " -> ".join(
-            f"{t.name}({t.num_workers}x{t.price_per_worker_hour:g}/h)" for t in ladder.tiers))
+        try:  # everything that talks to the tracking server, so a bad one is one clear error
+            self.client = client or mlflow.MlflowClient()
+            active = mlflow.active_run()
+            if active is not None:
+                self.run_id = active.info.run_id
+            else:
+                self.run_id, self.owns_run = self._find_or_create(
+                    run_name, experiment or os.environ.get("MLFLOW_EXPERIMENT_NAME"))
+            run = self.client.get_run(self.run_id)
+            self.skip = int(run.data.tags.get(LOGGED_TAG, "0") or 0)  # events an earlier driver logged
+            self.client.set_tag(self.run_id, RUN_NAME_TAG, run_name)
+            self.client.set_tag(self.run_id, "spotfallback.ladder", " -> ".join(
+                f"{t.name}({t.num_workers}x{t.price_per_worker_hour:g}/h)" for t in ladder.tiers))
+        except Exception as e:
+            uri = os.environ.get("MLFLOW_TRACKING_URI") or "the default ./mlruns"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+            raise ConfigError(
+                f"--mlflow: cannot use the MLflow tracking server ({uri}): {type(e).__name__}: {first[:300]}; "
+                "check MLFLOW_TRACKING_URI, or run without --mlflow"
+            ) from None
 
     def _find_or_create(self, run_name: str, experiment: str | None) -> tuple[str, bool]:
         if experiment:
