@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test test-all lint bench clean
+.PHONY: demo test lint bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,15 +22,11 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests examples bench scripts
 	$(BIN)/python -m pytest
 
-test-all: $(STAMP)
-	$(BIN)/python -m pytest -m ""
-
 lint: $(STAMP)
 	$(BIN)/ruff check src tests examples bench scripts
 
 bench: $(STAMP)
-	$(BIN)/python bench/bench_recovery.py
-	$(BIN)/python bench/bench_simulator.py
+	$(BIN)/python -m bench
 
 clean:
 	rm -rf $(VENV) build src/*.egg-info
