@@ -23,7 +23,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import shutil
 import sys
 import tempfile
@@ -37,6 +36,8 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+
+from bench.harness import cpu_model  # noqa: E402 - after the path is set, for `python bench/bench_notices.py`
 
 CONFIG = {"total_steps": 30, "checkpoint_every": 5, "step_delay_s": 0.15, "seed": 7}
 JIT = {"preemption_check_every_s": 1.0, "preemption_hold_s": 30.0}
@@ -54,13 +55,6 @@ class Row:
     weights_ok: bool
     failure_s: float | None = None  # kill -> the failure decided (spotfallback's ledger)
     workers_s: float | None = None  # kill -> the next worker group up (spotfallback's ledger)
-
-
-def cpu_model() -> str:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-        if line.startswith("model name"):
-            return line.split(":", 1)[1].strip()
-    return platform.processor() or "unknown"
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:

@@ -10,10 +10,15 @@ from __future__ import annotations
 import argparse
 import os
 import platform
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+if __package__ in (None, ""):  # run as a script
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from bench.harness import cpu_model
 from spotfallback.config import Ladder, Tier
 from spotfallback.planner import PlanRequest, load_process, plan
 from spotfallback.simulator import (
@@ -47,16 +52,6 @@ def ladder(max_preemptions: int, timeout_s: float | None) -> Ladder:
             Tier.on_demand(8, price_per_worker_hour=3.06),
         )
     )
-
-
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def best_of(repeat: int, fn: Callable[[], SimResult | object]) -> tuple[float, object]:

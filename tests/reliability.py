@@ -112,33 +112,6 @@ def raw_ledger_objects(location: RunLocation) -> list[dict[str, Any]]:
     return out
 
 
-class LedgerTail:
-    """A run's ledger, polled cheaply: each ``records()`` lists the directory and parses only new objects.
-
-    Ledger objects never change once in place (written under a temporary name, then moved),
-    so a poll on S3 costs one listing, not one download per event.
-    """
-
-    def __init__(self, location: RunLocation) -> None:
-        self.location = location
-        self._parsed: dict[str, LedgerRecord] = {}
-
-    def records(self) -> list[LedgerRecord]:
-        fs = self.location.fs
-        for info in list_dir(fs, self.location.path("ledger")):
-            if info.type != pafs.FileType.File or info.base_name.startswith(".tmp-") or info.path in self._parsed:
-                continue
-            data = json.loads(fs.open_input_stream(info.path).readall())
-            self._parsed[info.path] = LedgerRecord.from_json(data, info.path)
-        out, seen = [], set()
-        for path in sorted(self._parsed):
-            record = self._parsed[path]
-            if record.id not in seen:
-                seen.add(record.id)
-                out.append(record)
-        return out
-
-
 def final_result(log: str) -> dict[str, Any]:
     """The driver's result line (the last line that is a JSON object): Ray may log after it."""
     for line in reversed(log.strip().splitlines()):

@@ -94,9 +94,10 @@ def soak_run(
     tiers: list[dict[str, Any]] | None = None,
 ) -> SoakResult:
     """One run of the example job on S3 under trace-driven capacity, driver kills and S3 outages."""
-    from reliability import LedgerTail, check_run, final_result, steps_redone
+    from reliability import check_run, final_result, steps_redone
     from s3server import OutageProxy
     from spotfallback.local import Injector
+    from spotfallback.progress import LedgerTail
     from spotfallback.storage import resolve_run
 
     t0 = time.monotonic()
@@ -138,7 +139,7 @@ def soak_run(
         while True:
             code = proc.poll()
             elapsed = time.monotonic() - t0
-            if replay is None and any(r.event.kind == "workers_acquired" for r in ledger.records()):
+            if replay is None and any(r.event.kind == "workers_acquired" for r in ledger.poll()):
                 # The trace starts once the run trains, so its first drops hit a running gang.
                 replay = _start_replay(injector, trace, tick_s, start_tick, ticks, rng)
             if schedule and elapsed >= schedule[0][0]:

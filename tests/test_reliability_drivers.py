@@ -211,7 +211,7 @@ class KillLoop:
     """One run under ``spotfallback run`` on S3 (through a proxy that can stall an upload), killed on cue."""
 
     def __init__(self, driver: Driver, location, step_log: Path, proxy, injector, rng: random.Random):
-        from reliability import LedgerTail
+        from spotfallback.progress import LedgerTail
 
         self.driver, self.step_log, self.proxy, self.injector, self.rng = driver, step_log, proxy, injector, rng
         self.ledger = LedgerTail(location)
@@ -226,15 +226,15 @@ class KillLoop:
 
     def since(self, n: int) -> list:
         """Records of this launch (not the commits a relaunched driver catches up on)."""
-        return [r for r in self.ledger.records()[n:] if r.info.get("recorded_by") != "driver"]
+        return [r for r in self.ledger.poll()[n:] if r.info.get("recorded_by") != "driver"]
 
     def tier(self) -> int:
         """The tier the next launch runs on (the ladder is one-way: spot, then on-demand)."""
-        return int(any((r.decision or {}).get("action") == "switch_tier" for r in self.ledger.records()))
+        return int(any((r.decision or {}).get("action") == "switch_tier" for r in self.ledger.poll()))
 
     def kill(self, moment: str) -> None:
         """Launch the driver, wait for ``moment``, check it is that moment, SIGKILL, check again."""
-        n_steps, n_records = len(self.steps()), len(self.ledger.records())
+        n_steps, n_records = len(self.steps()), len(self.ledger.poll())
         market = "spot" if self.tier() == 0 else "on-demand"
         if moment == CAPACITY:
             self.injector.take_capacity(market, notice_s=None)
