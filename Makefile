@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test lint bench clean
+.PHONY: demo test check lint types unit reliability bench clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -19,11 +19,22 @@ demo: $(STAMP)
 	$(BIN)/spotfallback demo
 
 test: $(STAMP)
-	$(BIN)/ruff check src tests examples bench scripts
+	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/python -m pytest
 
 lint: $(STAMP)
-	$(BIN)/ruff check src tests examples bench scripts
+	$(BIN)/ruff check src tests bench scripts
+
+# The fast inner loop: lint, types and the unit tests (no Ray cluster), a few minutes.
+check: lint unit
+
+unit: $(STAMP)
+	$(BIN)/python -m pytest tests/unit
+
+# Re-runs the fault suite and rewrites docs/reliability.md/.json from what it recorded.
+reliability: $(STAMP)
+	SPOTFALLBACK_PUBLISH_RELIABILITY=1 $(BIN)/python -m pytest tests/e2e/test_reliability_storage.py \
+		tests/e2e/test_reliability_drivers.py tests/e2e/test_reliability_soak.py tests/unit/test_reliability_invariants.py
 
 bench: $(STAMP)
 	$(BIN)/python -m bench

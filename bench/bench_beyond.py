@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from spotfallback.config import Tier
-from spotfallback.planner import load_process
-from spotfallback.simulator import JobSpec, SimResult, simulate, wall_to_finish, world_for
+from spotfallback.sim.planner import load_process
+from spotfallback.sim.simulator import JobSpec, SimResult, simulate, wall_to_finish, world_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -37,11 +37,17 @@ def train_fn(config: dict[str, Any]) -> None:
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from examples.ddp_digits import _gather, _Rank, _save, load_digits_split, make_model
     from ray.train import CheckpointUploadMode
     from torch import nn
 
-    from spotfallback.checkpoints import write_manifest
+    from spotfallback.examples.ddp_digits import (
+        _gather,
+        _Rank,
+        _save,
+        load_digits_split,
+        make_model,
+    )
+    from spotfallback.store.checkpoints import write_manifest
 
     torch.set_num_threads(1)
     ctx = ray.train.get_context()

@@ -34,10 +34,9 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+from bench.harness import cpu_model
 
-from bench.harness import cpu_model  # noqa: E402 - after the path is set, for `python bench/bench_notices.py`
+ROOT = Path(__file__).resolve().parents[1]
 
 CONFIG = {"total_steps": 30, "checkpoint_every": 5, "step_delay_s": 0.15, "seed": 7}
 JIT = {"preemption_check_every_s": 1.0, "preemption_hold_s": 30.0}
@@ -63,10 +62,10 @@ def read_steps(path: Path) -> list[dict[str, Any]]:
 
 def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any], *, relax: bool = False) -> Callable[[], Any]:
     import ray.train
-    from examples.ddp_digits import train_fn
     from ray.train.torch import TorchTrainer
 
     from spotfallback import FallbackTrainer, Tier
+    from spotfallback.examples.ddp_digits import train_fn
     from spotfallback.notices.jit import jit_failure_config
 
     if kind == "spotfallback":
@@ -191,7 +190,7 @@ def main() -> None:
     )
     args = parser.parse_args()
 
-    from helpers_e2e import apply_env
+    from tests.support.helpers_e2e import apply_env
 
     apply_env()
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup

@@ -1,7 +1,7 @@
 """Item 7: the planner's prediction of spend and wall time against the run ledger's measured values.
 
 Two scenarios run on the harness's cluster through ``FallbackTrainer``, each predicted by
-the simulator the planner uses (``spotfallback.simulator.simulate``, the policy engine that
+the simulator the planner uses (``spotfallback.sim.simulator.simulate``, the policy engine that
 drives the runner's own ``FallbackPolicy``):
 
 - **demo**: ``spotfallback demo``'s job, ladder and faults. Spot (2 workers,
@@ -102,7 +102,7 @@ def spread(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
 
 def job_spec(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> Any:
     """The simulator's job, in hours, from the calibration and the training config."""
-    from spotfallback.simulator import JobSpec
+    from spotfallback.sim.simulator import JobSpec
 
     h = 1 / 3600.0
     return JobSpec(
@@ -128,7 +128,7 @@ def fixed_terms(cal: dict[str, float]) -> tuple[float, float, float]:
 
 def predict(ladder: Any, job: Any, world: list[Any], cal: dict[str, float], start_h: float | None = None) -> dict[str, float]:
     """Spend and wall time of one run as the simulator predicts it, plus the fixed start/stop terms."""
-    from spotfallback.simulator import simulate
+    from spotfallback.sim.simulator import simulate
 
     res = simulate(ladder, job, world, runs=1, seed=0, engine="policy", start_h=start_h)
     extra_wall, billed_first, billed_last = fixed_terms(cal)
@@ -149,9 +149,9 @@ def predict(ladder: Any, job: Any, world: list[Any], cal: dict[str, float], star
 
 
 def demo_setup() -> tuple[list[Any], dict[str, Any], float]:
-    """The demo's ladder, training config and notice length (``spotfallback/demo.py``)."""
-    from spotfallback import demo
+    """The demo's ladder, training config and notice length (``spotfallback/local/demo.py``)."""
     from spotfallback.config import Tier
+    from spotfallback.local import demo
 
     tiers = [
         Tier.spot(2, max_preemptions=1, capacity_timeout_s=60, price_per_worker_hour=demo.SPOT_PRICE),
@@ -167,7 +167,7 @@ def uses_jit(cfg: dict[str, Any]) -> bool:
 
 def demo_world(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> list[Any]:
     """Spot as the demo's injector makes it: each attempt ends after its first checkpoint + reaction + notice."""
-    from spotfallback.simulator import RateModel, ScriptedModel
+    from spotfallback.sim.simulator import RateModel, ScriptedModel
 
     h = 1 / 3600.0
     tau = cfg["checkpoint_every"] * cal["step_s"]
@@ -183,7 +183,8 @@ def demo_world(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> l
 
 
 def run_demo(ctx: Context, cal: dict[str, float], rep: int) -> dict[str, Any]:
-    from helpers_e2e import Background
+    from tests.support.helpers_e2e import Background
+
     from spotfallback.accounting import summarize
 
     tiers, cfg, notice = demo_setup()
@@ -217,7 +218,7 @@ def run_demo(ctx: Context, cal: dict[str, float], rep: int) -> dict[str, Any]:
 
 
 def trace_window() -> Any:
-    from spotfallback.traces import SpotTrace, load_spot_trace
+    from spotfallback.sim.traces import SpotTrace, load_spot_trace
 
     shared = REPO.parent / "shared" / "data" / "spot-traces" / "availability" / "1-node" / "aws-10-26-2022" / TRACE_FILE
     path = shared if shared.is_file() else REPO / "tests" / "fixtures" / TRACE_FILE
@@ -232,7 +233,7 @@ def trace_window() -> Any:
 
 def trace_setup() -> tuple[list[Any], dict[str, Any]]:
     from spotfallback.config import Tier
-    from spotfallback.demo import ON_DEMAND_PRICE, SPOT_PRICE
+    from spotfallback.local.demo import ON_DEMAND_PRICE, SPOT_PRICE
 
     tiers = [
         Tier.spot(2, max_preemptions=1, capacity_timeout_s=TICK_S, price_per_worker_hour=SPOT_PRICE),
@@ -242,9 +243,10 @@ def trace_setup() -> tuple[list[Any], dict[str, Any]]:
 
 
 def run_trace(ctx: Context, cal: dict[str, float], rep: int) -> dict[str, Any]:
-    from helpers_e2e import Background
+    from tests.support.helpers_e2e import Background
+
     from spotfallback.accounting import summarize
-    from spotfallback.simulator import RateModel
+    from spotfallback.sim.simulator import RateModel
 
     tiers, cfg = trace_setup()
     trace, ticks = trace_window()

@@ -28,9 +28,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.harness import Figure, Measurement, Results, Stat, Target, ratio_pairs, table, values
 from bench.runs import (
     Context,
@@ -53,7 +50,8 @@ SCENARIOS = ("ray-restart", "sf-restart", "sf-switch")
 
 
 def one_run(ctx: Context, scenario: str, rep: int) -> dict[str, Any]:
-    from helpers_e2e import Background
+    from tests.support.helpers_e2e import Background
+
     from spotfallback import Tier
 
     log = ctx.path(scenario, ".steps")

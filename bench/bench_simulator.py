@@ -10,18 +10,14 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-if __package__ in (None, ""):  # run as a script
-    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
 from bench.harness import cpu_model
 from spotfallback.config import Ladder, Tier
-from spotfallback.planner import PlanRequest, load_process, plan
-from spotfallback.simulator import (
+from spotfallback.sim.planner import PlanRequest, load_process, plan
+from spotfallback.sim.simulator import (
     JobSpec,
     RateModel,
     SimResult,

@@ -39,8 +39,8 @@ def measure(repeat: int, rate_runs: int = RATE_RUNS, trace_runs: int = TRACE_RUN
             trace_files: list[Path] | None = None) -> list[dict[str, Any]]:
     """Time each world ``repeat`` times; sizes are parameters so the CI smoke can run it small."""
     from bench.bench_simulator import JOB, RATE, ladder
-    from spotfallback.planner import load_process
-    from spotfallback.simulator import simulate, world_for
+    from spotfallback.sim.planner import load_process
+    from spotfallback.sim.simulator import simulate, world_for
 
     rows: list[dict[str, Any]] = []
     warm = ladder(3, 3600)

@@ -122,7 +122,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     names = selected(args.only, reg)
     extra = sorted(set(names) - set(args.only or names))
     command = "python -m bench" + (" " + shlex.join(sys.argv[1:] if argv is None else list(argv)) if (argv or sys.argv[1:]) else "")
-    from helpers_e2e import apply_env
+    from tests.support.helpers_e2e import apply_env
 
     apply_env()
     # Ray Train V2 holds each report until the controller's next poll: the local cluster's own

@@ -1,7 +1,7 @@
 """The Ray half of the benchmark harness: the shared cluster context, trainers, timestamps.
 
 Every measurement builds its trainers here so that the compared variants differ only in
-what is being compared: the same training function (``examples.ddp_digits``), the same
+what is being compared: the same training function (``spotfallback.examples.ddp_digits``), the same
 label selector, the same retry budgets, the same storage.
 """
 
@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable, Sequence
@@ -18,9 +17,6 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-for _p in (str(REPO / "tests"), str(REPO)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
 
 SPOT = {"ray.io/market-type": "spot"}
 ON_DEMAND = {"ray.io/market-type": "on-demand"}
@@ -100,7 +96,7 @@ def torch_trainer(
     from ray.train.torch import TorchTrainer
 
     if train_fn is None:
-        from examples.ddp_digits import train_fn
+        from spotfallback.examples.ddp_digits import train_fn
     return TorchTrainer(
         train_fn,
         train_loop_config=config,
@@ -127,9 +123,9 @@ def fallback_trainer(
 ) -> Any:
     """spotfallback on a ladder of ``tiers``, same training function and storage as ``torch_trainer``."""
     import ray.train
-    from examples.ddp_digits import train_fn
 
     from spotfallback import FallbackTrainer
+    from spotfallback.examples.ddp_digits import train_fn
 
     return FallbackTrainer(
         train_fn,

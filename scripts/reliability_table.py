@@ -1,12 +1,12 @@
 """Re-render docs/reliability.md from docs/reliability.json, or check that it is up to date.
 
-The fault suite writes both files itself at the end of every pytest session that ran one of
-its tests (``tests/conftest.py`` -> ``tests/reliability.py:publish``), and the long soak
-(``python -m tests.soak``) adds its row the same way. This script is for the rest: rendering
+`make reliability` writes both files: it runs the fault suite with
+``SPOTFALLBACK_PUBLISH_RELIABILITY=1`` (``tests/conftest.py`` -> ``tests/support/reliability.py:publish``); the long soak
+(``python -m tests.support.soak``) adds its row the same way. This script is for the rest: rendering
 again after a change to the table's layout, and ``--check`` (exit 1 when the page does not
 match the rows, e.g. after a hand edit)::
 
-    .venv/bin/python scripts/reliability_table.py [--check]
+    .venv/bin/python -m scripts.reliability_table [--check]
 """
 
 from __future__ import annotations
@@ -14,12 +14,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "tests")]
-
-from reliability import DOCS_DIR, render  # noqa: E402
+from tests.support.reliability import DOCS_DIR, render
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,12 +1,14 @@
-"""Session hook: the reliability suite writes docs/reliability.md from what its tests recorded.
+"""Session hook: ``make reliability`` writes docs/reliability.md from what the fault tests recorded.
 
-Each fault test calls ``reliability.record(...)``; at the end of the session the rows are
-merged into ``docs/reliability.json`` and the table re-rendered (``reliability.publish``).
-Sessions that ran no reliability test leave the page alone.
+Each fault test calls ``reliability.record(...)``. Only a session started with
+``SPOTFALLBACK_PUBLISH_RELIABILITY=1`` (the ``make reliability`` target) merges the rows into
+``docs/reliability.json`` and re-renders the table (``reliability.publish``); an ordinary test
+run never rewrites a tracked file.
 """
 
 from __future__ import annotations
 
+import os
 import sys
 
 _failed: set[str] = set()
@@ -19,8 +21,8 @@ def pytest_runtest_logreport(report):
 
 
 def pytest_sessionfinish(session, exitstatus):
-    reliability = sys.modules.get("reliability")
-    if reliability is None or not (reliability.RECORDED or _failed):
+    reliability = sys.modules.get("tests.support.reliability")
+    if os.environ.get("SPOTFALLBACK_PUBLISH_RELIABILITY") != "1" or reliability is None or not (reliability.RECORDED or _failed):
         return
     command = " ".join(["python -m pytest", *session.config.invocation_params.args])
     doc = reliability.publish(reliability.RECORDED, command=command, failed_tests=_failed)

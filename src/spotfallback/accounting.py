@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
-from .config import ON_DEMAND, Ladder
-from .events import (
+from spotfallback.config import ON_DEMAND, Ladder
+from spotfallback.events import (
     ApplicationFailed,
     CapacityObserved,
     CapacityTimedOut,
@@ -23,8 +23,8 @@ from .events import (
     RunStarted,
     WorkersAcquired,
 )
-from .ledger import LedgerRecord
-from .policy import FallbackPolicy, PolicyState
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.store.ledger import LedgerRecord
 
 
 @dataclass

@@ -20,8 +20,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Literal
 
-from .config import DeadlineGuard, Ladder, Tier, make_ladder
-from .events import (
+from spotfallback.config import DeadlineGuard, Ladder, Tier, make_ladder
+from spotfallback.events import (
     ApplicationFailed,
     CapacityObserved,
     CapacityTimedOut,

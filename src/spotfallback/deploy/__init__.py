@@ -1,11 +1,21 @@
 """Deployment files for a tier ladder: KubeRay RayJob/RayCluster, Ray cluster-launcher configs,
 and their offline validation. Pure (no Ray, no cluster, no network); see docs/deploy.md."""
 
-from .clouds import K8sCloud, VmCloud
-from .common import to_yaml, unique_run_name
-from .kuberay import Kind, KubeRayOptions, kuberay_manifest, rayjob_entrypoint, render_kuberay
-from .launcher import LauncherOptions, cluster_launcher_config, render_cluster_launcher
-from .validate import (
+from spotfallback.deploy.clouds import K8sCloud, VmCloud
+from spotfallback.deploy.common import to_yaml, unique_run_name
+from spotfallback.deploy.kuberay import (
+    Kind,
+    KubeRayOptions,
+    kuberay_manifest,
+    rayjob_entrypoint,
+    render_kuberay,
+)
+from spotfallback.deploy.launcher import (
+    LauncherOptions,
+    cluster_launcher_config,
+    render_cluster_launcher,
+)
+from spotfallback.deploy.validate import (
     Finding,
     ManifestInvalid,
     Report,

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from ..config import ON_DEMAND, SPOT, ConfigError
+from spotfallback.config import ON_DEMAND, SPOT, ConfigError
 
 
 class K8sCloud(StrEnum):

@@ -31,9 +31,9 @@ from typing import Any
 
 import yaml
 
-from ..config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
-from .clouds import SPOT_GRACE_S, K8sCloud, PodPlacement, pod_placement
-from .common import (
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
+from spotfallback.deploy.clouds import SPOT_GRACE_S, K8sCloud, PodPlacement, pod_placement
+from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
     REGION_LABEL,
     ZONE_LABEL,
@@ -46,7 +46,7 @@ from .common import (
     with_run_name,
     worker_shape,
 )
-from .validate import assert_valid_text
+from spotfallback.deploy.validate import assert_valid_text
 
 API_VERSION = "ray.io/v1"
 # KubeRay's own limits: it appends suffixes to build service and cluster names.

@@ -22,9 +22,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
-from .clouds import VmCloud, vm_market_config
-from .common import (
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
+from spotfallback.deploy.clouds import VmCloud, vm_market_config
+from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
     REGION_LABEL,
     ZONE_LABEL,
@@ -37,8 +37,8 @@ from .common import (
     with_run_name,
     worker_shape,
 )
-from .kuberay import rayjob_entrypoint
-from .validate import assert_valid_text
+from spotfallback.deploy.kuberay import rayjob_entrypoint
+from spotfallback.deploy.validate import assert_valid_text
 
 HEAD_TYPE = "head"
 GCP_CPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cpu"

@@ -24,9 +24,14 @@ import yaml
 from jsonschema import ValidationError
 from jsonschema.protocols import Validator
 
-from ..config import MARKET_LABEL, ON_DEMAND, SPOT
-from .clouds import ON_DEMAND_NODE_LABELS, SPOT_NODE_LABELS, SPOT_TAINT_KEYS, vm_config_is_spot
-from .schema import KUBERAY_FILES, kuberay_validator, launcher_validator
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT
+from spotfallback.deploy.clouds import (
+    ON_DEMAND_NODE_LABELS,
+    SPOT_NODE_LABELS,
+    SPOT_TAINT_KEYS,
+    vm_config_is_spot,
+)
+from spotfallback.deploy.schema import KUBERAY_FILES, kuberay_validator, launcher_validator
 
 MAX_NAME = {"RayJob": 47, "RayCluster": 53}
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")

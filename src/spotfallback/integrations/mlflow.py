@@ -23,9 +23,9 @@ import logging
 import os
 from typing import Any
 
-from ..config import ConfigError, Ladder
-from ..ledger import LedgerRecord
-from ..progress import Snapshot
+from spotfallback.config import ConfigError, Ladder
+from spotfallback.store.ledger import LedgerRecord
+from spotfallback.view.progress import Snapshot
 
 logger = logging.getLogger("spotfallback")
 

@@ -4,7 +4,7 @@
 preempts (drain, then kill), kills, takes capacity away and replays availability traces.
 """
 
-from .cluster import (
+from spotfallback.local.cluster import (
     GROUP_LABEL,
     MARKET_LABEL,
     REGION_LABEL,
@@ -14,7 +14,7 @@ from .cluster import (
     NodeGroup,
     NodeStatus,
 )
-from .injector import Injection, Injector, Replay
+from spotfallback.local.injector import Injection, Injector, Replay
 
 __all__ = [
     "GROUP_LABEL",

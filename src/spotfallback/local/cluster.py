@@ -23,7 +23,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from ..config import Ladder, Tier, label_key_error, label_selector_value_error
+from spotfallback.config import Ladder, Tier, label_key_error, label_selector_value_error
 
 if TYPE_CHECKING:
     from ray._private.node import Node

@@ -24,12 +24,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-from .cluster import LocalNode, LocalSpotCluster, NodeGroup
+from spotfallback.local.cluster import LocalNode, LocalSpotCluster, NodeGroup
 
 if TYPE_CHECKING:
-    from ..notices.runlog import RunLog
-    from ..storage import RunLocation
-    from ..traces import NodeTrace, SpotTrace
+    from spotfallback.notices.runlog import RunLog
+    from spotfallback.sim.traces import NodeTrace, SpotTrace
+    from spotfallback.store.location import RunLocation
 
 Action = Literal[
     "drain",  # preemption notice sent (node keeps running until the deadline)
@@ -248,8 +248,8 @@ class Injector:
         if run is None:
             self._run_log = None
             return
-        from ..notices.runlog import RunLog
-        from ..storage import resolve_run, split_run_uri
+        from spotfallback.notices.runlog import RunLog
+        from spotfallback.store.location import resolve_run, split_run_uri
 
         location = resolve_run(*split_run_uri(run)) if isinstance(run, str) else run
         self._run_log = RunLog(location, writer=f"injector{id(self) % 10000:04d}")
@@ -263,7 +263,7 @@ class Injector:
         call) and, when a run is known (``record_notices``), the same ``LedgerRecorder``,
         so the ledger shows an injected notice exactly as it shows a cloud's.
         """
-        from ..notices.agent import LedgerRecorder, Notice, RayDrain
+        from spotfallback.notices.agent import LedgerRecorder, Notice, RayDrain
 
         local = self._resolve(node)
         deadline = time.time() + max(notice_s, 0.0)
@@ -514,7 +514,7 @@ class Injector:
         are preempted with ``notice_s`` (``None``: killed without notice). ``on_tick(tick,
         target, running)`` is called after each tick is applied.
         """
-        from ..traces import load_spot_trace
+        from spotfallback.sim.traces import load_spot_trace
 
         spot = load_spot_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
@@ -564,7 +564,7 @@ class Injector:
         trace nodes are mirrored; events on the others are ignored. ``on_event(t_s,
         running)`` is called after each batch of simultaneous events.
         """
-        from ..traces import load_node_trace
+        from spotfallback.sim.traces import load_node_trace
 
         nodes_trace = load_node_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:

@@ -5,7 +5,7 @@
 ``jit``: ``PreemptionWatch`` for training functions. Nothing here imports Ray at import time.
 """
 
-from .agent import (
+from spotfallback.notices.agent import (
     AmbiguousRayNodeError,
     AwsPoller,
     AzurePoller,
@@ -21,9 +21,14 @@ from .agent import (
     detect_cloud,
     make_poller,
 )
-from .drain import DrainRejectedError, drain_for_preemption
-from .jit import JitHoldExpiredError, PreemptionWatch, jit_failure_config, missed_jit_checkpoints
-from .runlog import RunLog
+from spotfallback.notices.drain import DrainRejectedError, drain_for_preemption
+from spotfallback.notices.jit import (
+    JitHoldExpiredError,
+    PreemptionWatch,
+    jit_failure_config,
+    missed_jit_checkpoints,
+)
+from spotfallback.notices.runlog import RunLog
 
 __all__ = [
     "AmbiguousRayNodeError",

@@ -44,9 +44,9 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..events import PreemptionNotice
-from .drain import drain_for_preemption
-from .runlog import RunLog
+from spotfallback.events import PreemptionNotice
+from spotfallback.notices.drain import drain_for_preemption
+from spotfallback.notices.runlog import RunLog
 
 logger = logging.getLogger("spotfallback")
 

@@ -37,9 +37,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from ..events import CheckpointCommitted, JitCheckpoint
-from ..ledger import LedgerRecord
-from .runlog import RunLog
+from spotfallback.events import CheckpointCommitted, JitCheckpoint
+from spotfallback.notices.runlog import RunLog
+from spotfallback.store.ledger import LedgerRecord
 
 logger = logging.getLogger("spotfallback")
 
@@ -87,7 +87,7 @@ class RaySession:
         """The run's ledger if this is a spotfallback run (plain Ray Train runs have none)."""
         import ray.train
 
-        from ..storage import resolve_run
+        from spotfallback.store.location import resolve_run
 
         try:
             storage = ray.train.get_context().get_storage()

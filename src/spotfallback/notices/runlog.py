@@ -12,10 +12,10 @@ import logging
 import threading
 from typing import Any
 
-from ..events import InfoEvent
-from ..ledger import Ledger, LedgerRecord
-from ..policy import FallbackPolicy
-from ..storage import RunLocation
+from spotfallback.events import InfoEvent
+from spotfallback.policy import FallbackPolicy
+from spotfallback.store.ledger import Ledger, LedgerRecord
+from spotfallback.store.location import RunLocation
 
 logger = logging.getLogger("spotfallback")
 

@@ -1,0 +1,3 @@
+from spotfallback.cli.app import main
+
+main()

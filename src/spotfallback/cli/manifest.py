@@ -1,0 +1,283 @@
+"""`spotfallback manifest ...`: deployment files for a job's tier ladder, and their validation.
+
+Every generated file is validated before it is written, and bad input (an unknown cloud, a
+tier with no market, a malformed image) is one line on stderr, exit code 2, and no file.
+Every generation says on stderr which run the file starts, because the same run name
+resumes that run: a name reused by accident would continue someone else's training.
+"""
+
+from __future__ import annotations
+
+import os
+from enum import StrEnum
+from pathlib import Path
+from typing import Annotated, NoReturn, TypeVar
+
+import typer
+
+from spotfallback.config import ConfigError, JobConfig, run_name_error
+from spotfallback.deploy.clouds import K8sCloud, VmCloud
+from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
+from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
+from spotfallback.deploy.launcher import LauncherOptions, render_cluster_launcher
+from spotfallback.deploy.validate import ManifestInvalid, Report, validate_file
+
+E = TypeVar("E", bound=StrEnum)
+
+# Library field names -> the option that sets them, so errors name what the user typed.
+_OPTION_OF = {
+    "image": "--image",
+    "name": "--name",
+    "storage_secret": "--storage-secret",
+    "storage_pvc": "--storage-pvc",
+    "pip": "--pip",
+    "region": "--region",
+    "zone": "--zone",
+    "project_id": "--project-id",
+    "instance_type": "--instance-type",
+    "source_image": "--source-image",
+    "notice_agent": "--notice-agent",
+    "spot_grace_seconds": "--spot-grace",
+}
+
+JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_path, entrypoint, tiers).")]
+ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, spotfallback and your code (default: rayproject/ray matching rayVersion).")]
+NameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of the job file's; the same name RESUMES that run.")]
+UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timestamp and random token to the run name: a new run.")]
+PipOpt = Annotated[list[str] | None, typer.Option("--pip", help="Package to pip-install at start (repeatable).")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="File to write; stdout if omitted.")]
+
+
+def _choice(option: str, value: str, enum: type[E]) -> E:
+    """Parse a choice here rather than via click, so a wrong value is one line like every other error."""
+    try:
+        return enum(value)
+    except ValueError:
+        _fail(f"{option}: {value!r} is not one of: {', '.join(e.value for e in enum)}")
+
+
+def _fail(message: str, code: int = 2) -> NoReturn:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(code)
+
+
+def _one_line(message: str) -> str:
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {'; '.join(lines[1:])}"
+    return "; ".join(lines)
+
+
+def _config_error(err: ConfigError, job_path: Path) -> NoReturn:
+    message = _one_line(str(err))
+    field, sep, rest = message.partition(":")
+    if sep and field in _OPTION_OF:
+        _fail(f"{_OPTION_OF[field]}:{rest}")
+    if message.startswith(("tiers", "storage_path")):
+        _fail(f"{job_path}: {message}")
+    _fail(message)
+
+
+def _check_options(image: str | None, name: str | None, **k8s_names: str | None) -> None:
+    if image is not None and (problem := image_error(image)):
+        _fail(f"--image: {problem}")
+    if name is not None and (problem := run_name_error(name)):
+        _fail(f"--name: {problem}")
+    for option, value in k8s_names.items():
+        if value is not None and (problem := object_name_error(value)):
+            _fail(f"--{option.replace('_', '-')}: {problem}")
+
+
+def _load(job_path: Path, name: str | None, unique: bool) -> tuple[JobConfig, str | None]:
+    try:
+        job = JobConfig.from_yaml(job_path)
+    except ConfigError as e:
+        _fail(f"--job: {_one_line(str(e))}")
+    return job, (unique_run_name(name or job.name) if unique else name)
+
+
+def _say_run_name(job: JobConfig, name: str | None, unique: bool) -> None:
+    """One stderr line, every time, after the file is made: the run it starts, and that the
+    same name resumes it (the seed's warning against reusing a name by accident)."""
+    if unique:
+        typer.echo(f"run name: {name} (a new run)", err=True)
+        return
+    run = name or job.name
+    source = "--name" if name else "the job file"
+    typer.echo(
+        f"run name: {run} (from {source}); if {job.storage_path.rstrip('/')}/{run} already holds a run, "
+        "this file RESUMES it: for a new run, pass --unique-name or another --name",
+        err=True,
+    )
+
+
+def _emit(text: str, out: Path | None, what: str) -> None:
+    if out is None:
+        typer.echo(text, nl=False)
+        return
+    if not out.parent.is_dir():
+        _fail(f"--out: directory {out.parent} does not exist")
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(text, "utf-8")
+    os.replace(tmp, out)  # whole file or none: a half-written manifest must not be applied
+    typer.echo(f"wrote {out} ({what}; validated)", err=True)
+
+
+def kuberay_command(
+    cloud: Annotated[str, typer.Option(help="eks-karpenter | eks-managed | aks | gke: decides the spot/on-demand node keys.")],
+    job: JobOpt,
+    kind: Annotated[str, typer.Option(help="rayjob (runs the job, then cleans up) | raycluster (long-lived).")] = Kind.RAYJOB.value,
+    image: ImageOpt = None,
+    name: NameOpt = None,
+    unique_name: UniqueOpt = False,
+    namespace: Annotated[str | None, typer.Option(help="Namespace of the object.")] = None,
+    service_account: Annotated[str | None, typer.Option(help="Service account of every pod (workload identity for storage).")] = None,
+    storage_secret: Annotated[str | None, typer.Option(help="Secret with the storage credentials (s3://, gs://, abfs://).")] = None,
+    storage_pvc: Annotated[str | None, typer.Option(help="PVC mounted at a local storage_path on every pod.")] = None,
+    pip: PipOpt = None,
+    backoff_limit: Annotated[int, typer.Option(min=0, help="RayJob retries; each retry resumes the run.")] = 5,
+    active_deadline: Annotated[int, typer.Option(min=1, help="RayJob wall-clock limit, seconds.")] = 3 * 24 * 3600,
+    ttl: Annotated[int, typer.Option(min=0, help="Seconds the finished RayJob's cluster is kept for inspection.")] = 300,
+    notice_agent: Annotated[
+        bool | None,
+        typer.Option(
+            "--notice-agent/--no-notice-agent",
+            help="Sidecar on spot workers that drains the Ray node on the pod's SIGTERM (just-in-time "
+            "checkpoints). Default: on with --image, off with the stock Ray image (no spotfallback in it).",
+            show_default=False,
+        ),
+    ] = None,
+    spot_grace: Annotated[
+        int | None,
+        typer.Option(
+            help="Spot pods' terminationGracePeriodSeconds with the agent; must fit in the cloud's notice "
+            "(default: eks-* 90, aks 25, gke 15).",
+        ),
+    ] = None,
+    out: OutOpt = None,
+) -> None:
+    """Write a KubeRay RayJob (or RayCluster): on-demand head, one worker group per tier."""
+    k8s_cloud, kind_ = _choice("--cloud", cloud, K8sCloud), _choice("--kind", kind, Kind)
+    _check_options(image, name, namespace=namespace, service_account=service_account, storage_secret=storage_secret, storage_pvc=storage_pvc)
+    config, run_name = _load(job, name, unique_name)
+    try:
+        opts = KubeRayOptions(
+            cloud=k8s_cloud,
+            kind=kind_,
+            image=image,
+            run_name=run_name,
+            namespace=namespace,
+            service_account=service_account,
+            storage_secret=storage_secret,
+            storage_pvc=storage_pvc,
+            pip=tuple(pip or ()),
+            backoff_limit=backoff_limit,
+            active_deadline_seconds=active_deadline,
+            ttl_seconds_after_finished=ttl,
+            notice_agent=notice_agent,
+            spot_grace_seconds=spot_grace,
+        )
+        text = render_kuberay(config, opts)
+    except ConfigError as e:
+        _config_error(e, job)
+    except ManifestInvalid as e:
+        _fail(f"internal error, the generated manifest does not validate: {e}", code=1)
+    _emit(text, out, f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups")
+    _say_run_name(config, run_name, unique_name)
+
+
+def _instance_types(entries: list[str]) -> dict[str, str]:
+    pairs: dict[str, str] = {}
+    for entry in entries:
+        tier, sep, kind = entry.partition("=")
+        if not sep or not tier or not kind or " " in entry:
+            _fail(f"--instance-type: expected TIER=TYPE, got {entry!r}")
+        pairs[tier] = kind
+    return pairs
+
+
+def launcher_command(
+    cloud: Annotated[str, typer.Option(help="aws | gcp: cloud of the VMs.")],
+    job: JobOpt,
+    image: ImageOpt = None,
+    name: NameOpt = None,
+    unique_name: UniqueOpt = False,
+    region: Annotated[str | None, typer.Option(help="Region (default: the tiers' ray.io/availability-region).")] = None,
+    zone: Annotated[str | None, typer.Option(help="Zone (default: the tiers' ray.io/availability-zone); required on GCP.")] = None,
+    project_id: Annotated[str | None, typer.Option(help="GCP project id.")] = None,
+    instance_type: Annotated[list[str] | None, typer.Option(help="TIER=TYPE (repeatable) instead of the default fit.")] = None,
+    head_instance_type: Annotated[str | None, typer.Option(help="Head instance/machine type.")] = None,
+    source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers).")] = None,
+    instance_profile: Annotated[str | None, typer.Option(help="AWS instance profile ARN for the worker nodes (storage access).")] = None,
+    service_account: Annotated[str | None, typer.Option(help="GCP service account email for the worker nodes (storage access).")] = None,
+    pip: PipOpt = None,
+    notice_agent: Annotated[
+        bool,
+        typer.Option(
+            "--notice-agent/--no-notice-agent",
+            help="Start `spotfallback notice-agent` on spot nodes after `ray start` (needs spotfallback in the image or --pip).",
+        ),
+    ] = True,
+    out: OutOpt = None,
+) -> None:
+    """Write a `ray up` config: on-demand head, one node type per tier."""
+    vm_cloud = _choice("--cloud", cloud, VmCloud)
+    _check_options(image, name)
+    types = _instance_types(instance_type or [])
+    config, run_name = _load(job, name, unique_name)
+    try:
+        opts = LauncherOptions(
+            cloud=vm_cloud,
+            image=image,
+            run_name=run_name,
+            region=region,
+            zone=zone,
+            project_id=project_id,
+            instance_types=types,
+            head_instance_type=head_instance_type,
+            source_image=source_image,
+            instance_profile=instance_profile,
+            service_account=service_account,
+            pip=tuple(pip or ()),
+            notice_agent=notice_agent,
+        )
+        text = render_cluster_launcher(config, opts)
+    except ConfigError as e:
+        _config_error(e, job)
+    except ManifestInvalid as e:
+        _fail(f"internal error, the generated config does not validate: {e}", code=1)
+    _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
+    _say_run_name(config, run_name, unique_name)
+
+
+def _print_report(path: Path, report: Report) -> None:
+    many = len(report.kinds) > 1
+    for finding in report.findings:
+        where = f"{path}[doc {finding.document + 1}]" if many else str(path)
+        prefix = "warning: " if finding.warning else ""
+        typer.echo(f"{prefix}{where}: {finding}", err=True)
+
+
+def validate_command(
+    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="RayJob/RayCluster YAML or ray up config.")],
+) -> None:
+    """Check a file offline: KubeRay v1 schema (strict) + operator rules, or Ray's launcher schema."""
+    report = validate_file(file)
+    _print_report(file, report)
+    if not report.ok:
+        typer.echo(f"{file}: {len(report.errors)} error(s)", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{file}: ok ({', '.join(report.kinds)})")
+
+
+def register(app: typer.Typer) -> None:
+    """Add the `manifest` command group to ``app``."""
+    manifest = typer.Typer(
+        name="manifest",
+        help="Deployment files (KubeRay, ray up) for a job's tier ladder, validated offline.",
+        no_args_is_help=True,
+    )
+    manifest.command("kuberay")(kuberay_command)
+    manifest.command("cluster-launcher")(launcher_command)
+    manifest.command("validate")(validate_command)
+    app.add_typer(manifest, name="manifest")

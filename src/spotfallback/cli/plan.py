@@ -1,0 +1,370 @@
+"""`spotfallback plan`: price a job on spot with fallback before running it."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.table import Table
+
+from spotfallback.config import ConfigError, JobConfig, format_validation_error
+from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
+from spotfallback.sim.planner import Candidate, Plan, PlanRequest, load_process, plan
+from spotfallback.sim.simulator import Process, RateModel, complement_trace
+from spotfallback.sim.traces import SpotTrace, TraceError
+
+
+class _UsageError(Exception):
+    """Bad input; printed as one line and exit code 2."""
+
+
+def _fail(option: str, message: str) -> _UsageError:
+    # One line whatever the input held: a path or value with a newline is shown escaped.
+    return _UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
+
+
+def seed_table(discount: float = DEFAULT_DISCOUNT) -> Table:
+    """The seed's runtime-flexibility table, recomputed, with its printed figures beside."""
+    table = Table(title=f"Runtime flexibility before spot stops saving (discount d = {discount:g})")
+    table.add_column("job on spot (alpha)", justify="right")
+    table.add_column("break-even T_total/T", justify="right")
+    table.add_column("runtime may grow by", justify="right")
+    table.add_column("seed printed", justify="right")
+    for row in runtime_flexibility_table(discount=discount):
+        seed = "" if row.seed_claim_percent is None else f"{row.seed_claim_percent:g}% longer"
+        if row.seed_is_right is False:
+            seed += f" (wrong: that is the {row.ratio:.2f}x ratio)"
+        table.add_row(f"{row.alpha:.0%}", f"{_ratio(row.ratio)}x", f"{row.percent_longer:.2f}% longer", seed)
+    return table
+
+
+def _ratio(r: float) -> str:
+    """Three decimals, or four when that is exact (1/0.64 = 1.5625), as the issue lists them."""
+    return f"{r:.4f}" if math.isclose(round(r, 4), r, rel_tol=0, abs_tol=1e-12) else f"{r:.3f}"
+
+
+def _fmt_h(h: float) -> str:
+    if not math.isfinite(h):
+        return "inf"
+    return f"{h * 60:.1f} min" if h < 1 else f"{h:.2f} h"
+
+
+def _fmt_timeout(s: float | None) -> str:
+    return "none" if s is None else f"{s:g}"
+
+
+def _comparison_table(p: Plan) -> Table:
+    d = p.request.deadline_h
+    title = "Recommended policy (first row) vs baselines, on the same random draws"
+    if d is not None:
+        title += f"; deadline {d:g} h, required P >= {p.request.deadline_probability:g}"
+    table = Table(title=title)
+    table.add_column("policy", no_wrap=True, min_width=16)
+    for col in ("spend", "p90", "wall h", "p90", "P(<=D)", "alpha", "intr", "sw"):
+        table.add_column(col, justify="right")
+    for i, c in enumerate(p.comparison()):
+        r = c.result
+        ok = c.meets(p.request.deadline_probability)
+        table.add_row(
+            "recommended" if i == 0 else c.label,
+            f"{c.mean_spend:,.1f}",
+            f"{np.percentile(r.spend, 90):,.1f}",
+            f"{c.mean_wall_h:.1f}",
+            f"{np.percentile(r.wall_h, 90):.1f}",
+            f"{c.p_deadline:.3f}" + ("" if ok else " [red]miss[/red]"),
+            f"{float(r.alpha.mean()):.2f}",
+            f"{float(r.interruptions.mean()):.1f}",
+            f"{float(r.switches.mean()):.2f}",
+        )
+    return table
+
+
+def _distribution_table(c: Candidate) -> Table:
+    table = Table(title=f"Recommended policy over {c.result.runs} simulated runs")
+    for col in ("metric", "mean", "p50", "p90", "p99"):
+        table.add_column(col, justify="left" if col == "metric" else "right")
+    for name, dist in c.result.summary().items():
+        table.add_row(name, *(f"{v:,.3f}" for v in (dist.mean, dist.p50, dist.p90, dist.p99)))
+    return table
+
+
+def _ladder_table(p: Plan) -> Table:
+    rec = p.recommended
+    tau = "none (no periodic checkpoint)" if rec.tau_h is None else _fmt_h(rec.tau_h)
+    table = Table(title=f"Recommended ladder (checkpoint every {tau})")
+    for col in ("tier", "market", "workers", "max_preemptions", "max_failures", "capacity_timeout_s", "price",
+                "deadline_guard", "climb_back"):
+        table.add_column(col, overflow="fold")
+    assert rec.ladder is not None
+    for t in rec.ladder.tiers:
+        g = t.deadline_guard
+        guard = "" if g is None else f"pace {g.pace:g}, margin {g.margin_h * 60:.0f} min, by {g.deadline_h:g} h"
+        climb = f"after {t.min_dwell_s:g} s" if t.climb_back else ""
+        table.add_row(t.name, t.market, str(t.num_workers), str(t.max_preemptions), str(t.max_failures),
+                      _fmt_timeout(t.capacity_timeout_s), f"{t.price_per_worker_hour:g}", guard, climb)
+    return table
+
+
+def _plot(p: Plan, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    od = next(c for c in p.baselines if c.label == "on-demand only")
+    deadline = p.request.deadline_h
+    fig, axes = plt.subplots(2, 2, figsize=(11, 8))
+    for row, (rows, xlabel, xs) in enumerate(
+        (
+            (p.sweep_over_m(), "max_preemptions M on the first spot tier", None),
+            (p.sweep_over_tau(), "checkpoint interval tau (h)", None),
+        )
+    ):
+        ax_cost, ax_time = axes[row]
+        if not rows:
+            ax_cost.text(0.5, 0.5, "no sweep (on-demand recommended)", ha="center", transform=ax_cost.transAxes)
+            continue
+        if row == 0:
+            labels = ["inf" if c.ladder[0].max_preemptions == -1 else str(c.ladder[0].max_preemptions) for c in rows]  # type: ignore[index]
+            xs = list(range(len(rows)))
+        else:
+            labels = None
+            xs = [c.tau_h for c in rows]
+        ax_cost.plot(xs, [c.mean_spend for c in rows], "o-", label="mean spend")
+        chosen = [x for x, c in zip(xs, rows, strict=True) if c is p.recommended]
+        if chosen:
+            ax_cost.plot(chosen, [p.recommended.mean_spend], "*", ms=16, color="gold", mec="black", label="recommended")
+        ax_cost.axhline(od.mean_spend, color="red", ls="--", label="break-even: on-demand only")
+        ax_time.plot(xs, [c.mean_wall_h for c in rows], "o-", label="mean finish time")
+        ax_time.plot(xs, [float(np.percentile(c.result.wall_h, 90)) for c in rows], "s--", label="p90 finish time")
+        if deadline is not None:
+            ax_time.axhline(deadline, color="black", ls=":", label=f"deadline {deadline:g} h")
+        for ax, ylabel in ((ax_cost, "spend"), (ax_time, "wall time (h)")):
+            ax.set_xlabel(xlabel)
+            ax.set_ylabel(ylabel)
+            if labels is not None:
+                ax.set_xticks(xs, labels)
+            ax.grid(alpha=0.3)
+            ax.legend(fontsize=8)
+    fig.suptitle(f"spotfallback plan: {p.recommended.label}", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str, rate: float | None,
+                    failure_rate: float, outage_prob: float, outage_h: float) -> list[Process]:
+    procs: list[Process] = []
+    if trace_counts not in ("available", "preempted"):
+        raise _fail("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
+    for path in trace:
+        try:
+            proc = load_process(str(path), "spot")
+        except TraceError as e:
+            raise _fail("--trace", str(e)) from None
+        assert isinstance(proc, SpotTrace)
+        procs.append(complement_trace(proc) if trace_counts == "preempted" else proc)
+    for path in node_trace:
+        try:
+            procs.append(load_process(str(path), "node"))
+        except TraceError as e:
+            raise _fail("--node-trace", str(e)) from None
+    if rate is not None:
+        for opt, v in (("--rate", rate), ("--failure-rate", failure_rate), ("--outage-h", outage_h)):
+            if v < 0 or not math.isfinite(v):
+                raise _fail(opt, f"must be a non-negative number, got {v:g}")
+        if not 0 <= outage_prob <= 1:
+            raise _fail("--outage-prob", f"must be between 0 and 1, got {outage_prob:g}")
+        procs.append(RateModel(preemptions_per_node_hour=rate, failures_per_node_hour=failure_rate,
+                               outage_probability=outage_prob, mean_outage_h=outage_h))
+    if not procs:
+        raise _fail("--trace", "give a spot trace (--trace / --node-trace) or a preemption rate (--rate)")
+    return procs
+
+
+_OPTION_OF = {
+    "work_h": "--hours", "num_workers": "--workers", "checkpoint_cost_h": "--checkpoint-cost-s",
+    "restart_overhead_h": "--restart-overhead-s", "provisioning_delay_h": "--provisioning-delay-s",
+    "notice_s": "--notice-s", "spot_price": "--spot-price", "on_demand_price": "--on-demand-price",
+    "deadline_h": "--deadline-h", "deadline_probability": "--deadline-prob", "seed_max_preemptions": "--seed-m",
+    "runs": "--runs",
+}
+
+
+def _request(**kw: object) -> PlanRequest:
+    try:
+        return PlanRequest(**kw)  # type: ignore[arg-type]
+    except ValidationError as e:
+        first = e.errors()[0]
+        loc = first["loc"][0] if first["loc"] else ""
+        option = _OPTION_OF.get(str(loc), "--deadline-h" if not loc else str(loc))
+        message = format_validation_error(e).splitlines()[0].split(": ", 1)[-1]
+        if loc:
+            message += f" (got {first['input']!r})"
+        raise _fail(option, message) from None
+
+
+_JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoint": "--entrypoint",
+                  "train_loop_config": "--train-loop-config"}
+
+
+def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers: int, storage_path: str,
+                entrypoint: str | None, train_loop_config: str) -> dict[str, object] | None:
+    """The job file's own fields, checked before minutes of simulation are spent."""
+    if write_yaml is None:
+        return None
+    if not entrypoint:
+        raise _fail("--entrypoint", "required with --write-yaml: the training function as "
+                                    "'package.module:function' or 'path/file.py:function'")
+    try:
+        loop_config = json.loads(train_loop_config)
+    except json.JSONDecodeError as e:
+        raise _fail("--train-loop-config", f"not valid JSON: {e.msg} at character {e.pos}") from None
+    if not isinstance(loop_config, dict):
+        raise _fail("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
+    fields = {
+        "name": name or f"job-{hours:g}h-{workers}w",
+        "storage_path": storage_path,
+        "entrypoint": entrypoint,
+        "train_loop_config": loop_config,
+    }
+    probe = {**fields, "tiers": [{"name": "probe", "market": "on-demand", "num_workers": 1}]}
+    try:
+        JobConfig.model_validate(probe)
+    except ValidationError as e:
+        first = e.errors()[0]
+        option = _JOB_OPTION_OF.get(str(first["loc"][0]) if first["loc"] else "", "--write-yaml")
+        raise _fail(option, format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
+    return fields
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``plan`` command to the spotfallback CLI."""
+
+    @app.command("plan")
+    def plan_command(
+        seed_table_only: bool = typer.Option(False, "--seed-table", help="Print the seed's corrected runtime-flexibility table and exit."),
+        discount: float = typer.Option(DEFAULT_DISCOUNT, "--discount", help="Spot discount d for --seed-table."),
+        hours: float | None = typer.Option(None, "--hours", help="Training hours on an uninterrupted gang."),
+        workers: int = typer.Option(8, "--workers", help="Workers in the gang."),
+        checkpoint_cost_s: float = typer.Option(300.0, "--checkpoint-cost-s", help="Seconds to write one checkpoint."),
+        restart_overhead_s: float = typer.Option(360.0, "--restart-overhead-s", help="Billed seconds to resume after a restart."),
+        provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
+        notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
+        no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
+        spot_price: float = typer.Option(0.9, "--spot-price", help="Spot price per worker-hour."),
+        on_demand_price: float = typer.Option(3.06, "--on-demand-price", help="On-demand price per worker-hour."),
+        deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from the start."),
+        deadline_prob: float = typer.Option(0.95, "--deadline-prob", help="Required probability of meeting the deadline."),
+        trace: list[Path] = typer.Option([], "--trace", help="SkyPilot JSON spot trace; repeat for more spot pools, tried in order."),
+        trace_counts: str = typer.Option("available", "--trace-counts", help="What trace ticks count: 'available' or 'preempted' instances."),
+        node_trace: list[Path] = typer.Option([], "--node-trace", help="Node add/remove CSV trace (time_ms,add|remove,node)."),
+        rate: float | None = typer.Option(None, "--rate", help="Spot preemptions per node-hour (rate model)."),
+        failure_rate: float = typer.Option(0.0, "--failure-rate", help="Node failures without notice per node-hour."),
+        outage_prob: float = typer.Option(0.0, "--outage-prob", help="Chance an acquisition finds spot capacity gone."),
+        outage_h: float = typer.Option(0.0, "--outage-h", help="Mean length of such an outage in hours."),
+        seed_m: int = typer.Option(5, "--seed-m", help="M of the seed's fixed-M baseline."),
+        runs: int = typer.Option(400, "--runs", help="Simulated runs per candidate."),
+        seed: int = typer.Option(0, "--seed", help="Random seed (same draws for every candidate)."),
+        plot: Path | None = typer.Option(None, "--plot", help="Write spend and finish time against M and tau to this PNG."),
+        write_yaml: Path | None = typer.Option(
+            None, "--write-yaml",
+            help="Write a complete job file for `spotfallback run` / `manifest`: the recommended tiers, the plan's "
+            "prediction (plan:), and --name, --storage-path, --entrypoint, --train-loop-config.",
+        ),
+        name: str | None = typer.Option(
+            None, "--name", help="Run name in the job file. Default: job-<hours>h-<workers>w, e.g. job-100h-8w."
+        ),
+        storage_path: str = typer.Option("./runs", "--storage-path", help="Where the run's checkpoints and ledger go."),
+        entrypoint: str | None = typer.Option(
+            None, "--entrypoint",
+            help="Training function, 'package.module:function' or 'file.py:function'; required with --write-yaml.",
+        ),
+        train_loop_config: str = typer.Option("{}", "--train-loop-config", help="JSON object handed to the training function."),
+    ) -> None:
+        """Recommend max_preemptions, capacity_timeout_s, a deadline guard, climb back and the checkpoint interval.
+
+        Simulates every candidate ladder on the same random draws of the given trace or rate
+        model and recommends the cheapest that meets --deadline-h with --deadline-prob, next
+        to four baselines: on-demand only, spot forever, the seed's fixed M (--seed-m), and
+        Uniform Progress (Can't Be Late, NSDI '24). --no-jit: no just-in-time checkpoint on a
+        preemption notice (every preemption then loses the work since the last checkpoint).
+        """
+        console = Console()
+        try:
+            if seed_table_only:
+                if not 0 <= discount <= 1:
+                    raise _fail("--discount", f"must be between 0 and 1, got {discount:g}")
+                console.print(seed_table(discount))
+                console.print(
+                    "The break-even runtime ratio is 1/(1 - d*alpha). The seed's last row says "
+                    "'217% longer', but the formula gives a 2.17x runtime, i.e. 117% longer."
+                )
+                return
+            if hours is None:
+                raise _fail("--hours", "required: training hours of the job (or use --seed-table)")
+            for opt, v in (("--checkpoint-cost-s", checkpoint_cost_s), ("--restart-overhead-s", restart_overhead_s),
+                           ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
+                if v < 0 or not math.isfinite(v):
+                    raise _fail(opt, f"must be a non-negative number of seconds, got {v:g}")
+            for opt, path in [("--plot", plot), ("--write-yaml", write_yaml)]:
+                if path is not None and not path.parent.exists():
+                    raise _fail(opt, f"directory {str(path.parent)!r} does not exist")
+            job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config)
+            req = _request(
+                work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
+                restart_overhead_h=restart_overhead_s / 3600.0, provisioning_delay_h=provisioning_delay_s / 3600.0,
+                notice_s=notice_s, jit_checkpoint=not no_jit, spot_price=spot_price, on_demand_price=on_demand_price,
+                deadline_h=deadline_h, deadline_probability=deadline_prob, seed_max_preemptions=seed_m,
+                runs=runs, seed=seed,
+            )
+            spots = _spot_processes(trace, node_trace, trace_counts, rate, failure_rate, outage_prob, outage_h)
+            try:
+                result = plan(req, spots)
+            except ValueError as e:  # e.g. a gang larger than a node trace's cluster
+                raise _fail("--workers", str(e)) from None
+        except _UsageError as e:
+            typer.echo(f"Error: {e}", err=True)
+            raise typer.Exit(2) from None
+
+        mtbf = "inf" if not math.isfinite(result.gang_mtbf_h) else f"{result.gang_mtbf_h:.2f} h"
+        young = "n/a" if result.tau_young_h is None else _fmt_h(result.tau_young_h)
+        daly = "n/a" if result.tau_daly_h is None else _fmt_h(result.tau_daly_h)
+        console.print(
+            f"Job: {req.work_h:g} h on {req.num_workers} workers; spot {req.spot_price:g} vs on-demand "
+            f"{req.on_demand_price:g} per worker-hour; {req.runs} runs per candidate, seed {req.seed}.\n"
+            f"Gang MTBF on spot: {mtbf}; checkpoint interval Young {young}, Daly {daly} "
+            f"(for interruptions that lose work, MTBF {_fmt_h(result.lossy_mtbf_h)})."
+        )
+        if result.recommended.ladder is not None:
+            console.print(_ladder_table(result))
+        console.print(_comparison_table(result))
+        console.print(_distribution_table(result.recommended))
+        if result.seed_check is not None:
+            sc = result.seed_check
+            console.print(
+                "Closed forms fed the recommendation's simulated alpha and interruptions: "
+                f"seed formula {sc.seed_formula.cost_new:,.2f}, exact accounting {sc.exact.cost:,.2f}, "
+                f"simulated {result.recommended.mean_spend:,.2f}."
+            )
+        for note in result.notes:
+            console.print(f"[yellow]note:[/yellow] {note}")
+        if not result.feasible:
+            console.print("[red]No candidate meets the deadline requirement; shown is the most likely to.[/red]")
+        if write_yaml is not None:
+            assert job_fields is not None
+            try:
+                text = result.job_yaml(**job_fields)
+            except ConfigError as e:
+                typer.echo(f"Error: {_fail('--write-yaml', '; '.join(str(e).splitlines()))}", err=True)
+                raise typer.Exit(2) from None
+            write_yaml.write_text(text)
+            console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
+        if plot is not None:
+            _plot(result, plot)
+            console.print(f"Wrote the plot to {plot}")

@@ -1,0 +1,238 @@
+"""`spotfallback run`: run (or resume) a job file on a ladder, with exit codes a scheduler can use."""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Any
+
+import typer
+from pydantic import ValidationError
+from rich.console import Console
+from rich.markup import escape
+
+from spotfallback.config import ConfigError, JobConfig, validation_config_error
+
+if TYPE_CHECKING:
+    from spotfallback.view.progress import WatchOptions
+
+# Exit codes a scheduler can act on.
+EXIT_OK = 0
+EXIT_ERROR = 1  # anything else: storage unreachable past its limit, a damaged ledger, an unexpected error
+EXIT_BAD_INPUT = 2  # the job file, an option or the environment it names (fix it and run again)
+EXIT_USER_CODE = 3  # the training function raised on healthy nodes, after its retries (your bug)
+EXIT_LADDER_EXHAUSTED = 4  # every tier was left; checkpoints kept, --retry-failed resumes
+EXIT_DRIVER_LIVE = 5  # another driver is running this run; try again later
+EXIT_REFUSED = 6  # the run already finished, or gave up earlier (--retry-failed resumes it)
+EXIT_FATAL = 7  # an error retrying cannot fix (configuration, access); checkpoints kept
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Print ``error: message`` (taken literally, never as markup) and return the exit to raise."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def load_job(job_file: Path | None, job_json: str | None, overrides: dict[str, Any]) -> JobConfig:
+    """The job from a YAML file or an inline JSON string (what a RayJob entrypoint carries)."""
+    if (job_file is None) == (job_json is None):
+        raise ConfigError("JOB_FILE: give a job file or --job-json, not both and not neither")
+    try:
+        if job_json is not None:
+            data = json.loads(job_json)
+            if not isinstance(data, dict):
+                raise ConfigError("--job-json: expected a JSON object")
+            source = "--job-json"
+        else:
+            base = JobConfig.from_yaml(job_file)  # type: ignore[arg-type]
+            data = base.model_dump(mode="json", exclude_unset=True)
+            source = str(job_file)
+        data.update({k: v for k, v in overrides.items() if v is not None})
+        return JobConfig.model_validate(data)
+    except json.JSONDecodeError as e:
+        raise ConfigError(f"--job-json: not valid JSON: {e}") from None
+    except ValidationError as e:
+        raise validation_config_error(source, e) from None
+
+
+def setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s spotfallback %(message)s", "%H:%M:%S"))
+    log = logging.getLogger("spotfallback")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if not verbose:
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+
+def exit_for(error: BaseException, give_up_cause: str | None = None) -> tuple[int, str]:
+    """The exit code and message for an error that ended ``spotfallback run``.
+
+    ``give_up_cause`` is the ledger's reason for stopping (``application``, ``exhausted``,
+    ``fatal``), read after the error: only an ``application`` give-up makes an arbitrary
+    exception the training function's own (``fit()`` re-raises the user's exception as is).
+    """
+    from ray.train.v2.api.exceptions import TrainingFailedError
+
+    from spotfallback.errors import (
+        LadderExhaustedError,
+        RunAlreadyFinishedError,
+        RunFailedError,
+        RunFatalError,
+    )
+    from spotfallback.store.lease import DriverAlreadyRunningError
+    from spotfallback.store.ledger import LedgerError
+
+    if isinstance(error, DriverAlreadyRunningError):
+        return EXIT_DRIVER_LIVE, str(error)
+    if isinstance(error, RunAlreadyFinishedError | RunFailedError):
+        return EXIT_REFUSED, str(error)
+    if isinstance(error, LadderExhaustedError):
+        return EXIT_LADDER_EXHAUSTED, str(error)
+    if isinstance(error, RunFatalError):
+        return EXIT_FATAL, (
+            f"{error}\nThis is not retried (retrying cannot fix it: configuration, access). Checkpoints are "
+            "kept: fix the cause, then run again with --retry-failed to resume."
+        )
+    if isinstance(error, ConfigError):
+        return EXIT_BAD_INPUT, str(error)
+    if isinstance(error, LedgerError):  # storage unreachable past its limit, or a damaged ledger
+        return EXIT_ERROR, str(error)
+    if isinstance(error, TrainingFailedError):
+        return EXIT_ERROR, f"training failed: {error}"
+    if give_up_cause == "application":
+        return EXIT_USER_CODE, f"the training function failed: {type(error).__name__}: {error}"
+    return EXIT_ERROR, f"unexpected error: {type(error).__name__}: {error}"
+
+
+def _give_up_cause(trainer: Any) -> str | None:
+    with contextlib.suppress(Exception):
+        give_up = trainer.state().give_up
+        return give_up.cause if give_up is not None else None
+    return None
+
+
+def _connect(job: JobConfig, verbose: bool) -> Any:
+    """Start the embedded local spot cluster (``local``) or join the cluster at ``ray_address``."""
+    import ray
+
+    if job.ray_address == "local":
+        from spotfallback.local import LocalSpotCluster
+
+        return LocalSpotCluster.for_ladder(job.ladder, connect=True, verbose=verbose).start()
+    if not ray.is_initialized():
+        try:
+            ray.init(address=job.ray_address, log_to_driver=verbose, include_dashboard=False,
+                     logging_level=logging.INFO if verbose else logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise ConfigError(
+                f"ray_address: cannot connect to Ray at {job.ray_address!r} ({type(e).__name__}: {e}); "
+                "start the cluster, or use 'local' for an embedded one"
+            ) from None
+    return None
+
+
+def run_job(
+    job: JobConfig, *, retry_failed: bool = False, verbose: bool = False, watch: WatchOptions | None = None
+) -> int:
+    """Run ``job`` to the end; returns the exit code (also used by the tests).
+
+    Everything that can refuse the run (a live driver, a finished or failed run, another
+    ladder, a bad entrypoint, an unusable ``--mlflow``) does so before a cluster is started
+    or joined and before any progress sink (an MLflow run) is created. ``watch`` chooses how
+    progress is shown (``progress.watcher_for_job``); None shows none.
+    """
+    os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
+    from spotfallback.runtime.trainer import FallbackTrainer
+
+    cluster = None
+    trainer = None
+    try:
+        trainer = FallbackTrainer.from_job(job, retry_failed=retry_failed)  # ConfigError: a bad entrypoint
+        trainer.preflight()
+        watcher = None
+        if watch is not None:
+            from spotfallback.view.progress import watcher_for_job
+
+            watcher = watcher_for_job(job, watch)
+        cluster = _connect(job, verbose)
+        with watcher.watch(trainer.location) if watcher is not None else contextlib.nullcontext():
+            result = trainer.fit()
+    except Exception as e:
+        code, message = exit_for(e, _give_up_cause(trainer) if trainer is not None else None)
+        exit_ = fail(message, code)
+        if code == EXIT_USER_CODE:  # the worker's traceback, attached by the runner
+            for note in getattr(e, "__notes__", []):
+                err_console.print(note, markup=False, highlight=False)
+        raise exit_ from None
+    finally:
+        if cluster is not None:
+            cluster.shutdown()
+    metrics = {k: v for k, v in (result.metrics or {}).items() if not isinstance(v, dict)}
+    result_line = {"type": "result", "status": "finished", "run": trainer.location.uri(), "metrics": metrics}
+    print(json.dumps(result_line, default=str))
+    return EXIT_OK
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("run")
+    def run_cmd(
+        job_file: Annotated[Path | None, typer.Argument(help="Job YAML (see `spotfallback init`).", show_default=False)] = None,
+        job_json: Annotated[str | None, typer.Option("--job-json", help="The job as one JSON object instead of a file.")] = None,
+        ray_address: Annotated[str | None, typer.Option(help="Override the job's ray_address: 'local', 'auto' or host:port.", envvar="SPOTFALLBACK_RAY_ADDRESS")] = None,
+        name: Annotated[str | None, typer.Option(help="Override the job's run name.")] = None,
+        storage_path: Annotated[str | None, typer.Option(help="Override the job's storage_path.")] = None,
+        retry_failed: Annotated[bool, typer.Option("--retry-failed", help="Resume a run that gave up, with fresh tier budgets.")] = False,
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
+        json_lines: Annotated[bool, typer.Option("--json", help="Progress as JSON lines on stdout (each event, and the status when it changes).")] = False,
+        mlflow: Annotated[bool, typer.Option("--mlflow", help="Log tier switches and spend to MLflow (needs mlflow installed).")] = False,
+    ) -> None:
+        """Run a job on its tier ladder; the same command resumes it after a crash.
+
+        Progress goes to stderr: a live panel on a terminal, quiet lines otherwise (--json: JSON
+        lines on stdout). The last stdout line is the result as JSON.
+
+        Exit codes: 0 finished, 1 anything else (storage unreachable, damaged ledger), 2 bad
+        input, 3 the training function failed, 4 every tier was left (ladder exhausted), 5
+        another driver is running this run, 6 the run already finished or gave up earlier
+        (see --retry-failed), 7 an error retrying cannot fix (configuration, access).
+        """
+        setup_logging(verbose)
+        try:
+            job = load_job(job_file, job_json, {"ray_address": ray_address, "name": name, "storage_path": storage_path})
+        except ConfigError as e:
+            raise fail(str(e)) from None
+        from spotfallback.view.progress import WatchOptions
+
+        watch = WatchOptions(mode="json" if json_lines else None, mlflow=mlflow)
+        raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose, watch=watch))
+
+    @app.command("demo")
+    def demo_cmd(
+        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
+        keep: Annotated[bool, typer.Option("--keep", help="Keep the run's checkpoints and ledger (a temporary directory).")] = False,
+        out: Annotated[Path, typer.Option("--out", help="Where to write the run's timeline picture (PNG).")] = Path("spotfallback-demo-timeline.png"),
+    ) -> None:
+        """Train the PyTorch example on a local spot cluster, preempt it onto on-demand, show the cost.
+
+        Each preemption comes with a notice, as a cloud gives one: the example takes a
+        just-in-time checkpoint, so no step is redone. Prints the events as they happen, the
+        tier timeline, the steps redone per eviction, the final accuracy and the spend against
+        all-on-demand, and writes the timeline picture. Needs a source checkout (it runs
+        examples/ddp_digits.py); takes about two minutes on two cores. Exit codes: 0 done,
+        1 the run failed, 2 bad input.
+        """
+        if out.suffix.lower() != ".png":
+            raise fail(f"--out: {str(out)!r} must end in .png")
+        if not out.parent.is_dir():
+            raise fail(f"--out: directory {str(out.parent)!r} does not exist")
+        from spotfallback.local.demo import run_demo
+
+        raise typer.Exit(run_demo(verbose=verbose, keep=keep, out=out))

@@ -1,0 +1,324 @@
+"""Hooks that put the pure policy in charge of one Ray Train run, from inside its controller.
+
+Ray Train V2's controller already restarts worker groups; it asks a ``FailurePolicy`` what to
+do after each failure and a ``ScalingPolicy`` how large the next worker group is, and lets a
+``ControllerCallback`` choose each new worker group's label selector. spotfallback plugs into
+exactly those three places, so moving to the next tier costs the same as Ray's own restart:
+no new trainer, no new controller. The scaling policy also words the resource request Ray
+sends the autoscaler: the current tier's gang on the tier's own nodes. The policy's state
+lives in the controller process; every event is written to the ledger before the decision is
+acted on, so a crashed driver resumes where the ledger says.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import ray
+from ray.train.v2._internal.constants import (
+    DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
+    WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
+)
+from ray.train.v2._internal.execution.callback import (
+    ControllerCallback,
+    ReportCallback,
+    WorkerGroupCallback,
+)
+from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
+from ray.train.v2._internal.execution.scaling_policy import (
+    FixedScalingPolicy,
+    NoopDecision,
+    ResizeDecision,
+    ScalingDecision,
+)
+from ray.train.v2.api.config import FailureConfig, ScalingConfig
+from ray.train.v2.api.exceptions import TrainingFailedError
+
+from spotfallback.config import Ladder, Tier
+from spotfallback.events import (
+    ApplicationFailed,
+    CapacityObserved,
+    CapacityTimedOut,
+    CheckpointCommitted,
+    Decision,
+    Event,
+    Fatal,
+    GiveUp,
+    NodeFailed,
+    Preempted,
+    WorkersAcquired,
+)
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.runtime.classify import classify, looks_collateral
+from spotfallback.runtime.ladder import CapacityWatch, decide_while_running, start_size
+from spotfallback.store.ledger import Ledger
+from spotfallback.store.location import RunLocation
+from spotfallback.store.retry import storage_failure
+from spotfallback.view.progress import HeartbeatThrottle, scalar_metrics, write_heartbeat
+
+logger = logging.getLogger("spotfallback")
+
+# How often a capacity wait wakes up to re-check its deadline when there is none nearer.
+_MAX_START_WAIT_S = float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
+
+
+@dataclass(frozen=True)
+class RunSpec:
+    """What the controller-side hooks need; pickled into the controller with each hook."""
+
+    key: str
+    tiers: tuple[dict[str, Any], ...]
+    state: PolicyState
+    location: RunLocation
+    writer: str
+
+
+class LadderRuntime:
+    """The policy, its current state and the ledger writer, shared by all hooks of one run."""
+
+    def __init__(self, spec: RunSpec):
+        self.policy = FallbackPolicy(Ladder(tiers=tuple(Tier.model_validate(t) for t in spec.tiers)))
+        self.state = spec.state
+        self.ledger = Ledger(spec.location, writer=spec.writer)
+        self.lock = threading.RLock()
+        self.worker_nodes: list[str] = []
+        self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
+        self.watch = CapacityWatch()  # measurements for climbing back / elastic growth
+
+    @property
+    def tier(self) -> Tier:
+        return self.policy.tiers[self.state.tier]
+
+    def apply(self, event: Event, info: dict[str, Any] | None = None) -> Decision:
+        with self.lock:
+            tier = self.state.tier
+            step = self.policy.decide(self.state, event)
+            # A capacity observation that changes nothing is not worth a ledger object.
+            if not (isinstance(event, CapacityObserved) and step.state == self.state):
+                self.ledger.append(event, tier, step.decision.to_json(), info)
+            self.state = step.state
+            self.watch.record(event, step.decision)
+            return step.decision
+
+    def start_timeout_s(self, now: float) -> float:
+        """How long the next placement-group wait may block: until the capacity deadline."""
+        deadline = self.policy.capacity_deadline(self.state)
+        if deadline is None:
+            return _MAX_START_WAIT_S
+        return max(0.5, min(_MAX_START_WAIT_S, deadline - now))
+
+
+_RUNTIMES: dict[str, LadderRuntime] = {}
+_RUNTIMES_LOCK = threading.Lock()
+
+
+def runtime_for(spec: RunSpec) -> LadderRuntime:
+    with _RUNTIMES_LOCK:
+        rt = _RUNTIMES.get(spec.key)
+        if rt is None:
+            rt = _RUNTIMES[spec.key] = LadderRuntime(spec)
+        return rt
+
+
+def _node_troubles(node_ids: list[str]) -> set[str]:
+    """'dead' / 'draining' for the given nodes, from the GCS."""
+    troubles: set[str] = set()
+    try:
+        alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
+        if any(n not in alive for n in node_ids):
+            troubles.add("dead")
+        gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
+        draining = gcs.get_draining_nodes()
+        if any(n in draining for n in node_ids):
+            troubles.add("draining")
+    except Exception:  # the check is a refinement; never let it break failure handling
+        logger.debug("could not query node state", exc_info=True)
+    return troubles
+
+
+def _error_types(error: BaseException) -> list[str]:
+    """The failure's shape for the ledger: the error type and each worker's error type."""
+    types = [type(error).__name__]
+    for rank, e in sorted(getattr(error, "worker_failures", {}).items()):
+        inner = getattr(e, "_base_exc", None) or getattr(e, "health_check_failure", None)
+        types.append(f"rank {rank}: {type(e).__name__}" + (f"({type(inner).__name__})" if inner is not None else ""))
+    cause = getattr(error, "controller_failure", None)
+    if cause is not None:
+        types.append(type(cause).__name__)
+    return types
+
+
+class TierFailurePolicy(FailurePolicy):
+    """Ray's failure policy, replaced: each failure becomes an event for the pure policy."""
+
+    def __init__(self, failure_config: FailureConfig, spec: RunSpec):
+        super().__init__(failure_config)
+        self.spec = spec
+
+    def make_decision(self, training_failed_error: TrainingFailedError) -> FailureDecision:
+        storage = storage_failure(training_failed_error)
+        if storage is not None:  # storage is gone: stop, record nothing, resume when it is back
+            logger.error("[spotfallback] stopping the run: %s", storage)
+            return FailureDecision.RAISE
+        rt = runtime_for(self.spec)
+        failure = classify(training_failed_error, lambda: _node_troubles(rt.worker_nodes))
+        if looks_collateral(failure):
+            # A peer's node may still be dying; give the GCS a moment before blaming the code.
+            for _ in range(5):
+                time.sleep(1.0)
+                failure = classify(training_failed_error, lambda: _node_troubles(rt.worker_nodes))
+                if failure.kind != "application":
+                    break
+        now = time.time()
+        info: dict[str, Any] = {"detail": failure.detail, "error": _error_types(training_failed_error)}
+        event: Event | None
+        if failure.kind == "capacity":
+            deadline = rt.policy.capacity_deadline(rt.state)
+            if deadline is None or now < deadline - 0.25:
+                logger.info("[spotfallback] still waiting for capacity on tier %r", rt.tier.name)
+                return FailureDecision.RETRY
+            waited = now - (rt.state.waiting_since or now)
+            event = CapacityTimedOut(t=now, waited_s=waited)
+        elif failure.kind == "no_capacity":
+            event = CapacityTimedOut(t=now, waited_s=now - (rt.state.waiting_since or now))
+        elif failure.kind == "preempted":
+            event = Preempted(t=now, detail=failure.detail)
+        elif failure.kind == "node_failed":
+            event = NodeFailed(t=now, detail=failure.detail)
+        elif failure.kind == "application":
+            err = failure.user_error
+            event = ApplicationFailed(
+                t=now, error_type=type(err).__name__ if err else "Exception", message=str(err)[:500] if err else failure.detail
+            )
+            info["traceback"] = failure.user_traceback[-4000:]
+        else:
+            event = Fatal(t=now, message=failure.detail)
+        tier_name = rt.tier.name
+        decision = rt.apply(event, info)
+        logger.info("[spotfallback] %s on tier %r -> %s", event.kind, tier_name, decision.to_json())
+        if isinstance(decision, GiveUp):
+            return FailureDecision.RAISE
+        return FailureDecision.RETRY
+
+
+class TierScalingPolicy(FixedScalingPolicy):
+    """Sizes each new worker group for the current tier and bounds its capacity wait."""
+
+    def __init__(self, scaling_config: ScalingConfig, spec: RunSpec):
+        super().__init__(scaling_config)
+        self.spec = spec
+        self._requested_tier: int | None = None
+
+    def _runtime(self) -> LadderRuntime:
+        return runtime_for(self.spec)
+
+    def _get_num_workers_for_resource_request(self) -> int:
+        return self._runtime().tier.num_workers
+
+    def tier_scaling_config(self) -> ScalingConfig:
+        """The current tier's gang as the autoscaler should see it: size, resources, label selector."""
+        tier = self._runtime().tier
+        return ScalingConfig(
+            num_workers=tier.num_workers,  # an elastic tier's maximum: new capacity grows the gang
+            use_gpu=tier.use_gpu,
+            resources_per_worker=tier.resources_per_worker,
+            label_selector=dict(tier.label_selector) or None,
+        )
+
+    def _send_resource_request(self) -> None:
+        """Ask the autoscaler (through Ray's coordinator) for the current tier's gang on its nodes.
+
+        Ray would send the trainer's one ScalingConfig: the first tier's size with no label
+        selector, which after a move keeps capacity requested for the tier the run left, on
+        whatever nodes fit, and never asks for the nodes an elastic tier could grow onto.
+        """
+        assert self._coordinator_client is not None
+        config = self.tier_scaling_config()
+        self._coordinator_client.send_resource_request(config, config.num_workers)
+        self._requested_tier = self._runtime().state.tier
+
+    def _maybe_send_resource_request(self) -> None:
+        assert self._coordinator_client is not None
+        if self._runtime().state.tier != self._requested_tier:
+            self._send_resource_request()  # the run moved: replace the request at once
+            return
+        config = self.tier_scaling_config()
+        self._coordinator_client.maybe_send_resource_request(config, config.num_workers)
+
+    def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
+        rt = self._runtime()
+        # The worker group reads its placement timeout from the environment each time it is
+        # created; ending the wait at the tier's capacity deadline makes the timeout precise.
+        os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{rt.start_timeout_s(time.time()):.3f}"
+        self._maybe_send_resource_request()
+        tier = rt.tier
+        if tier.is_elastic:  # wait in short rounds: each recounts what the tier can hold now
+            os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{min(rt.start_timeout_s(time.time()), 15.0):.3f}"
+        return ResizeDecision(num_workers=start_size(tier), resources_per_worker=tier.worker_resources())
+
+    def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> ScalingDecision:
+        """Climb back or grow an elastic gang when the pure policy says it pays."""
+        self._maybe_send_resource_request()  # the request expires unless renewed, as Ray's policies do
+        move = decide_while_running(self._runtime())
+        if move is None:
+            return NoopDecision()
+        tier, num_workers = move
+        os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{self._runtime().start_timeout_s(time.time()):.3f}"
+        return ResizeDecision(num_workers=num_workers, resources_per_worker=tier.worker_resources())
+
+    def on_controller_start_worker_group(self, *, scaling_config: ScalingConfig, num_workers: int) -> dict[str, str] | None:
+        return dict(self._runtime().tier.label_selector) or None
+
+
+class LedgerCallback(WorkerGroupCallback, ReportCallback, ControllerCallback):
+    """Records workers acquired and checkpoints committed."""
+
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+
+    def after_worker_group_start(self, worker_group: Any) -> None:
+        rt = runtime_for(self.spec)
+        workers = worker_group.get_workers()
+        rt.worker_nodes = [w.metadata.node_id for w in workers]
+        rt.apply(
+            WorkersAcquired(t=time.time(), num_workers=len(workers)),
+            {"tier": rt.tier.name, "nodes": sorted(set(rt.worker_nodes))},
+        )
+
+    def after_report(self, training_report: Any, metrics: list[dict[str, Any]]) -> None:
+        rt = runtime_for(self.spec)
+        first = metrics[0] if metrics and isinstance(metrics[0], dict) else {}
+        if rt.heartbeat.due():
+            write_heartbeat(rt.ledger.location, rt.state.tier, first)
+        checkpoint = getattr(training_report, "checkpoint", None)
+        if checkpoint is None:
+            return
+        step = None
+        for m in metrics:
+            if isinstance(m, dict) and isinstance(m.get("step"), int):
+                step = m["step"]
+                break
+        rt.apply(
+            CheckpointCommitted(
+                t=time.time(), path=str(checkpoint.path), step=step, remaining_work_s=remaining_work(first)
+            ),
+            {"metrics": scalar_metrics(first)},
+        )
+
+
+def remaining_work(metrics: dict[str, Any]) -> float | None:
+    """The training function's ``remaining_work_s`` metric, if it reported a usable one.
+
+    The policy weighs climbs, resizes, deadline guards and the expected-cost exit with it;
+    anything but a finite number >= 0 counts as not reported.
+    """
+    value = metrics.get("remaining_work_s")
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
+        return None
+    return float(value)

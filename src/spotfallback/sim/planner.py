@@ -1,0 +1,602 @@
+"""Planner: pick the ladder's budgets, capacity timeouts, deadline guard, climb back and tau.
+
+The objective is the expected spend, subject to finishing by the deadline with the required
+probability. Every candidate is simulated on the same random draws (the same trace start
+ticks, the same exponential samples), so differences between candidates are differences of
+policy, not of luck. All candidates run on the vectorised engine, which implements the same
+rules as ``FallbackPolicy`` (a test checks them run by run), so what is recommended is what
+the runner does with the YAML the planner writes.
+
+The search: one-way ladders (budgets and timeouts, then tau), then, with a deadline, spot
+tiers with a ``deadline_guard`` (Uniform Progress's line at several paces and margins, with
+and without climbing back), then climb-back ladders without a guard; finally the first
+tier's budget and tau are swept around the best. It contains the three ladder baselines
+(on-demand only, spot forever, the seed's fixed-M fallback), so on the sample it is
+evaluated on the recommendation never costs more than any of them that meets the deadline.
+The fourth baseline, Uniform Progress (simulated as in the paper on the same job), is not a
+ladder; ``tests/unit/test_planner.py`` checks on every shared trace that the recommendation costs
+no more than it either.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal, NamedTuple
+
+import numpy as np
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from spotfallback.config import DeadlineGuard, Ladder, PlanPrediction, Tier
+from spotfallback.sim.costmodel import (
+    SeedComparison,
+    compare_seed_with_exact,
+    daly_interval,
+    young_interval,
+)
+from spotfallback.sim.simulator import (
+    NEVER_H,
+    JobSpec,
+    Process,
+    RateModel,
+    SimResult,
+    TraceCapacity,
+    compile_process,
+    simulate_many,
+    simulate_uniform_progress,
+    wall_to_finish,
+)
+from spotfallback.sim.traces import NodeTrace, SpotTrace
+
+M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
+TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
+TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
+# Deadline guards: paces of the start-to-deadline line (1 = Uniform Progress, 0 = slack only).
+PACE_GRID: tuple[float, ...] = (1.0, 0.9, 0.75, 0.5, 0.0)
+GUARD_TAU_FACTORS: tuple[float, ...] = (0.71, 1.0, 1.41)
+# Climbing back without a guard: dwell times and capacity timeouts tried with them.
+DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
+CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
+
+
+class Rung(NamedTuple):
+    """Settings of one spot tier.
+
+    ``dwell_s`` None = one-way (the tier is never climbed back to); ``guard`` = (pace,
+    margin_h) of a ``deadline_guard`` for the request's deadline, None = no guard.
+    """
+
+    max_preemptions: int
+    timeout_s: float | None
+    dwell_s: float | None = None
+    budgets: Literal["carry", "fresh"] = "carry"
+    guard: tuple[float, float] | None = None
+
+    @property
+    def climbs(self) -> bool:
+        return self.dwell_s is not None
+
+
+class PlanRequest(BaseModel):
+    """The job to plan for; durations in hours, prices per worker-hour."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf hours: a simulation without end
+
+    work_h: float = Field(gt=0, description="Training hours on an uninterrupted gang.")
+    num_workers: int = Field(gt=0)
+    checkpoint_cost_h: float = Field(ge=0)
+    restart_overhead_h: float = Field(ge=0)
+    provisioning_delay_h: float = Field(default=0.0, ge=0)
+    notice_s: float = Field(default=120.0, ge=0)
+    jit_checkpoint: bool = True
+    spot_price: float = Field(ge=0, description="Spot price per worker-hour.")
+    on_demand_price: float = Field(gt=0, description="On-demand price per worker-hour.")
+    deadline_h: float | None = Field(default=None, gt=0)
+    deadline_probability: float = Field(default=0.95, gt=0, le=1)
+    seed_max_preemptions: int = Field(default=5, ge=0, description="M of the seed's fixed-M baseline.")
+    runs: int = Field(default=400, gt=0)
+    seed: int = 0
+
+    @model_validator(mode="after")
+    def _check_deadline(self) -> PlanRequest:
+        if self.deadline_h is not None and self.deadline_h < self.work_h:
+            raise ValueError(f"deadline_h ({self.deadline_h:g}) is shorter than the work itself ({self.work_h:g} h)")
+        return self
+
+    def job(self, tau_h: float | None) -> JobSpec:
+        return JobSpec(
+            work_h=self.work_h,
+            checkpoint_interval_h=tau_h,
+            checkpoint_cost_h=self.checkpoint_cost_h,
+            restart_overhead_h=self.restart_overhead_h,
+            provisioning_delay_h=self.provisioning_delay_h,
+            notice_s=self.notice_s,
+            jit_checkpoint=self.jit_checkpoint,
+            deadline_h=self.deadline_h,
+        )
+
+    def spot_tier(self, i: int = 0, max_preemptions: int = 3, capacity_timeout_s: float | None = 600.0,
+                  **beyond: object) -> Tier:
+        """Spot tier ``i``; ``beyond`` sets the climb-back fields (``climb_back``, ``min_dwell_s`` ...)."""
+        return Tier(
+            name="spot" if i == 0 else f"spot-{i + 1}",
+            market="spot",
+            num_workers=self.num_workers,
+            max_preemptions=max_preemptions,
+            capacity_timeout_s=capacity_timeout_s,
+            price_per_worker_hour=self.spot_price,
+            **beyond,  # type: ignore[arg-type]
+        )
+
+    def on_demand_tier(self) -> Tier:
+        return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price)
+
+    def guard(self, tau_h: float | None, pace: float, margin_h: float) -> DeadlineGuard:
+        """A deadline guard for this job: its work in wall hours includes the checkpoint writes."""
+        assert self.deadline_h is not None
+        work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
+        return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9))
+
+
+@dataclass
+class Candidate:
+    """One simulated policy: a ladder and a checkpoint interval, with its outcomes."""
+
+    label: str
+    ladder: Ladder | None  # None for Uniform Progress, which is not a ladder
+    tau_h: float | None
+    result: SimResult
+    deadline_h: float | None
+
+    @property
+    def mean_spend(self) -> float:
+        return self.result.mean_spend
+
+    @property
+    def p_deadline(self) -> float:
+        return self.result.deadline_probability(self.deadline_h)
+
+    @property
+    def mean_wall_h(self) -> float:
+        return float(self.result.wall_h.mean())
+
+    def meets(self, probability: float) -> bool:
+        return self.p_deadline >= probability - 1e-12
+
+
+@dataclass
+class Plan:
+    request: PlanRequest
+    recommended: Candidate
+    feasible: bool
+    baselines: list[Candidate]
+    candidates: list[Candidate]
+    gang_mtbf_h: float
+    lossy_mtbf_h: float
+    tau_young_h: float | None
+    tau_daly_h: float | None
+    seed_check: SeedComparison | None = None
+    notes: list[str] = field(default_factory=list)
+    made_with: str = ""
+
+    def comparison(self) -> list[Candidate]:
+        return [self.recommended, *self.baselines]
+
+    def sweep_over_m(self) -> list[Candidate]:
+        """Candidates that differ from the recommendation only in the first tier's budget."""
+        rec = self.recommended
+        if rec.ladder is None or len(rec.ladder) < 2:
+            return []
+        first = rec.ladder[0]
+        rows = [
+            c for c in self.candidates
+            if c.ladder is not None and len(c.ladder) == len(rec.ladder) and c.tau_h == rec.tau_h
+            and len(c.ladder) > 1
+            and c.ladder[0].model_copy(update={"max_preemptions": first.max_preemptions}) == first
+            and all(a == b for a, b in zip(c.ladder.tiers[1:], rec.ladder.tiers[1:], strict=True))
+        ]
+        return sorted(_unique(rows), key=lambda c: _m_key(c.ladder[0].max_preemptions))  # type: ignore[index]
+
+    def sweep_over_tau(self) -> list[Candidate]:
+        rec = self.recommended
+        if rec.ladder is None:
+            return []
+        # Same rungs (the label), other tau: a guard's work_h follows tau, so ladders differ.
+        rows = [c for c in self.candidates if c.label == rec.label and c.ladder is not None and c.tau_h is not None]
+        return sorted(_unique(rows), key=lambda c: c.tau_h)  # type: ignore[arg-type,return-value]
+
+    def tiers_yaml(self) -> str:
+        return ladder_yaml(self.recommended.ladder, self.recommended.tau_h) if self.recommended.ladder else ""
+
+    def prediction(self) -> PlanPrediction:
+        """What the recommendation is expected to do, for the job file's ``plan:`` block."""
+        rec, d = self.recommended, self.request.deadline_h
+        return PlanPrediction(
+            spend=round(rec.mean_spend, 6),
+            wall_h=round(rec.mean_wall_h, 6),
+            p90_wall_h=round(float(np.percentile(rec.result.wall_h, 90)), 6),
+            deadline_h=d,
+            on_time_probability=None if d is None else round(rec.p_deadline, 6),
+            checkpoint_interval_h=None if rec.tau_h is None else round(rec.tau_h, 6),
+            made_with=self.made_with,
+        )
+
+    def job_yaml(self, name: str, storage_path: str, entrypoint: str,
+                 train_loop_config: dict[str, Any] | None = None) -> str:
+        """A complete job file for ``spotfallback run``: the recommended tiers and the plan's prediction.
+
+        Validated through ``JobConfig`` before it is returned, so a bad name or entrypoint is a
+        ``ConfigError`` naming the field, not a file the runner later rejects.
+        """
+        from spotfallback.config import ConfigError, JobConfig, format_validation_error
+
+        if self.recommended.ladder is None:
+            raise ConfigError("the recommendation is not a ladder")
+        data: dict[str, Any] = {
+            "name": name,
+            "storage_path": storage_path,
+            "entrypoint": entrypoint,
+            "train_loop_config": dict(train_loop_config or {}),
+            "tiers": yaml.safe_load(ladder_yaml(self.recommended.ladder))["tiers"],
+            "plan": self.prediction().model_dump(mode="json"),
+        }
+        try:
+            JobConfig.model_validate(data)
+        except ValidationError as e:
+            raise ConfigError(format_validation_error(e)) from None
+        tau = self.recommended.tau_h
+        head = (
+            "# Written by `spotfallback plan`. `spotfallback run` runs it; `plan:` is the prediction that\n"
+            "# `spotfallback report` sets beside what the run did.\n"
+        )
+        if tau is not None:
+            head += f"# Checkpoint every {tau * 60:.1f} min of training (tau, chosen by the plan).\n"
+        if any(t.deadline_guard is not None for t in self.recommended.ladder.tiers):
+            head += ("# deadline_guard reads the `remaining_work_s` metric (wall seconds left, checkpoints included)\n"
+                     "# that the training function reports with each checkpoint.\n")
+        return head + yaml.safe_dump(data, sort_keys=False)
+
+
+def _m_key(m: int) -> float:
+    return math.inf if m == -1 else m
+
+
+def _unique(cands: Sequence[Candidate]) -> list[Candidate]:
+    seen: dict[tuple, Candidate] = {}
+    for c in cands:
+        seen.setdefault((c.label, c.tau_h), c)
+    return list(seen.values())
+
+
+def ladder_yaml(ladder: Ladder, tau_h: float | None = None) -> str:
+    """The ladder as the YAML the runner reads (``tiers: [...]``), tau as a trailing comment."""
+    tiers = []
+    for t in ladder.tiers:
+        d = t.model_dump(mode="json")
+        if d.get("resources_per_worker") is None:
+            d.pop("resources_per_worker", None)
+        tiers.append(d)
+    text = yaml.safe_dump({"tiers": tiers}, sort_keys=False)
+    if tau_h is not None:
+        text += f"# checkpoint every {tau_h * 60:.1f} min of training (tau, chosen by spotfallback plan)\n"
+    return text
+
+
+# ---------------------------------------------------------------------------------------
+
+
+def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
+    """(mean time between interruptions of a gang, same for failures without notice only)."""
+    proc = compile_process(process, num_workers)
+    if isinstance(proc, RateModel):
+        pre = proc.preemptions_per_node_hour * num_workers
+        fail = proc.failures_per_node_hour * num_workers
+        total = pre + fail
+        return (math.inf if total == 0 else 1.0 / total), (math.inf if fail == 0 else 1.0 / fail)
+    if isinstance(proc, TraceCapacity):
+        # Run a gang that restarts at once through one period; mean uptime between hits.
+        t, run_h, hits = 0.0, 0.0, 0
+        end = proc.period_h
+        while True:
+            start = float(proc.next_available(np.array([t]))[0])
+            if not math.isfinite(start) or start >= end:
+                break
+            hit = float(proc.hit(np.array([start]))[0])
+            run_h += min(hit, end) - start
+            if hit >= end:
+                break
+            hits += 1
+            t = hit
+        return (math.inf if hits == 0 else run_h / hits), math.inf
+    raise ValueError(f"cannot plan on {type(process).__name__}")
+
+
+def _between_neighbours(m: int, grid: Sequence[int], per_side: int = 3) -> list[int]:
+    """Integer budgets between ``m`` and its neighbours on the grid (-1, forever, is last)."""
+    finite = sorted(g for g in grid if g != -1)
+    if m == -1:
+        top = finite[-1] if finite else 0
+        return [top * 3 // 2, top * 2, top * 3] if top else [1, 2, 4]
+    if m not in finite:
+        return []
+    k = finite.index(m)
+    lower = finite[k - 1] if k > 0 else m
+    upper = finite[k + 1] if k + 1 < len(finite) else m * 2
+    out: set[int] = set()
+    for a, b in ((lower, m), (m, upper)):
+        step = max(1, (b - a) // (per_side + 1))
+        out.update(range(a + step, b, step))
+    out.discard(m)
+    return sorted(out)[: 2 * per_side]
+
+
+def _tau_grid(daly_h: float | None, work_h: float) -> list[float | None]:
+    if daly_h is None or not math.isfinite(daly_h) or daly_h >= work_h:
+        return [None, work_h / 4, work_h / 8]
+    return sorted({min(round(daly_h * f, 6), work_h) for f in TAU_FACTORS})
+
+
+def _spot_tier(req: PlanRequest, i: int, rung: Rung, tau_h: float | None) -> Tier:
+    beyond: dict[str, Any] = {}
+    if rung.climbs:
+        beyond.update(climb_back=True, min_dwell_s=rung.dwell_s, climb_budgets=rung.budgets)
+    if rung.guard is not None:
+        beyond["deadline_guard"] = req.guard(tau_h, *rung.guard)
+    return req.spot_tier(i, rung.max_preemptions, rung.timeout_s, **beyond)
+
+
+def _ladder(req: PlanRequest, spots: Sequence[Rung], tau_h: float | None) -> Ladder:
+    return Ladder(tiers=(*[_spot_tier(req, i, r, tau_h) for i, r in enumerate(spots)], req.on_demand_tier()))
+
+
+def _label(spots: Sequence[Rung]) -> str:
+    parts = []
+    for i, r in enumerate(spots):
+        ms = "inf" if r.max_preemptions == -1 else str(r.max_preemptions)
+        ts = "none" if r.timeout_s is None else f"{r.timeout_s / 60:g}m"
+        extra = ""
+        if r.guard is not None:
+            extra += f",guard pace={r.guard[0]:g} margin={r.guard[1] * 60:.0f}m"
+        if r.climbs:
+            extra += f",climb back after {r.dwell_s / 60:g}m"  # type: ignore[operator]
+            if r.budgets == "fresh":
+                extra += ",fresh budgets"
+        parts.append(f"{'spot' if i == 0 else f'spot-{i + 1}'}(M={ms},timeout={ts}{extra})")
+    return " > ".join([*parts, "on-demand"])
+
+
+def _two_way_grid(best: Rung) -> list[Rung]:
+    """Climb-back variants (no guard) around a one-way rung: budget, timeout, dwell, budgets."""
+    ms = dict.fromkeys([best.max_preemptions, -1])
+    tos = dict.fromkeys([best.timeout_s, *CLIMB_TIMEOUT_GRID_S])
+    return [Rung(m, to, dwell, budgets) for m in ms for to in tos for dwell in DWELL_GRID_S for budgets in ("fresh", "carry")]
+
+
+def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]:
+    """Deadline-guarded variants of a rung: pace x margin x climbing back x (its budgets, none).
+
+    Margins: one changeover (restart + provisioning) plus a checkpoint write; two of them
+    (room for a last failed attempt); and the same plus half or all of a checkpoint interval
+    (work lost to a preemption without notice, since the guard decides only after one).
+    """
+    change = req.restart_overhead_h + req.provisioning_delay_h
+    tau = tau_h or 0.0
+    margins = dict.fromkeys(
+        round(m, 6)
+        for m in (change + req.checkpoint_cost_h, 2 * change + req.checkpoint_cost_h,
+                  change + req.checkpoint_cost_h + tau / 2, 2 * change + req.checkpoint_cost_h + tau)
+    )
+    budgets = dict.fromkeys([(-1, None), (best.max_preemptions, best.timeout_s)])
+    return [
+        Rung(m, to, dwell, "carry", (pace, margin))
+        for pace in PACE_GRID
+        for margin in margins
+        for dwell in (0.0, None)
+        for m, to in budgets
+    ]
+
+
+def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
+    """Is ``a`` a better recommendation than ``b``: feasible first, then cheaper, then faster."""
+    if b is None:
+        return True
+    fa, fb = a.meets(probability), b.meets(probability)
+    if fa != fb:
+        return fa
+    if not fa and not math.isclose(a.p_deadline, b.p_deadline):
+        return a.p_deadline > b.p_deadline
+    if not math.isclose(a.mean_spend, b.mean_spend, rel_tol=1e-12):
+        return a.mean_spend < b.mean_spend
+    return a.mean_wall_h < b.mean_wall_h
+
+
+def describe_process(process: Process) -> str:
+    """One line naming a spot process, for a plan's ``made_with``."""
+    if isinstance(process, SpotTrace | NodeTrace):
+        return f"trace {process.name}"
+    if isinstance(process, RateModel):
+        return (f"rate model ({process.preemptions_per_node_hour:g} preemptions and {process.failures_per_node_hour:g} "
+                f"failures per node-hour, outages {process.outage_probability:g} x {process.mean_outage_h:g} h)")
+    return type(process).__name__
+
+
+def plan(
+    request: PlanRequest,
+    spot: Process | Sequence[Process],
+    m_grid: Sequence[int] = M_GRID,
+    timeout_grid_s: Sequence[float | None] = TIMEOUT_GRID_S,
+    climb: bool = True,
+) -> Plan:
+    """Recommend budgets, capacity timeouts, a deadline guard and climb back per spot tier, and tau.
+
+    ``spot`` is one process per spot tier (several = several spot pools, tried in order);
+    the ladder always ends on a reliable on-demand tier. ``climb=False`` searches one-way
+    ladders without guards only (the seed's kind of ladder).
+    """
+    spots = list(spot) if isinstance(spot, list | tuple) else [spot]
+    if not spots:
+        raise ValueError("give at least one spot process")
+    req = request
+    n_spot = len(spots)
+    world: list[Process] = [*spots, RateModel()]
+    prob = req.deadline_probability
+
+    mtbfs = [observed_mtbf_h(p, req.num_workers) for p in spots]
+    gang_mtbf = min(m for m, _ in mtbfs)
+    jit_covers = req.jit_checkpoint and req.notice_s / 3600.0 >= req.checkpoint_cost_h
+    lossy = min(f for _, f in mtbfs) if jit_covers else gang_mtbf
+    if math.isfinite(lossy) and req.checkpoint_cost_h > 0:
+        tau_young, tau_daly = young_interval(req.checkpoint_cost_h, lossy), daly_interval(req.checkpoint_cost_h, lossy)
+    else:
+        tau_young = tau_daly = None
+    taus = _tau_grid(tau_daly, req.work_h)
+    tau0 = tau_daly if tau_daly is not None and tau_daly < req.work_h else None
+    notes: list[str] = []
+    if tau_daly is None:
+        notes.append("no interruption loses work (or checkpoints are free): periodic checkpoints are optional")
+
+    candidates: list[Candidate] = []
+    cache: dict[tuple, Candidate] = {}
+
+    def evaluate(settings: list[tuple[tuple[Rung, ...], float | None]]) -> list[Candidate]:
+        todo = list(dict.fromkeys((s, tau) for s, tau in settings if (s, tau) not in cache))
+        configs = [(_ladder(req, s, tau), req.job(tau)) for s, tau in todo]
+        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in todo])
+        for (s, tau), (lad, _), res in zip(todo, configs, results, strict=True):
+            cand = Candidate(_label(s), lad, tau, res, req.deadline_h)
+            cache[(s, tau)] = cand
+            candidates.append(cand)
+        return [cache[k] for k in settings]
+
+    def best_of(cands: Sequence[Candidate]) -> Candidate:
+        best: Candidate | None = None
+        for c in cands:
+            if _better(c, best, prob):
+                best = c
+        assert best is not None
+        return best
+
+    def same_on_every_tier(rungs: Sequence[Rung], tau_h: float | None) -> list[Candidate]:
+        return evaluate([(tuple([r] * n_spot), tau_h) for r in rungs])
+
+    # 1. One-way ladders: coordinate descent over the spot tiers' (M, timeout), then tau, then
+    # once more if tau moved; finally refine each tier's M between its grid neighbours.
+    current: list[Rung] = [Rung(3, 600.0)] * n_spot
+    tau = tau0
+    for _round in range(2):
+        for i in range(n_spot):
+            settings = []
+            for m in m_grid:
+                for to in timeout_grid_s:
+                    s = list(current)
+                    s[i] = Rung(m, to)
+                    settings.append((tuple(s), tau))
+            current = list(_spots_of(best_of(evaluate(settings)), n_spot))
+        tau_best = best_of(evaluate([(tuple(current), t) for t in taus]))
+        if tau_best.tau_h == tau:
+            break
+        tau = tau_best.tau_h
+    for i in range(n_spot):
+        settings = []
+        for m in _between_neighbours(current[i].max_preemptions, m_grid):
+            s = list(current)
+            s[i] = Rung(m, current[i].timeout_s)
+            settings.append((tuple(s), tau))
+        if settings:
+            current = list(_spots_of(best_of([*evaluate(settings), cache[(tuple(current), tau)]]), n_spot))
+    best = cache[(tuple(current), tau)]
+
+    if climb:
+        # 2. Deadline guards (the same on every spot tier), around the best one-way budgets.
+        if req.deadline_h is not None:
+            guard_taus = [tau] if tau is None else sorted({min(round(tau * f, 6), req.work_h) for f in GUARD_TAU_FACTORS})
+            for t in guard_taus:
+                best = best_of([best, *same_on_every_tier(_guard_grid(current[0], req, t), t)])
+        # 3. Climbing back without a guard (it pays by climb_pays alone).
+        best = best_of([best, *same_on_every_tier(_two_way_grid(current[0]), tau)])
+        current, tau = list(_spots_of(best, n_spot)), best.tau_h
+        # 4. Sweep the first tier's budget and tau around the best: a refinement, and the
+        # rows of the plot.
+        settings = []
+        for m in m_grid:
+            s = list(current)
+            s[0] = current[0]._replace(max_preemptions=m)
+            settings.append((tuple(s), tau))
+        best = best_of([best, *evaluate(settings)])
+        current = list(_spots_of(best, n_spot))
+        best = best_of([best, *evaluate([(tuple(current), t) for t in _around(tau, taus, req.work_h)])])
+
+    # Baselines, on the same draws.
+    od_ladder = Ladder(tiers=(req.on_demand_tier(),))
+    od_res = simulate_many([(od_ladder, req.job(None))], [RateModel()], runs=req.runs, seed=req.seed, labels=["on-demand only"])[0]
+    od = Candidate("on-demand only", od_ladder, None, od_res, req.deadline_h)
+    forever = evaluate([(tuple([Rung(-1, None)] * n_spot), tau0)])[0]
+    seed_m = evaluate([(tuple([Rung(req.seed_max_preemptions, 600.0)] * n_spot), tau0)])[0]
+    baselines = [
+        od,
+        Candidate("spot forever", forever.ladder, forever.tau_h, forever.result, req.deadline_h),
+        Candidate(f"seed M={req.seed_max_preemptions}", seed_m.ladder, seed_m.tau_h, seed_m.result, req.deadline_h),
+    ]
+    if req.deadline_h is not None:
+        up = simulate_uniform_progress(
+            req.job(tau0), req.spot_tier(), req.on_demand_tier(), spots[0], runs=req.runs, seed=req.seed,
+            checkpoint_on_demand=True,
+        )
+        baselines.append(Candidate("uniform progress", None, tau0, up, req.deadline_h))
+    else:
+        notes.append("no deadline given: the Uniform Progress baseline and deadline guards need one and are left out")
+
+    best = best_of([best, *candidates, od])
+    feasible = best.meets(prob)
+    if not feasible:
+        notes.append(
+            f"no ladder meets the deadline with probability {prob:g}; "
+            f"the best reaches {best.p_deadline:.3f}"
+        )
+    seed_check = None
+    res = best.result
+    if best.ladder is not None and len(best.ladder) > 1:
+        alpha_work = float(res.work_on_spot_h.mean() / req.work_h)
+        m_mean = float(res.interruptions.mean())
+        per_failure = req.restart_overhead_h + req.provisioning_delay_h
+        lost = float(res.lost_work_h.mean() / m_mean) if m_mean > 0 else 0.0
+        discount = 1.0 - req.spot_price / req.on_demand_price
+        t_eff = float(wall_to_finish(req.work_h, best.tau_h or NEVER_H, req.checkpoint_cost_h))
+        seed_check = compare_seed_with_exact(
+            t_eff, min(alpha_work, 1.0), max(round(m_mean), 0), per_failure,
+            req.on_demand_price * req.num_workers, min(max(discount, 0.0), 1.0), lost,
+        )
+    made_with = (f"{'; '.join(describe_process(p) for p in spots)}; {req.work_h:g} h on {req.num_workers} workers; "
+                 f"{req.runs} runs, seed {req.seed}")
+    return Plan(req, best, feasible, baselines, candidates + [od], gang_mtbf, lossy, tau_young, tau_daly, seed_check,
+                notes, made_with)
+
+
+def _around(tau: float | None, taus: Sequence[float | None], work_h: float) -> list[float | None]:
+    """The tau grid, rescaled around ``tau`` when the search moved it."""
+    if tau is None:
+        return list(taus)
+    return sorted({min(round(tau * f, 6), work_h) for f in TAU_FACTORS})
+
+
+def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
+    assert c.ladder is not None
+    if len(c.ladder) == 1:
+        return tuple([Rung(0, 600.0)] * n_spot)
+    rungs = []
+    for t in c.ladder.tiers[:n_spot]:
+        guard = (t.deadline_guard.pace, t.deadline_guard.margin_h) if t.deadline_guard is not None else None
+        dwell = t.min_dwell_s if t.climb_back else None
+        budgets = t.climb_budgets if t.climb_back else "carry"
+        rungs.append(Rung(t.max_preemptions, t.capacity_timeout_s, dwell, budgets, guard))
+    return tuple(rungs)
+
+
+def load_process(path: str, kind: str | None = None) -> SpotTrace | NodeTrace:
+    """A trace file by extension (``.json`` SkyPilot, ``.csv`` node trace) or explicit kind."""
+    from spotfallback.sim.traces import load_node_trace, load_spot_trace
+
+    k = kind or ("node" if path.lower().endswith(".csv") else "spot")
+    return load_node_trace(path) if k == "node" else load_spot_trace(path)

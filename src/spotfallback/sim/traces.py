@@ -1,0 +1,171 @@
+"""Spot capacity traces: SkyPilot JSON availability traces and node add/remove CSV traces.
+
+Parsing only; the simulator turns these into capacity and preemption processes and the local
+cluster replayer drives real nodes from them. Malformed input raises ``TraceError`` whose
+message names the file and the line or field, so a CLI can print it as one line.
+
+The JSON files are read as "available instances per tick" (the project's convention in
+DESIGN.md). Upstream SkyPilot's generator wrote its 1-node traces as a per-tick *preempted*
+flag; ``spotfallback.sim.simulator.complement_trace`` flips a trace read that way.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+__all__ = ["NodeEvent", "NodeTrace", "SpotTrace", "TraceError", "load_node_trace", "load_spot_trace"]
+
+
+class TraceError(ValueError):
+    """A trace file that cannot be used; the message says which file, line or field, and why."""
+
+
+@dataclass(frozen=True)
+class SpotTrace:
+    """Available spot instances per tick of ``gap_seconds``, starting at tick 0."""
+
+    name: str
+    gap_seconds: float
+    available: np.ndarray  # int64, read-only
+
+    @property
+    def duration_s(self) -> float:
+        return self.gap_seconds * len(self.available)
+
+    @property
+    def capacity(self) -> int:
+        """Most instances ever available: the gang size the trace was recorded for."""
+        return int(self.available.max()) if len(self.available) else 0
+
+
+@dataclass(frozen=True)
+class NodeEvent:
+    """A node joined (``add``) or left (``remove``) the cluster at ``t_s`` seconds."""
+
+    t_s: float
+    action: Literal["add", "remove"]
+    node: str
+
+
+@dataclass(frozen=True)
+class NodeTrace:
+    """Node arrivals and departures in time order, as recorded on a real spot cluster."""
+
+    name: str
+    events: tuple[NodeEvent, ...]
+
+    @property
+    def duration_s(self) -> float:
+        return self.events[-1].t_s if self.events else 0.0
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise TraceError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise TraceError(f"{path}: is a directory, expected a trace file") from None
+    except UnicodeDecodeError as e:
+        raise TraceError(f"{path}: not UTF-8 text (byte {e.start})") from None
+    except OSError as e:
+        raise TraceError(f"{path}: cannot read: {e.strerror}") from None
+
+
+def _is_number(value: Any) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def load_spot_trace(path: str | Path) -> SpotTrace:
+    """Read a SkyPilot JSON trace ``{"metadata": {"gap_seconds": N}, "data": [...]}``.
+
+    Extra top-level keys (``prices``) are ignored; ``data`` must be non-negative integers.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise TraceError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON: {e.msg}") from None
+    if not isinstance(doc, dict):
+        raise TraceError(f"{path}: expected a JSON object with 'metadata' and 'data', got {type(doc).__name__}")
+    meta = doc.get("metadata")
+    if not isinstance(meta, dict):
+        raise TraceError(f"{path}: field 'metadata' is missing or not an object; expected {{\"gap_seconds\": N}}")
+    gap = meta.get("gap_seconds")
+    if not _is_number(gap) or not math.isfinite(gap) or gap <= 0:
+        raise TraceError(f"{path}: field 'metadata.gap_seconds' must be a positive number, got {gap!r}")
+    data = doc.get("data")
+    if not isinstance(data, list):
+        raise TraceError(f"{path}: field 'data' is missing or not a list of available instances per tick")
+    if not data:
+        raise TraceError(f"{path}: field 'data' is empty; a trace needs at least one tick")
+    for i, v in enumerate(data):
+        if _is_number(v) and v > 2**53:  # no pool is that big, and int64 would overflow
+            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer up to 2**53, got {v!r}")
+        if not (isinstance(v, int) and not isinstance(v, bool)) or v < 0:
+            if isinstance(v, float) and v.is_integer() and v >= 0:
+                continue
+            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer, got {v!r}")
+    available = np.asarray(data, dtype=np.int64)
+    available.flags.writeable = False
+    return SpotTrace(name=path.stem, gap_seconds=float(gap), available=available)
+
+
+_HEADER = ("time_ms", "action", "node")
+
+
+def load_node_trace(path: str | Path) -> NodeTrace:
+    """Read a node trace CSV of lines ``time_ms,add|remove,nodeN`` (an optional header is skipped).
+
+    Times must not decrease; a node may only be removed while present and added while absent.
+    """
+    path = Path(path)
+    text = _read_text(path)
+    events: list[NodeEvent] = []
+    live: set[str] = set()
+    last_ms = -math.inf
+    # Lines as an editor counts them: only '\n' ends one (str.splitlines also splits on
+    # form feeds and other separators, which would number the lines after them wrong).
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if lineno == 1 and tuple(f.lower() for f in fields) == _HEADER:
+            continue
+        where = f"{path}: line {lineno}"
+        if len(fields) != 3:
+            raise TraceError(f"{where}: expected 3 fields 'time_ms,add|remove,node', got {len(fields)}: {line!r}")
+        t_raw, action, node = fields
+        try:
+            t_ms = float(t_raw)
+        except ValueError:
+            raise TraceError(f"{where}: time_ms {t_raw!r} is not a number") from None
+        if not math.isfinite(t_ms) or t_ms < 0:
+            raise TraceError(f"{where}: time_ms must be a non-negative number, got {t_raw!r}")
+        if t_ms < last_ms:
+            raise TraceError(f"{where}: time_ms {t_raw} goes back in time (previous line was at {last_ms:g})")
+        if action not in ("add", "remove"):
+            raise TraceError(f"{where}: action must be 'add' or 'remove', got {action!r}")
+        if not node:
+            raise TraceError(f"{where}: node name is empty")
+        if action == "add":
+            if node in live:
+                raise TraceError(f"{where}: node {node!r} added while already present")
+            live.add(node)
+        else:
+            if node not in live:
+                raise TraceError(f"{where}: node {node!r} removed but not present")
+            live.remove(node)
+        last_ms = t_ms
+        events.append(NodeEvent(t_s=t_ms / 1000.0, action=action, node=node))  # type: ignore[arg-type]
+    if not events:
+        raise TraceError(f"{path}: no events; expected lines 'time_ms,add|remove,node'")
+    return NodeTrace(name=path.stem, events=tuple(events))

@@ -1,0 +1,616 @@
+"""A finished (or running) run explained: a cost table and a timeline picture from its ledger.
+
+The cost table charges every hour to the tier it ran on (``accounting.summarize``) and puts
+the seed's closed form (``costmodel.seed_closed_form``) beside it, fed the run's own T, M,
+dt and alpha, so the reader sees how far the back-of-the-envelope formula is from the bill;
+where the ladder came from ``spotfallback plan``, the plan's prediction (kept in the run's
+metadata) is set beside the outcome too. The picture is drawn with matplotlib's Agg canvas
+directly (no pyplot state, no display).
+"""
+
+from __future__ import annotations
+
+import base64
+import html
+import io
+import math
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from rich.table import Table
+
+from spotfallback.accounting import RunSummary, summarize
+from spotfallback.config import ON_DEMAND, SPOT, Ladder, PlanPrediction
+from spotfallback.sim.costmodel import SeedEstimate, seed_closed_form
+from spotfallback.store.ledger import LedgerRecord
+from spotfallback.view.progress import duration, money
+
+_INTERRUPTIONS = ("preempted", "node_failed", "application_failed")
+_MOVES = ("climb_back", "resize")  # decisions that stop the gang on purpose and restart it elsewhere
+
+
+@dataclass(frozen=True)
+class TierCost:
+    """One tier's line of the cost table; ``spend = running_h * price_per_hour`` exactly."""
+
+    name: str
+    market: str
+    num_workers: int
+    price_per_hour: float
+    running_h: float
+    waiting_h: float
+    redone_h: float  # lost time that was work done again after a restart
+    worker_h: float  # running hours x workers placed; differs from running_h x num_workers on elastic tiers
+    attempts: int
+    preemptions: int
+    failures: int
+    app_errors: int
+    capacity_timeouts: int
+    spend: float
+    held_h: float = 0.0  # lost time spent holding after a just-in-time checkpoint: billed, nothing redone
+
+
+@dataclass(frozen=True)
+class SeedCheck:
+    """The seed's formula fed this run's measured inputs."""
+
+    work_h: float  # T: useful work, hours
+    interruptions: int  # M: restarts (preemptions, node failures, training errors, climbs, resizes)
+    overhead_h: float  # dt = (wall - T) / M: hours each interruption added
+    alpha: float  # share of the useful work done on spot
+    on_demand_price: float  # C_o per hour of the gang
+    discount: float  # d = 1 - spot price / on-demand price
+    estimate: SeedEstimate
+
+    @property
+    def predicted(self) -> float:
+        return self.estimate.cost_new
+
+
+@dataclass(frozen=True)
+class PlanCheck:
+    """The plan's prediction beside the outcome; ``final`` is False while the run has not finished."""
+
+    predicted_spend: float
+    predicted_wall_h: float
+    p90_wall_h: float | None
+    deadline_h: float | None
+    on_time_probability: float | None
+    made_with: str
+    measured_spend: float
+    measured_wall_h: float
+    final: bool
+
+    @property
+    def spend_error(self) -> float | None:
+        """(measured - predicted) / predicted spend; None when nothing was predicted."""
+        return self.measured_spend / self.predicted_spend - 1 if self.predicted_spend > 0 else None
+
+    @property
+    def wall_error(self) -> float:
+        return self.measured_wall_h / self.predicted_wall_h - 1
+
+    @property
+    def deadline_met(self) -> bool | None:
+        """Whether the finished run met the plan's deadline (None: no deadline, or not finished)."""
+        if self.deadline_h is None or not self.final:
+            return None
+        return self.measured_wall_h <= self.deadline_h
+
+
+@dataclass(frozen=True)
+class CostReport:
+    run: str
+    status: str
+    tiers: list[TierCost]
+    spend: float
+    on_demand_spend: float
+    useful_h: float
+    running_h: float
+    redone_h: float
+    held_h: float
+    waiting_h: float
+    wall_h: float
+    interruptions: int
+    tier_switches: int
+    checkpoints: int
+    alpha: float
+    seed: SeedCheck | None
+    give_up_reason: str | None = None
+    climbs: int = 0
+    resizes: int = 0
+    notices: int = 0  # preemption notices recorded (spotfallback notice-agent, the local injector)
+    jit_checkpoints: int = 0  # just-in-time checkpoints reported before the node went
+    jit_missed: int = 0  # ... and those that did not make it (the notice was shorter than the write)
+    plan: PlanCheck | None = None
+
+    @property
+    def savings(self) -> float | None:
+        """Fraction saved against all-on-demand for the same useful work (None before any work)."""
+        return 1.0 - self.spend / self.on_demand_spend if self.on_demand_spend > 0 else None
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["savings"] = self.savings
+        if self.seed is not None:
+            data["seed"]["predicted"] = self.seed.predicted
+        if self.plan is not None:
+            data["plan"].update(spend_error=self.plan.spend_error, wall_error=self.plan.wall_error,
+                                deadline_met=self.plan.deadline_met)
+        return data
+
+
+def _discount(ladder: Ladder, summary: RunSummary) -> float:
+    """d = 1 - (spot price / on-demand price), spot price weighted by the useful work on each spot tier."""
+    od = summary.baseline_price_per_hour
+    spot = [(t.running_s - t.lost_s, t.price_per_hour) for t in summary.tiers if t.market == SPOT]
+    weight = sum(max(0.0, w) for w, _ in spot)
+    if od <= 0 or not spot:
+        return 0.0
+    price = sum(max(0.0, w) * p for w, p in spot) / weight if weight > 0 else spot[0][1]
+    return min(1.0, max(0.0, 1.0 - price / od))
+
+
+def _jit(records: Sequence[LedgerRecord], outcome: str) -> int:
+    return sum(1 for r in records if r.event.kind == "jit_checkpoint" and getattr(r.event, "outcome", "") == outcome)
+
+
+def cost_report(
+    ladder: Ladder,
+    records: Sequence[LedgerRecord],
+    *,
+    run: str = "",
+    now: float | None = None,
+    plan: PlanPrediction | None = None,
+) -> CostReport:
+    """The run's cost table, the seed formula's prediction for the same inputs and, given the
+    plan the run was started with, that plan's prediction beside the outcome."""
+    summary = summarize(ladder, records, now=now)
+    held_s = [0.0] * len(ladder)
+    if records:
+        for tier, start, stop in _intervals(records, summary.ended_at or records[-1].t)[2]:
+            held_s[tier] += stop - start
+    tiers = [
+        TierCost(
+            name=u.name, market=u.market, num_workers=t.num_workers, price_per_hour=u.price_per_hour,
+            running_h=u.running_s / 3600, waiting_h=u.waiting_s / 3600, redone_h=max(0.0, u.lost_s - h) / 3600,
+            held_h=h / 3600, worker_h=u.worker_s / 3600, attempts=u.attempts, preemptions=u.preemptions, failures=u.failures, app_errors=u.app_errors,
+            capacity_timeouts=u.capacity_timeouts, spend=u.spend,
+        )
+        for u, t, h in zip(summary.tiers, ladder.tiers, held_s, strict=True)
+    ]
+    interruptions = sum(1 for r in records if r.event.kind in _INTERRUPTIONS)
+    switches = sum(1 for r in records if r.decision and r.decision.get("action") == "switch_tier")
+    climbs, resizes = len(summary.climbs), len(summary.resizes)
+    restarts = interruptions + climbs + resizes  # each one stops the gang and restarts it from a checkpoint
+    useful_h = summary.useful_s / 3600
+    wall_h = summary.wall_s / 3600
+    seed = None
+    if useful_h > 0:
+        overhead_h = max(0.0, wall_h - useful_h) / restarts if restarts else 0.0
+        discount = _discount(ladder, summary)
+        od_price = summary.baseline_price_per_hour
+        seed = SeedCheck(
+            work_h=useful_h, interruptions=restarts, overhead_h=overhead_h, alpha=summary.spot_fraction,
+            on_demand_price=od_price, discount=discount,
+            estimate=seed_closed_form(useful_h, summary.spot_fraction, restarts, overhead_h, od_price, discount),
+        )
+    plan_check = None
+    if plan is not None:
+        plan_check = PlanCheck(
+            predicted_spend=plan.spend, predicted_wall_h=plan.wall_h, p90_wall_h=plan.p90_wall_h,
+            deadline_h=plan.deadline_h, on_time_probability=plan.on_time_probability, made_with=plan.made_with,
+            measured_spend=summary.spend, measured_wall_h=wall_h, final=summary.status == "finished",
+        )
+    return CostReport(
+        run=run, status=summary.status, tiers=tiers, spend=summary.spend, on_demand_spend=summary.on_demand_spend,
+        useful_h=useful_h, running_h=summary.running_s / 3600, redone_h=sum(t.redone_h for t in tiers),
+        held_h=sum(t.held_h for t in tiers),
+        waiting_h=sum(t.waiting_h for t in tiers), wall_h=wall_h, interruptions=interruptions,
+        tier_switches=switches, checkpoints=len(summary.checkpoints), alpha=summary.spot_fraction, seed=seed,
+        give_up_reason=summary.give_up_reason, climbs=climbs, resizes=resizes,
+        notices=sum(1 for r in records if r.event.kind == "preemption_notice"),
+        jit_checkpoints=_jit(records, "reported"), jit_missed=_jit(records, "missed"), plan=plan_check,
+    )
+
+
+def hours(h: float) -> str:
+    """Hours with enough digits that hours x price reproduces the spend to the cent."""
+    return f"{h:.4f} h" if h < 100 else f"{h:,.2f} h"
+
+
+def cost_table(report: CostReport) -> Table:
+    """Per-tier hours and spend, with totals; every spend is its running hours times its price."""
+    table = Table(title=f"Cost of {report.run or 'the run'} ({report.status})", title_justify="left")
+    for col in ("tier", "market", "price", "running", "spend", "waiting", "redone", "attempts", "preempted",
+                "failed", "errors", "timeouts"):
+        table.add_column(col, justify="left" if col in ("tier", "market") else "right", no_wrap=True)
+    for t in report.tiers:
+        table.add_row(
+            t.name, t.market, f"{money(t.price_per_hour)}/h", hours(t.running_h), money(t.spend),
+            hours(t.waiting_h), hours(t.redone_h), str(t.attempts), str(t.preemptions), str(t.failures),
+            str(t.app_errors), str(t.capacity_timeouts),
+        )
+    table.add_section()
+    table.add_row("total", "", "", hours(report.running_h), money(report.spend), hours(report.waiting_h),
+                  hours(report.redone_h), str(sum(t.attempts for t in report.tiers)),
+                  str(sum(t.preemptions for t in report.tiers)), str(sum(t.failures for t in report.tiers)),
+                  str(sum(t.app_errors for t in report.tiers)), str(sum(t.capacity_timeouts for t in report.tiers)))
+    return table
+
+
+def plan_rows(plan: PlanCheck) -> list[tuple[str, str, str, str]]:
+    """(quantity, planned, measured, difference) rows: spend and wall time, then the deadline."""
+    so_far = "" if plan.final else " so far"
+    spend_diff = f"{plan.spend_error:+.1%}" if plan.spend_error is not None else "-"
+    rows = [
+        ("spend", money(plan.predicted_spend), money(plan.measured_spend) + so_far, spend_diff),
+        ("wall time", duration(plan.predicted_wall_h * 3600), duration(plan.measured_wall_h * 3600) + so_far,
+         f"{plan.wall_error:+.1%}"),
+    ]
+    if plan.p90_wall_h is not None:
+        within = plan.measured_wall_h <= plan.p90_wall_h
+        rows.append(("wall time, p90", duration(plan.p90_wall_h * 3600), duration(plan.measured_wall_h * 3600) + so_far,
+                     "within" if within else "beyond"))
+    if plan.deadline_h is not None:
+        met = plan.deadline_met
+        chance = f" (planned on time: {plan.on_time_probability:.0%})" if plan.on_time_probability is not None else ""
+        rows.append(("deadline", duration(plan.deadline_h * 3600) + chance, duration(plan.measured_wall_h * 3600) + so_far,
+                     "-" if met is None else "met" if met else "missed"))
+    return rows
+
+
+def plan_table(report: CostReport) -> Table | None:
+    """The plan's prediction beside the outcome, or None when the run was not planned."""
+    if report.plan is None:
+        return None
+    made_with = f" ({report.plan.made_with})" if report.plan.made_with else ""
+    table = Table(title=f"Plan vs outcome{made_with}", title_justify="left")
+    for col in ("", "planned", "measured", "difference"):
+        table.add_column(col, justify="left" if not col else "right", no_wrap=True)
+    for row in plan_rows(report.plan):
+        table.add_row(*row)
+    return table
+
+
+def summary_lines(report: CostReport) -> list[str]:
+    """The comparison lines under the table: savings, overhead, alpha, the seed's prediction."""
+    moves = ""
+    if report.climbs or report.resizes:
+        moves = f", {report.climbs} climbs back, {report.resizes} resizes"
+    lines = [
+        f"wall time {duration(report.wall_h * 3600)}; billed {hours(report.running_h)}, of which useful work "
+        f"{hours(report.useful_h)}, redone work {hours(report.redone_h)}"
+        + (f" and held after just-in-time checkpoints {hours(report.held_h)}" if report.held_h > 0 else "")
+        + f"; waiting for capacity (not billed) "
+        f"{hours(report.waiting_h)}; {report.interruptions} interruptions, {report.tier_switches} tier switches"
+        f"{moves}, {report.checkpoints} checkpoints",
+    ]
+    for t in report.tiers:
+        if abs(t.worker_h - t.running_h * t.num_workers) > 1e-9 and t.num_workers:
+            per_worker = t.price_per_hour / t.num_workers
+            lines.append(f"{t.name} ran with a varying gang: {hours(t.worker_h).replace(' h', ' worker-h')} x "
+                         f"{money(per_worker)}/worker-h = {money(t.spend)}")
+    if report.notices or report.jit_checkpoints or report.jit_missed:
+        lines.append(f"{report.notices} preemption notices; {report.jit_checkpoints} just-in-time checkpoints "
+                     f"reported before the node went, {report.jit_missed} missed")
+    if report.savings is not None:
+        lines.append(
+            f"spend {money(report.spend)} vs all on-demand {money(report.on_demand_spend)} for the same useful work: "
+            f"{report.savings:+.1%} saved ({money(report.on_demand_spend - report.spend)})"
+        )
+    lines.append(f"alpha (share of the useful work done on spot) {report.alpha:.3f}")
+    if report.seed is not None:
+        s = report.seed
+        diff = s.predicted / report.spend - 1 if report.spend > 0 else math.nan
+        lines.append(
+            f"seed formula C_new = (T + M*dt) * C_o * (1 - d*alpha) with T = {hours(s.work_h)}, M = {s.interruptions}, "
+            f"dt = {hours(s.overhead_h)}, alpha = {s.alpha:.3f}, C_o = {money(s.on_demand_price)}/h, d = {s.discount:.3f}: "
+            f"predicts {money(s.predicted)}; measured {money(report.spend)}"
+            + (f" ({diff:+.1%})" if math.isfinite(diff) else "")
+        )
+    if report.plan is not None:
+        p = report.plan
+        lines.append(
+            f"plan: {money(p.predicted_spend)} in {duration(p.predicted_wall_h * 3600)}; "
+            f"{'outcome' if p.final else 'so far'}: {money(p.measured_spend)} in {duration(p.measured_wall_h * 3600)}"
+            + (f" ({p.spend_error:+.1%} spend)" if p.spend_error is not None and p.final else "")
+            + ("" if p.deadline_met is None else f"; deadline {'met' if p.deadline_met else 'missed'}")
+        )
+    if report.give_up_reason:
+        lines.append(f"gave up: {report.give_up_reason}")
+    return lines
+
+
+# ---------------------------------------------------------------------------------------
+# The timeline picture.
+
+_MARKET_COLOURS = {SPOT: ("#2a9d8f", "#52b69a", "#76c893", "#99d98c"), ON_DEMAND: ("#e76f51", "#f4a261"),
+                   "reserved": ("#6d597a", "#b56576")}
+_OTHER_COLOURS = ("#577590", "#4d908e", "#43aa8b")
+_MARKS = {
+    "preempted": ("v", "#d62828", "preemption"),
+    "node_failed": ("X", "black", "node lost"),
+    "application_failed": ("D", "#7b2cbf", "training error"),
+    "capacity_timed_out": ("s", "#6c757d", "capacity timeout"),
+}
+# Informational records: (marker, colour, legend label), drawn above the lane they happened on.
+_NOTICE = ("$!$", "#f77f00", "preemption notice")
+_JIT = {
+    "reported": ("d", "#2b9348", "just-in-time checkpoint"),
+    "missed": ("x", "#f77f00", "just-in-time checkpoint missed"),
+}
+_CLIMB_COLOUR = "#2b9348"
+_RESIZE = ("H", "#3a86ff", "resize (gang size)")
+
+
+def _moved_to(rec: LedgerRecord, default: int) -> int:
+    """The tier the run is on after ``rec``: a switch's or a climb's target, else ``default``."""
+    decision = rec.decision or {}
+    if decision.get("action") in ("switch_tier", "climb_back"):
+        return int(decision.get("to_tier", default))
+    return default
+
+
+def _tier_colours(ladder: Ladder) -> list[str]:
+    used: dict[str, int] = {}
+    colours = []
+    for t in ladder.tiers:
+        palette = _MARKET_COLOURS.get(t.market, _OTHER_COLOURS)
+        i = used.get(t.market, 0)
+        used[t.market] = i + 1
+        colours.append(palette[i % len(palette)])
+    return colours
+
+
+Interval = tuple[int, float, float]  # (tier, start, end)
+
+
+def _intervals(records: Sequence[LedgerRecord], end: float) -> tuple[list[Interval], list[Interval], list[Interval]]:
+    """(waiting, redone, held) intervals per tier, replaying the same rules as ``accounting``.
+
+    The time from the last checkpoint to an interruption is lost (billed, not useful work).
+    It is *redone* work unless that checkpoint was a just-in-time one taken on the
+    interruption's notice: then the workers only *held* until the node went, and nothing is
+    redone.
+    """
+    waiting: list[Interval] = []
+    redone: list[Interval] = []
+    held: list[Interval] = []
+    wait: tuple[int, float] | None = None
+    run: tuple[int, float] | None = None
+    last_ckpt = -math.inf
+    jit_started = math.inf  # when this attempt's just-in-time checkpoint began (inf: none)
+    for i, rec in enumerate(records):
+        kind, t = rec.event.kind, rec.t
+        nxt = _moved_to(rec, records[i + 1].tier if i + 1 < len(records) else rec.tier)
+        action = (rec.decision or {}).get("action")
+        if kind == "run_started":
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            wait, run, jit_started = (rec.tier, t), None, math.inf
+        elif kind == "workers_acquired":
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            wait, run, jit_started = None, (rec.tier, t), math.inf
+        elif kind == "checkpoint_committed":
+            last_ckpt = t
+        elif kind == "jit_checkpoint" and getattr(rec.event, "outcome", "") == "started" and run:
+            jit_started = min(jit_started, t)
+        elif kind == "capacity_observed" and action in _MOVES:
+            # A climb back or a resize stops the gang right after a checkpoint: nothing redone,
+            # then a wait for the new gang (as accounting charges it).
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            run, wait = None, (nxt, t)
+        elif kind in _INTERRUPTIONS or kind == "capacity_timed_out":
+            if run and kind != "capacity_timed_out":
+                (held if last_ckpt >= jit_started else redone).append((run[0], max(run[1], last_ckpt), t))
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            run = None
+            wait = (nxt, t) if (rec.decision or {}).get("action") != "give_up" else None
+        elif kind in ("finished", "fatal"):
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            wait = run = None
+    if wait:
+        waiting.append((wait[0], wait[1], end))
+    return waiting, [r for r in redone if r[2] > r[1]], [h for h in held if h[2] > h[1]]
+
+
+def timeline_png(
+    ladder: Ladder,
+    records: Sequence[LedgerRecord],
+    *,
+    title: str = "",
+    now: float | None = None,
+    dpi: int = 110,
+) -> bytes:
+    """The run's timeline as PNG bytes: tier bands, faults, checkpoints, progress."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    from matplotlib.lines import Line2D
+    from matplotlib.patches import Patch
+
+    summary = summarize(ladder, records, now=now)
+    if not records:
+        raise ValueError("the run has no ledger events yet; nothing to draw")
+    t0 = records[0].t
+    end = summary.ended_at if summary.ended_at is not None else records[-1].t
+    span = max(end - t0, 1e-6)
+    unit, scale = ("s", 1.0) if span < 600 else ("min", 60.0) if span < 3 * 3600 else ("h", 3600.0)
+
+    def x(t: float) -> float:
+        return (t - t0) / scale
+
+    colours = _tier_colours(ladder)
+    n = len(ladder)
+    fig = Figure(figsize=(11, 2.6 + 0.55 * n + 2.2), dpi=dpi)
+    FigureCanvasAgg(fig)
+    gs = fig.add_gridspec(2, 1, height_ratios=[0.9 + 0.55 * n, 2.2], hspace=0.08)
+    ax = fig.add_subplot(gs[0])
+    axp = fig.add_subplot(gs[1], sharex=ax)
+
+    # Tier lanes: running as solid bands, waiting as faint hatched bands, redone work hatched red,
+    # the hold after a just-in-time checkpoint dotted grey (billed, but nothing is redone).
+    waiting, redone, held = _intervals(records, end)
+    for tier, start, stop in summary.segments:
+        ax.broken_barh([(x(start), max(x(stop) - x(start), 1e-9))], (tier - 0.32, 0.64), color=colours[tier], zorder=2)
+    for tier, start, stop in waiting:
+        ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.18, 0.36), facecolor="none",
+                       edgecolor=colours[tier], hatch="///", linewidth=0.0, alpha=0.7, zorder=1)
+    for tier, start, stop in redone:
+        ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.32, 0.64), facecolor="none",
+                       edgecolor="#d62828", hatch="xxx", linewidth=0.0, zorder=3)
+    for tier, start, stop in held:
+        ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.32, 0.64), facecolor="#e9ecef",
+                       edgecolor="#6c757d", hatch="...", linewidth=0.0, zorder=3)
+    ck_t = [x(t) for t, _, _ in summary.checkpoints]
+    ck_tier = [r.tier for r in records if r.event.kind == "checkpoint_committed"]
+    ax.scatter(ck_t, ck_tier, marker="|", s=260, color="black", linewidths=1.6, zorder=4)
+    used_marks: set[str] = set()
+    extra: dict[str, tuple[str, str, str]] = {}  # legend entries of the informational marks used
+    for rec in records:
+        decision = rec.decision or {}
+        action = decision.get("action")
+        kind = rec.event.kind
+        if kind == "preemption_notice":
+            symbol, colour, label = extra.setdefault("notice", _NOTICE)
+            ax.scatter([x(rec.t)], [rec.tier - 0.48], marker=symbol, s=110, color=colour, zorder=5, clip_on=False)
+            ax.axvline(x(rec.t), color=colour, linestyle=":", linewidth=1.0, alpha=0.9, zorder=0)
+        elif kind == "jit_checkpoint" and getattr(rec.event, "outcome", "") in _JIT:
+            outcome = rec.event.outcome  # type: ignore[attr-defined]
+            symbol, colour, label = extra.setdefault(f"jit-{outcome}", _JIT[outcome])
+            ax.scatter([x(rec.t)], [rec.tier], marker=symbol, s=80, color=colour, edgecolors="black",
+                       linewidths=0.6, zorder=6)
+        elif kind == "capacity_observed" and action == "climb_back":
+            to = int(decision.get("to_tier", rec.tier - 1))
+            extra.setdefault("climb", ("", _CLIMB_COLOUR, "climb back"))
+            ax.annotate("", xy=(x(rec.t), to + 0.34), xytext=(x(rec.t), rec.tier - 0.34),
+                        arrowprops={"arrowstyle": "->", "color": _CLIMB_COLOUR, "lw": 1.8}, zorder=6)
+        elif kind == "capacity_observed" and action == "resize":
+            symbol, colour, label = extra.setdefault("resize", _RESIZE)
+            ax.scatter([x(rec.t)], [rec.tier - 0.48], marker=symbol, s=80, color=colour, zorder=5, clip_on=False)
+            ax.annotate(f"{int(decision.get('num_workers', 0))}w", (x(rec.t), rec.tier - 0.48), xytext=(5, -3),
+                        textcoords="offset points", fontsize=7, color=colour, zorder=6)
+        mark = _MARKS.get(kind)
+        if mark is None:
+            continue
+        used_marks.add(kind)
+        symbol, colour, _ = mark
+        ax.scatter([x(rec.t)], [rec.tier - 0.48], marker=symbol, s=90, color=colour, zorder=5, clip_on=False)
+        for a in (ax, axp):
+            a.axvline(x(rec.t), color=colour, linestyle="--", linewidth=0.9, alpha=0.7, zorder=0)
+        if action == "switch_tier":
+            to = int(decision.get("to_tier", rec.tier + 1))
+            extra.setdefault("switch", ("", "#333333", "fall back"))
+            ax.annotate("", xy=(x(rec.t), to - 0.34), xytext=(x(rec.t), rec.tier + 0.34),
+                        arrowprops={"arrowstyle": "->", "color": "#333333", "lw": 1.4}, zorder=6)
+    for rec in records:
+        if rec.event.kind == "finished":
+            ax.scatter([x(rec.t)], [rec.tier], marker="*", s=220, color="gold", edgecolors="black", zorder=6)
+    ax.set_yticks(range(n), [f"{t.name}\n{t.market}, {money(t.price_per_hour())}/h".replace("$", r"\$")
+                             for t in ladder.tiers])
+    ax.set_ylim(n - 0.4, -0.75)
+    ax.grid(axis="x", alpha=0.3)
+    ax.tick_params(axis="x", labelbottom=False)
+
+    # Progress: the committed step (or checkpoint count) over time.
+    steps = [(x(t), s) for t, s, _ in summary.checkpoints if s is not None]
+    if steps:
+        xs, ys = zip(*steps, strict=True)
+        axp.plot([0.0, *xs], [0, *ys], drawstyle="steps-post", color="#264653", linewidth=1.8, zorder=3)
+        axp.plot(xs, ys, "o", color="#264653", markersize=3.5, zorder=4)
+        axp.set_ylabel("committed step")
+    else:
+        xs = [x(t) for t, _, _ in summary.checkpoints]
+        axp.plot([0.0, *xs], list(range(len(xs) + 1)), drawstyle="steps-post", color="#264653", linewidth=1.8)
+        axp.set_ylabel("checkpoints")
+    for _, start, stop in redone:
+        axp.axvspan(x(start), x(stop), color="#d62828", alpha=0.12, zorder=0)
+    axp.set_xlabel(f"time since the run started ({unit})")
+    axp.set_xlim(-span / scale * 0.01, span / scale * 1.02)
+    axp.set_ylim(bottom=0)
+    axp.grid(alpha=0.3)
+
+    handles: list[Any] = [Patch(color=colours[i], label=f"running on {t.name}") for i, t in enumerate(ladder.tiers)]
+    handles.append(Patch(facecolor="none", edgecolor="#555555", hatch="///", label="waiting for workers"))
+    if redone:
+        handles.append(Patch(facecolor="none", edgecolor="#d62828", hatch="xxx", label="work redone"))
+    if held:
+        handles.append(Patch(facecolor="#e9ecef", edgecolor="#6c757d", hatch="...", label="held after a JIT checkpoint"))
+    handles.append(Line2D([], [], marker="|", linestyle="none", color="black", markersize=12, label="checkpoint"))
+    for kind in _MARKS:
+        if kind in used_marks:
+            symbol, colour, label = _MARKS[kind]
+            handles.append(Line2D([], [], marker=symbol, linestyle="none", color=colour, markersize=8, label=label))
+    for key in ("notice", "jit-reported", "jit-missed", "resize"):
+        if key in extra:
+            symbol, colour, label = extra[key]
+            handles.append(Line2D([], [], marker=symbol, linestyle="none", color=colour, markersize=8, label=label))
+    for key in ("switch", "climb"):
+        if key in extra:
+            _, colour, label = extra[key]
+            handles.append(Line2D([], [], marker=r"$\rightarrow$" if key == "switch" else r"$\uparrow$",
+                                  linestyle="none", color=colour, markersize=10, label=label))
+    handles.append(Line2D([], [], marker="*", linestyle="none", color="gold", markeredgecolor="black", markersize=12, label="finished"))
+    ncol = min(len(handles), 6)
+    legend_rows = math.ceil(len(handles) / ncol)
+    fig.legend(handles=handles, loc="lower center", ncol=ncol, fontsize=8, frameon=False)
+    saved = 1 - summary.spend / summary.on_demand_spend if summary.on_demand_spend > 0 else None
+    subtitle = f"{summary.status}; spend {money(summary.spend)} vs {money(summary.on_demand_spend)} all on-demand"
+    if saved is not None:
+        subtitle += f" ({saved:+.0%} saved)"
+    text = f"{title}\n{subtitle}" if title else subtitle
+    fig.suptitle(text.replace("$", r"\$"), fontsize=10)  # a literal dollar, not mathtext
+    fig.subplots_adjust(left=0.15, right=0.98, top=0.9, bottom=0.11 + 0.035 * legend_rows)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=dpi)
+    return buf.getvalue()
+
+
+def html_report(report: CostReport, png: bytes, events: Sequence[str] = ()) -> str:
+    """One self-contained HTML page: the picture inline (base64), the cost table, the lines, the events."""
+    e = html.escape
+    head = ("tier", "market", "price/h", "running", "spend", "waiting", "redone", "attempts", "preempted",
+            "failed", "errors", "timeouts")
+    rows = []
+    for t in report.tiers:
+        cells = (t.name, t.market, money(t.price_per_hour), hours(t.running_h), money(t.spend), hours(t.waiting_h),
+                 hours(t.redone_h), t.attempts, t.preemptions, t.failures, t.app_errors, t.capacity_timeouts)
+        rows.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
+    total = ("total", "", "", hours(report.running_h), money(report.spend), hours(report.waiting_h),
+             hours(report.redone_h), "", "", "", "", "")
+    rows.append("<tr class='total'>" + "".join(f"<td>{e(str(c))}</td>" for c in total) + "</tr>")
+    lines = "".join(f"<li>{e(line)}</li>" for line in summary_lines(report))
+    plan = ""
+    if report.plan is not None:
+        made_with = f" ({e(report.plan.made_with)})" if report.plan.made_with else ""
+        plan_cells = "".join("<tr>" + "".join(f"<td>{e(c)}</td>" for c in row) + "</tr>" for row in plan_rows(report.plan))
+        plan = (f"<h2>Plan vs outcome{made_with}</h2><table class='plan'><thead><tr><th></th><th>planned</th>"
+                f"<th>measured</th><th>difference</th></tr></thead><tbody>{plan_cells}</tbody></table>")
+    event_items = "".join(f"<li>{e(line)}</li>" for line in events)
+    img = base64.b64encode(png).decode()
+    return f"""<!doctype html>
+<html lang="en"><head><meta charset="utf-8">
+<title>spotfallback report: {e(report.run)}</title>
+<style>
+body {{ font-family: system-ui, sans-serif; max-width: 1200px; margin: 2em auto; color: #222; }}
+table {{ border-collapse: collapse; margin: 1em 0; }}
+th, td {{ border-bottom: 1px solid #ddd; padding: 4px 10px; text-align: right; }}
+th:nth-child(-n+2), td:nth-child(-n+2) {{ text-align: left; }}
+table.plan td:nth-child(2), table.plan th:nth-child(2) {{ text-align: right; }}
+tr.total td {{ font-weight: bold; border-top: 2px solid #999; }}
+img {{ max-width: 100%; }}
+</style></head><body>
+<h1>{e(report.run)}: {e(report.status)}</h1>
+<img alt="timeline of the run: tiers, faults, checkpoints, progress" src="data:image/png;base64,{img}">
+<h2>Cost</h2>
+<table><thead><tr>{"".join(f"<th>{h}</th>" for h in head)}</tr></thead><tbody>{"".join(rows)}</tbody></table>
+<ul>{lines}</ul>
+{plan}
+{f"<h2>Events</h2><ol>{event_items}</ol>" if events else ""}
+</body></html>
+"""

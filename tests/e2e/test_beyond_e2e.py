@@ -1,0 +1,257 @@
+"""End to end beyond one-way fallback: climb back, an elastic spot tier, a preemption burst.
+
+One cluster for the module: a head with no CPUs (driver and Train controller), three spot
+and two on-demand one-CPU nodes. Capacity is observed every second after each checkpoint
+(``SPOTFALLBACK_CAPACITY_POLL_S=1``) so the moves happen within the short runs. Each test
+leaves the cluster as it found it: nodes taken away come back, nodes added go. Two tests of
+the controller shell's own logic need no cluster.
+"""
+
+from __future__ import annotations
+
+import itertools
+import os
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.support.helpers_e2e import (  # noqa: E402
+    TRAIN_CONFIG,
+    Background,
+    apply_env,
+    checkpoints_since,
+    kinds,
+    unique_name,
+    wait_for,
+)
+
+pytestmark = pytest.mark.ray
+
+# Long enough for a move and a restart after it: about 0.5 s a step here, as each report
+# waits for the controller's poll (RAY_TRAIN_HEALTH_CHECK_INTERVAL_S=0.5).
+STEPS = 100
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    apply_env()
+    before = os.environ.get("SPOTFALLBACK_CAPACITY_POLL_S")
+    os.environ["SPOTFALLBACK_CAPACITY_POLL_S"] = "1"
+    from spotfallback.local import LocalSpotCluster, NodeGroup
+
+    c = LocalSpotCluster([NodeGroup("spot", count=3), NodeGroup("on-demand", count=2)], connect=True)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        if before is None:
+            os.environ.pop("SPOTFALLBACK_CAPACITY_POLL_S", None)
+        else:
+            os.environ["SPOTFALLBACK_CAPACITY_POLL_S"] = before
+
+
+@pytest.fixture()
+def injector(cluster):
+    from spotfallback.local import Injector
+
+    inj = Injector(cluster)
+    try:
+        yield inj
+    finally:
+        inj.close()
+        for market in ("spot", "on-demand"):
+            inj.give_back(market)
+            inj.replenish(market)
+        for group in cluster.groups.values():  # the newest nodes beyond the module's sizes
+            for node in cluster.nodes(group=group.name)[group.count :]:
+                cluster.remove_node(node, graceful=True)  # an idle node scaled down, not a failure
+
+
+def make_trainer(storage, name, tiers, **config):
+    import ray.train
+
+    from spotfallback import FallbackTrainer
+    from spotfallback.examples.ddp_digits import train_fn
+
+    return FallbackTrainer(
+        train_fn,
+        train_loop_config={**TRAIN_CONFIG, "total_steps": STEPS, **config},
+        tiers=tiers,
+        run_config=ray.train.RunConfig(storage_path=str(storage), name=name),
+    )
+
+
+def acquired(records) -> list[tuple[int, int]]:
+    return [(r.tier, r.event.num_workers) for r in records if r.event.kind == "workers_acquired"]
+
+
+def print_timeline(records) -> None:
+    """Seconds from the start for each event but checkpoints (shown with pytest -s)."""
+    t0 = records[0].t
+    print(" ".join(f"{r.event.kind}@{r.t - t0:.1f}" for r in records if r.event.kind != "checkpoint_committed"))
+
+
+def actions(records) -> list[str]:
+    return [r.decision["action"] for r in records if r.decision and r.decision["action"] != "continue"]
+
+
+# ----------------------------------------------------------------- the controller shell, no cluster needed
+
+
+def test_the_remaining_work_a_checkpoint_reports_reaches_the_policy_only_when_usable():
+    from spotfallback.runtime.hooks import remaining_work
+
+    assert remaining_work({"step": 5, "remaining_work_s": 90}) == 90.0
+    for unusable in ({}, {"remaining_work_s": -1.0}, {"remaining_work_s": float("nan")}, {"remaining_work_s": True}, {"remaining_work_s": "90"}):
+        assert remaining_work(unusable) is None
+
+
+def test_the_autoscaler_is_asked_for_the_current_tiers_gang_on_its_nodes(tmp_path):
+    """What Ray's coordinator forwards to the autoscaler follows the run down (and up) the ladder."""
+    from dataclasses import replace
+
+    from ray.train._internal.autoscaling_coordinator_client import build_train_resource_request
+    from ray.train.v2.api.config import ScalingConfig
+
+    from spotfallback import Tier
+    from spotfallback.config import make_ladder
+    from spotfallback.policy import FallbackPolicy
+    from spotfallback.runtime.hooks import RunSpec, TierScalingPolicy
+    from spotfallback.store.location import resolve_run
+
+    ladder = make_ladder([Tier.spot((2, 4)), Tier.on_demand(2)])
+    spec = RunSpec(
+        key=unique_name("requests"),
+        tiers=tuple(t.model_dump(mode="json") for t in ladder.tiers),
+        state=FallbackPolicy(ladder).initial_state(),
+        location=resolve_run(str(tmp_path), "requests"),
+        writer="test",
+    )
+    policy = TierScalingPolicy(ScalingConfig(num_workers=4), spec)
+    sent: list[tuple[list, list | None]] = []
+
+    class Coordinator:  # records what Ray's client would send, in the form Ray sends it
+        def send_resource_request(self, config, num_workers):
+            sent.append(build_train_resource_request(config, num_workers))
+
+        def maybe_send_resource_request(self, config, num_workers):
+            pass  # Ray's client: at most every 20 s, the same request again
+
+    policy._coordinator_client = Coordinator()
+    policy._send_resource_request()  # the controller starts
+    policy._maybe_send_resource_request()
+    rt = policy._runtime()
+    rt.state = replace(rt.state, tier=1)  # the run moved down the ladder
+    policy._maybe_send_resource_request()
+    spot, on_demand = {"ray.io/market-type": "spot"}, {"ray.io/market-type": "on-demand"}
+    assert sent == [([{"CPU": 1.0}] * 4, [spot] * 4), ([{"CPU": 1.0}] * 2, [on_demand] * 2)]
+
+
+# ----------------------------------------------------------------- on the cluster
+
+
+def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there(cluster, injector, tmp_path):
+    from spotfallback import Tier
+    from spotfallback.accounting import summarize
+
+    ladder = [  # the spot gang takes all three spot nodes
+        Tier.spot(3, max_preemptions=0, climb_back=True, min_dwell_s=2, price_per_worker_hour=0.9),
+        Tier.on_demand(2, price_per_worker_hour=3.06),
+    ]
+    trainer = make_trainer(tmp_path, unique_name("climb"), ladder)
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, driver)
+    injector.preempt_one("spot", notice_s=1.0)  # budget spent, and two spot nodes are left
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 2, 120, driver)
+    assert "climb_back" not in actions(ledger.read())  # two nodes cannot hold the spot gang
+    injector.replenish("spot", count=1)
+    result = driver.join(240)
+    assert driver.error is None, driver.error
+
+    records = ledger.read()
+    assert actions(records) == ["switch_tier", "climb_back", "complete"]
+    assert [tier for tier, _ in acquired(records)] == [0, 1, 0]
+    climb = next(r for r in records if r.event.kind == "capacity_observed")
+    assert (climb.tier, climb.event.tier, climb.event.available_workers) == (1, 0, 3)
+    summary = summarize(trainer.ladder, records)
+    assert summary.status == "finished" and summary.state.tier == 0
+    assert [(f, t) for _, f, t in summary.climbs] == [(1, 0)]
+    assert [seg[0] for seg in summary.segments] == [0, 1, 0]
+    spot_s = sum(end - start for tier, start, end in summary.segments if tier == 0)
+    assert summary.tiers[0].running_s == pytest.approx(spot_s)
+    assert summary.tiers[0].spend == pytest.approx(spot_s / 3600 * 3 * 0.9)
+    assert summary.tiers[1].spend > 0 and summary.spend == pytest.approx(summary.tiers[0].spend + summary.tiers[1].spend)
+    assert result.metrics["step"] == STEPS
+    print_timeline(records)
+
+
+def test_elastic_spot_tier_shrinks_on_a_lost_node_and_grows_back(cluster, injector, tmp_path):
+    from spotfallback import Tier
+    from spotfallback.accounting import summarize
+
+    ladder = [
+        Tier.spot((2, 4), max_preemptions=5, min_dwell_s=2, capacity_timeout_s=60, price_per_worker_hour=0.9),
+        Tier.on_demand(2, price_per_worker_hour=3.06),
+    ]
+    injector.replenish("spot", count=1)  # a fourth spot node: the tier starts at its maximum
+    # The global batch stays 48 whatever the world size: 12 per rank with 4, 16 with 3.
+    trainer = make_trainer(tmp_path, unique_name("elastic"), ladder, global_batch_size=48)
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, driver)
+    assert acquired(ledger.read()) == [(0, 4)]
+    injector.preempt_one("spot", notice_s=1.0)  # not replaced: the gang goes on with three
+    wait_for(ledger, lambda rs: len(acquired(rs)) == 2, 120, driver)
+    injector.replenish("spot", count=1)  # capacity returns while the smaller gang trains
+    result = driver.join(240)
+    assert driver.error is None, driver.error
+
+    records = ledger.read()
+    print_timeline(records)
+    assert acquired(records) == [(0, 4), (0, 3), (0, 4)]
+    assert actions(records) == ["retry", "resize", "complete"]
+    grow = next(i for i, r in enumerate(records) if r.decision and r.decision["action"] == "resize")
+    assert records[grow].event.available_workers == 4 and records[grow].decision["num_workers"] == 4
+    assert checkpoints_since(records[: grow + 1], "workers_acquired") >= 1  # three trained first
+    # Every checkpoint's metrics: the world size and the per-rank batch the example chose.
+    sizes = [(r.info["metrics"]["world_size"], r.info["metrics"]["batch_size"]) for r in records if r.event.kind == "checkpoint_committed"]
+    assert [w for w, _ in itertools.groupby(w for w, _ in sizes)] == [4, 3, 4]
+    assert {w * b for w, b in sizes} == {48}
+    summary = summarize(trainer.ladder, records)
+    assert summary.status == "finished" and summary.state.tier == 0 and summary.tiers[1].running_s == 0
+    assert [(tier, n) for _, tier, n in summary.resizes] == [(0, 4)]
+    worker_s = sum((end - start) * n for (_, start, end), n in zip(summary.segments, (4, 3, 4), strict=True))
+    assert summary.tiers[0].spend == pytest.approx(worker_s / 3600 * 0.9)  # paid per worker placed
+    assert summary.tiers[0].preemptions == 1
+    assert result.metrics["step"] == STEPS and result.metrics["world_size"] == 4
+
+
+def test_a_burst_of_preemptions_moves_down_before_the_count_budget_is_spent(cluster, injector, tmp_path):
+    from spotfallback import Tier
+    from spotfallback.accounting import summarize
+
+    ladder = [
+        Tier.spot(2, max_preemptions=5, max_preemption_rate={"count": 2, "window_s": 300}, price_per_worker_hour=0.9),
+        Tier.on_demand(2, price_per_worker_hour=3.06),
+    ]
+    trainer = make_trainer(tmp_path, unique_name("burst"), ladder)
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, driver)
+    injector.preempt_one("spot", notice_s=1.0)  # the third spot node takes the restart
+    wait_for(ledger, lambda rs: kinds(rs)[-2:] == ["preempted", "workers_acquired"] and checkpoints_since(rs, "workers_acquired") >= 1, 120, driver)
+    injector.preempt_one("spot", notice_s=1.0)
+    result = driver.join(240)
+    assert driver.error is None, driver.error
+
+    records = ledger.read()
+    assert actions(records) == ["retry", "switch_tier", "complete"]
+    switch = next(r for r in records if r.decision and r.decision["action"] == "switch_tier")
+    assert "preemption rate" in switch.decision["reason"]
+    summary = summarize(trainer.ladder, records)
+    assert summary.tiers[0].preemptions == 2 < 5 and summary.state.tier == 1 and summary.status == "finished"
+    assert result.metrics["step"] == STEPS
+    print_timeline(records)

@@ -1,0 +1,88 @@
+"""The short, CI-sized soak: one run of the example job under a replayed spot trace plus chaos.
+
+A real availability trace (tests/fixtures copy of SkyPilot's us-west-2a V100 trace, one tick
+every 6 s) preempts and restores the spot nodes, including a capacity gap longer than the
+spot tier's capacity timeout, while the driver is SIGKILLed once and the S3 endpoint goes
+away once. The long version is ``python -m tests.support.soak --minutes 10`` (see tests/support/soak.py).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.support.helpers_e2e import apply_env  # noqa: E402
+from tests.support.reliability import RUN_CONFIG, Outcome, record, reference_hash  # noqa: E402
+from tests.support.soak import CAPACITY_TIMEOUT_S, FIXTURES, RETRY_S, soak_run  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+
+@pytest.fixture(scope="module")
+def s3():
+    from tests.support.s3server import S3Server
+
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def cluster(s3):
+    apply_env()
+    os.environ["SPOTFALLBACK_STORAGE_RETRY_S"] = str(RETRY_S)
+    from spotfallback.local import LocalSpotCluster, NodeGroup
+
+    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
+    c.start()
+    try:
+        yield c
+    finally:
+        c.shutdown()
+        os.environ.pop("SPOTFALLBACK_STORAGE_RETRY_S", None)
+
+
+def test_short_trace_driven_chaos_soak(cluster, s3, tmp_path_factory):
+    config = dict(RUN_CONFIG)
+    reference = reference_hash(tmp_path_factory.mktemp("ref"), config)
+    result = soak_run(
+        cluster,
+        s3,
+        tmp_path_factory.mktemp("soak"),
+        config,
+        reference,
+        trace=FIXTURES / "us-west-2a_v100_1.json",
+        # Ticks 21-30 of the trace: 0, 1, 0 x 7, 1. Spot is gone as soon as the run trains, back
+        # 6 s later, then gone for 42 s: longer than the spot tier's 20 s capacity timeout, so
+        # the run must move to on-demand to finish.
+        start_tick=21,
+        ticks=10,
+        rng=random.Random(3),
+        driver_kills=1,
+        storage_outages=1,
+        timeout_s=400,
+    )
+    assert result.problems == [], result.problems
+    assert result.finished and result.identical_weights
+    assert result.events_lost == result.checkpoints_lost == result.duplicated_events == 0
+    assert result.preemptions >= 1 and result.driver_kills == 1 and result.storage_outages == 1
+    assert result.capacity_gaps >= 1 and result.capacity_timeouts >= 1 and result.tier_moves == 1, result
+    record(
+        Outcome(
+            "trace-driven chaos soak (CI, short, on S3)",
+            injected=result.injected,
+            runs_completed=1,
+            runs=1,
+            steps_redone=result.steps_redone,
+            events_lost=result.events_lost,
+            checkpoints_lost=result.checkpoints_lost,
+            duplicated_events=result.duplicated_events,
+            seconds=result.seconds,
+            notes=f"{result.preemptions} preemptions, {result.capacity_gaps} capacity gaps "
+            f"({result.capacity_timeouts} past the {CAPACITY_TIMEOUT_S:g} s capacity timeout: moved to on-demand), "
+            "1 driver kill, 1 S3 outage",
+        )
+    )

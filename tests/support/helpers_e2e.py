@@ -1,0 +1,85 @@
+"""Shared pieces of the end-to-end tests on the local spot cluster."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[2]
+
+# Ray Train V2, fast health checks so reports and failures are seen quickly, and the repo on
+# every worker's path so `spotfallback.examples.ddp_digits` imports there. Raylets inherit this environment.
+E2E_ENV = {
+    "RAY_TRAIN_V2_ENABLED": "1",
+    "RAY_TRAIN_HEALTH_CHECK_INTERVAL_S": "0.5",
+    "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S": "1",
+    "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
+    "SPOTFALLBACK_LEASE_TTL_S": "10",
+}
+
+# Small and quick, but long enough to inject faults between checkpoints.
+TRAIN_CONFIG = {"total_steps": 30, "checkpoint_every": 5, "step_delay_s": 0.15, "seed": 7}
+
+
+def apply_env() -> None:
+    os.environ.update(E2E_ENV)
+
+
+def unique_name(prefix: str) -> str:
+    return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+class Background:
+    """Run ``fn`` (the driver's ``fit``) on a thread while the test watches and injects faults."""
+
+    def __init__(self, fn: Callable[[], Any]):
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, args=(fn,), daemon=True)
+        self._thread.start()
+
+    def _run(self, fn: Callable[[], Any]) -> None:
+        try:
+            self.result = fn()
+        except BaseException as e:  # noqa: BLE001 - handed to the test
+            self.error = e
+
+    def join(self, timeout: float) -> Any:
+        self._thread.join(timeout)
+        if self._thread.is_alive():
+            raise TimeoutError(f"the driver did not finish within {timeout}s")
+        return self.result
+
+    @property
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+
+def wait_for(ledger: Any, predicate: Callable[[list[Any]], bool], timeout: float, driver: Background | None = None) -> list[Any]:
+    """Poll the run's ledger until ``predicate(records)`` holds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        records = ledger.read()
+        if predicate(records):
+            return records
+        if driver is not None and driver.done:
+            raise AssertionError(f"the driver ended early: {driver.error!r}; ledger: {[r.event.kind for r in records]}")
+        time.sleep(0.25)
+    raise TimeoutError(f"ledger condition not met in {timeout}s: {[r.event.kind for r in ledger.read()]}")
+
+
+def checkpoints_since(records: list[Any], kind: str, tier: int | None = None) -> int:
+    """Checkpoints committed after the last event of ``kind`` (on ``tier`` if given)."""
+    last = max((i for i, r in enumerate(records) if r.event.kind == kind), default=-1)
+    return sum(
+        1 for r in records[last + 1 :] if r.event.kind == "checkpoint_committed" and (tier is None or r.tier == tier)
+    )
+
+
+def kinds(records: list[Any]) -> list[str]:
+    return [r.event.kind for r in records if r.event.kind != "checkpoint_committed"]

@@ -1,0 +1,198 @@
+"""The benchmark harness cannot silently rot: its arguments, pure parts and renderer, in seconds.
+
+No Ray cluster here (`python -m bench --quick` is the real thing): every measurement's
+figures and description are computed from rows shaped like the ones its ``run`` records,
+the page is rendered from a results JSON, the simulator benchmark and the cost
+predictor run at tiny sizes, and the call into ``bench/bench_notices.py`` is checked
+against that module's signature.
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+import math
+from pathlib import Path
+
+import pytest
+from bench import bench_checkpoint, bench_eviction, bench_predict, bench_recovery, bench_throughput
+from bench.cli import MODULES, main, parser, registry, selected
+from bench.harness import Figure, Results, Stat, Target, ratio_pairs, render
+from bench.runs import step_intervals
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def rows_like_a_run() -> dict[str, list[dict]]:
+    """Rows of every measurement, shaped as each ``run`` records them (values from a real quick run)."""
+    overhead = []
+    for rep, (ray_wall, sf_wall) in enumerate([(34.7, 31.4), (29.9, 31.3)]):
+        for variant, wall in (("ray", ray_wall), ("spotfallback", sf_wall)):
+            row = {"variant": variant, "rep": rep, "wall_s": wall, "to_first_step_s": 15.0 + rep, "train_s": 14.1,
+                   "step_s": 0.506, "checkpoint_extra_s": 0.002, "after_last_step_s": 2.2, "steps": 30, "weights": "0403da35"}
+            if variant == "spotfallback":
+                row.update(startup_wait_s=10.2, first_overhead_s=3.1, teardown_s=2.2, commit_lag_s=0.91)
+            overhead.append(row)
+    recovery = []
+    for rep in range(2):
+        for variant, rec in (("ray-restart", 15.8), ("sf-restart", 15.5), ("sf-switch", 13.1)):
+            row = {"variant": variant, "rep": rep, "recovery_s": rec + rep, "last_step_before": 10, "first_step_after": 9,
+                   "redone_steps": 2, "step_s": 0.5, "final_step": 24, "kill_s": 0.4, "node_start_s": 3.0}
+            if variant != "ray-restart":
+                row.update(detect_s=4.0, restart_wait_s=6.0 if variant == "sf-restart" else 4.0, restart_overhead_s=3.0,
+                           final_tier=int(variant == "sf-switch"))
+            recovery.append(row)
+    timeout = [{"rep": 0, "timeout_s": 10.0, "late_s": 0.3, "recorded_late_s": 0.1, "first_acquiring_s": 2.4,
+                "acquisitions_on_spot": 4, "final_tier": 1}]
+    notices = [
+        {"scenario": f"{v} (x)", "variant": v, "notice_s": n, "rep": 0, "evicted_rank": 1, "last_before": 9,
+         "resumed_at": 10 if n else 6, "redone": 0 if n else 4, "redone_s": 0.0 if n else 1.2, "stall_s": 9.0,
+         "kill_to_new_s": 12.0, "weights_ok": True, **({"trained_into_notice_s": 1.4} if n else {})}
+        for v, n in bench_eviction.SCENARIOS
+    ]
+    checkpoint = [
+        {"variant": m, "rep": 0, "loop_s": 12.0 + i, "sections_s": 0.5 + 0.4 * i, "checkpoints": 0 if m == "none" else 8,
+         "reports": 9, "call_s": None if m == "none" else 0.05, "step_s": 0.11}
+        for i, m in enumerate(bench_checkpoint.MODES)
+    ]
+    predict = [{"variant": "calibration", "rep": -1, "step_s": 0.5}] + [
+        {"variant": s, "rep": 0, "measured_spend": 0.05, "predicted_spend": 0.052, "spend_error_pct": 4.0,
+         "measured_wall_s": 80.0, "predicted_wall_s": 77.0, "wall_error_pct": -3.75, "measured_events": "2 preemptions",
+         "predicted_events": "2 preemptions", "measured_per_tier": {}}
+        for s in bench_predict.SCENARIOS
+    ]
+    simulator = bench_throughput.measure(1, rate_runs=200, trace_runs=20, policy_runs=20,
+                                         trace_files=[FIXTURES / "us-west-2a_v100_1.json"])
+    return {"simulator": simulator, "overhead": overhead, "recovery": recovery, "timeout": timeout, "notices": notices,
+            "checkpoint": checkpoint, "predict": predict}
+
+
+def test_every_measurement_is_registered_and_parsed():
+    reg = registry()
+    assert list(reg) == list(MODULES)
+    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 9))  # the issue's eight figures
+    for name in MODULES:
+        assert parser().parse_args(["--quick", "--only", name]).only == [name]
+    # The predictor calibrates from the overhead and recovery runs: asking for it runs them first.
+    assert selected(["predict"], reg) == ["overhead", "recovery", "notices", "predict"]
+    assert selected(None, reg) == list(MODULES)
+    with pytest.raises(SystemExit):
+        parser().parse_args(["--only", "nonsense"])
+
+
+def test_figures_and_page_from_a_results_json(tmp_path):
+    reg = registry()
+    results = Results(command="python -m bench --quick", machine={"cores": 2, "cpu": "test"}, rows=rows_like_a_run(), quick=True)
+    results = Results.from_json(json.loads(json.dumps(results.to_json())))  # what --render reads back
+    page = render(reg, results)
+    figures = [f for m in reg.values() for f in m.figures(results.rows[m.name])]
+    assert {f.item for f in figures} == set(range(1, 9))
+    summary = page.split("\n## ")[0]
+    table = [line for line in summary.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    assert len(table) == len(figures)
+    for f in figures:
+        assert f.stat.n > 0 and math.isfinite(f.stat.median), f.name
+    # A few figures worked out by hand from the rows above.
+    by_name = {f.name: f for f in figures}
+    wall = next(f for n, f in by_name.items() if n.startswith("No-failure overhead: `fit()`"))
+    assert wall.stat.median == pytest.approx((31.4 / 34.7 + 31.3 / 29.9) / 2)
+    sync = next(f for n, f in by_name.items() if "blocked per checkpoint, SYNC" in n)
+    assert sync.stat.median == pytest.approx((0.9 - 0.5) / 8)
+    notice = next(f for n, f in by_name.items() if f"with an {bench_eviction.NOTICE_S:g} s notice" in n and "just-in-time" in n)
+    assert notice.met is True and notice.stat.median == 0
+    assert "**no**" not in page.split("## ")[0]  # every target in these rows is met
+    # --render rebuilds the page from the JSON alone.
+    (tmp_path / "benchmarks.json").write_text(json.dumps(results.to_json()))
+    assert main(["--render", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "benchmarks.md").read_text() == page
+
+
+def test_a_missed_target_is_said_on_the_page_with_why():
+    reg = registry()
+    rows = rows_like_a_run()
+    for r in rows["timeout"]:
+        r["late_s"] = 7.5
+    for r in rows["overhead"]:
+        r["wall_s"] += 5.0 if r["variant"] == "spotfallback" else 0.0
+        r.setdefault("to_run_started_s", 1.0) if r["variant"] == "spotfallback" else None
+    for r in rows["recovery"]:
+        r.update(to_new_group_s=0.2, new_group_start_s=5.0 + 3 * (r["variant"] != "ray-restart"), to_first_step_s=2.8)
+        r["recovery_s"] += 6.0 * (r["variant"] != "ray-restart")
+    for r in rows["notices"]:
+        r["redone"] = 7 if r["notice_s"] is None else r["redone"]
+    for r in rows["predict"]:
+        if r["variant"] in bench_predict.SCENARIOS:
+            r["wall_error_pct"] = 14.0
+    rows["predict"][0]["spread"] = {"switch_wait_s": [4.5, 9.0]}
+    page = render(reg, Results(command="c", machine={}, rows=rows, notes={"timeout": "profiling failed: x"}))
+    summary = page.split("\n## ")[0]
+    for item in (1, 2, 3, 4, 5, 7):
+        assert any(line.startswith(f"| {item} |") and line.endswith("| **no** |") for line in summary.splitlines()), item
+    assert page.count("**Target missed:**") == 5  # items 2 and 3 share a section
+    assert "`DriverLease.acquire`" in page and "phase by phase" in page and "not yet committed" in page
+    assert "switch_wait_s 4.5–9.0 s" in page and "profiling failed: x" in page
+
+
+def test_stats_targets_and_pairs():
+    assert Stat.of([3.0, 1.0, 2.0, float("nan")]) == Stat(2.0, 1.0, 3.0, 3)
+    assert Stat.of([]).n == 0 and Stat.of([5.0]).fmt(1) == ("5.0", "")
+    assert Target("≤ 1", max=1.0).met(1.0) and not Target("≤ 1", max=1.0).met(1.01)
+    assert Target("±5", abs_max=5).met(-4.9) and not Target("±5", abs_max=5).met(-5.1)
+    assert Target("≥ 2", min=2).met(2) and Target("report").met(1e9) is None
+    worst = Figure(4, "x", "s", Target("±5", abs_max=5), Stat.of([0.1, 6.0, 0.2]), worst=True)
+    assert worst.met is False and Figure(4, "x", "s", worst.target, worst.stat).met is True
+    rows = [{"rep": 0, "variant": "a", "v": 2.0}, {"rep": 0, "variant": "b", "v": 4.0}, {"rep": 1, "variant": "a", "v": 1.0}]
+    assert ratio_pairs(rows, "rep", "b", "a", "v") == [2.0]  # rep 1 has no pair
+
+
+def test_step_log_arithmetic():
+    steps = [{"step": s, "t": t, "pid": 1} for s, t in [(1, 0.0), (2, 0.5), (3, 1.5), (4, 2.0)]]
+    plain, ckpt = step_intervals(steps, checkpoint_every=2)
+    assert plain == [0.5, 0.5] and ckpt == [1.0]
+    log = FIXTURES.parent / "does-not-exist.steps"
+    assert bench_eviction.redone_seconds(None, 9, 6) is None and bench_eviction.redone_seconds(log, 9, 10) == 0.0
+
+
+def test_the_eviction_call_matches_bench_notices():
+    """bench_eviction drives bench_notices' scenarios: a changed signature must fail here, not in the full run."""
+    from bench import bench_notices
+
+    inspect.signature(bench_notices.run_scenario).bind(None, None, Path("."), "spotfallback+jit", 8.0, 8, 1, "ref")
+    inspect.signature(bench_notices.make_fit).bind("spotfallback", Path("."), "name", {})
+    assert {"checkpoint_every", "total_steps"} <= set(bench_notices.CONFIG)
+    fields = {f.name for f in __import__("dataclasses").fields(bench_notices.Row)}
+    assert {"scenario", "last_before", "resumed_at", "redone", "stall_s", "kill_to_new_s", "weights_ok"} <= fields
+    for variant, _ in bench_eviction.SCENARIOS:
+        assert variant.partition("+")[0] in ("spotfallback", "ray")
+
+
+def test_the_cost_predictor_at_tiny_size():
+    """Calibration -> simulator prediction for both scenarios, on the rows shape the harness records."""
+    rows = rows_like_a_run()
+    cal = bench_predict.calibrate(rows)
+    assert cal["step_s"] == pytest.approx(0.506) and cal["detect_s"] == 4.0 and cal["node_start_s"] == 3.0
+    assert cal["jit_reaction_s"] == 1.4 and cal["switch_wait_s"] == 4.0 and cal["restart_wait_s"] == 6.0
+    tiers, cfg, notice = bench_predict.demo_setup()
+    from spotfallback.config import Ladder
+
+    ladder = Ladder(tiers=tuple(tiers))
+    demo = bench_predict.predict(ladder, bench_predict.job_spec(cal, cfg, notice), bench_predict.demo_world(cal, cfg, notice), cal)
+    assert demo["status"] == "finished" and demo["preemptions"] == 2 and demo["switches"] == 1
+    assert demo["wall_s"] > cfg["total_steps"] * cal["step_s"] and demo["spend"] > 0
+    tiers, cfg = bench_predict.trace_setup()
+    trace, ticks = bench_predict.trace_window()
+    assert ticks == bench_predict.TRACE_WINDOW[1] - bench_predict.TRACE_WINDOW[0] and trace.available[ticks:].max() == 0
+    from spotfallback.sim.simulator import RateModel
+
+    ladder = Ladder(tiers=tuple(tiers))
+    pred = bench_predict.predict(ladder, bench_predict.job_spec(cal, cfg, 0.0), [trace, RateModel()], cal, start_h=1 / 3600)
+    assert pred["status"] == "finished" and pred["capacity_timeouts"] == 1 and pred["switches"] == 1
+    with pytest.raises(RuntimeError, match="calibrates from"):
+        bench_predict.calibrate({"overhead": rows["overhead"]})
+
+
+def test_worker_side_code_is_importable_by_reference():
+    """Ray pickles these by module path; the workers import them from the repository."""
+    assert bench_checkpoint.train_fn.__module__ == "bench.bench_checkpoint"
+    assert inspect.signature(bench_checkpoint.train_fn).parameters.keys() == {"config"}
+    assert bench_recovery.MEASUREMENT.items == (2, 3)

@@ -1,0 +1,194 @@
+"""`spotfallback manifest ...` on a fresh Typer app (the commands register themselves)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from spotfallback.cli import manifest as cli_manifest
+from spotfallback.deploy import validate_file
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kuberay"
+JOB = """\
+name: churn-model
+storage_path: s3://ml-runs/spotfallback
+entrypoint: churn.train:train_func
+tiers:
+  - {name: spot, market: spot, num_workers: 2}
+  - {name: on-demand, market: on-demand, num_workers: 2}
+"""
+
+
+@pytest.fixture
+def app() -> typer.Typer:
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """Root, so `manifest` stays a subcommand as in the real CLI."""
+
+    cli_manifest.register(app)
+    return app
+
+
+@pytest.fixture
+def job_file(tmp_path: Path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB)
+    return path
+
+
+def run(app: typer.Typer, *args: str | Path):
+    return CliRunner().invoke(app, ["manifest", *map(str, args)])
+
+
+@pytest.mark.parametrize("cloud", ["eks-karpenter", "eks-managed", "aks", "gke"])
+@pytest.mark.parametrize("kind", ["rayjob", "raycluster"])
+def test_kuberay_writes_a_valid_file(app: typer.Typer, job_file: Path, tmp_path: Path, cloud: str, kind: str) -> None:
+    out = tmp_path / "out.yaml"
+    result = run(app, "kuberay", "--cloud", cloud, "--kind", kind, "--job", job_file, "--storage-secret", "creds", "--out", out)
+    assert result.exit_code == 0, result.output
+    assert f"wrote {out}" in result.stderr
+    assert validate_file(out).ok
+    assert yaml.safe_load(out.read_text())["metadata"]["name"] == "churn-model"
+
+
+def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
+    result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")
+    assert result.exit_code == 0 and result.stderr.startswith("run name: churn-v2 (from --name); ")
+    manifest = yaml.safe_load(result.stdout)
+    assert json.loads(shlex.split(manifest["spec"]["entrypoint"])[3])["name"] == "churn-v2"
+    saved = tmp_path / "rayjob.yaml"
+    saved.write_text(result.stdout)
+    checked = run(app, "validate", saved)
+    assert checked.exit_code == 0 and checked.stdout == f"{saved}: ok (RayJob)\n"
+
+
+def test_unique_name_makes_a_new_run(app: typer.Typer, job_file: Path) -> None:
+    result = run(app, "kuberay", "--cloud", "aks", "--job", job_file, "--unique-name")
+    assert result.exit_code == 0
+    name = result.stderr.split("run name: ")[1].split()[0]
+    assert name.startswith("churn-model-") and name != "churn-model"
+    manifest = yaml.safe_load(result.stdout)
+    assert manifest["metadata"]["annotations"]["spotfallback/run-name"] == name
+
+
+@pytest.mark.parametrize("command", [["kuberay", "--cloud", "aks"], ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]])
+def test_every_generation_says_the_same_name_resumes(app: typer.Typer, job_file: Path, tmp_path: Path, command: list[str]) -> None:
+    result = run(app, *command, "--job", job_file, "--out", tmp_path / "out.yaml")
+    assert result.exit_code == 0
+    assert result.stderr.splitlines()[-1] == (
+        "run name: churn-model (from the job file); if s3://ml-runs/spotfallback/churn-model already holds a run, "
+        "this file RESUMES it: for a new run, pass --unique-name or another --name"
+    )
+
+
+IMAGE = "registry.example.com/ml/churn-train:1.4"
+
+
+def _containers(text: str) -> list[list[str]]:
+    groups = yaml.safe_load(text)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    return [[c["name"] for c in g["template"]["spec"]["containers"]] for g in groups]
+
+
+def test_notice_agent_switch(app: typer.Typer, job_file: Path) -> None:
+    stock = run(app, "kuberay", "--cloud", "gke", "--job", job_file)
+    assert _containers(stock.stdout) == [["ray-worker"], ["ray-worker"]]
+    own = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--spot-grace", "12")
+    assert _containers(own.stdout) == [["ray-worker", "notice-agent"], ["ray-worker"]]
+    assert "grace 12 s" in own.stdout
+    off = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--no-notice-agent")
+    assert _containers(off.stdout) == [["ray-worker"], ["ray-worker"]] and "# Notice agent: off (--no-notice-agent)" in off.stdout
+    vm = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
+    assert "spotfallback notice-agent --cloud aws" in yaml.safe_load(vm.stdout)["worker_start_ray_commands"][-1]
+    vm_off = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--no-notice-agent")
+    assert "worker_start_ray_commands" not in yaml.safe_load(vm_off.stdout)
+
+
+NO_MARKET = JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: spot, num_workers: 2}")
+
+
+@pytest.mark.parametrize(
+    ("args", "job_text", "message"),
+    [
+        (["--cloud", "gce"], JOB, "error: --cloud: 'gce' is not one of: eks-karpenter, eks-managed, aks, gke"),
+        (["--cloud", "gke", "--kind", "deployment"], JOB, "error: --kind: 'deployment' is not one of: rayjob, raycluster"),
+        (["--cloud", "gke"], NO_MARKET, "tiers[0].market: required field is missing"),
+        (["--cloud", "gke", "--image", "rayproject/ray:2.60.0 py311"], JOB, "error: --image: 'rayproject/ray:2.60.0 py311' is not a container image"),
+        (["--cloud", "gke", "--name", "a/b"], JOB, "error: --name: run name 'a/b'"),
+        (["--cloud", "gke", "--storage-secret", "Bad_Secret"], JOB, "error: --storage-secret: 'Bad_Secret' is not a Kubernetes object name"),
+        (["--cloud", "gke", "--storage-pvc", "runs"], JOB, "error: --storage-pvc: storage_path 's3://ml-runs/spotfallback' is remote storage"),
+        (["--cloud", "gke"], JOB.replace("s3://ml-runs/spotfallback", "/tmp/runs"), "job.yaml: storage_path: '/tmp/runs' is a local path"),
+        (["--cloud", "gke"], JOB.replace("market: spot", "market: reserved"), "job.yaml: tiers[0].market: 'reserved' has no node selection on gke"),
+        (["--cloud", "gke", "--notice-agent"], JOB, "error: --notice-agent: the sidecar runs `spotfallback notice-agent` from the image"),
+        (["--cloud", "gke", "--image", IMAGE, "--spot-grace", "0"], JOB, "error: --spot-grace: must be at least 1"),
+        (["--cloud", "eks-karpenter", "--image", IMAGE, "--spot-grace", "300"], JOB, "error: --spot-grace: 300 s is longer than the longest spot notice"),
+    ],
+)
+def test_bad_input_is_one_line_exit_2_and_no_file(app: typer.Typer, tmp_path: Path, args: list[str], job_text: str, message: str) -> None:
+    job = tmp_path / "job.yaml"
+    job.write_text(job_text)
+    out = tmp_path / "out.yaml"
+    out.write_text("previous content\n")
+    result = run(app, "kuberay", "--job", job, "--out", out, *args)
+    assert result.exit_code == 2
+    assert result.stdout == "" and result.stderr.count("\n") == 1 and "Traceback" not in result.output
+    assert message in result.stderr, result.stderr
+    assert out.read_text() == "previous content\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml", "out.yaml"]
+
+
+def test_missing_job_file_and_missing_out_directory(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
+    missing = run(app, "kuberay", "--cloud", "gke", "--job", tmp_path / "nope.yaml")
+    assert missing.exit_code == 2 and "error: --job: " in missing.stderr and "cannot read the job file" in missing.stderr
+    nowhere = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--out", tmp_path / "no" / "x.yaml")
+    assert nowhere.exit_code == 2 and nowhere.stderr.startswith("error: --out: directory")
+
+
+@pytest.mark.parametrize(("cloud", "where"), [("aws", ["--region", "us-east-1"]), ("gcp", ["--zone", "us-central1-a", "--project-id", "ml"])])
+def test_cluster_launcher_writes_a_valid_file(app: typer.Typer, job_file: Path, tmp_path: Path, cloud: str, where: list[str]) -> None:
+    out = tmp_path / "cluster.yaml"
+    result = run(app, "cluster-launcher", "--cloud", cloud, "--job", job_file, *where, "--instance-type", "spot=m5.4xlarge" if cloud == "aws" else "spot=n2-standard-16", "--out", out)
+    assert result.exit_code == 0, result.output
+    report = validate_file(out)
+    assert report.ok and report.kinds == ("cluster-launcher",)
+    spot = yaml.safe_load(out.read_text())["available_node_types"]["spot"]["node_config"]
+    assert spot.get("InstanceType", spot.get("machineType")) in ("m5.4xlarge", "n2-standard-16")
+
+
+@pytest.mark.parametrize(
+    ("args", "message"),
+    [
+        (["--cloud", "azure"], "error: --cloud: 'azure' is not one of: aws, gcp"),
+        (["--cloud", "aws"], "error: --region: required"),
+        (["--cloud", "aws", "--region", "us-east-1", "--instance-type", "m5.large"], "error: --instance-type: expected TIER=TYPE, got 'm5.large'"),
+        (["--cloud", "aws", "--region", "us-east-1", "--instance-type", "gpu=p4d.24xlarge"], "error: --instance-type: no tier named 'gpu'"),
+        (["--cloud", "gcp", "--zone", "us-central1-a"], "error: --project-id: required on GCP"),
+        (["--cloud", "aws", "--region", "us-east-1", "--image", "my image"], "error: --image: 'my image' is not a container image"),
+    ],
+)
+def test_cluster_launcher_bad_input(app: typer.Typer, job_file: Path, tmp_path: Path, args: list[str], message: str) -> None:
+    out = tmp_path / "cluster.yaml"
+    result = run(app, "cluster-launcher", "--job", job_file, "--out", out, *args)
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert result.stderr.startswith(message), result.stderr
+    assert not out.exists()
+
+
+def test_validate_reports_errors_with_field_paths(app: typer.Typer, tmp_path: Path) -> None:
+    ok = run(app, "validate", FIXTURES / "ray-cluster-label-selector.yaml")
+    assert ok.exit_code == 0 and ok.stdout.endswith(": ok (RayCluster, ConfigMap (not checked))\n")
+    assert "warning: " in ok.stderr and "[doc 1]: spec.workerGroupSpecs[1]" in ok.stderr
+    broken = tmp_path / "broken.yaml"
+    broken.write_text((FIXTURES / "ray-job.sample.yaml").read_text().replace("  entrypoint:", "  backofLimit: 2\n  entrypoint:", 1))
+    bad = run(app, "validate", broken)
+    assert bad.exit_code == 1
+    assert f"{broken}[doc 1]: spec.backofLimit: unknown field; did you mean 'backoffLimit'?" in bad.stderr
+    missing = run(app, "validate", tmp_path / "nope.yaml")
+    assert missing.exit_code == 2

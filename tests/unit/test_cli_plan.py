@@ -1,0 +1,133 @@
+"""`spotfallback plan` through typer's test runner, on a fresh app with only this command."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from spotfallback.cli import plan as cli_plan
+from spotfallback.config import JobConfig
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TRACE = str(FIXTURES / "us-west-2a_v100_1.json")
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    cli_plan.register(app)
+
+    @app.command()
+    def other() -> None:  # a second command keeps `plan` a subcommand, as in the real CLI
+        pass
+
+    return app
+
+
+def invoke(app, *args: str):
+    return CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "160"})
+
+
+def test_seed_table_prints_the_corrected_rows(app):
+    r = invoke(app, "--seed-table")
+    assert r.exit_code == 0, r.output
+    for figure in ("36.99% longer", "56.25% longer", "81.82% longer", "117.39% longer",
+                   "1.370x", "1.5625x", "1.818x", "2.174x"):  # the ratios as the issue lists them
+        assert figure in r.output
+    assert "217% longer" in r.output and "117% longer" in r.output
+    r = invoke(app, "--seed-table", "--discount", "0.7")
+    assert r.exit_code == 0 and "d = 0.7" in r.output
+
+
+def test_plan_on_a_trace_writes_a_job_file_and_a_plot(app, tmp_path):
+    yaml_path, png = tmp_path / "job.yaml", tmp_path / "plan.png"
+    r = invoke(app, "--hours", "24", "--workers", "4", "--trace", TRACE, "--deadline-h", "40",
+               "--runs", "60", "--write-yaml", str(yaml_path), "--plot", str(png),
+               "--entrypoint", "examples/ddp_digits.py:train_fn", "--train-loop-config", '{"total_steps": 50}')
+    assert r.exit_code == 0, r.output
+    for text in ("Recommended ladder", "recommended", "on-demand only", "spot forever", "seed M=5",
+                 "uniform progress", "P(<=D)", "Daly", "wall_h", "p99", "deadline_guard"):
+        assert text in r.output
+    job = JobConfig.from_yaml(yaml_path)  # what `spotfallback run` and `manifest` read
+    assert (job.name, job.storage_path, job.entrypoint) == ("job-24h-4w", "./runs", "examples/ddp_digits.py:train_fn")
+    assert job.train_loop_config == {"total_steps": 50}
+    assert job.tiers[-1].market == "on-demand" and all(t.num_workers == 4 for t in job.tiers)
+    assert job.plan is not None and job.plan.deadline_h == 40 and job.plan.on_time_probability >= 0.95
+    assert "us-west-2a_v100_1" in job.plan.made_with
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    r = invoke(app, "--hours", "24", "--workers", "4", "--rate", "0.01", "--runs", "20", "--write-yaml", str(yaml_path),
+               "--entrypoint", "train.py:main", "--name", "nightly", "--storage-path", "s3://bucket/runs")
+    assert r.exit_code == 0, r.output
+    job = JobConfig.from_yaml(yaml_path)
+    assert (job.name, job.storage_path) == ("nightly", "s3://bucket/runs") and job.plan.deadline_h is None
+
+
+def test_plan_on_a_rate_model_and_a_node_trace(app):
+    r = invoke(app, "--hours", "10", "--rate", "0.02", "--outage-prob", "0.2", "--outage-h", "1", "--runs", "50")
+    assert r.exit_code == 0, r.output
+    assert "no deadline given" in r.output
+    r = invoke(app, "--hours", "10", "--workers", "4", "--node-trace", str(FIXTURES / "aws-p3-trace.csv"),
+               "--deadline-h", "20", "--runs", "40")
+    assert r.exit_code == 0, r.output
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--rate", "0.01"], "--hours: required"),
+        (["--hours", "-1", "--rate", "0.01"], "--hours: Input should be greater than 0 (got -1.0)"),
+        (["--hours", "10", "--rate", "0.01", "--runs", "0"], "--runs:"),
+        (["--hours", "10", "--rate", "-0.5"], "--rate: must be a non-negative number"),
+        (["--hours", "10", "--rate", "0.1", "--outage-prob", "2"], "--outage-prob:"),
+        (["--hours", "10", "--rate", "0.1", "--deadline-h", "5"], "--deadline-h: deadline_h (5) is shorter"),
+        (["--hours", "10", "--rate", "0.1", "--deadline-prob", "1.5"], "--deadline-prob:"),
+        (["--hours", "10", "--rate", "0.1", "--checkpoint-cost-s", "-3"], "--checkpoint-cost-s:"),
+        (["--hours", "10"], "give a spot trace"),
+        (["--hours", "10", "--trace", "/no/such/trace.json"], "--trace: /no/such/trace.json: no such file"),
+        (["--hours", "10", "--trace", TRACE, "--trace-counts", "some"], "--trace-counts:"),
+        (["--hours", "10", "--node-trace", str(FIXTURES / "aws-p3-trace.csv"), "--workers", "40"], "--workers:"),
+        (["--hours", "10", "--rate", "0.1", "--plot", "/no/such/dir/p.png"], "--plot: directory"),
+        (["--seed-table", "--discount", "3"], "--discount:"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml"], "--entrypoint: required with --write-yaml"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "nocolon"], "--entrypoint: entrypoint 'nocolon'"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--name", "a/b"], "--name: run name 'a/b'"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--train-loop-config", "{x"],
+         "--train-loop-config: not valid JSON"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--train-loop-config", "[1]"],
+         "--train-loop-config: must be a JSON object"),
+    ],
+)
+def test_bad_input_is_one_line_and_exit_code_2(app, args, needle):
+    r = invoke(app, *args)
+    assert r.exit_code == 2, r.output
+    assert "Traceback" not in r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1, r.output
+    assert lines[0].startswith("Error: ") and needle in lines[0], r.output
+
+
+def test_malformed_trace_names_the_file_and_field(app, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"metadata": {"gap_seconds": 60}, "data": [1, "x"]}')
+    r = invoke(app, "--hours", "10", "--trace", str(bad))
+    assert r.exit_code == 2
+    assert f"--trace: {bad}: field 'data[1]'" in r.output
+
+
+def test_type_errors_name_the_option(app):
+    r = invoke(app, "--hours", "ten", "--rate", "0.1")
+    assert r.exit_code == 2 and "'--hours'" in r.output and "Traceback" not in r.output
+
+
+def test_preempted_counting_traces_are_complemented(app):
+    a = invoke(app, "--hours", "12", "--trace", TRACE, "--runs", "30")
+    b = invoke(app, "--hours", "12", "--trace", TRACE, "--trace-counts", "preempted", "--runs", "30")
+    assert a.exit_code == b.exit_code == 0
+
+    def mtbf_line(out: str) -> str:
+        return next(ln for ln in out.splitlines() if "Gang MTBF" in ln)
+
+    assert mtbf_line(a.output) != mtbf_line(b.output)

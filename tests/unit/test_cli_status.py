@@ -1,0 +1,211 @@
+"""`spotfallback status`, `report` and `init` through typer's test runner.
+
+Bad input must give one clear line naming the argument or option, exit code 2, and never a
+traceback; good input is checked against the same hand-built ledger as test_status_report.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import re
+
+import pytest
+import typer
+from PIL import Image
+from typer.testing import CliRunner
+
+from spotfallback.cli import run as cli_run
+from spotfallback.cli import status as cli_status
+from spotfallback.config import JobConfig
+from spotfallback.store.ledger import Ledger
+from spotfallback.store.location import resolve_run, split_run_uri
+from spotfallback.view.report import cost_report
+from tests.support.ledgers import LADDER, run_events, write_ledger
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    cli_status.register(app)
+    cli_run.register(app)
+    return app
+
+
+def invoke(app, *args: str):
+    return CliRunner().invoke(app, list(args), env={"COLUMNS": "200"})
+
+
+@pytest.fixture()
+def run_uri(tmp_path):
+    location, _ = write_ledger(tmp_path / "runs", run_events(), name="digits-1")
+    return f"{tmp_path / 'runs'}/digits-1"
+
+
+def assert_usage_error(result, *needles: str) -> None:
+    assert result.exit_code == 2, result.output
+    assert "Traceback" not in result.output
+    lines = [line for line in result.output.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("error: "), result.output
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_status_of_a_finished_run(app, run_uri):
+    r = invoke(app, "status", run_uri)
+    assert r.exit_code == 0, r.output
+    assert "finished" in r.output and "on-demand" in r.output
+    assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
+    assert "14 committed; latest step 140" in r.output
+    assert r.output.count("fall back to on-demand") == 1 and "latest events (10 of 21)" in r.output
+
+
+def test_status_json_matches_the_ledger(app, run_uri):
+    r = invoke(app, "status", run_uri, "--json", "--events", "3")
+    assert r.exit_code == 0, r.output
+    data = json.loads(r.output)
+    records = Ledger(resolve_run(*split_run_uri(run_uri))).read()
+    report = cost_report(LADDER, records)
+    assert data["status"] == "finished" and data["tier"] == "on-demand"
+    assert data["spend"] == pytest.approx(report.spend) and data["checkpoints"] == 14
+    assert [e["kind"] for e in data["events"]] == ["checkpoint_committed", "checkpoint_committed", "finished"]
+
+
+def test_report_writes_png_html_and_a_table_whose_hours_times_price_is_the_spend(app, run_uri, tmp_path):
+    png, page = tmp_path / "t.png", tmp_path / "r.html"
+    r = invoke(app, "report", run_uri, "--out", str(png), "--html", str(page))
+    assert r.exit_code == 0, r.output
+    assert "│ spot      │ spot      │ $1.84/h │ 1.5833 h │ $2.91 │" in r.output
+    assert "│ on-demand │ on-demand │ $6.12/h │ 0.8333 h │ $5.10 │" in r.output
+    assert "predicts $8.42; measured $8.01" in r.output
+    Image.open(io.BytesIO(png.read_bytes())).verify()
+    assert "data:image/png;base64," in page.read_text()
+    r = invoke(app, "report", run_uri, "--json", "--out", str(png))
+    data = json.loads(r.output)
+    for tier in data["tiers"]:
+        assert round(tier["running_h"] * tier["price_per_hour"], 2) == round(tier["spend"], 2)
+    assert data["png"] == str(png) and data["seed"]["predicted"] == pytest.approx(8.4214, abs=1e-4)
+
+
+def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    r = invoke(app, "report", run_uri)
+    assert r.exit_code == 0, r.output
+    assert "timeline: digits-1-timeline.png" in r.output
+    assert (tmp_path / "digits-1-timeline.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["status", "nonsense"], ["run: expected STORAGE_PATH/NAME", "'nonsense'"]),
+        (["status", "{tmp}/runs/missing"], ["run: no spotfallback run at", "missing"]),
+        (["status", "{tmp}/runs/bad name"], ["name: run name 'bad name'"]),
+        (["status", "{run}", "--events", "-1"], ["--events: must be 0 or more"]),
+        (["report", "{run}", "--out", "{tmp}/t.jpg"], ["--out:", "must end in .png"]),
+        (["report", "{run}", "--out", "{tmp}/nowhere/t.png"], ["--out: directory", "does not exist"]),
+        (["report", "{run}", "--html", "{tmp}/r.txt"], ["--html:", "must end in .html"]),
+        (["report", "s3://bucket"], ["names a bucket, not a run"]),
+        (["init", "{tmp}/nowhere/job.yaml"], ["PATH: directory", "does not exist"]),
+        (["init", "{tmp}"], ["is a directory"]),
+        (["run", "{tmp}/missing.yaml"], ["cannot read the job file"]),
+    ],
+)
+def test_bad_input_is_one_clear_line_and_exit_code_2(app, run_uri, tmp_path, args, needles):
+    args = [a.format(tmp=tmp_path, run=run_uri) for a in args]
+    assert_usage_error(invoke(app, *args), *needles)
+
+
+def test_init_writes_a_valid_commented_job_and_refuses_to_overwrite(app, tmp_path):
+    path = tmp_path / "job.yaml"
+    r = invoke(app, "init", str(path))
+    assert r.exit_code == 0, r.output
+    job = JobConfig.from_yaml(path)
+    assert job.entrypoint == "spotfallback.examples.ddp_digits:train_fn" and [t.name for t in job.tiers] == ["spot", "on-demand"]
+    assert job.tiers[0].price_per_worker_hour < job.tiers[1].price_per_worker_hour
+    assert sum(1 for line in path.read_text().splitlines() if line.lstrip().startswith("#")) >= 10
+    path.write_text("edited")
+    assert_usage_error(invoke(app, "init", str(path)), "already exists", "--force")
+    assert path.read_text() == "edited"
+    assert invoke(app, "init", str(path), "--force").exit_code == 0
+    assert JobConfig.from_yaml(path).name == job.name
+
+
+def test_report_of_a_run_with_no_events_yet_says_so(app, tmp_path):
+    location = write_ledger(tmp_path / "runs", [], name="empty")[0]
+    r = invoke(app, "report", f"{tmp_path / 'runs'}/empty")
+    assert r.exit_code == 1 and "no ledger events yet" in r.output and "Traceback" not in r.output
+    r = invoke(app, "status", f"{tmp_path / 'runs'}/empty")
+    assert r.exit_code == 0 and "not started" in r.output, r.output
+    assert location.name == "empty"
+
+
+@pytest.mark.parametrize(
+    ("command", "texts"),
+    [
+        ("status", ["STORAGE_PATH/NAME", "--json", "--events", "any machine"]),
+        ("report", ["--out", "--html", "--json", "seed formula", "hours"]),
+        ("init", ["--force", "commented example job"]),
+        ("run", ["--json", "--mlflow", "SPOTFALLBACK_RAY_ADDRESS", "Exit codes"]),
+    ],
+)
+def test_help_of_each_command_describes_its_options(app, command, texts):
+    r = invoke(app, command, "--help")
+    assert r.exit_code == 0, r.output
+    flat = " ".join(r.output.split())
+    for text in texts:
+        assert text in flat, (text, r.output)
+
+
+def test_status_shows_the_progress_total_and_bar_from_the_runs_metadata(app, tmp_path):
+    location, ledger = write_ledger(tmp_path / "runs", run_events(), name="digits-2")
+    run = f"{tmp_path / 'runs'}/digits-2"
+    assert "step 140/140" not in invoke(app, "status", run).output  # no total known: no bar
+    ledger.write_meta(LADDER, {"name": "digits-2", "progress_totals": {"total_steps": 140}})
+    r = invoke(app, "status", run)
+    assert r.exit_code == 0, r.output
+    assert "step 140/140  (100%)" in r.output and "━━━━━━━━━━" in r.output  # the bar, as in the live view
+    assert json.loads(invoke(app, "status", run, "--json").output)["progress"]["total"] == 140
+
+
+def test_report_sets_the_plan_beside_the_outcome_in_table_html_and_json(app, tmp_path):
+    location, ledger = write_ledger(tmp_path / "runs", run_events(), name="digits-3")
+    plan = {"spend": 7.5, "wall_h": 2.0, "deadline_h": 3.0, "made_with": "rate model, 200 runs"}
+    ledger.write_meta(LADDER, {"name": "digits-3", "plan": plan})
+    run, png, page = f"{tmp_path / 'runs'}/digits-3", tmp_path / "t.png", tmp_path / "r.html"
+    r = invoke(app, "report", run, "--out", str(png), "--html", str(page))
+    assert r.exit_code == 0, r.output
+    assert "Plan vs outcome (rate model, 200 runs)" in r.output
+    assert re.search(r"│ spend\s+│\s+\$7\.50 │\s+\$8\.01 │\s+\+6\.8% │", r.output), r.output
+    assert re.search(r"│ deadline\s+│\s+3h00m │\s+2h30m │\s+met │", r.output), r.output
+    assert "Plan vs outcome" in page.read_text()
+    data = json.loads(invoke(app, "report", run, "--json", "--out", str(png)).output)
+    assert data["plan"]["predicted_spend"] == 7.5 and data["plan"]["measured_spend"] == pytest.approx(data["spend"])
+    # A run without a plan has no such table.
+    write_ledger(tmp_path / "runs", run_events(), name="digits-4")
+    r = invoke(app, "report", f"{tmp_path / 'runs'}/digits-4", "--out", str(png))
+    assert r.exit_code == 0 and "Plan vs outcome" not in r.output and "plan:" not in r.output
+
+
+def test_status_and_report_read_a_run_on_s3(app, tmp_path, monkeypatch):
+    """The ledger on an S3 server (moto, on loopback), read with nothing but the s3:// URI."""
+    from tests.support.s3server import S3Server
+
+    with S3Server() as s3:
+        for key, value in s3.env().items():
+            monkeypatch.setenv(key, value)
+        monkeypatch.setenv("AWS_ENDPOINT_URL", f"http://{s3.endpoint}")  # how a user points at MinIO/moto
+        write_ledger(f"s3://{s3.bucket}/runs", run_events(), name="digits-s3")
+        run = f"s3://{s3.bucket}/runs/digits-s3"
+        r = invoke(app, "status", run)
+        assert r.exit_code == 0, r.output
+        assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
+        png = tmp_path / "s3.png"
+        r = invoke(app, "report", run, "--out", str(png))
+        assert r.exit_code == 0, r.output
+        assert "│ spot      │ spot      │ $1.84/h │ 1.5833 h │ $2.91 │" in r.output
+        Image.open(io.BytesIO(png.read_bytes())).verify()
+        # The endpoint may also ride in the URI's query, as pyarrow and Ray accept it.
+        r = invoke(app, "status", s3.uri("runs/digits-s3"), "--json")
+        assert r.exit_code == 0 and json.loads(r.output)["spend"] == pytest.approx(8.01, abs=0.005), r.output
+        assert_usage_error(invoke(app, "status", f"s3://{s3.bucket}/runs/missing"), "run: no spotfallback run at")

@@ -1,0 +1,148 @@
+"""Tier, ladder and job configuration: defaults, and clear errors that name the field."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from spotfallback.config import (
+    ConfigError,
+    JobConfig,
+    Tier,
+    label_key_error,
+    label_selector_value_error,
+    ladder_from_yaml,
+    make_ladder,
+)
+
+
+def test_spot_and_on_demand_defaults():
+    spot = Tier.spot(num_workers=4, max_preemptions=5, capacity_timeout_s=600, price_per_worker_hour=0.9)
+    assert spot.label_selector == {"ray.io/market-type": "spot"}
+    assert spot.max_preemptions == 5 and spot.price_per_hour() == pytest.approx(3.6)
+    od = Tier.on_demand(num_workers=2, max_failures=3, price_per_worker_hour=3.06)
+    assert od.name == "on-demand" and od.label_selector == {"ray.io/market-type": "on-demand"}
+    assert od.worker_resources() == {"CPU": 1.0}
+    gpu = Tier(name="res", market="reserved", num_workers=1, use_gpu=True)
+    assert gpu.worker_resources() == {"CPU": 1.0, "GPU": 1.0}
+
+
+def test_custom_selector_keeps_region_and_node_group():
+    t = Tier.spot(2, name="spot-west", label_selector={
+        "ray.io/market-type": "spot", "ray.io/availability-region": "us-west-2", "ray.io/node-group": "!gpu-big"})
+    assert t.label_selector["ray.io/availability-region"] == "us-west-2"
+
+
+@pytest.mark.parametrize(
+    ("tiers", "field"),
+    [
+        ([], "tiers"),
+        ([{"name": "a", "market": "spot", "num_workers": 0}], "tiers[0].num_workers"),
+        ([{"name": "a", "market": "spot", "num_workers": 1, "capacity_timeout_s": -5}], "tiers[0].capacity_timeout_s"),
+        ([{"name": "a", "market": "spot", "num_workers": 1, "max_preemptions": -2}], "tiers[0].max_preemptions"),
+        ([{"name": "a", "market": "", "num_workers": 1}], "tiers[0].market"),
+        ([{"name": "a", "num_workers": 1}], "tiers[0].market"),
+        ([{"name": "a", "market": "spot", "num_workers": 1, "label_selector": {"bad key!": "x"}}], "tiers[0].label_selector"),
+        ([{"name": "a", "market": "spot", "num_workers": 1, "label_selector": {"k": "in(a,,b)"}}], "tiers[0].label_selector"),
+        ([{"name": "a", "market": "spot", "num_workers": 1, "workers": 3}], "tiers[0].workers"),
+        ([{"name": "a", "market": "spot", "num_workers": 1}, {"name": "a", "market": "on-demand", "num_workers": 1}], "tiers"),
+        ([{"name": "Bad Name", "market": "spot", "num_workers": 1}], "tiers[0].name"),
+    ],
+)
+def test_invalid_ladders_name_the_field(tiers, field):
+    with pytest.raises(ConfigError) as info:
+        make_ladder(tiers)
+    assert str(info.value).startswith(field), str(info.value)
+
+
+def test_yaml_unknown_field_is_named(tmp_path):
+    path = tmp_path / "ladder.yaml"
+    path.write_text("tiers:\n  - name: spot\n    market: spot\n    num_workers: 2\n    max_preemption: 3\n")
+    with pytest.raises(ConfigError) as info:
+        ladder_from_yaml(path)
+    assert "tiers[0].max_preemption: unknown field; did you mean 'max_preemptions'?" in str(info.value)
+    path.write_text("tiers: [\n")
+    with pytest.raises(ConfigError, match="not valid YAML at line"):
+        ladder_from_yaml(path)
+    path.write_text("tiers:\n  - {name: spot, market: spot, num_workers: 2}\n  - {name: on-demand, market: on-demand, num_workers: 1}\n")
+    assert [t.name for t in ladder_from_yaml(path).tiers] == ["spot", "on-demand"]
+
+
+def test_job_file_errors_name_the_field(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(
+        "name: ../escape\nstorage_path: /tmp/x\nentrypoint: spotfallback.examples.ddp_digits:train_fn\n"
+        "tiers:\n  - {name: spot, market: spot, num_workers: 2}\n"
+    )
+    with pytest.raises(ConfigError, match=r"name: .*must not leave storage_path|name: .*'\.\.'"):
+        JobConfig.from_yaml(path)
+    path.write_text("name: ok\nstorage_path: /tmp/x\nentrypoint: nocolon\ntiers: []\n")
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_yaml(path)
+    assert "entrypoint" in str(info.value) and "tiers" in str(info.value)
+    with pytest.raises(ConfigError, match="cannot read"):
+        JobConfig.from_yaml(tmp_path / "missing.yaml")
+
+
+# Our label syntax check must agree with Ray's own validator (ray/_private/label_utils.py).
+label_text = st.text(alphabet=st.sampled_from(list("abcXYZ019-_./!(), in")), min_size=0, max_size=20)
+
+
+@settings(max_examples=400, deadline=None)
+@given(label_text, label_text)
+def test_label_selector_check_agrees_with_ray(key, value):
+    from ray._private.label_utils import validate_label_selector
+
+    ours = label_key_error(key) or label_selector_value_error(value)
+    theirs = validate_label_selector({key: value})
+    assert (ours is None) == (theirs is None), (key, value, ours, theirs)
+
+
+JOB_HEAD = "name: ok\nstorage_path: /tmp/x\nentrypoint: spotfallback.examples.ddp_digits:train_fn\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        # A tier's typo is matched against tier fields, not the job's.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, max_preemption: 1}\n",
+         "tiers[0].max_preemption: unknown field; did you mean 'max_preemptions'?"),
+        # A tier field one level too high says where it belongs (it used to suggest itself).
+        ("num_workers: 2\ntiers:\n  - {name: spot, market: spot, num_workers: 2}\n",
+         "num_workers: unknown field here; 'num_workers' belongs under each entry of 'tiers'"),
+        # A job-level typo is matched against job fields.
+        ("train_loop_cfg: {}\ntiers:\n  - {name: spot, market: spot, num_workers: 2}\n",
+         "train_loop_cfg: unknown field; did you mean 'train_loop_config'?"),
+        # The plan's fields (spotfallback plan --write-yaml) are known too.
+        ("plan: {spend: 3.0, wall_hours: 2}\ntiers:\n  - {name: spot, market: spot, num_workers: 2}\n",
+         "plan.wall_hours: unknown field; did you mean 'wall_h'?"),
+        # A tier's deadline guard is matched against the guard's own fields.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, deadline_guard: {deadline_h: 9, work_hh: 5}}\n",
+         "tiers[0].deadline_guard.work_hh: unknown field; did you mean 'work_h'?"),
+        # The ladder's own rule is reported under 'tiers', not 'tiers.tiers'.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2}\n  - {name: spot, market: on-demand, num_workers: 2}\n",
+         "tiers: tier names must be unique; repeated: spot"),
+    ],
+)
+def test_job_file_typos_get_suggestions_from_the_fields_valid_there(tmp_path, body, expected):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_HEAD + body)
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_yaml(path)
+    assert str(info.value) == f"{path}: {expected}"  # one problem: one line, naming the file and the field
+
+
+def test_a_bad_tier_lists_only_its_own_problems(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_HEAD + "workers: 2\ntiers:\n  - {name: spot, market: spot, num_workerz: 2}\n")
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_yaml(path)
+    lines = str(info.value).splitlines()
+    # No "tiers: Tuple should have at least 1 item" echo of the tier's own error, and no
+    # "tiers[0].num_workers: required field is missing" beside the suggestion that says it.
+    assert lines == [
+        f"{path}:",
+        "tiers[0].num_workerz: unknown field; did you mean 'num_workers'?",
+        "workers: unknown field; remove it or check its spelling",
+    ]

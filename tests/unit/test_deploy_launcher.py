@@ -1,0 +1,174 @@
+"""Ray cluster-launcher (`ray up`) config generation.
+
+Golden files: tests/golden/launcher-<cloud>.yaml, reviewed by eye once. Regenerate after an
+intended change with:  UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_deploy_launcher.py
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spotfallback.config import ConfigError, JobConfig
+from spotfallback.deploy import (
+    LauncherOptions,
+    VmCloud,
+    cluster_launcher_config,
+    rayjob_entrypoint,
+    render_cluster_launcher,
+    validate_text,
+)
+
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
+
+SPOT_A = {"name": "spot-a", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4}}
+SPOT_B = {"name": "spot-b", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 8}, "label_selector": {"ray.io/market-type": "spot", "team": "ml"}}
+ON_DEMAND = {"name": "on-demand", "market": "on-demand", "num_workers": 2, "resources_per_worker": {"CPU": 4}}
+LADDERS = {1: [SPOT_A], 2: [SPOT_A, ON_DEMAND], 3: [SPOT_A, SPOT_B, ON_DEMAND]}
+WHERE = {
+    VmCloud.AWS: {"region": "us-east-1"},
+    VmCloud.GCP: {"zone": "us-central1-a", "project_id": "ml-project"},
+}
+
+
+def make_job(tiers: list[dict[str, Any]], **extra: Any) -> JobConfig:
+    data = {"name": "churn-model", "storage_path": "s3://ml-runs/spotfallback", "entrypoint": "churn.train:train_func", "tiers": tiers}
+    return JobConfig.model_validate({**data, **extra})
+
+
+def opts(cloud: VmCloud, **kw: Any) -> LauncherOptions:
+    return LauncherOptions(cloud=cloud, **{**WHERE[cloud], **kw})
+
+
+def is_spot(cloud: VmCloud, node_config: dict[str, Any]) -> bool:
+    if cloud is VmCloud.AWS:
+        return node_config.get("InstanceMarketOptions") == {"MarketType": "spot"}
+    return node_config["scheduling"]["provisioningModel"] == "SPOT"
+
+
+@pytest.mark.parametrize("n", [1, 2, 3])
+@pytest.mark.parametrize("cloud", list(VmCloud))
+def test_every_cloud_and_ladder_validates(cloud: VmCloud, n: int) -> None:
+    text = render_cluster_launcher(make_job(LADDERS[n]), opts(cloud))
+    report = validate_text(text)
+    assert report.ok and not report.warnings, [str(f) for f in report.findings]
+    config = yaml.safe_load(text)
+    types = config["available_node_types"]
+    assert list(types) == ["head", *(t["name"] for t in LADDERS[n])]
+    assert config["max_workers"] == 2 * n
+    head = types["head"]
+    assert head["resources"] == {"CPU": 0} and head["labels"] == {"ray.io/market-type": "on-demand"}
+    assert not is_spot(cloud, head["node_config"])
+    for tier in LADDERS[n]:
+        node = types[tier["name"]]
+        assert is_spot(cloud, node["node_config"]) == (tier["market"] == "spot")
+        assert node["labels"]["ray.io/market-type"] == tier["market"]
+        assert (node["min_workers"], node["max_workers"]) == (0, tier["num_workers"])
+
+
+def test_market_keys_per_cloud() -> None:
+    aws = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS))["available_node_types"]
+    assert aws["spot-a"]["node_config"] == {"InstanceType": "m5.xlarge", "InstanceMarketOptions": {"MarketType": "spot"}}
+    assert aws["on-demand"]["node_config"] == {"InstanceType": "m5.xlarge"}
+    gcp = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP))["available_node_types"]
+    assert gcp["spot-a"]["node_config"]["scheduling"] == {
+        "provisioningModel": "SPOT", "instanceTerminationAction": "DELETE", "onHostMaintenance": "TERMINATE", "automaticRestart": False,
+    }
+    assert gcp["on-demand"]["node_config"]["scheduling"] == {"provisioningModel": "STANDARD"}
+    assert gcp["head"]["node_config"]["scheduling"] == {"provisioningModel": "STANDARD"}
+
+
+def test_labels_resources_and_instance_types() -> None:
+    tiers = [
+        {"name": "small", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 1.5, "slot": 0.5}},
+        {"name": "big", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 8}, "label_selector": {"ray.io/market-type": "spot", "team": "ml"}},
+        {"name": "pinned", "market": "on-demand", "num_workers": 1},
+    ]
+    config = cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, instance_types={"pinned": "c7i.large"}))
+    types = config["available_node_types"]
+    assert types["small"]["resources"] == {"CPU": 2, "slot": 1}  # whole numbers, rounded up
+    assert types["small"]["node_config"]["InstanceType"] == "m5.large"
+    assert types["big"]["node_config"]["InstanceType"] == "m5.2xlarge"
+    assert types["big"]["labels"] == {"ray.io/market-type": "spot", "team": "ml"}
+    assert types["pinned"]["node_config"]["InstanceType"] == "c7i.large"
+    with pytest.raises(ConfigError, match="^instance_type: no tier named 'nope'"):
+        cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, instance_types={"nope": "m5.large"}))
+    huge = make_job([{"name": "huge", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 500}}])
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: .*--instance-type huge=TYPE"):
+        cluster_launcher_config(huge, opts(VmCloud.GCP))
+
+
+def test_gpu_tiers() -> None:
+    job = make_job([{"name": "gpu", "market": "spot", "num_workers": 1, "use_gpu": True, "resources_per_worker": {"CPU": 8, "GPU": 1}}])
+    aws = cluster_launcher_config(job, opts(VmCloud.AWS))
+    assert aws["available_node_types"]["gpu"]["node_config"]["InstanceType"] == "g5.2xlarge"
+    assert aws["available_node_types"]["gpu"]["resources"] == {"CPU": 8, "GPU": 1}
+    assert aws["docker"]["image"].endswith("-gpu")
+    with pytest.raises(ConfigError, match="^source_image"):
+        cluster_launcher_config(job, opts(VmCloud.GCP))
+    gcp = cluster_launcher_config(job, opts(VmCloud.GCP, source_image="projects/p/global/images/gpu-image"))
+    node = gcp["available_node_types"]["gpu"]["node_config"]
+    assert node["machineType"] == "g2-standard-8"
+    assert node["disks"][0]["initializeParams"]["sourceImage"] == "projects/p/global/images/gpu-image"
+
+
+def test_region_and_zone_come_from_tiers_or_options() -> None:
+    zoned = [
+        {**SPOT_A, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "us-central1-b"}},
+        ON_DEMAND,  # no zone: fits the cluster's zone
+    ]
+    gcp = cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="p"))
+    assert gcp["provider"] == {"type": "gcp", "region": "us-central1", "availability_zone": "us-central1-b", "project_id": "p"}
+    clash = [zoned[0], {**ON_DEMAND, "label_selector": {"ray.io/market-type": "on-demand", "ray.io/availability-zone": "us-central1-c"}}]
+    with pytest.raises(ConfigError, match=r"^tiers\[1\]\.label_selector\.ray\.io/availability-zone"):
+        cluster_launcher_config(make_job(clash), LauncherOptions(cloud=VmCloud.GCP, project_id="p"))
+    with pytest.raises(ConfigError, match="^zone: 'us-central1-a' differs"):
+        cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="p", zone="us-central1-a"))
+    with pytest.raises(ConfigError, match="^project_id"):
+        cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP))
+    with pytest.raises(ConfigError, match="^region: required"):
+        cluster_launcher_config(make_job(LADDERS[1]), LauncherOptions(cloud=VmCloud.AWS))
+    regional = [{**SPOT_A, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-region": "eu-west-1"}}]
+    aws = cluster_launcher_config(make_job(regional), LauncherOptions(cloud=VmCloud.AWS))
+    assert aws["provider"] == {"type": "aws", "region": "eu-west-1", "cache_stopped_nodes": False}
+
+
+def test_storage_identity_goes_on_workers_only() -> None:
+    arn = "arn:aws:iam::123456789012:instance-profile/ml-runs"
+    types = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, instance_profile=arn))["available_node_types"]
+    assert "IamInstanceProfile" not in types["head"]["node_config"]  # Ray's autoscaler profile stays
+    assert types["spot-a"]["node_config"]["IamInstanceProfile"] == {"Arn": arn}
+    email = "trainer@ml-project.iam.gserviceaccount.com"
+    gcp = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, service_account=email))["available_node_types"]
+    assert "serviceAccounts" not in gcp["head"]["node_config"]
+    assert gcp["on-demand"]["node_config"]["serviceAccounts"][0]["email"] == email
+
+
+def test_header_tells_how_to_start_and_resume_the_run() -> None:
+    job = make_job(LADDERS[2])
+    text = render_cluster_launcher(job, opts(VmCloud.AWS, pip=("churn==1.2",), run_name="churn-v2"))
+    command_line = next(line for line in text.splitlines() if line.startswith("#   ray exec FILE --tmux "))
+    quoted = command_line.removeprefix("#   ray exec FILE --tmux ")
+    assert shlex.split(quoted) == [rayjob_entrypoint(job.model_copy(update={"name": "churn-v2"}))]
+    config = yaml.safe_load(text)
+    assert config["setup_commands"] == ["pip install churn==1.2"]
+    assert config["cluster_name"] == "churn-v2"
+
+
+def test_tier_named_like_the_head_is_rejected() -> None:
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.name: 'head'"):
+        cluster_launcher_config(make_job([{**SPOT_A, "name": "head"}]), opts(VmCloud.AWS))
+
+
+@pytest.mark.parametrize("cloud", list(VmCloud))
+def test_golden(cloud: VmCloud) -> None:
+    text = render_cluster_launcher(make_job(LADDERS[3]), opts(cloud))
+    path = GOLDEN / f"launcher-{cloud.value}.yaml"
+    if os.environ.get("UPDATE_GOLDEN") == "1":
+        path.write_text(text)
+    assert text == path.read_text(), f"{path.name} changed; review, then regenerate with UPDATE_GOLDEN=1"

@@ -1,0 +1,209 @@
+"""The preemption-notice agent in the generated files: KubeRay sidecar and `ray up` start command.
+
+Both are parsed by the real `spotfallback notice-agent` command (typer), with the environment
+the file gives it, so the generator and the agent's options cannot drift apart. The launcher's
+start command is executed by bash in the environment Ray's node updater gives it (exported
+with Ray's own function), with a recording `spotfallback` on PATH: it starts the agent on spot
+nodes only.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+
+from spotfallback.cli import notice as cli_notice
+from spotfallback.config import ConfigError, JobConfig
+from spotfallback.deploy import (
+    K8sCloud,
+    Kind,
+    KubeRayOptions,
+    LauncherOptions,
+    VmCloud,
+    cluster_launcher_config,
+    kuberay_manifest,
+    render_kuberay,
+    validate_text,
+)
+from spotfallback.deploy.clouds import SPOT_GRACE_S
+
+IMAGE = "registry.example.com/ml/churn-train:1.4"
+SPOT = {"name": "spot", "market": "spot", "num_workers": 2}
+SPOT_B = {"name": "spot-b", "market": "spot", "num_workers": 2, "label_selector": {"ray.io/market-type": "spot", "team": "ml"}}
+ON_DEMAND = {"name": "on-demand", "market": "on-demand", "num_workers": 2}
+
+
+def make_job(*tiers: dict[str, Any]) -> JobConfig:
+    return JobConfig.model_validate(
+        {"name": "churn-model", "storage_path": "s3://ml-runs/spotfallback", "entrypoint": "churn.train:f", "tiers": list(tiers)}
+    )
+
+
+def pods(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = manifest["spec"].get("rayClusterSpec", manifest["spec"])
+    return [g["template"]["spec"] for g in spec["workerGroupSpecs"]]
+
+
+def head_pod(manifest: dict[str, Any]) -> dict[str, Any]:
+    spec = manifest["spec"].get("rayClusterSpec", manifest["spec"])
+    return spec["headGroupSpec"]["template"]["spec"]
+
+
+@pytest.fixture(scope="module")
+def agent_command() -> Any:
+    """The real `notice-agent` command, as the installed CLI registers it."""
+    app = typer.Typer()
+
+    @app.callback()
+    def root() -> None:
+        """Root, so `notice-agent` stays a subcommand as in the real CLI."""
+
+    cli_notice.register(app)
+    return typer.main.get_command(app).commands["notice-agent"]  # type: ignore[attr-defined]
+
+
+def parse(command: Any, argv: list[str], env: dict[str, str], monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """The options `spotfallback notice-agent ARGV` gets under ``env`` (nothing is run)."""
+    assert argv[:2] == ["spotfallback", "notice-agent"], argv
+    for key in [k for k in os.environ if k.startswith("SPOTFALLBACK_") or k == "RAY_ADDRESS"]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    with command.make_context("notice-agent", argv[2:]) as ctx:
+        return dict(ctx.params)
+
+
+# --- KubeRay ------------------------------------------------------------------------------------
+
+
+def test_default_is_on_with_an_image_and_off_with_the_stock_image() -> None:
+    job = make_job(SPOT, ON_DEMAND)
+
+    def containers(opts: KubeRayOptions) -> list[list[str]]:
+        return [[c["name"] for c in pod["containers"]] for pod in pods(kuberay_manifest(job, opts))]
+
+    assert containers(KubeRayOptions(cloud=K8sCloud.GKE)) == [["ray-worker"], ["ray-worker"]]
+    assert containers(KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE)) == [["ray-worker", "notice-agent"], ["ray-worker"]]
+    assert containers(KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE, notice_agent=False)) == [["ray-worker"], ["ray-worker"]]
+    with pytest.raises(ConfigError, match=r"^notice_agent: .*stock rayproject/ray image has no spotfallback"):
+        KubeRayOptions(cloud=K8sCloud.GKE, notice_agent=True)
+    off = render_kuberay(job, KubeRayOptions(cloud=K8sCloud.GKE))
+    assert "# Notice agent: off (the stock Ray image has no spotfallback; pass --image)" in off
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_sidecar_shares_tmp_ray_and_the_pod_waits_for_the_drain(cloud: K8sCloud, kind: Kind) -> None:
+    job = make_job(SPOT, SPOT_B, ON_DEMAND)
+    text = render_kuberay(job, KubeRayOptions(cloud=cloud, kind=kind, image=IMAGE, storage_secret="creds"))
+    report = validate_text(text)
+    assert report.ok and not report.warnings, [str(f) for f in report.findings]
+    manifest = yaml.safe_load(text)
+    grace = SPOT_GRACE_S[cloud]
+    for pod in pods(manifest)[:2]:
+        ray, agent = pod["containers"]
+        assert pod["terminationGracePeriodSeconds"] == grace
+        assert {"name": "ray-tmp", "emptyDir": {}} in pod["volumes"]
+        assert {"name": "ray-tmp", "mountPath": "/tmp/ray"} in ray["volumeMounts"]
+        assert agent["volumeMounts"] == [{"name": "ray-tmp", "mountPath": "/tmp/ray"}]
+        # Kubernetes signals all containers at once: the Ray container outlives the grace period.
+        assert ray["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", str(grace)]}}}
+        assert agent["image"] == ray["image"] == IMAGE
+        # No credentials: the sidecar writes no ledger on Kubernetes (see kuberay._notice_agent).
+        assert all("valueFrom" not in e for e in agent["env"])
+    on_demand = pods(manifest)[2]
+    assert "terminationGracePeriodSeconds" not in on_demand and "lifecycle" not in on_demand["containers"][0]
+    # Ray Train's controller (on the head) looks for drains every second instead of every 5 s.
+    head_env = head_pod(manifest)["containers"][0]["env"]
+    assert {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"} in head_env
+
+
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_sidecar_command_and_env_parse_as_the_real_agent(
+    cloud: K8sCloud, agent_command: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    manifest = kuberay_manifest(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=cloud, image=IMAGE, spot_grace_seconds=20))
+    agent = pods(manifest)[0]["containers"][1]
+    env = {e["name"]: e["value"] for e in agent["env"]}
+    assert set(env) <= {p.envvar for p in agent_command.params}, "the agent reads no such variable"
+    params = parse(agent_command, agent["command"] + agent.get("args", []), env, monkeypatch)
+    assert params["cloud"] == "k8s"  # SIGTERM is the notice
+    assert params["k8s_grace"] == 20.0 == pods(manifest)[0]["terminationGracePeriodSeconds"]
+    # Found through /tmp/ray (shared with the Ray container, which starts at the same time:
+    # the agent waits for it) and the pod's IP.
+    assert params["address"] is None and params["node_id"] is None and params["ray_wait"] > 0
+    assert params["run"] is None and not params["dry_run"] and not params["once"]
+
+
+def test_grace_bounds() -> None:
+    with pytest.raises(ConfigError, match="^spot_grace_seconds: must be at least 1"):
+        KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=0)
+    with pytest.raises(ConfigError, match="^spot_grace_seconds: 121 s is longer than the longest spot notice"):
+        KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=121)
+
+
+# --- ray up --------------------------------------------------------------------------------------
+
+
+def launcher(cloud: VmCloud, *tiers: dict[str, Any], **kw: Any) -> dict[str, Any]:
+    where = {"region": "us-east-1"} if cloud is VmCloud.AWS else {"zone": "us-central1-a", "project_id": "ml"}
+    return cluster_launcher_config(make_job(*tiers), LauncherOptions(cloud=cloud, **where, **kw))
+
+
+@pytest.mark.parametrize("cloud", list(VmCloud))
+def test_launcher_starts_the_agent_after_ray_start(cloud: VmCloud, agent_command: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    config = launcher(cloud, SPOT, ON_DEMAND)
+    stop, start, agent = config["worker_start_ray_commands"]
+    # Ray's own default worker start, then the agent.
+    assert (stop, start) == ("ray stop", "ulimit -n 65536; ray start --address=$RAY_HEAD_IP:6379 --object-manager-port=8076")
+    argv = shlex.split(agent.split("nohup ", 1)[1].split(" >", 1)[0])
+    params = parse(agent_command, argv, {}, monkeypatch)
+    assert params["cloud"] == cloud.value
+    assert params["run"] == "s3://ml-runs/spotfallback/churn-model"
+    assert "--env RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=1" in config["docker"]["run_options"]
+
+
+def test_launcher_switch_and_ladders_without_spot() -> None:
+    assert "worker_start_ray_commands" not in launcher(VmCloud.AWS, SPOT, ON_DEMAND, notice_agent=False)
+    assert "worker_start_ray_commands" not in launcher(VmCloud.GCP, ON_DEMAND)
+
+
+def _recording_spotfallback(bin_dir: Path) -> None:
+    bin_dir.mkdir()
+    script = bin_dir / "spotfallback"
+    script.write_text('#!/bin/sh\nprintf \'%s\\n\' "$@" > "$HOME/argv.tmp" && mv "$HOME/argv.tmp" "$HOME/argv"\n')
+    script.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    ("node_type", "starts"), [("spot", True), ("spot-b", True), ("on-demand", False)]
+)
+def test_launcher_agent_runs_on_spot_node_types_only(tmp_path: Path, node_type: str, starts: bool) -> None:
+    from ray.autoscaler._private.command_runner import _with_environment_variables
+
+    config = launcher(VmCloud.AWS, SPOT, SPOT_B, ON_DEMAND)
+    labels = config["available_node_types"][node_type]["labels"]
+    # What Ray's node updater runs for this node type (the labels exported as it exports them).
+    command = _with_environment_variables(config["worker_start_ray_commands"][-1], {"RAY_OVERRIDE_LABELS": labels})
+    home = tmp_path / "home"
+    home.mkdir()
+    _recording_spotfallback(tmp_path / "bin")
+    env = {"HOME": str(home), "PATH": f"{tmp_path / 'bin'}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", "-c", command], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0, done.stderr
+    argv = home / "argv"
+    deadline = time.monotonic() + 10
+    while starts and not argv.exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert argv.exists() == starts
+    assert (home / "spotfallback-notice-agent.pid").exists() == starts
+    if starts:
+        assert argv.read_text().split() == ["notice-agent", "--cloud", "aws", "--run", "s3://ml-runs/spotfallback/churn-model"]

@@ -1,0 +1,251 @@
+"""Offline validation: the shipped strict schemas plus the KubeRay operator's own rules.
+
+The upstream samples are copied to tests/fixtures/kuberay/ so these tests need no ../shared;
+where ../shared is present, a test checks the copies and the shipped schema still match it.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from spotfallback.deploy import validate_document, validate_file, validate_text
+from spotfallback.deploy.schema import KUBERAY_FILES, extract_crd_schema, kuberay_validator
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "kuberay"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared" / "kuberay"
+JOB_SAMPLE = "ray-job.sample.yaml"
+CLUSTER_SAMPLE = "ray-cluster-label-selector.yaml"
+DATA = Path(__file__).resolve().parents[2] / "src" / "spotfallback" / "data"
+
+
+def sample(name: str) -> dict[str, Any]:
+    """The first document (the RayJob/RayCluster) of an upstream sample."""
+    return next(yaml.safe_load_all((FIXTURES / name).read_text()))
+
+
+def errors(doc: Any) -> list[str]:
+    _, findings = validate_document(doc)
+    return [str(f) for f in findings if not f.warning]
+
+
+@pytest.mark.parametrize("name", [JOB_SAMPLE, CLUSTER_SAMPLE])
+def test_upstream_samples_pass(name: str) -> None:
+    report = validate_file(FIXTURES / name)
+    assert report.ok, [str(f) for f in report.errors]
+    assert report.kinds[1] == "ConfigMap (not checked)"
+
+
+def test_upstream_label_sample_gets_a_market_warning() -> None:
+    # Its accelerator group is labelled on-demand but selects GKE spot nodes: legal, but Ray
+    # would charge that group's preemptions to the wrong market.
+    report = validate_file(FIXTURES / CLUSTER_SAMPLE)
+    assert [str(w) for w in report.warnings] == [
+        "spec.workerGroupSpecs[1].labels[\"ray.io/market-type\"]: says 'on-demand', but the pods select cloud.google.com/gke-spot=true"
+    ]
+
+
+Mutation = Callable[[dict[str, Any]], None]
+
+
+def _set(path: str, value: Any) -> Mutation:
+    def apply(doc: dict[str, Any]) -> None:
+        *parents, last = path.split(".")
+        node: Any = doc
+        for key in parents:
+            node = node[int(key)] if key.isdigit() else node[key]
+        node[int(last) if last.isdigit() else last] = value
+
+    return apply
+
+
+def _drop_group_name(doc: dict[str, Any]) -> None:
+    del doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["groupName"]
+
+
+def _resources_twice(doc: dict[str, Any]) -> None:
+    group = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    group["rayStartParams"] = {"num-cpus": "2", "resources": '{"x": 1}'}
+    group["resources"] = {"x": "1"}
+
+
+BROKEN_JOBS: list[tuple[str, Mutation, str]] = [
+    ("misspelt field", _set("spec.backofLimit", 3), "spec.backofLimit: unknown field; did you mean 'backoffLimit'?"),
+    ("wrong type", _set("spec.rayClusterSpec.workerGroupSpecs.0.replicas", "one"), "spec.rayClusterSpec.workerGroupSpecs[0].replicas: expected integer, got string 'one'"),
+    ("labels in rayStartParams", _set("spec.rayClusterSpec.workerGroupSpecs.0.rayStartParams", {"labels": "a=b"}), "spec.rayClusterSpec.workerGroupSpecs[0].rayStartParams.labels: not supported since KubeRay 1.5"),
+    ("missing groupName", _drop_group_name, "spec.rayClusterSpec.workerGroupSpecs[0].groupName: required field is missing"),
+    ("metadata typo", _set("metadata.lables", {"a": "b"}), "metadata.lables: unknown field; did you mean 'labels'?"),
+    ("float quantity", _set("spec.rayClusterSpec.workerGroupSpecs.0.template.spec.containers.0.resources.limits.cpu", 0.5), "...resources.limits.cpu: expected an integer or a string"),
+    ("int32 overflow", _set("spec.backoffLimit", 2**31), "spec.backoffLimit: 2147483648 is out of range for int32"),
+    ("resources twice", _resources_twice, "spec.rayClusterSpec.workerGroupSpecs[0].resources: resources are also set in rayStartParams (num-cpus, resources)"),
+    ("name too long", _set("metadata.name", "r" * 48), "metadata.name: 'rrrr"),
+    ("submission mode typo", _set("spec.submissionMode", "SideCarMode"), "spec.submissionMode: 'SideCarMode' is not one of"),
+    ("ttl without shutdown", _set("spec.ttlSecondsAfterFinished", 60), "spec.ttlSecondsAfterFinished: has no effect unless shutdownAfterJobFinishes"),
+    ("runtime env not a mapping", _set("spec.runtimeEnvYAML", "- pip"), "spec.runtimeEnvYAML: must be a YAML mapping"),
+]
+
+
+@pytest.mark.parametrize(("what", "mutate", "expected"), BROKEN_JOBS, ids=[b[0] for b in BROKEN_JOBS])
+def test_broken_copies_fail_naming_the_field(what: str, mutate: Mutation, expected: str) -> None:
+    doc = sample(JOB_SAMPLE)
+    assert errors(doc) == []
+    mutate(doc)
+    found = errors(doc)
+    # "...x" means: some path ending in ".x" -- the message must still name the field.
+    head, _, tail = expected.partition("...")
+    assert any(e.startswith(head) and tail in e for e in found), found
+
+
+def _drop_cluster_group_name(doc: dict[str, Any]) -> None:
+    del doc["spec"]["workerGroupSpecs"][1]["groupName"]
+
+
+BROKEN_CLUSTERS: list[tuple[str, Mutation, str]] = [
+    ("misspelt field", _set("spec.enableInTreeAutoscalling", True), "spec.enableInTreeAutoscalling: unknown field; did you mean 'enableInTreeAutoscaling'?"),
+    ("misspelt group field", _set("spec.workerGroupSpecs.0.maxReplica", 3), "spec.workerGroupSpecs[0].maxReplica: unknown field; did you mean 'maxReplicas'?"),
+    ("wrong type", _set("spec.workerGroupSpecs.1.minReplicas", "0"), "spec.workerGroupSpecs[1].minReplicas: expected integer, got string '0'"),
+    ("labels in rayStartParams", _set("spec.workerGroupSpecs.0.rayStartParams", {"labels": "ray.io/market-type=spot"}), "spec.workerGroupSpecs[0].rayStartParams.labels: not supported since KubeRay 1.5"),
+    ("missing groupName", _drop_cluster_group_name, "spec.workerGroupSpecs[1].groupName: required field is missing"),
+]
+
+
+@pytest.mark.parametrize(("what", "mutate", "expected"), BROKEN_CLUSTERS, ids=[b[0] for b in BROKEN_CLUSTERS])
+def test_broken_raycluster_copies_fail_naming_the_field(what: str, mutate: Mutation, expected: str) -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    assert errors(doc) == []
+    mutate(doc)
+    found = errors(doc)
+    assert any(e.startswith(expected) for e in found), found
+
+
+def test_strictness_is_what_catches_the_typo() -> None:
+    doc = sample(JOB_SAMPLE)
+    doc["spec"]["backofLimit"] = 3
+    assert list(kuberay_validator("RayJob", strict=False).iter_errors(doc)) == []
+    assert len(list(kuberay_validator("RayJob").iter_errors(doc))) == 1
+
+
+def test_group_names_must_be_unique_and_non_empty() -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    doc["spec"]["workerGroupSpecs"][2]["groupName"] = "large-cpu-group"
+    doc["spec"]["workerGroupSpecs"][1]["groupName"] = ""
+    assert errors(doc) == [
+        "spec.workerGroupSpecs[1].groupName: must not be empty",
+        "spec.workerGroupSpecs[2].groupName: 'large-cpu-group' is already the name of workerGroupSpecs[0]",
+    ]
+
+
+def test_list_map_keys_must_be_unique() -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    ports = _head_pod(doc)["containers"][0]["ports"]
+    ports[1]["containerPort"] = 6379
+    assert errors(doc) == [
+        "spec.headGroupSpec.template.spec.containers[0].ports[1]: duplicate entry (containerPort=6379, protocol='TCP'); entry [0] already has it"
+    ]
+
+
+def _head_pod(doc: dict[str, Any]) -> dict[str, Any]:
+    return doc["spec"]["headGroupSpec"]["template"]["spec"]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda d: d["spec"]["headGroupSpec"]["labels"].update({"ray.io/market-type": "spot"}), 'spec.headGroupSpec.labels["ray.io/market-type"]'),
+        (lambda d: _head_pod(d).update(nodeSelector={"karpenter.sh/capacity-type": "spot"}), 'spec.headGroupSpec.template.spec.nodeSelector["karpenter.sh/capacity-type"]'),
+        (lambda d: _head_pod(d).update(tolerations=[{"key": "kubernetes.azure.com/scalesetpriority", "operator": "Exists"}]), "spec.headGroupSpec.template.spec.tolerations[0]"),
+    ],
+)
+def test_head_on_spot_is_an_error(mutate: Callable[[dict[str, Any]], None], path: str) -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    mutate(doc)
+    found = errors(doc)
+    assert len(found) == 1 and found[0].startswith(path + ":") and "on-demand" in found[0], found
+
+
+def test_autoscaler_v2_needs_restart_policy_never() -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    doc["spec"]["workerGroupSpecs"][0]["template"]["spec"]["restartPolicy"] = "Always"
+    assert errors(doc) == ["spec.workerGroupSpecs[0].template.spec.restartPolicy: must be Never or unset with autoscaler v2 (got 'Always')"]
+
+
+def test_min_replicas_above_max_and_bad_label() -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    group = doc["spec"]["workerGroupSpecs"][0]
+    group["minReplicas"], group["maxReplicas"] = 5, 2
+    group["labels"]["bad key!"] = "x"
+    found = errors(doc)
+    assert "spec.workerGroupSpecs[0].minReplicas: 5 is more than maxReplicas 2" in found
+    assert any(f.startswith('spec.workerGroupSpecs[0].labels["bad key!"]: invalid label key') for f in found)
+
+
+def test_yaml_problems_name_the_line() -> None:
+    text = (FIXTURES / JOB_SAMPLE).read_text().replace("  entrypoint: python", "  suspend: false\n  suspend: true\n  entrypoint: python", 1)
+    report = validate_text(text)
+    assert not report.ok and report.errors[0].message.startswith("line 11, column 3: not valid YAML: duplicate key 'suspend'")
+    assert not validate_text("a: [1, 2").ok
+    assert [str(f) for f in validate_text("").errors] == ["(top level): the file holds no YAML document"]
+    assert [str(f) for f in validate_text("- 1\n").errors] == ["(top level): expected a mapping, got array"]
+    assert not validate_text("hello: world\n").ok
+    assert validate_file(FIXTURES / "missing.yaml").errors[0].message.startswith("cannot read")
+
+
+def test_other_ray_kinds_and_versions() -> None:
+    assert errors({"apiVersion": "ray.io/v1alpha1", "kind": "RayJob", "metadata": {"name": "x"}}) == [
+        "apiVersion: 'ray.io/v1alpha1': only ray.io/v1 is checked (v1alpha1 is deprecated)"
+    ]
+    kind, findings = validate_document({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "x"}})
+    assert findings and all(f.warning for f in findings)
+
+
+LAUNCHER = {
+    "cluster_name": "demo",
+    "max_workers": 2,
+    "provider": {"type": "aws", "region": "us-east-1"},
+    "available_node_types": {
+        "head": {"resources": {"CPU": 0}, "node_config": {"InstanceType": "m5.large"}},
+        "spot": {"min_workers": 0, "max_workers": 2, "resources": {"CPU": 1}, "labels": {"ray.io/market-type": "spot"}, "node_config": {"InstanceType": "m5.large", "InstanceMarketOptions": {"MarketType": "spot"}}},
+    },
+    "head_node_type": "head",
+}
+
+
+def test_launcher_checks() -> None:
+    assert validate_document(LAUNCHER) == ("cluster-launcher", [])
+    spot_head = copy.deepcopy(LAUNCHER)
+    spot_head["available_node_types"]["head"]["node_config"]["InstanceMarketOptions"] = {"MarketType": "spot"}
+    assert errors(spot_head) == ["available_node_types.head.node_config: requests spot/preemptible capacity, but the head must run on on-demand capacity (a preempted head kills the run)"]
+    legacy_gcp = copy.deepcopy(LAUNCHER)
+    legacy_gcp["available_node_types"]["head"]["node_config"] = {"machineType": "n2-standard-2", "scheduling": [{"preemptible": True}]}
+    assert len(errors(legacy_gcp)) == 1
+    broken = copy.deepcopy(LAUNCHER)
+    broken["head_node_type"] = "ray.head"
+    broken["idle_timout_minutes"] = 5
+    broken["available_node_types"]["spot"]["resources"] = {"CPU": 0.5}
+    broken["available_node_types"]["spot"]["labels"]["ray.io/market-type"] = "on-demand"
+    _, findings = validate_document(broken)
+    messages = {str(f) for f in findings if not f.warning}
+    assert "head_node_type: 'ray.head' is not one of available_node_types (head, spot)" in messages
+    assert any(m.startswith("idle_timout_minutes: unknown field") for m in messages)
+    assert any(m.startswith("available_node_types.spot.resources.CPU: expected integer") for m in messages)
+    assert [str(f) for f in findings if f.warning] == [
+        'available_node_types.spot.labels["ray.io/market-type"]: says \'on-demand\', but node_config requests spot capacity'
+    ]
+
+
+@pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kuberay is not present")
+def test_fixtures_and_shipped_schema_match_shared() -> None:
+    for name in (JOB_SAMPLE, CLUSTER_SAMPLE):
+        assert (FIXTURES / name).read_text() == (SHARED / "samples" / name).read_text()
+    crds = {"RayJob": "ray.io_rayjobs.yaml", "RayCluster": "ray.io_rayclusters.yaml"}
+    for kind, target in KUBERAY_FILES.items():
+        shipped = json.loads((DATA / "kuberay" / target).read_text())["schema"]
+        loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are 40k lines
+        regenerated = extract_crd_schema(yaml.load((SHARED / crds[kind]).read_text(), Loader=loader))
+        assert shipped == regenerated, f"regenerate with scripts/vendor_kuberay_schema.py ({kind})"

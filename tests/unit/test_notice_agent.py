@@ -1,0 +1,622 @@
+"""The notice agent against real HTTP servers on loopback that speak each cloud's metadata format.
+
+No Ray: the drain is an injected callable that records its calls. Each fake checks the
+request headers the real service requires (IMDSv2 token, ``Metadata-Flavor: Google``,
+``Metadata: true``) and can answer late, answer garbage or go away.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from typer.testing import CliRunner
+
+from spotfallback.notices.agent import (
+    AwsPoller,
+    AzurePoller,
+    GcpPoller,
+    Notice,
+    NoticeAgent,
+    SigtermPoller,
+    detect_cloud,
+)
+from tests.support.metadata_fakes import (
+    FakeAws,
+    FakeAzure,
+    FakeGcp,
+    FakeMetadata,
+    iso,
+    preempt_event,
+)
+
+
+class Drains:
+    """The injected drain: records every call; can be told to fail."""
+
+    def __init__(self) -> None:
+        self.calls: list[Notice] = []
+        self.fail_next = 0
+
+    def __call__(self, notice: Notice) -> None:
+        if self.fail_next:
+            self.fail_next -= 1
+            raise ConnectionError("GCS unavailable")
+        self.calls.append(notice)
+
+
+class Records:
+    def __init__(self) -> None:
+        self.calls: list[tuple[Notice, bool, str]] = []
+
+    def __call__(self, notice: Notice, drained: bool, detail: str) -> None:
+        self.calls.append((notice, drained, detail))
+
+
+@pytest.fixture()
+def aws():
+    s = FakeAws()
+    yield s
+    s.close()
+
+
+@pytest.fixture()
+def gcp():
+    s = FakeGcp()
+    yield s
+    s.close()
+
+
+@pytest.fixture()
+def azure():
+    s = FakeAzure()
+    yield s
+    s.close()
+
+
+def agent_for(poller: Any) -> tuple[NoticeAgent, Drains, Records]:
+    drains, records = Drains(), Records()
+    return NoticeAgent(poller, drains, record=records, interval_s=0.01), drains, records
+
+
+def poll(agent: NoticeAgent, times: int) -> None:
+    for _ in range(times):
+        agent.poll_once()
+
+
+def closed_port_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"http://127.0.0.1:{port}"  # nothing listens: connection refused
+
+
+# ----------------------------------------------------------------------------- AWS
+
+
+def test_aws_nothing_pending_means_no_drain_and_uses_imdsv2(aws):
+    agent, drains, records = agent_for(AwsPoller(aws.url))
+    poll(agent, 3)
+    assert drains.calls == [] and records.calls == [] and agent.problems == []
+    assert aws.tokens_issued == 1  # the token is reused until it nears expiry
+    token_put = [r for r in aws.requests if r[1] == "/latest/api/token"]
+    assert token_put[0][0] == "PUT" and token_put[0][2]["x-aws-ec2-metadata-token-ttl-seconds"] == "21600"
+    gets = [r for r in aws.requests if r[0] == "GET"]
+    assert len(gets) == 6 and all(r[2]["x-aws-ec2-metadata-token"] == aws.token for r in gets)
+
+
+def test_aws_instance_action_drains_once_with_the_cloud_deadline(aws):
+    when = int(time.time()) + 120
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(when)}).encode()
+    agent, drains, records = agent_for(AwsPoller(aws.url))
+    poll(agent, 4)
+    assert len(drains.calls) == 1
+    notice = drains.calls[0]
+    assert (notice.source, notice.action, notice.deadline_s) == ("aws", "terminate", float(when))
+    assert [(n.key, drained) for n, drained, _ in records.calls] == [(notice.key, True)]
+
+
+def test_aws_expired_token_is_renewed(aws):
+    agent, drains, _ = agent_for(AwsPoller(aws.url))
+    agent.poll_once()
+    aws.token = "AQAEAtoken-2"  # the old one is now refused with 401
+    aws.instance_action = json.dumps({"action": "stop", "time": iso(time.time() + 100)}).encode()
+    agent.poll_once()
+    assert aws.tokens_issued == 2 and [n.action for n in drains.calls] == ["stop"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"<html>Service Unavailable</html>",
+        b"[]",
+        b'{"action": "terminate"}',
+        b'{"action": "explode", "time": "2030-01-01T00:00:00Z"}',
+        b'{"action": "terminate", "time": "in two minutes"}',
+        b'{"action": "terminate", "time": "2099-01-01T00:00:00Z"}',
+        b'{"action": "terminate", "time": "2001-01-01T00:00:00Z"}',
+        b'{"action": "terminate", "time": "2030-01-01T00:00:00"}',
+        b"\xff\xfe\x00garbage",
+        b'{"action": "terminate", "time": "' + b"9" * 70000 + b'"}',
+        b"",
+        b" \n",
+    ],
+    ids=["html", "list", "no-time", "bad-action", "bad-time", "far-future", "stale", "no-zone", "binary", "huge", "empty", "blank"],
+)
+def test_aws_never_drains_on_garbage_and_recovers(aws, body):
+    aws.instance_action = body
+    agent, drains, records = agent_for(AwsPoller(aws.url))
+    poll(agent, 2)
+    assert drains.calls == [] and records.calls == []
+    assert agent.problems and all("instance-action" in p for p in agent.problems)
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(time.time() + 60)}).encode()
+    poll(agent, 2)
+    assert len(drains.calls) == 1
+
+
+def test_aws_token_refused_is_a_problem_not_a_drain(aws):
+    aws.token_status = 403
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(time.time() + 60)}).encode()
+    agent, drains, _ = agent_for(AwsPoller(aws.url))
+    poll(agent, 2)
+    assert drains.calls == [] and any("token: HTTP 403" in p for p in agent.problems)
+
+
+def test_aws_rebalance_is_recorded_and_only_drained_when_asked(aws):
+    aws.rebalance = b'{"noticeTime": "2024-05-01T10:00:00Z"}'
+    agent, drains, records = agent_for(AwsPoller(aws.url))
+    poll(agent, 3)
+    assert drains.calls == []
+    assert [(n.source, drained) for n, drained, _ in records.calls] == [("aws-rebalance", False)]
+
+    acting, drains2, _ = agent_for(AwsPoller(aws.url, act_on_rebalance=True, rebalance_deadline_s=300))
+    poll(acting, 2)
+    assert len(drains2.calls) == 1 and drains2.calls[0].deadline_s == pytest.approx(time.time() + 300, abs=5)
+    # The real notice comes later with an earlier deadline: drained again, to bring it forward.
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(time.time() + 110)}).encode()
+    poll(acting, 2)
+    assert [n.source for n in drains2.calls] == ["aws-rebalance", "aws"]
+
+
+@pytest.mark.parametrize(
+    "body",
+    [b"", b"not json", b"[]", b"{}", b'{"noticeTime": "soon"}', b'{"noticeTime": "2024-05-01T10:00:00"}', b'{"noticeTime": 7}'],
+    ids=["empty", "not-json", "list", "no-time", "bad-time", "no-zone", "number"],
+)
+def test_aws_malformed_rebalance_never_drains_and_does_not_hide_the_instance_action(aws, body):
+    aws.rebalance = body
+    agent, drains, records = agent_for(AwsPoller(aws.url, act_on_rebalance=True))
+    poll(agent, 2)
+    assert drains.calls == [] and records.calls == []
+    assert len(agent.problems) == 2 and all(p.startswith("aws rebalance:") for p in agent.problems)
+    when = int(time.time()) + 100
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(when)}).encode()
+    poll(agent, 3)
+    assert [(n.source, n.deadline_s) for n in drains.calls] == [("aws", float(when))]
+
+
+def test_a_later_deadline_from_a_second_notice_does_not_drain_again(aws):
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(time.time() + 60)}).encode()
+    agent, drains, records = agent_for(AwsPoller(aws.url, act_on_rebalance=True, rebalance_deadline_s=120))
+    agent.poll_once()
+    aws.rebalance = b'{"noticeTime": "2024-05-01T10:00:00Z"}'
+    agent.poll_once()
+    assert [n.source for n in drains.calls] == ["aws"]
+    assert [(n.source, drained) for n, drained, _ in records.calls] == [("aws", True), ("aws-rebalance", False)]
+    assert "already draining" in records.calls[1][2]
+
+
+# ----------------------------------------------------------------------------- GCP
+
+
+def test_gcp_false_then_true_drains_once_with_thirty_seconds(gcp):
+    now = [1_000.0]
+    agent, drains, records = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == []
+    gcp.set(b"TRUE")
+    agent.poll_once()
+    now[0] += 5
+    poll(agent, 2)
+    assert len(drains.calls) == 1 and drains.calls[0].deadline_s == 1_030.0
+    assert len(records.calls) == 1 and all(r[2]["metadata-flavor"] == "Google" for r in gcp.requests)
+
+
+@pytest.mark.parametrize("body", [b"", b"true?", b"YES", b"TRUE\nFALSE", b"\x00\x01"])
+def test_gcp_garbage_never_drains(gcp, body):
+    gcp.set(body)
+    agent, drains, _ = agent_for(GcpPoller(gcp.url))
+    poll(agent, 2)
+    assert drains.calls == [] and len(agent.problems) == 2
+
+
+def test_gcp_answer_without_the_flavor_header_is_not_trusted(gcp):
+    gcp.flavor_header = False
+    gcp.set(b"TRUE")
+    agent, drains, _ = agent_for(GcpPoller(gcp.url))
+    agent.poll_once()
+    assert drains.calls == [] and "Metadata-Flavor" in agent.problems[0]
+
+
+@pytest.mark.parametrize("status", [404, 500, 503])
+def test_gcp_error_status_never_drains_then_recovers(gcp, status):
+    gcp.set(b"TRUE")
+    gcp.status = status
+    now = [2_000.0]
+    agent, drains, _ = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == [f"gcp preempted: HTTP {status}"] * 2
+    gcp.status = 200
+    poll(agent, 1)
+    now[0] += 5
+    poll(agent, 2)
+    assert [n.deadline_s for n in drains.calls] == [2_030.0]  # first seen when it answered, + 30 s
+
+
+def test_gcp_hanging_get_that_never_returns_costs_one_hang_then_the_notice_drains_once(gcp):
+    gcp.hang_waits = True
+    poller = GcpPoller(gcp.url, timeout_s=0.3, wait_for_change=True, wait_timeout_s=1)
+    agent, drains, _ = agent_for(poller)
+    agent.poll_once()  # plain GET: FALSE, learns the ETag
+    assert poller.blocking and agent.problems == []
+    t0 = time.monotonic()
+    agent.poll_once()  # the hanging GET: the server never answers
+    assert 1.0 < time.monotonic() - t0 < 3.0  # bounded by timeout_sec + the request timeout
+    assert drains.calls == [] and len(agent.problems) == 1 and not poller.blocking
+    gcp.set(b"TRUE")
+    seen = time.time()
+    agent.poll_once()  # a plain GET again: the notice gets through
+    agent.poll_once()  # hanging again, never answered: still one drain
+    assert len(drains.calls) == 1
+    assert drains.calls[0].deadline_s == pytest.approx(seen + 30, abs=1.0)
+
+
+def test_gcp_wait_for_change_wakes_on_the_notice(gcp):
+    poller = GcpPoller(gcp.url, wait_for_change=True, wait_timeout_s=20)
+    agent, drains, _ = agent_for(poller)
+    agent.poll_once()  # learns the ETag
+    assert poller.blocking
+    threading.Timer(0.5, gcp.set, args=(b"TRUE",)).start()
+    t0 = time.monotonic()
+    agent.poll_once()  # hangs until the value changes
+    waited = time.monotonic() - t0
+    assert len(drains.calls) == 1 and 0.4 < waited < 5
+    query = parse_qs(urlsplit(gcp.requests[-1][1]).query)
+    assert query["wait_for_change"] == ["true"] and query["last_etag"] == [f"etag-{b'FALSE'.hex()}"]
+
+
+def test_hanging_get_that_returns_at_once_does_not_spin(gcp):
+    gcp.honor_wait = False  # a server (or proxy) that ignores wait_for_change
+    agent, drains, _ = agent_for(GcpPoller(gcp.url, wait_for_change=True))
+    agent.interval_s = 0.1
+    stop = threading.Event()
+    threading.Timer(0.6, stop.set).start()
+    agent.run(stop)
+    assert 3 <= len(gcp.requests) <= 9 and drains.calls == []
+
+
+# ----------------------------------------------------------------------------- Azure
+
+
+def test_azure_acts_only_on_preempt_for_this_vm_using_not_before(azure):
+    agent, drains, records = agent_for(AzurePoller(azure.url))
+    agent.poll_once()
+    assert drains.calls == [] and agent.problems == []
+    not_before = int(time.time()) + 30
+    azure.events = [
+        {"EventId": "A1", "EventType": "Freeze", "Resources": [azure.vm_name], "NotBefore": ""},
+        preempt_event("B2", not_before, ["other-vm"]),
+    ]
+    agent.poll_once()
+    assert drains.calls == []
+    azure.events.append(preempt_event("C3", not_before, ["other-vm", azure.vm_name.upper()]))
+    azure.incarnation += 1
+    poll(agent, 3)
+    assert [(n.key, n.deadline_s) for n in drains.calls] == [("azure:C3", float(not_before))]
+    assert len(records.calls) == 1
+
+
+def test_azure_started_preempt_with_blank_not_before_means_now(azure):
+    azure.events = [preempt_event("D4", None, [azure.vm_name])]
+    agent, drains, _ = agent_for(AzurePoller(azure.url))
+    agent.poll_once()
+    assert len(drains.calls) == 1 and drains.calls[0].deadline_s == pytest.approx(time.time(), abs=2)
+
+
+@pytest.mark.parametrize("status", [400, 500, 503])
+def test_azure_error_status_never_drains_then_recovers(azure, status):
+    not_before = int(time.time()) + 30
+    azure.events = [preempt_event("H9", not_before, [azure.vm_name])]
+    azure.status = status
+    agent, drains, _ = agent_for(AzurePoller(azure.url))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == [f"azure scheduledevents: HTTP {status}"] * 2
+    azure.status = 200
+    poll(agent, 3)
+    assert [(n.key, n.deadline_s) for n in drains.calls] == [("azure:H9", float(not_before))]
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        b"not json",
+        b'{"DocumentIncarnation": 3}',
+        b'{"Events": "Preempt"}',
+        b'{"Events": [42, {"EventType": "Preempt", "Resources": ["spot-vm-3"]}]}',
+        b'{"Events": [{"EventId": "E5", "EventType": "Preempt", "Resources": "spot-vm-3", "NotBefore": ""}]}',
+        b'{"Events": [{"EventId": "E6", "EventType": "Preempt", "Resources": ["spot-vm-3"], "NotBefore": "soon"}]}',
+    ],
+    ids=["not-json", "no-events", "events-not-list", "no-event-id", "resources-not-list", "bad-not-before"],
+)
+def test_azure_garbage_never_drains(azure, raw):
+    azure.raw = raw
+    agent, drains, _ = agent_for(AzurePoller(azure.url))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems
+
+
+def test_azure_garbage_event_beside_a_real_one_does_not_hide_it(azure):
+    azure.events = ["junk", preempt_event("F7", time.time() + 40, [azure.vm_name])]
+    agent, drains, _ = agent_for(AzurePoller(azure.url))
+    agent.poll_once()
+    assert [n.key for n in drains.calls] == ["azure:F7"] and len(agent.problems) == 1
+
+
+# ----------------------------------------------------------------------------- faults, every cloud
+
+
+def _notice_pending(fake: FakeMetadata) -> None:
+    if isinstance(fake, FakeAws):
+        fake.instance_action = json.dumps({"action": "terminate", "time": iso(time.time() + 90)}).encode()
+    elif isinstance(fake, FakeGcp):
+        fake.set(b"TRUE")
+    else:
+        fake.events = [preempt_event("G8", time.time() + 40, [fake.vm_name])]
+
+
+POLLERS: dict[str, Callable[[str], Any]] = {
+    "aws": lambda url: AwsPoller(url, timeout_s=0.3),
+    "gcp": lambda url: GcpPoller(url, timeout_s=0.3),
+    "azure": lambda url: AzurePoller(url, timeout_s=0.3),
+}
+FAKES: dict[str, Callable[[], FakeMetadata]] = {"aws": FakeAws, "gcp": FakeGcp, "azure": FakeAzure}
+
+
+@pytest.mark.parametrize("cloud", sorted(POLLERS))
+def test_slow_answers_time_out_without_draining_then_recover(cloud):
+    fake = FAKES[cloud]()
+    try:
+        _notice_pending(fake)
+        fake.delay_s = 1.0
+        agent, drains, _ = agent_for(POLLERS[cloud](fake.url))
+        t0 = time.monotonic()
+        agent.poll_once()
+        assert time.monotonic() - t0 < 2.5  # bounded by the request timeout, not the server
+        assert drains.calls == [] and agent.problems
+        fake.delay_s = 0.0
+        poll(agent, 2)
+        assert len(drains.calls) == 1
+    finally:
+        fake.close()
+
+
+@pytest.mark.parametrize("cloud", sorted(POLLERS))
+def test_connection_refused_is_survived(cloud):
+    agent, drains, _ = agent_for(POLLERS[cloud](closed_port_url()))
+    stop = threading.Event()
+    agent.run(stop, max_polls=3)
+    assert drains.calls == [] and len(agent.problems) >= 3
+
+
+def test_failed_drain_is_retried_and_still_happens_once(gcp):
+    gcp.set(b"TRUE")
+    agent, drains, records = agent_for(GcpPoller(gcp.url))
+    drains.fail_next = 1
+    agent.poll_once()
+    assert drains.calls == [] and records.calls == []
+    poll(agent, 3)
+    assert len(drains.calls) == 1 and len(records.calls) == 1
+
+
+def test_failing_recorder_does_not_stop_the_agent(gcp):
+    gcp.set(b"TRUE")
+
+    def broken(*_: Any) -> None:
+        raise OSError("bucket unreachable")
+
+    drains = Drains()
+    agent = NoticeAgent(GcpPoller(gcp.url), drains, record=broken)
+    poll(agent, 2)
+    assert len(drains.calls) == 1
+
+
+def test_run_loop_stops_and_paces_itself(aws):
+    agent, _, _ = agent_for(AwsPoller(aws.url))
+    agent.interval_s = 0.05
+    stop = threading.Event()
+    threading.Timer(0.5, stop.set).start()
+    t0 = time.monotonic()
+    agent.run(stop)
+    polls = sum(1 for r in aws.requests if r[1].endswith("instance-action"))
+    assert time.monotonic() - t0 < 2 and 3 <= polls <= 12
+
+
+# ----------------------------------------------------------------------------- Kubernetes
+
+
+def test_sigterm_is_a_notice_with_the_grace_period():
+    poller = SigtermPoller(grace_s=25)
+    agent, drains, _ = agent_for(poller)
+    agent.poll_once()
+    assert drains.calls == []
+    previous = poller.install()
+    try:
+        sent = time.time()
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        poll(agent, 3)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert len(drains.calls) == 1
+    assert drains.calls[0].deadline_s == pytest.approx(sent + 25, abs=1)
+
+
+# ----------------------------------------------------------------------------- detection, CLI
+
+
+def test_detect_cloud_by_metadata_environment_and_firmware(aws, gcp, azure, tmp_path):
+    empty = tmp_path / "no-dmi"
+    assert detect_cloud(aws.url, env={}, dmi_dir=empty) == "aws"
+    assert detect_cloud(gcp.url, env={}, dmi_dir=empty) == "gcp"
+    assert detect_cloud(azure.url, env={}, dmi_dir=empty) == "azure"
+    assert detect_cloud(closed_port_url(), env={}, dmi_dir=empty, timeout_s=0.3) is None
+    assert detect_cloud(closed_port_url(), env={"KUBERNETES_SERVICE_HOST": "10.0.0.1"}, dmi_dir=empty) == "k8s"
+    dmi = tmp_path / "dmi"
+    dmi.mkdir()
+    (dmi / "sys_vendor").write_text("Amazon EC2\n")
+    assert detect_cloud(closed_port_url(), env={}, dmi_dir=dmi) == "aws"
+
+
+def _cli(args: list[str], env: dict[str, str] | None = None) -> Any:
+    from spotfallback.cli.app import _register_subcommands, app
+
+    _register_subcommands()
+    return CliRunner().invoke(app, args, env=env)
+
+
+def _ledger_records(storage: str, name: str, timeout_s: float = 10.0) -> list[Any]:
+    """The run's ledger once something is in it (the agent writes beside the drain, bounded)."""
+    from spotfallback.store.ledger import Ledger
+    from spotfallback.store.location import resolve_run
+
+    deadline = time.time() + timeout_s
+    while True:
+        records = Ledger(resolve_run(storage, name)).read()
+        if records or time.time() > deadline:
+            return records
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("how", ["flags", "sidecar-env"])
+def test_cli_once_dry_run_prints_and_records_the_notice(gcp, tmp_path, how):
+    gcp.set(b"TRUE")
+    run = f"{tmp_path}/runs/job-1"
+    if how == "flags":
+        args = ["--cloud", "gcp", "--metadata-url", gcp.url, "--run", run]
+        env: dict[str, str] = {}
+    else:  # the KubeRay sidecar's contract: everything through the environment
+        args, env = [], {"SPOTFALLBACK_CLOUD": "gcp", "SPOTFALLBACK_METADATA_URL": gcp.url, "SPOTFALLBACK_RUN": run}
+    result = _cli(["notice-agent", *args, "--once", "--dry-run"], env)
+    assert result.exit_code == 0, result.output
+    line = json.loads([ln for ln in result.stdout.splitlines() if ln.startswith("{")][0])
+    assert (line["source"], line["action"], line["drained"]) == ("gcp", "preempt", False)
+    records = _ledger_records(str(tmp_path / "runs"), "job-1")
+    assert [(r.event.kind, r.event.source, r.event.drained) for r in records] == [("preemption_notice", "gcp", False)]
+    assert records[0].decision == {"action": "continue"} and records[0].tier == 0
+
+
+def test_cli_rejects_unknown_cloud_and_undetectable_machine():
+    assert _cli(["notice-agent", "--cloud", "ibm", "--dry-run", "--once"]).exit_code == 2
+    dead = closed_port_url()
+    if detect_cloud(dead, timeout_s=0.2) is not None:
+        pytest.skip("this machine names its cloud by firmware or environment")
+    result = _cli(["notice-agent", "--metadata-url", dead, "--timeout", "0.2", "--dry-run", "--once"])
+    assert result.exit_code == 2 and "could not detect the cloud" in result.output
+
+
+def test_cli_names_the_environment_variable_of_a_bad_value():
+    result = _cli(["notice-agent", "--once", "--dry-run"], {"SPOTFALLBACK_CLOUD": "eks-karpenter"})
+    assert result.exit_code == 2
+    assert "--cloud (SPOTFALLBACK_CLOUD): 'eks-karpenter' is not one of auto, aws, gcp, azure, k8s" in result.output
+    result = _cli(["notice-agent", "--once", "--dry-run", "--cloud", "k8s"], {"SPOTFALLBACK_K8S_GRACE_S": "half a minute"})
+    assert result.exit_code == 2 and "SPOTFALLBACK_K8S_GRACE_S" in result.output
+
+
+def test_cli_malformed_ray_address_fails_at_once_without_waiting(gcp):
+    t0 = time.monotonic()
+    result = _cli(["notice-agent", "--cloud", "gcp", "--metadata-url", gcp.url, "--once"], {"RAY_ADDRESS": "head:port:x"})
+    assert result.exit_code == 2 and "cannot find the Ray node to drain: Invalid address format" in result.output
+    assert time.monotonic() - t0 < 20  # not the --ray-wait of 120 s
+
+
+def test_cli_k8s_sidecar_drains_on_sigterm_at_once_with_the_grace_period(tmp_path):
+    """The real process, configured only by the sidecar's environment; SIGTERM wakes the poll."""
+    import subprocess
+    import sys
+
+    env = {
+        **os.environ,
+        "SPOTFALLBACK_CLOUD": "k8s",
+        "SPOTFALLBACK_K8S_GRACE_S": "25",
+        "SPOTFALLBACK_RUN": f"{tmp_path}/runs/job-2",
+    }
+    cmd = [sys.executable, "-m", "spotfallback.cli", "notice-agent", "--dry-run", "--interval", "60"]
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert proc.stderr is not None and proc.stdout is not None
+        assert "watching k8s notices" in proc.stderr.readline()
+        time.sleep(0.3)  # the first poll (nothing) is done; the next is 60 s away
+        sent = time.time()
+        proc.send_signal(signal.SIGTERM)
+        line = json.loads(proc.stdout.readline())
+        assert time.time() - sent < 5  # woken by the signal, not by the 60 s interval
+        assert (line["source"], line["action"]) == ("k8s", "sigterm")
+        assert line["deadline_s"] == pytest.approx(sent + 25, abs=1.5)
+        records = _ledger_records(str(tmp_path / "runs"), "job-2")
+        assert [(r.event.kind, r.event.source) for r in records] == [("preemption_notice", "k8s")]
+        assert proc.poll() is None  # a k8s agent outlives SIGTERM: the kubelet ends it after the grace period
+    finally:
+        proc.kill()
+        proc.wait(10)
+
+
+def test_drain_deadline_is_epoch_milliseconds_and_a_past_one_becomes_now_plus_one():
+    from spotfallback.notices.drain import deadline_ms_for
+
+    assert deadline_ms_for(None) == 0  # Ray: no deadline
+    assert deadline_ms_for(1_000.25, now_s=900.0) == 1_000_250
+    assert deadline_ms_for(800.0, now_s=900.0) == 900_001  # past: now + 1 ms (0 would mean none)
+    assert deadline_ms_for(900.0, now_s=900.0) == 900_001
+    assert deadline_ms_for(0.0, now_s=900.0) == 900_001
+    assert abs(deadline_ms_for(time.time() - 5) - time.time() * 1000) < 1_000  # default now: the clock
+
+
+def test_local_injector_drains_and_records_through_the_agents_path(tmp_path):
+    """The injector's notice: the agent's RayDrain (same Ray call) and LedgerRecorder (same record)."""
+    from types import SimpleNamespace
+
+    from ray.core.generated import autoscaler_pb2
+
+    from spotfallback.local.injector import Injector
+
+    calls: list[tuple[Any, ...]] = []
+
+    class Gcs:
+        def drain_node(self, *args: Any) -> tuple[bool, str]:
+            calls.append(args)
+            return True, ""
+
+    node = SimpleNamespace(node_id="ab" * 28, market="spot")
+    cluster = SimpleNamespace(node=lambda n: node, gcs_client=lambda: Gcs())
+    injector = Injector(cluster, run=f"{tmp_path}/runs/job-3")  # type: ignore[arg-type]
+    try:
+        before = time.time()
+        injector.drain(node.node_id, notice_s=20)
+    finally:
+        injector.close()
+    ((node_id, reason, message, deadline_ms),) = calls
+    assert (node_id, reason) == (node.node_id, autoscaler_pb2.DrainNodeReason.Value("DRAIN_NODE_REASON_PREEMPTION"))
+    assert message.startswith("injector preemption notice: ") and before + 19.999 <= deadline_ms / 1000 <= time.time() + 20
+    (record,) = _ledger_records(str(tmp_path / "runs"), "job-3")
+    ev = record.event
+    assert (ev.kind, ev.source, ev.action, ev.drained, ev.node_id) == ("preemption_notice", "injector", "preempt", True, node.node_id)
+    assert ev.deadline_s == pytest.approx(deadline_ms / 1000, abs=0.002)
+    assert [a.action for a in injector.actions()] == ["drain"]

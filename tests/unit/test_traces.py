@@ -1,0 +1,144 @@
+"""Trace parsing: the shared traces load, malformed files fail with file and line/field."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from spotfallback.sim.traces import NodeEvent, TraceError, load_node_trace, load_spot_trace
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+SPOT_TRACES = SHARED / "data" / "spot-traces"
+NODE_TRACE = SHARED / "data" / "node-traces" / "aws-p3-trace.csv"
+needs_shared = pytest.mark.skipif(not SHARED.is_dir(), reason="../shared is not checked out beside the repo")
+
+
+@needs_shared
+def test_every_shared_spot_trace_loads():
+    files = sorted(SPOT_TRACES.rglob("*.json"))
+    assert len(files) == 7
+    for f in files:
+        raw = json.loads(f.read_text())
+        tr = load_spot_trace(f)
+        assert tr.name == f.stem
+        assert tr.gap_seconds == raw["metadata"]["gap_seconds"]
+        assert tr.available.tolist() == raw["data"]
+        assert tr.available.dtype == np.int64
+
+
+@needs_shared
+def test_shared_spot_trace_contents():
+    tr = load_spot_trace(SPOT_TRACES / "availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json")
+    assert (tr.gap_seconds, len(tr.available), tr.capacity) == (600.0, 3895, 1)
+    assert int(tr.available.sum()) == 3087
+    four = load_spot_trace(SPOT_TRACES / "preemption/4-node/aws-08-03-2023/us-east-1f_v100_1.json")
+    assert (four.gap_seconds, len(four.available), four.capacity) == (300.0, 3664, 4)
+    assert four.duration_s == 300.0 * 3664
+    # The file with an extra 'prices' list loads too.
+    priced = load_spot_trace(SPOT_TRACES / "preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json")
+    assert len(priced.available) == 19961
+
+
+@needs_shared
+def test_shared_node_trace():
+    tr = load_node_trace(NODE_TRACE)
+    assert tr.name == "aws-p3-trace"
+    assert len(tr.events) == 344
+    assert sum(e.action == "add" for e in tr.events) == 177
+    assert tr.events[0] == NodeEvent(0.0, "add", "node1")
+    assert tr.events[-1] == NodeEvent(40920.0, "remove", "node172")
+    assert tr.duration_s == 40920.0
+    assert all(a.t_s <= b.t_s for a, b in zip(tr.events, tr.events[1:], strict=False))
+
+
+def test_fixtures_match_shared_copies():
+    tr = load_spot_trace(FIXTURES / "us-west-2a_v100_1.json")
+    assert len(tr.available) == 3895
+    assert len(load_node_trace(FIXTURES / "aws-p3-trace.csv").events) == 344
+    if SHARED.is_dir():
+        assert (FIXTURES / "aws-p3-trace.csv").read_bytes() == NODE_TRACE.read_bytes()
+
+
+def test_available_is_read_only():
+    tr = load_spot_trace(FIXTURES / "us-east-1f_v100_4node.json")
+    with pytest.raises(ValueError):
+        tr.available[0] = 7
+
+
+def _write(tmp_path: Path, name: str, text: str) -> Path:
+    p = tmp_path / name
+    p.write_text(text)
+    return p
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ('{"metadata": {"gap_seconds": 60},\n "data": [1, 0,]}', "line 2, column"),
+        ("[1, 2, 3]", "expected a JSON object"),
+        ('{"data": [1]}', "'metadata'"),
+        ('{"metadata": {}, "data": [1]}', "'metadata.gap_seconds'"),
+        ('{"metadata": {"gap_seconds": -5}, "data": [1]}', "'metadata.gap_seconds' must be a positive number"),
+        ('{"metadata": {"gap_seconds": "60"}, "data": [1]}', "'metadata.gap_seconds'"),
+        ('{"metadata": {"gap_seconds": 60}}', "'data' is missing"),
+        ('{"metadata": {"gap_seconds": 60}, "data": []}', "'data' is empty"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, 0, "x"]}', "'data[2]' must be a non-negative integer"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [1, -1]}', "'data[1]'"),
+        ('{"metadata": {"gap_seconds": 60}, "data": [true]}', "'data[0]'"),
+    ],
+)
+def test_malformed_spot_trace_names_file_and_field(tmp_path, text, needle):
+    p = _write(tmp_path, "bad.json", text)
+    with pytest.raises(TraceError) as err:
+        load_spot_trace(p)
+    msg = str(err.value)
+    assert str(p) in msg and needle in msg
+    assert "\n" not in msg
+
+
+def test_missing_and_unreadable_files(tmp_path):
+    with pytest.raises(TraceError, match="no such file"):
+        load_spot_trace(tmp_path / "absent.json")
+    with pytest.raises(TraceError, match="is a directory"):
+        load_node_trace(tmp_path)
+    (tmp_path / "bin.csv").write_bytes(b"\xff\xfe\x00")
+    with pytest.raises(TraceError, match="not UTF-8"):
+        load_node_trace(tmp_path / "bin.csv")
+
+
+def test_integral_floats_are_accepted(tmp_path):
+    p = _write(tmp_path, "f.json", '{"metadata": {"gap_seconds": 30.5}, "data": [1.0, 0, 2]}')
+    assert load_spot_trace(p).available.tolist() == [1, 0, 2]
+
+
+@pytest.mark.parametrize(
+    ("text", "needle"),
+    [
+        ("0,add,node1\n60000,add\n", "line 2: expected 3 fields"),
+        ("0,add,node1\nsoon,add,node2\n", "line 2: time_ms 'soon' is not a number"),
+        ("0,add,node1\n-5,add,node2\n", "line 2: time_ms must be a non-negative number"),
+        ("60000,add,node1\n0,add,node2\n", "line 2: time_ms 0 goes back in time"),
+        ("0,add,node1\n0,evict,node1\n", "line 2: action must be 'add' or 'remove'"),
+        ("0,add,node1\n5,remove,node2\n", "line 2: node 'node2' removed but not present"),
+        ("0,add,node1\n\n5,add,node1\n", "line 3: node 'node1' added while already present"),
+        ("0,add,\n", "line 1: node name is empty"),
+        ("\n\n", "no events"),
+        ("0,add,a\x0c1,add\n", "line 1: expected 3 fields"),  # a form feed ends no line in an editor
+        ("0,add,a\r\n1,add\r\n", "line 2: expected 3 fields"),
+    ],
+)
+def test_malformed_node_trace_names_file_and_line(tmp_path, text, needle):
+    p = _write(tmp_path, "bad.csv", text)
+    with pytest.raises(TraceError) as err:
+        load_node_trace(p)
+    assert str(p) in str(err.value) and needle in str(err.value)
+
+
+def test_node_trace_header_and_comments(tmp_path):
+    p = _write(tmp_path, "h.csv", "time_ms,action,node\n# warm-up\n0,add,a\n1500,remove,a\n")
+    tr = load_node_trace(p)
+    assert tr.events == (NodeEvent(0.0, "add", "a"), NodeEvent(1.5, "remove", "a"))
