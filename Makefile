@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
-.PHONY: demo test check lint types unit reliability bench clean
+.PHONY: demo test check lint types unit reliability bench wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -20,13 +20,23 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
+	$(BIN)/mypy
+	$(MAKE) --no-print-directory wheel-smoke
 	$(BIN)/python -m pytest
+
+# What a user installs: build the sdist and wheel, install the wheel into a clean venv and run
+# `spotfallback demo` and `spotfallback init && spotfallback run job.yaml` in an empty directory.
+wheel-smoke: $(STAMP)
+	PYTHON=$(PYTHON) BUILD_PYTHON=$(CURDIR)/$(BIN)/python bash scripts/wheel_smoke.sh
 
 lint: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 
 # The fast inner loop: lint, types and the unit tests (no Ray cluster), a few minutes.
-check: lint unit
+check: lint types unit
+
+types: $(STAMP)
+	$(BIN)/mypy
 
 unit: $(STAMP)
 	$(BIN)/python -m pytest tests/unit

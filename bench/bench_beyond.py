@@ -1,4 +1,4 @@
-"""Each feature of issue 10 against the one-way ladder on the shared traces.
+"""Each feature beyond one-way fallback (climbing back, elastic tiers, guards) against the one-way ladder on the shared traces.
 
 `.venv/bin/python bench/bench_beyond.py [--runs N] [--seed S] [--markdown]`
 
@@ -27,8 +27,11 @@ from pathlib import Path
 from typing import Any
 
 from spotfallback.config import Tier
+from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
-from spotfallback.sim.simulator import JobSpec, SimResult, simulate, wall_to_finish, world_for
+from spotfallback.sim.results import SimResult
+from spotfallback.sim.simulate import simulate
+from spotfallback.sim.world import world_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

@@ -1,4 +1,4 @@
-"""Item 6: checkpoint cost, synchronous vs. Ray's ``CheckpointUploadMode.ASYNC``.
+"""Figure 6: checkpoint cost, synchronous vs. Ray's ``CheckpointUploadMode.ASYNC``.
 
 The example's model and full training state (``examples/ddp_digits.py``: weights,
 optimizer, LR scheduler, every rank's RNG stream gathered to rank 0, a manifest with

@@ -1,4 +1,4 @@
-"""Item 5: work redone per eviction, with and without a preemption notice, next to plain Ray Train.
+"""Figure 5: work redone per eviction, with and without a preemption notice, next to plain Ray Train.
 
 The scenarios are ``bench/bench_notices.py``'s, run on the harness's cluster: the DDP
 example (2 workers, 30 steps, a checkpoint every 5 steps) is evicted once rank 0 has

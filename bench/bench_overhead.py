@@ -1,11 +1,11 @@
-"""Item 1: the cost of spotfallback when nothing fails, next to plain Ray Train.
+"""Figure 1: the cost of spotfallback when nothing fails, next to plain Ray Train.
 
 The DDP example (2 workers on the spot nodes) runs to completion through ``FallbackTrainer``
 (one spot tier) and through a plain ``TorchTrainer`` with the same label selector and
 ``FailureConfig``, alternating which goes first in each repetition. Measured in the driver:
 wall time from building the trainer to ``fit()`` returning; from rank 0's step log: the time
 to the first step and the median step. The spotfallback runs also give the harness its
-calibration of start-up, step and checkpoint times (item 7).
+calibration of start-up, step and checkpoint times (figure 7).
 """
 
 from __future__ import annotations

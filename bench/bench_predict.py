@@ -1,7 +1,7 @@
-"""Item 7: the planner's prediction of spend and wall time against the run ledger's measured values.
+"""Figure 7: the planner's prediction of spend and wall time against the run ledger's measured values.
 
 Two scenarios run on the harness's cluster through ``FallbackTrainer``, each predicted by
-the simulator the planner uses (``spotfallback.sim.simulator.simulate``, the policy engine that
+the simulator the planner uses (``spotfallback.sim.simulate.simulate``, the policy engine that
 drives the runner's own ``FallbackPolicy``):
 
 - **demo**: ``spotfallback demo``'s job, ladder and faults. Spot (2 workers,
@@ -58,7 +58,7 @@ def calibrate(rows: dict[str, list[dict[str, Any]]]) -> dict[str, float]:
     switch = [r for r in rec if r["variant"] == "sf-switch"]
     jit = [r for r in rows.get("notices", []) if r["variant"] == "spotfallback+jit" and r["notice_s"] is not None]
     if not over or not same or not switch or not jit:
-        raise RuntimeError("item 7 calibrates from the overhead, recovery and notices runs of the same harness run")
+        raise RuntimeError("figure 7 calibrates from the overhead, recovery and notices runs of the same harness run")
 
     def m(rs: list[dict[str, Any]], key: str) -> float:
         xs = [r[key] for r in rs if r.get(key) is not None]
@@ -102,7 +102,7 @@ def spread(rows: dict[str, list[dict[str, Any]]]) -> dict[str, list[float]]:
 
 def job_spec(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> Any:
     """The simulator's job, in hours, from the calibration and the training config."""
-    from spotfallback.sim.simulator import JobSpec
+    from spotfallback.sim.job import JobSpec
 
     h = 1 / 3600.0
     return JobSpec(
@@ -128,7 +128,7 @@ def fixed_terms(cal: dict[str, float]) -> tuple[float, float, float]:
 
 def predict(ladder: Any, job: Any, world: list[Any], cal: dict[str, float], start_h: float | None = None) -> dict[str, float]:
     """Spend and wall time of one run as the simulator predicts it, plus the fixed start/stop terms."""
-    from spotfallback.sim.simulator import simulate
+    from spotfallback.sim.simulate import simulate
 
     res = simulate(ladder, job, world, runs=1, seed=0, engine="policy", start_h=start_h)
     extra_wall, billed_first, billed_last = fixed_terms(cal)
@@ -167,7 +167,7 @@ def uses_jit(cfg: dict[str, Any]) -> bool:
 
 def demo_world(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> list[Any]:
     """Spot as the demo's injector makes it: each attempt ends after its first checkpoint + reaction + notice."""
-    from spotfallback.sim.simulator import RateModel, ScriptedModel
+    from spotfallback.sim.world import RateModel, ScriptedModel
 
     h = 1 / 3600.0
     tau = cfg["checkpoint_every"] * cal["step_s"]
@@ -246,7 +246,7 @@ def run_trace(ctx: Context, cal: dict[str, float], rep: int) -> dict[str, Any]:
     from tests.support.helpers_e2e import Background
 
     from spotfallback.accounting import summarize
-    from spotfallback.sim.simulator import RateModel
+    from spotfallback.sim.world import RateModel
 
     tiers, cfg = trace_setup()
     trace, ticks = trace_window()

@@ -15,7 +15,7 @@ to the first step completed by the restarted gang (rank 0's step log: the first 
 by a new process). Ray Train's controller callbacks split every variant's recovery into
 kill → new worker group asked for → group placed and started → first step; for spotfallback
 its ledger also gives detection (kill → failure recorded), placement (→ workers acquired)
-and restart overhead (→ first step starts), which calibrate item 7.
+and restart overhead (→ first step starts), which calibrate figure 7.
 
 Standalone: ``python bench/bench_recovery.py [--quick]`` (= ``python -m bench --only recovery``).
 """

@@ -1,6 +1,6 @@
 """Throughput of the simulator: `.venv/bin/python bench/bench_simulator.py [--repeat N]`.
 
-Targets (issue 3): 10,000 runs of a 100-hour, 8-worker job on a rate model in under 1 s;
+Targets: 10,000 runs of a 100-hour, 8-worker job on a rate model in under 1 s;
 1,000 replays of a shared trace in under 2 s. Prints the best of ``--repeat`` timings, the
 machine, and the reference (policy-driven) engine's speed for comparison.
 """
@@ -16,15 +16,11 @@ from pathlib import Path
 
 from bench.harness import cpu_model
 from spotfallback.config import Ladder, Tier
+from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import PlanRequest, load_process, plan
-from spotfallback.sim.simulator import (
-    JobSpec,
-    RateModel,
-    SimResult,
-    simulate,
-    wall_to_finish,
-    world_for,
-)
+from spotfallback.sim.results import SimResult
+from spotfallback.sim.simulate import simulate
+from spotfallback.sim.world import RateModel, world_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"

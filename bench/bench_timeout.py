@@ -1,4 +1,4 @@
-"""Item 4: capacity-timeout precision, configured timeout vs. the moment the next tier starts acquiring.
+"""Figure 4: capacity-timeout precision, configured timeout vs. the moment the next tier starts acquiring.
 
 The ladder's first tier asks for spot workers in a zone the cluster does not have
 (``ray.io/availability-zone: nowhere-1z``): its capacity never comes, exactly as when a

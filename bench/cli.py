@@ -1,4 +1,4 @@
-"""`python -m bench [--quick] [--only NAME ...]`: every benchmark of issue 9, one results page.
+"""`python -m bench [--quick] [--only NAME ...]`: every benchmark figure, one results page.
 
 Runs the measurements on one local spot cluster (head without CPUs, three one-CPU spot
 nodes, two one-CPU on-demand nodes), alternating the compared variants, and writes

@@ -1,6 +1,7 @@
 """spotfallback: Ray Train on spot capacity, with a tiered fallback ladder that never gets stuck."""
 
-from spotfallback.config import ConfigError, JobConfig, Ladder, Tier
+from spotfallback.config import JobConfig, Ladder, Tier
+from spotfallback.errors import ConfigError
 from spotfallback.policy import FallbackPolicy
 
 __all__ = ["ConfigError", "FallbackPolicy", "FallbackTrainer", "JobConfig", "Ladder", "Tier"]

@@ -18,13 +18,13 @@ from spotfallback.events import (
     CheckpointCommitted,
     Fatal,
     Finished,
+    LedgerRecord,
     NodeFailed,
     Preempted,
     RunStarted,
     WorkersAcquired,
 )
 from spotfallback.policy import FallbackPolicy, PolicyState
-from spotfallback.store.ledger import LedgerRecord
 
 
 @dataclass

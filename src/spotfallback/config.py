@@ -24,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from spotfallback.errors import ConfigError
+
 MARKET_LABEL = "ray.io/market-type"
 SPOT = "spot"
 ON_DEMAND = "on-demand"
@@ -38,10 +40,6 @@ _LABEL_RE = re.compile(rf"^{_LABEL}$")
 _PREFIX_RE = re.compile(rf"^({_LABEL}?(\.{_LABEL}?)*)$")
 _SELECTOR_VALUE_RE = re.compile(rf"^!?(?:in)?\({_LABEL}(?:, ?{_LABEL})*\)$|^!?{_LABEL}$")
 _TIER_NAME_RE = re.compile(r"^[a-z0-9]([a-z0-9-]{0,40}[a-z0-9])?$")
-
-
-class ConfigError(ValueError):
-    """A configuration that can never work; the message names each bad field and the fix."""
 
 
 def label_key_error(key: str) -> str | None:
@@ -160,7 +158,7 @@ class Tier(BaseModel):
         description="Longest wait for this tier's workers (at start and after each failure); null = forever.",
     )
     price_per_worker_hour: float = Field(default=0.0, ge=0, description="Price of one worker for one hour.")
-    # -- beyond one-way fallback (issue 10); the defaults keep a ladder one-way and rigid --
+    # -- beyond one-way fallback: climbing back, elastic tiers, guards; the defaults keep a ladder one-way and rigid --
     min_workers: int | None = Field(
         default=None,
         gt=0,
@@ -273,12 +271,12 @@ class Tier(BaseModel):
     def spot(cls, num_workers: int | tuple[int, int], *, name: str = "spot", **kwargs: Any) -> Tier:
         """A spot tier; tolerates 3 preemptions unless told otherwise."""
         kwargs.setdefault("max_preemptions", 3)
-        return cls(name=name, market=SPOT, num_workers=num_workers, **kwargs)
+        return cls.model_validate({"name": name, "market": SPOT, "num_workers": num_workers, **kwargs})
 
     @classmethod
     def on_demand(cls, num_workers: int | tuple[int, int], *, name: str = "on-demand", **kwargs: Any) -> Tier:
         """An on-demand tier: the usual last rung."""
-        return cls(name=name, market=ON_DEMAND, num_workers=num_workers, **kwargs)
+        return cls.model_validate({"name": name, "market": ON_DEMAND, "num_workers": num_workers, **kwargs})
 
     @property
     def is_spot(self) -> bool:

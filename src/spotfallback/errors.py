@@ -1,23 +1,167 @@
-"""Errors a user of spotfallback can act on; each message says what happened and what to do."""
+"""Every error spotfallback raises on purpose, in one hierarchy, each saying what a caller can do.
+
+Why one module: a scheduler running ``spotfallback run`` and a program calling the library ask
+the same two questions of an error, and the answers belong to the error, not to whoever
+catches it. ``exit_code`` is the code the command line ends with when this error ends a
+command (the table below; the CLI reads it from the error, it keeps no list of types).
+``retryable`` says whether trying the same thing again later can help: storage that stayed
+unreachable, a live driver, capacity that ran out can; a bad job file, denied access, a run
+that already finished cannot (SkyPilot keeps the same two apart).
+
+Two keep a builtin base that callers catch them by: ``ConfigError`` and ``TraceError`` are
+``ValueError`` (bad input values, as pydantic's own ``ValidationError`` for a job built in
+Python is, so one ``except ValueError`` catches a bad job however it was made), and
+``UnsupportedRayError`` is an ``ImportError`` (it stops ``import spotfallback.runtime``). The
+rest derive from ``SpotfallbackError`` alone: nothing catches them as ``RuntimeError`` any more
+(``notice-agent`` asks ``retryable`` which Ray-node errors to wait out). This module imports
+nothing from the package, so every layer can raise these without a cycle.
+"""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import ClassVar
 
-class SpotfallbackError(RuntimeError):
-    """Base class of spotfallback's own run errors."""
+# Exit codes a scheduler can act on (README "Command line", docs/integrations.md).
+EXIT_OK = 0
+EXIT_ERROR = 1  # anything else: storage unreachable past its limit, a damaged ledger, an unexpected error
+EXIT_BAD_INPUT = 2  # the job file, an option or the environment it names (fix it and run again)
+EXIT_USER_CODE = 3  # the training function raised on healthy nodes, after its retries (your bug)
+EXIT_LADDER_EXHAUSTED = 4  # every tier was left; checkpoints kept, --retry-failed resumes
+EXIT_DRIVER_LIVE = 5  # another driver is running this run; try again later
+EXIT_REFUSED = 6  # the run already finished, or gave up earlier (--retry-failed resumes it)
+EXIT_FATAL = 7  # an error retrying cannot fix (configuration, access); checkpoints kept
 
 
-class LadderExhaustedError(SpotfallbackError):
-    """Every tier of the ladder was left; checkpoints are kept, so the run can be resumed."""
+class SpotfallbackError(Exception):
+    """Base class of spotfallback's own errors; the message says what happened and what to do."""
+
+    exit_code: ClassVar[int] = EXIT_ERROR
+    retryable: ClassVar[bool] = False
+
+
+# -- input: cannot ever work until the input changes -------------------------------------------
+
+
+class ConfigError(SpotfallbackError, ValueError):
+    """A configuration that can never work; the message names each bad field and the fix."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class UsageError(SpotfallbackError):
+    """A command-line option that cannot work; printed as one line naming the option."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class TraceError(SpotfallbackError, ValueError):
+    """A trace file that cannot be used; the message says which file, line or field, and why."""
+
+    exit_code = EXIT_BAD_INPUT
+
+
+class UnsupportedRayError(SpotfallbackError, ImportError):
+    """The installed Ray is outside the range spotfallback's Ray shell is tested on."""
+
+
+# -- a run refused before it starts -------------------------------------------------------------
+
+
+class DriverAlreadyRunningError(SpotfallbackError):
+    """Another driver holds a live lease on this run; once it ends or its lease expires, this one may."""
+
+    exit_code = EXIT_DRIVER_LIVE
+    retryable = True
 
 
 class RunAlreadyFinishedError(SpotfallbackError):
     """The run name holds a finished run; starting it again would silently do nothing."""
 
+    exit_code = EXIT_REFUSED
+
 
 class RunFailedError(SpotfallbackError):
     """The run name holds a run that gave up; resuming it must be asked for explicitly."""
 
+    exit_code = EXIT_REFUSED
+
+
+# -- a run that stopped -------------------------------------------------------------------------
+
+
+class LadderExhaustedError(SpotfallbackError):
+    """Every tier of the ladder was left; checkpoints are kept, so the run can be resumed."""
+
+    exit_code = EXIT_LADDER_EXHAUSTED
+    retryable = True  # capacity comes back: --retry-failed resumes with fresh budgets
+
 
 class RunFatalError(SpotfallbackError):
     """An error that retrying cannot fix (configuration, access)."""
+
+    exit_code = EXIT_FATAL
+
+
+class JitHoldExpiredError(SpotfallbackError):
+    """The node outlived its preemption deadline by far: Ray never tore the workers down.
+
+    Raised inside the training function to end the attempt, so Ray Train restarts it; if it
+    ever ends a run, it is the training function's failure, as any exception it raises is.
+    """
+
+    exit_code = EXIT_USER_CODE
+    retryable = True
+
+
+# -- storage ------------------------------------------------------------------------------------
+
+
+class LedgerError(SpotfallbackError):
+    """The ledger cannot be read or written; the message names the object."""
+
+
+class StorageUnavailableError(LedgerError):
+    """Storage stayed unreachable past ``SPOTFALLBACK_STORAGE_RETRY_S``; what was written is intact."""
+
+    retryable = True
+
+
+# -- deployment files ---------------------------------------------------------------------------
+
+
+class ManifestInvalid(SpotfallbackError):
+    """A generated file failed validation: a bug in the generator, never the user's input."""
+
+    def __init__(self, findings: Sequence[object]) -> None:
+        self.findings = findings  # spotfallback.deploy.validate.Finding, each naming a field path
+        super().__init__("; ".join(map(str, findings)))
+
+    def __reduce__(self) -> tuple[type[ManifestInvalid], tuple[Sequence[object]]]:
+        return type(self), (self.findings,)  # pickled with its findings, not its message
+
+
+# -- preemption notices -------------------------------------------------------------------------
+
+
+class MetadataError(SpotfallbackError):
+    """The metadata service could not be asked, or answered something unexpected (the next poll may not)."""
+
+    retryable = True
+
+
+class DrainRejectedError(SpotfallbackError):
+    """Ray refused the drain (unknown node, node already dead...); the message says why."""
+
+
+class NoLocalRayNodeError(SpotfallbackError):
+    """No live Ray node has this machine's address (yet: Ray may still be starting)."""
+
+    exit_code = EXIT_BAD_INPUT  # once `notice-agent --ray-wait` is over
+    retryable = True
+
+
+class AmbiguousRayNodeError(SpotfallbackError):
+    """Several live Ray nodes share this machine's address: the node id must be given."""
+
+    exit_code = EXIT_BAD_INPUT

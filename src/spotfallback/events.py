@@ -2,15 +2,20 @@
 
 Events carry the time they happened (seconds, any epoch): the policy has no clock, so the
 live runner passes wall time and the simulator passes simulated time. Every event and
-decision round-trips through plain JSON for the ledger.
+decision round-trips through plain JSON for the ledger, and ``LedgerRecord`` is how one event
+is stored there: the replay (``accounting``), the views and the simulator read records
+without touching storage.
 """
 
 from __future__ import annotations
 
 import math
 import typing
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict, dataclass, field, fields
 from typing import Any, ClassVar, Literal
+
+# The version of every JSON object spotfallback stores: ledger records, run metadata, heartbeat.
+FORMAT_VERSION = 1
 
 
 @dataclass(frozen=True)
@@ -230,6 +235,60 @@ def _type_name(annotation: Any) -> str:
         annotation, getattr(annotation, "__name__", str(annotation))
     )
 
+
+
+@dataclass(frozen=True)
+class LedgerRecord:
+    """One event as stored in the ledger: the event, the tier it happened on and what the policy decided."""
+
+    id: str
+    writer: str
+    tier: int
+    event: Event
+    decision: dict[str, Any] | None = None
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def t(self) -> float:
+        return self.event.t
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "v": FORMAT_VERSION,
+            "id": self.id,
+            "writer": self.writer,
+            "tier": self.tier,
+            "event": self.event.to_json(),
+            "decision": self.decision,
+            "info": self.info,
+        }
+
+    @classmethod
+    def from_json(cls, data: Any) -> LedgerRecord:
+        """Inverse of ``to_json``; raises ValueError naming what is wrong (the reader names the object)."""
+        if not isinstance(data, dict):
+            raise ValueError("a ledger record must be a JSON object")
+        if data.get("v") != FORMAT_VERSION:
+            raise ValueError(f"unsupported ledger format version {data.get('v')!r}")
+        missing = [k for k in ("id", "writer", "tier", "event") if k not in data]
+        if missing:
+            raise ValueError(f"missing field {missing[0]!r}")
+        tier = data["tier"]
+        if not isinstance(tier, int) or isinstance(tier, bool) or tier < 0:
+            raise ValueError("field 'tier' must be a non-negative integer")
+        for key in ("id", "writer"):
+            if not isinstance(data[key], str):
+                raise ValueError(f"field {key!r} must be a string")
+        info = data.get("info") or {}
+        if not isinstance(info, dict):
+            raise ValueError("field 'info' must be an object")
+        decision = data.get("decision")
+        if decision is not None and not isinstance(decision, dict):
+            raise ValueError("field 'decision' must be an object or null")
+        return cls(
+            id=data["id"], writer=data["writer"], tier=tier, event=event_from_json(data["event"]),
+            decision=decision, info=info,
+        )
 
 @dataclass(frozen=True)
 class Decision:

@@ -2,7 +2,8 @@
 
 Pure: no Ray, no I/O, no clock. The live runner (inside Ray Train's controller), the ledger
 replay after a driver crash and the simulator all drive this one module, so what the
-simulator predicts is what the runner does.
+simulator predicts is what the runner does. It stays one module, longer than the others, on
+purpose: it is the one place where a decision is made.
 
 Leaving a tier is decided by small composable rules in the manner of tenacity's stop
 strategies (``PreemptionBudget(3) | FailureBudget(2)``); the capacity timeout is a deadline
@@ -47,6 +48,8 @@ from spotfallback.events import (
 Status = Literal["running", "finished", "failed"]
 
 EXIT_PRIOR_H = 4.0  # calm running hours assumed before the run's own, for the expected-cost exit
+RATE_PRIOR_H = 0.25  # calm running hours assumed before a tier's own, for the preemption rate a climb expects
+CLIMB_DWELL_DOUBLINGS = 4  # a climb's dwell doubles with each earlier climb to the tier, up to 2**4 = 16x
 
 
 @dataclass(frozen=True)
@@ -174,11 +177,46 @@ def leave_rule_for(tier: Tier) -> LeaveRule:
     return rule
 
 
+# The policy's arithmetic, shared with the simulator's vectorised engine, which calls these
+# helpers on numpy arrays: plain operators only, in one order, so both engines get the same floats.
+
+
 def schedule_time(guard: DeadlineGuard, started_at: float, done_s: float) -> float:
     """When the guard's line (``pace`` x the straight line from start to deadline) reaches ``done_s``."""
     if guard.pace <= 0:
         return math.inf
-    return started_at + done_s * guard.deadline_h / (guard.pace * guard.work_h)
+    return schedule_line(started_at, done_s, guard.deadline_h, guard.pace, guard.work_h)
+
+
+def schedule_line(started_at, done_s, deadline_h, pace, work_h):
+    """``schedule_time`` for ``pace > 0``, on floats or arrays."""
+    return started_at + done_s * deadline_h / (pace * work_h)
+
+
+def latest_start(started_at, deadline_h, remaining_s, margin_s):
+    """When the slack before the deadline is down to ``margin_s`` with ``remaining_s`` still to run."""
+    return started_at + deadline_h * 3600.0 - remaining_s - margin_s
+
+
+def on_gang(work, workers_from, workers_to):
+    """Work measured on a gang of ``workers_from``, in time on one of ``workers_to`` (data parallel)."""
+    return work * workers_from / workers_to
+
+
+def observed_rate(count, running_s, prior_h=RATE_PRIOR_H):
+    """``count`` events per running hour, smoothed by ``prior_h`` calm hours."""
+    return count / (running_s / 3600.0 + prior_h)
+
+
+def repreemption_cost(restart_s, checkpoint_interval_s, rate_per_h):
+    """What one more preemption costs a gang billed ``rate_per_h``: a restart and half an interval redone."""
+    return (restart_s / 3600.0 + checkpoint_interval_s / 7200.0) * rate_per_h
+
+
+def climb_balance(rem_now_h, rem_to_h, rate_now, rate_to, restart_h, preemptions_per_h, per_preemption):
+    """(saving, restart cost, expected re-preemption cost) of a climb: it pays when the saving exceeds both costs."""
+    saving = rem_now_h * rate_now - rem_to_h * rate_to
+    return saving, restart_h * rate_to, preemptions_per_h * rem_to_h * per_preemption
 
 
 def expected_cost(work_h: float, rate_per_h: float, loss_h: float, price_per_h: float) -> float:
@@ -292,8 +330,8 @@ class FallbackPolicy:
                 if guard_at is not None and (timeout_at is None or guard_at <= timeout_at):
                     why = self.guard_reason(state, max(t, guard_at)) or "deadline guard"
                     return self._leave(state, t, f"{why} while waiting for capacity (waited {waited:.1f}s)")
-                limit = f"within capacity_timeout_s={timeout:g}" if timeout is not None else "(the cluster cannot fit this tier)"
-                return self._leave(state, t, f"no capacity {limit} (waited {waited:.1f}s)")
+                within = f"within capacity_timeout_s={timeout:g}" if timeout is not None else "(the cluster cannot fit this tier)"
+                return self._leave(state, t, f"no capacity {within} (waited {waited:.1f}s)")
             case ApplicationFailed(error_type=etype, message=message):
                 stats = replace(state.current, app_errors=state.current.app_errors + 1)
                 state = self._with_stats(state, stats)
@@ -395,33 +433,34 @@ class FallbackPolicy:
         return replace(state, tier_running_s=tuple(running))
 
     def climb_dwell_s(self, state: PolicyState, to: int) -> float:
-        """``min_dwell_s``, doubled for each earlier climb back to ``to`` (at most 16x).
+        """``min_dwell_s``, doubled for each earlier climb back to ``to`` (``CLIMB_DWELL_DOUBLINGS`` times at most).
 
         A run climbs back to a tier again only after it was sent down from it again, so each
         repeat is evidence that the tier's returning capacity does not last.
         """
         hist = state.tier_history
         climbs = sum(1 for a, b in zip(hist, hist[1:], strict=False) if b == to and a > b)
-        return self.tiers[to].min_dwell_s * 2 ** min(climbs, 4)
+        return self.tiers[to].min_dwell_s * 2 ** min(climbs, CLIMB_DWELL_DOUBLINGS)
 
     def gang_rate(self, tier: int, workers: int) -> float:
         """Price per hour of ``workers`` workers on ``tier``."""
         return workers * self.tiers[tier].price_per_worker_hour
 
     def observed_preemption_rate(self, state: PolicyState, tier: int) -> float:
-        """Preemptions per running hour seen on ``tier``, smoothed by one preemption-free hour.
+        """Preemptions per running hour seen on ``tier``, as if it had first run ``RATE_PRIOR_H``
+        (a quarter of an hour) without one.
 
-        The extra hour keeps a tier with one early preemption from looking hopeless and an
-        unseen tier from looking perfect to no end.
+        The calm quarter keeps a tier with an early preemption from looking infinitely bad:
+        one preemption at the very start counts as four per hour.
         """
-        running_h = (state.tier_running_s[tier] if state.tier_running_s else 0.0) / 3600.0
-        return state.stats[tier].preemptions / (running_h + 0.25)
+        running_s = state.tier_running_s[tier] if state.tier_running_s else 0.0
+        return observed_rate(state.stats[tier].preemptions, running_s)
 
-    def observed_interruption_rate(self, state: PolicyState, tier: int, prior_h: float = 0.25) -> float:
+    def observed_interruption_rate(self, state: PolicyState, tier: int, prior_h: float = RATE_PRIOR_H) -> float:
         """Preemptions and node failures per running hour on ``tier``, smoothed by ``prior_h`` calm hours."""
-        running_h = (state.tier_running_s[tier] if state.tier_running_s else 0.0) / 3600.0
+        running_s = state.tier_running_s[tier] if state.tier_running_s else 0.0
         stats = state.stats[tier]
-        return (stats.preemptions + stats.failures) / (running_h + prior_h)
+        return observed_rate(stats.preemptions + stats.failures, running_s, prior_h)
 
     # -- deadline guard: Uniform Progress as a leave rule and a climb test ------------------
 
@@ -440,10 +479,10 @@ class FallbackPolicy:
         if rem is None and state.remaining_work_s is not None:
             # Reported on the gang that ran; progress is measured on the tier's full gang.
             gang, reported = self.tiers[tier].num_workers, state.remaining_gang
-            rem = state.remaining_work_s if reported in (0, gang) else state.remaining_work_s * reported / gang
+            rem = state.remaining_work_s if reported in (0, gang) else on_gang(state.remaining_work_s, reported, gang)
         rem = work if rem is None else max(rem, 0.0)
         behind = schedule_time(guard, state.started_at, work - rem) + margin
-        must_go = state.started_at + guard.deadline_h * 3600.0 - rem - margin
+        must_go = latest_start(state.started_at, guard.deadline_h, rem, margin)
         return behind, must_go
 
     def guard_reason(self, state: PolicyState, t: float) -> str | None:
@@ -472,7 +511,7 @@ class FallbackPolicy:
         w_cur = state.workers or self.tiers[cur].num_workers
         w_to = max(min(event.available_workers, self.tiers[to].num_workers), 1)
         rem = event.remaining_work_s if event.remaining_work_s is not None else state.remaining_work_s
-        limits = self.guard_limits(state, to, None if rem is None else rem * w_cur / w_to)
+        limits = self.guard_limits(state, to, None if rem is None else on_gang(rem, w_cur, w_to))
         if limits is None:
             return False, "no start time"
         guard = self.tiers[to].deadline_guard
@@ -512,7 +551,7 @@ class FallbackPolicy:
         rate_next = self.observed_interruption_rate(state, k + 1, EXIT_PRIOR_H)
         stay = expected_cost(rem_h, rate_now, loss_h, self.gang_rate(k, w_cur))
         move = self.gang_rate(k + 1, w_next) * restart_h + expected_cost(
-            rem_h * w_cur / w_next, rate_next, loss_h, self.gang_rate(k + 1, w_next)
+            on_gang(rem_h, w_cur, w_next), rate_next, loss_h, self.gang_rate(k + 1, w_next)
         )
         if stay > move:
             return f"expected cost of staying {stay:.2f} exceeds {move:.2f} on {self.tiers[k + 1].name!r} (expected_cost_exit)"
@@ -527,20 +566,20 @@ class FallbackPolicy:
         if event.remaining_work_s is None:
             return rate_to < rate_cur, f"{rate_to:.2f}/h instead of {rate_cur:.2f}/h, remaining work unknown"
         rem_cur_h = event.remaining_work_s / 3600.0
-        rem_to_h = rem_cur_h * w_cur / max(w_to, 1)  # data parallel: work scales with the gang
-        saving = rem_cur_h * rate_cur - rem_to_h * rate_to
+        rem_to_h = on_gang(rem_cur_h, w_cur, max(w_to, 1))
         restart_h = event.restart_s / 3600.0
-        per_preemption = (restart_h + event.checkpoint_interval_s / 7200.0) * rate_to
+        per_preemption = repreemption_cost(event.restart_s, event.checkpoint_interval_s, rate_to)
         stats_to = state.stats[to] if self.tiers[to].climb_budgets == "carry" else TierStats()
         if self.rules[to].reason(replace(stats_to, preemptions=stats_to.preemptions + 1)):
             per_preemption += restart_h * rate_cur  # the next preemption sends the run back down
-        expected = self.observed_preemption_rate(state, to) * rem_to_h * per_preemption
-        cost = restart_h * rate_to + expected
-        why = f"saves {saving:.2f} against {restart_h * rate_to:.2f} restart + {expected:.2f} expected re-preemption"
+        rate = self.observed_preemption_rate(state, to)
+        saving, restart, expected = climb_balance(rem_cur_h, rem_to_h, rate_cur, rate_to, restart_h, rate, per_preemption)
+        cost = restart + expected
+        why = f"saves {saving:.2f} against {restart:.2f} restart + {expected:.2f} expected re-preemption"
         if event.slack_s is not None:
             # A deadline: the climb and each expected re-preemption (with the fall back down
             # and a wait for capacity) must fit in the slack, or the cheaper tier is a gamble.
-            n_pre = self.observed_preemption_rate(state, to) * rem_to_h
+            n_pre = rate * rem_to_h
             timeout = self.tiers[to].capacity_timeout_s or 0.0
             lose_s = (rem_to_h - rem_cur_h) * 3600.0
             needed = lose_s + (1.0 + n_pre) * (timeout + 2 * event.restart_s + event.checkpoint_interval_s / 2)
@@ -566,6 +605,7 @@ class FallbackPolicy:
         since = state.tier_since if state.tier_since is not None else state.running_since
         if (
             to > cur
+            or since is None
             or not tier.climb_back
             or event.available_workers < tier.fewest_workers
             or t - since < self.climb_dwell_s(state, to)

@@ -118,7 +118,8 @@ def test_the_autoscaler_is_asked_for_the_current_tiers_gang_on_its_nodes(tmp_pat
     from spotfallback import Tier
     from spotfallback.config import make_ladder
     from spotfallback.policy import FallbackPolicy
-    from spotfallback.runtime.hooks import RunSpec, TierScalingPolicy
+    from spotfallback.runtime.hooks import TierScalingPolicy
+    from spotfallback.runtime.ladder import RunSpec
     from spotfallback.store.location import resolve_run
 
     ladder = make_ladder([Tier.spot((2, 4)), Tier.on_demand(2)])

@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import E2E_ENV, REPO  # noqa: E402
+from tests.support.helpers_e2e import E2E_ENV  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -39,7 +39,6 @@ tiers:
 def test_a_job_on_the_embedded_local_cluster_runs_to_the_end_with_json_lines(tmp_path):
     workdir = tmp_path / "user"
     workdir.mkdir()
-    (workdir / "examples").symlink_to(REPO / "examples", target_is_directory=True)
     (workdir / "job.yaml").write_text(JOB)
     bin_dir = Path(sys.executable).parent
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "SPOTFALLBACK_RAY_ADDRESS", "RAY_ADDRESS")}

@@ -211,7 +211,7 @@ class KillLoop:
     """One run under ``spotfallback run`` on S3 (through a proxy that can stall an upload), killed on cue."""
 
     def __init__(self, driver: Driver, location, step_log: Path, proxy, injector, rng: random.Random):
-        from spotfallback.view.progress import LedgerTail
+        from spotfallback.store.ledger import LedgerTail
 
         self.driver, self.step_log, self.proxy, self.injector, self.rng = driver, step_log, proxy, injector, rng
         self.ledger = LedgerTail(location)

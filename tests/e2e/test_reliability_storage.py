@@ -261,7 +261,8 @@ def test_s3_outage_in_the_middle_of_a_checkpoint_upload_only_pauses_the_run(clus
 
 
 def test_s3_outage_past_the_limit_stops_clearly_keeps_everything_and_resumes(cluster, s3, outage, reference, tmp_path):
-    from spotfallback.store.ledger import Ledger, StorageUnavailableError
+    from spotfallback.errors import StorageUnavailableError
+    from spotfallback.store.ledger import Ledger
     from spotfallback.store.location import resolve_run
 
     t0 = time.monotonic()

@@ -1,8 +1,8 @@
 """docs/walkthrough.md, executed: init, edit, run with two injected spot preemptions, status, report.
 
 Every command of the walk-through's ```bash blocks runs as written, in order, with the
-installed `spotfallback` script, in a fresh directory that holds the repository's `examples/`
-as a checkout does (no PYTHONPATH: Ray puts the driver's directory on the workers' path). The
+installed `spotfallback` script, in a fresh empty directory (the example training function is
+installed with the package, as `spotfallback.examples.ddp_digits`; no PYTHONPATH). The
 one difference from a user's machine: `spotfallback run` joins this module's local spot
 cluster (SPOTFALLBACK_RAY_ADDRESS, the documented environment form of `--ray-address`) so
 that the test can preempt spot nodes while it trains. The final `status` and `report` outputs
@@ -91,10 +91,9 @@ def cluster():
 
 @pytest.fixture()
 def checkout(tmp_path) -> Path:
-    """A fresh directory shaped like the user's checkout: the example package, nothing else."""
+    """A fresh empty directory, as a user's would be: the example comes with the package."""
     workdir = tmp_path / "user"
     workdir.mkdir()
-    (workdir / "examples").symlink_to(REPO / "examples", target_is_directory=True)
     return workdir
 
 
@@ -138,7 +137,7 @@ def test_walkthrough_end_to_end_with_injected_preemptions(cluster, checkout, tmp
     from spotfallback.local import Injector
     from spotfallback.store.ledger import Ledger
     from spotfallback.store.location import resolve_run
-    from spotfallback.view.progress import money
+    from spotfallback.view.text import money
 
     env = user_env(cluster)
     commands = walkthrough_commands()

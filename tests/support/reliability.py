@@ -29,8 +29,9 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from spotfallback.events import LedgerRecord
 from spotfallback.store.checkpoints import DAMAGED_DIR, MANIFEST_NAME, SNAPSHOT_NAME, verify
-from spotfallback.store.ledger import Ledger, LedgerRecord
+from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import RunLocation, list_dir
 
 REPO = Path(__file__).resolve().parents[2]
@@ -315,7 +316,7 @@ def _stamp(t: float) -> str:
 HEADER = """# Reliability: what breaks, how often the suite breaks it, and what is lost
 
 Written by the fault suite itself: every row comes from a test that injected the fault into a
-real run of the example job (`examples/ddp_digits.py`, 2 DDP workers on a local Ray cluster
+real run of the example job (`spotfallback/examples/ddp_digits.py`, 2 DDP workers on a local Ray cluster
 whose nodes are labelled spot / on-demand) and then checked the same invariants, and the
 pytest session that ran it rewrote this page at its end (`tests/conftest.py`; the rows are
 kept in `docs/reliability.json`, so a session that runs some of the tests updates only

@@ -95,8 +95,8 @@ def soak_run(
 ) -> SoakResult:
     """One run of the example job on S3 under trace-driven capacity, driver kills and S3 outages."""
     from spotfallback.local import Injector
+    from spotfallback.store.ledger import LedgerTail
     from spotfallback.store.location import resolve_run
-    from spotfallback.view.progress import LedgerTail
     from tests.support.reliability import check_run, final_result, steps_redone
     from tests.support.s3server import OutageProxy
 

@@ -7,7 +7,8 @@ import types
 
 import pytest
 
-from spotfallback.config import ConfigError, JobConfig
+from spotfallback.config import JobConfig
+from spotfallback.errors import ConfigError
 from spotfallback.runtime.entrypoint import declared_backend
 from spotfallback.runtime.trainer import resolve_backend
 

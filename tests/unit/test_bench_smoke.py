@@ -182,7 +182,7 @@ def test_the_cost_predictor_at_tiny_size():
     tiers, cfg = bench_predict.trace_setup()
     trace, ticks = bench_predict.trace_window()
     assert ticks == bench_predict.TRACE_WINDOW[1] - bench_predict.TRACE_WINDOW[0] and trace.available[ticks:].max() == 0
-    from spotfallback.sim.simulator import RateModel
+    from spotfallback.sim.world import RateModel
 
     ladder = Ladder(tiers=tuple(tiers))
     pred = bench_predict.predict(ladder, bench_predict.job_spec(cal, cfg, 0.0), [trace, RateModel()], cal, start_h=1 / 3600)

@@ -24,7 +24,8 @@ from rich.console import Console
 from typer.testing import CliRunner
 
 from spotfallback.cli import run as cli_run
-from spotfallback.config import ConfigError, JobConfig
+from spotfallback.config import JobConfig
+from spotfallback.errors import ConfigError
 from spotfallback.events import Finished, NodeFailed, RunStarted, WorkersAcquired
 from spotfallback.policy import FallbackPolicy
 from spotfallback.store.ledger import Ledger
@@ -48,6 +49,7 @@ def no_cluster(monkeypatch):
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    app.callback()(lambda: None)  # a group, so `run` is a subcommand as in the real CLI, not the app itself
     cli_run.register(app)
     return app
 
@@ -153,36 +155,47 @@ def test_exit_codes_of_run_errors():
     from ray.train.v2.api.exceptions import TrainingFailedError
 
     from spotfallback.errors import (
+        EXIT_FATAL,
+        DriverAlreadyRunningError,
+        JitHoldExpiredError,
         LadderExhaustedError,
+        LedgerError,
         RunAlreadyFinishedError,
         RunFailedError,
         RunFatalError,
+        StorageUnavailableError,
     )
-    from spotfallback.store.lease import DriverAlreadyRunningError
-    from spotfallback.store.ledger import LedgerError
 
     cases = [
         (DriverAlreadyRunningError("another driver"), None, 5),
         (RunAlreadyFinishedError("finished"), None, 6),
         (RunFailedError("gave up"), None, 6),
+        (RunFailedError("gave up"), "application", 6),  # the cause is the earlier run's
         (LadderExhaustedError("every tier was left"), "exhausted", 4),
         (ConfigError("entrypoint: bad"), None, 2),
+        (ConfigError("entrypoint: bad"), "application", 2),
         (LedgerError("storage unreachable"), None, 1),
+        (StorageUnavailableError("storage unavailable for 121s"), None, 1),
         (TrainingFailedError("controller gone"), None, 1),
+        (TrainingFailedError("controller gone"), "application", 1),
         (ValueError("the user's bug"), "application", 3),
     ]
     for error, cause, code in cases:
         assert cli_run.exit_for(error, cause)[0] == code, error
+    assert cli_run.exit_for(LedgerError("x: not valid JSON"), None)[1] == "x: not valid JSON"
     # A config/access error retrying cannot fix has its own code and says so (it used to be
     # reported as "the training function failed", exit 3).
     code, message = cli_run.exit_for(RunFatalError("run 'x' stopped: PermissionError: denied"), "fatal")
-    assert code == cli_run.EXIT_FATAL == 7
+    assert code == EXIT_FATAL == 7
     assert "not retried" in message and "--retry-failed" in message and "training function" not in message
     # Any other exception is the training function's only when the ledger says so.
     code, message = cli_run.exit_for(ValueError("boom"), None)
     assert code == 1 and message == "unexpected error: ValueError: boom"
     code, message = cli_run.exit_for(ValueError("boom"), "application")
     assert message == "the training function failed: ValueError: boom"
+    # PreemptionWatch raises this inside the training function: it ends a run as the function's failure.
+    code, message = cli_run.exit_for(JitHoldExpiredError("still running"), "application")
+    assert (code, message) == (3, "the training function failed: JitHoldExpiredError: still running")
 
 
 def test_help_lists_every_exit_code(app):
@@ -257,7 +270,7 @@ def test_mlflow_not_installed_is_one_line_and_exit_2(app, tmp_path, monkeypatch)
 
 
 def test_progress_mode_follows_the_terminal_and_json_option(tmp_path):
-    from spotfallback.view.progress import (
+    from spotfallback.view.watcher import (
         JsonSink,
         LiveSink,
         PlainSink,
@@ -286,7 +299,7 @@ def test_progress_mode_follows_the_terminal_and_json_option(tmp_path):
 
 
 def test_json_option_prints_events_and_status_lines(tmp_path):
-    from spotfallback.view.progress import WatchOptions, watcher_for_job
+    from spotfallback.view.watcher import WatchOptions, watcher_for_job
 
     path = job_file(tmp_path)
     ledger = seed(tmp_path, path, [RunStarted(1), WorkersAcquired(2, num_workers=1), Finished(3)])
@@ -298,3 +311,26 @@ def test_json_option_prints_events_and_status_lines(tmp_path):
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [o["kind"] for o in lines if o["type"] == "event"] == ["run_started", "workers_acquired", "finished"]
     assert lines[-1]["type"] == "status" and lines[-1]["status"] == "finished"
+
+
+# ---------------------------------------------------------------------------------------
+# Layout: one module per command, sharing only cli.common (no command imports another).
+
+
+def test_each_command_is_a_module_that_imports_no_other_command():
+    import ast
+
+    import spotfallback.cli
+
+    folder = Path(spotfallback.cli.__file__).parent
+    commands = {"run", "demo", "init", "status", "report", "plan", "manifest", "notice"}
+    assert commands <= {p.stem for p in folder.glob("*.py")}
+    for name in commands:
+        tree = ast.parse((folder / f"{name}.py").read_text())
+        cli_imports = {n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+                       and (n.module or "").startswith("spotfallback.cli")}
+        assert cli_imports <= {"spotfallback.cli.common"}, (name, cli_imports)
+    registered = ast.parse((folder / "app.py").read_text())
+    imported = {a.name for n in ast.walk(registered) if isinstance(n, ast.ImportFrom)
+                and n.module == "spotfallback.cli" for a in n.names}
+    assert imported == commands

@@ -15,6 +15,8 @@ import typer
 from PIL import Image
 from typer.testing import CliRunner
 
+from spotfallback.cli import init as cli_init
+from spotfallback.cli import report as cli_report
 from spotfallback.cli import run as cli_run
 from spotfallback.cli import status as cli_status
 from spotfallback.config import JobConfig
@@ -27,8 +29,8 @@ from tests.support.ledgers import LADDER, run_events, write_ledger
 @pytest.fixture(scope="module")
 def app() -> typer.Typer:
     app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
-    cli_status.register(app)
-    cli_run.register(app)
+    for command in (cli_status, cli_report, cli_init, cli_run):
+        command.register(app)
     return app
 
 

@@ -7,7 +7,6 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from spotfallback.config import (
-    ConfigError,
     JobConfig,
     Tier,
     label_key_error,
@@ -15,6 +14,7 @@ from spotfallback.config import (
     ladder_from_yaml,
     make_ladder,
 )
+from spotfallback.errors import ConfigError
 
 
 def test_spot_and_on_demand_defaults():

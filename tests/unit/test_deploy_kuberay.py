@@ -19,7 +19,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from spotfallback.config import ConfigError, JobConfig, run_name_error
+from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy import (
     K8sCloud,
     Kind,
@@ -31,6 +31,7 @@ from spotfallback.deploy import (
     validate_text,
 )
 from spotfallback.deploy.common import k8s_name
+from spotfallback.errors import ConfigError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 import yaml
 
-from spotfallback.config import ConfigError, JobConfig
+from spotfallback.config import JobConfig
 from spotfallback.deploy import (
     LauncherOptions,
     VmCloud,
@@ -23,6 +23,7 @@ from spotfallback.deploy import (
     render_cluster_launcher,
     validate_text,
 )
+from spotfallback.errors import ConfigError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 

@@ -21,7 +21,7 @@ import typer
 import yaml
 
 from spotfallback.cli import notice as cli_notice
-from spotfallback.config import ConfigError, JobConfig
+from spotfallback.config import JobConfig
 from spotfallback.deploy import (
     K8sCloud,
     Kind,
@@ -34,6 +34,7 @@ from spotfallback.deploy import (
     validate_text,
 )
 from spotfallback.deploy.clouds import SPOT_GRACE_S
+from spotfallback.errors import ConfigError
 
 IMAGE = "registry.example.com/ml/churn-train:1.4"
 SPOT = {"name": "spot", "market": "spot", "num_workers": 2}

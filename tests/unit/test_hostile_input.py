@@ -22,10 +22,11 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from spotfallback.config import ConfigError, JobConfig, Tier, make_ladder, run_name_error
+from spotfallback.config import JobConfig, Tier, make_ladder, run_name_error
+from spotfallback.errors import ConfigError, LedgerError, TraceError
 from spotfallback.events import EVENT_TYPES
-from spotfallback.sim.traces import TraceError, load_node_trace, load_spot_trace
-from spotfallback.store.ledger import Ledger, LedgerError
+from spotfallback.sim.traces import load_node_trace, load_spot_trace
+from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import resolve_run
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])

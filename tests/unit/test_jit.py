@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 
 from spotfallback.config import Ladder, Tier
+from spotfallback.errors import JitHoldExpiredError
 from spotfallback.events import (
     CheckpointCommitted,
     Continue,
@@ -25,7 +26,7 @@ from spotfallback.events import (
     WorkersAcquired,
     event_from_json,
 )
-from spotfallback.notices.jit import JitHoldExpiredError, PreemptionWatch, missed_jit_checkpoints
+from spotfallback.notices.jit import PreemptionWatch, missed_jit_checkpoints
 from spotfallback.notices.runlog import RunLog
 from spotfallback.policy import FallbackPolicy
 from spotfallback.store.ledger import Ledger

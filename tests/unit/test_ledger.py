@@ -11,7 +11,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from spotfallback.accounting import summarize
-from spotfallback.config import ConfigError, Tier, make_ladder
+from spotfallback.config import Tier, make_ladder
+from spotfallback.errors import ConfigError, DriverAlreadyRunningError, LedgerError
 from spotfallback.events import (
     CapacityTimedOut,
     CheckpointCommitted,
@@ -21,8 +22,8 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.policy import FallbackPolicy
-from spotfallback.store.lease import DriverAlreadyRunningError, DriverLease
-from spotfallback.store.ledger import Ledger, LedgerError
+from spotfallback.store.lease import DriverLease
+from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import list_dir, resolve_run, split_run_uri
 
 LADDER = make_ladder([

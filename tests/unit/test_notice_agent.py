@@ -20,12 +20,12 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from typer.testing import CliRunner
 
-from spotfallback.notices.agent import (
+from spotfallback.notices.agent import NoticeAgent
+from spotfallback.notices.metadata import (
     AwsPoller,
     AzurePoller,
     GcpPoller,
     Notice,
-    NoticeAgent,
     SigtermPoller,
     detect_cloud,
 )

@@ -9,8 +9,9 @@ import pytest
 
 from spotfallback.config import JobConfig, ladder_from_yaml
 from spotfallback.sim.planner import PlanRequest, load_process, observed_mtbf_h, plan
-from spotfallback.sim.simulator import RateModel, simulate
+from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import SpotTrace
+from spotfallback.sim.world import RateModel
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRACES = FIXTURES / "traces"  # a copy of ../shared/data/{spot-traces,node-traces}, for CI
@@ -45,7 +46,7 @@ def test_fixture_traces_are_every_shared_trace():
 @pytest.mark.parametrize("slack", [1.25, 1.5, 2.0, 3.0])
 @pytest.mark.parametrize("trace", ALL_TRACES)
 def test_plan_is_no_dearer_than_any_baseline_on_every_shared_trace(trace, slack):
-    """Issue 3: on-demand only, spot forever, the seed's M = 5 and Uniform Progress, all four.
+    """The four baselines: on-demand only, spot forever, the seed's M = 5 and Uniform Progress, all four.
 
     Every shared trace, every deadline of docs/planner.md (1.25 to 3 times the work), the
     planner's default grids. Uniform Progress runs the same job (checkpoints every tau on
@@ -103,7 +104,7 @@ def test_job_file_round_trips_through_job_config(tmp_path):
     assert "us-east-1f_v100_4node" in job.plan.made_with and "60 runs" in job.plan.made_with
     # The tiers alone still read as a ladder file.
     assert ladder_from_yaml(p.tiers_yaml()) == p.recommended.ladder
-    from spotfallback.config import ConfigError
+    from spotfallback.errors import ConfigError
 
     with pytest.raises(ConfigError, match="entrypoint"):
         p.job_yaml("ok", "./runs", "no-colon")

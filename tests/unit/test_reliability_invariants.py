@@ -7,11 +7,11 @@ import json
 from spotfallback.events import (
     CheckpointCommitted,
     Finished,
+    LedgerRecord,
     Preempted,
     RunStarted,
     WorkersAcquired,
 )
-from spotfallback.store.ledger import LedgerRecord
 from tests.support.reliability import REPO, Outcome, final_result, ledger_problems, publish, render
 
 RETRY = {"action": "retry", "tier": 0}

@@ -13,7 +13,7 @@ from ray.train import RunConfig
 from ray.train.v2._internal.exceptions import UserExceptionWithTraceback
 from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
-from spotfallback.store.ledger import LedgerError, StorageUnavailableError, with_storage_retry
+from spotfallback.errors import LedgerError, StorageUnavailableError
 from spotfallback.store.location import resolve_run
 from spotfallback.store.retry import call_with_retry, ray_run_config, retrying, storage_failure
 from tests.support.faultyfs import FaultControl, faulty_filesystem
@@ -124,7 +124,7 @@ def test_a_local_path_stays_rays_own(tmp_path, monkeypatch):
 
 
 def test_a_uri_with_an_explicit_filesystem_is_refused_not_mangled(tmp_path):
-    from spotfallback.config import ConfigError
+    from spotfallback.errors import ConfigError
 
     with pytest.raises(ConfigError, match=r"storage_path: 's3://bucket/runs' is a URI.*'bucket/runs'"):
         resolve_run("s3://bucket/runs", "job", pafs.LocalFileSystem())
@@ -144,11 +144,31 @@ def test_ledger_calls_stop_with_storage_unavailable_past_the_limit():
         raise ConnectionRefusedError("connection refused")
 
     with pytest.raises(StorageUnavailableError, match="storage unavailable.*intact") as info:
-        with_storage_retry(refused, "write ledger event", limit_s=0.5)
+        call_with_retry(refused, "write ledger event", limit_s=0.5, permanent=LedgerError)
     assert isinstance(info.value, LedgerError)  # callers catching LedgerError still do
     with pytest.raises(LedgerError) as missing:
-        with_storage_retry(lambda: (_ for _ in ()).throw(FileNotFoundError("gone")), "read", limit_s=5)
+        call_with_retry(lambda: (_ for _ in ()).throw(FileNotFoundError("gone")), "read", limit_s=5, permanent=LedgerError)
     assert not isinstance(missing.value, StorageUnavailableError)
+
+
+def test_the_ledger_gives_up_at_once_on_what_the_filesystem_gives_up_on(tmp_path, monkeypatch):
+    """One rule: what no wait can fix is raised at once, by the ledger as a LedgerError naming the call."""
+    import spotfallback.store.ledger as ledger_module
+    from spotfallback.events import RunStarted
+
+    calls = []
+
+    def denied(fs, path, payload):
+        calls.append(path)
+        raise OSError("AWS Error ACCESS_DENIED during PutObject operation")
+
+    monkeypatch.setattr(ledger_module, "write_atomically", denied)
+    ledger = ledger_module.Ledger(resolve_run(str(tmp_path), "job"))
+    t0 = time.monotonic()
+    with pytest.raises(LedgerError, match=r"write ledger event .*ACCESS_DENIED") as info:
+        ledger.append(RunStarted(1.0), 0)
+    assert not isinstance(info.value, StorageUnavailableError)
+    assert len(calls) == 1 and time.monotonic() - t0 < 1
 
 
 def test_concurrent_writers_through_one_wrapper(faulty, tmp_path):

@@ -8,8 +8,7 @@ import pytest
 import ray.train
 
 from spotfallback import FallbackTrainer, Tier
-from spotfallback.config import ConfigError
-from spotfallback.errors import RunAlreadyFinishedError, RunFailedError
+from spotfallback.errors import ConfigError, RunAlreadyFinishedError, RunFailedError
 from spotfallback.events import Finished, NodeFailed, RunStarted, WorkersAcquired
 
 
@@ -78,7 +77,8 @@ def test_a_ray_generated_name_warns_that_the_run_cannot_resume(tmp_path, caplog)
 
 
 def test_preflight_refuses_before_anything_starts_and_writes_nothing(tmp_path):
-    from spotfallback.store.lease import DriverAlreadyRunningError, DriverLease
+    from spotfallback.errors import DriverAlreadyRunningError
+    from spotfallback.store.lease import DriverLease
 
     t = trainer(tmp_path)
     t.preflight()  # a new run: nothing to refuse, and nothing written

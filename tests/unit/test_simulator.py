@@ -20,36 +20,30 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.policy import FallbackPolicy, PreemptionBudget
+from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
     daly_interval,
     exact_accounting,
     seed_closed_form,
     young_interval,
 )
-from spotfallback.sim.simulator import (
-    FAILED,
-    FINISHED,
-    STUCK,
-    JobSpec,
-    RateModel,
-    ScriptedModel,
-    compile_node_trace,
-    compile_spot_trace,
-    complement_trace,
-    cycle_progress,
-    simulate,
-    simulate_many,
-    simulate_uniform_progress,
-    simulated_optimal_interval,
-    wall_to_finish,
-    world_for,
-)
+from spotfallback.sim.job import JobSpec, cycle_progress, wall_to_finish
+from spotfallback.sim.results import FAILED, FINISHED, STUCK
+from spotfallback.sim.simulate import simulate, simulate_many, simulated_optimal_interval
 from spotfallback.sim.traces import (
     NodeEvent,
     NodeTrace,
     SpotTrace,
     load_node_trace,
     load_spot_trace,
+)
+from spotfallback.sim.world import (
+    RateModel,
+    ScriptedModel,
+    compile_node_trace,
+    compile_spot_trace,
+    complement_trace,
+    world_for,
 )
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"

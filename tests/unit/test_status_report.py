@@ -32,26 +32,14 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.policy import FallbackPolicy
+from spotfallback.store.heartbeat import HeartbeatThrottle, read_heartbeat, write_heartbeat
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import resolve_run
-from spotfallback.view.progress import (
-    DriverInfo,
-    HeartbeatThrottle,
-    JsonSink,
-    PlainSink,
-    RunWatcher,
-    build_snapshot,
-    describe_event,
-    read_heartbeat,
-    write_heartbeat,
-)
-from spotfallback.view.report import (
-    cost_report,
-    cost_table,
-    html_report,
-    summary_lines,
-    timeline_png,
-)
+from spotfallback.view.report import cost_report, cost_table, html_report, summary_lines
+from spotfallback.view.snapshot import DriverInfo, build_snapshot
+from spotfallback.view.text import describe_event
+from spotfallback.view.timeline import timeline_png
+from spotfallback.view.watcher import JsonSink, PlainSink, RunWatcher
 from tests.support.ledgers import LADDER, OD_PRICE, SPOT_PRICE, T0, run_events, write_ledger
 
 
@@ -363,7 +351,7 @@ def test_mlflow_sink_logs_tier_switches_and_spend_and_resumes_the_same_run(tmp_p
 
 
 def test_live_panel_on_a_terminal_prints_events_and_the_final_panel(tmp_path):
-    from spotfallback.view.progress import LiveSink
+    from spotfallback.view.watcher import LiveSink
 
     location, _ = write_ledger(tmp_path, run_events())
     screen = io.StringIO()
@@ -377,10 +365,10 @@ def test_live_panel_on_a_terminal_prints_events_and_the_final_panel(tmp_path):
 
 
 # ---------------------------------------------------------------------------------------
-# Climbs back, resizes, preemption notices and just-in-time checkpoints (issues 4 and 10)
+# Climbs back, resizes, preemption notices and just-in-time checkpoints
 
 from spotfallback.events import CapacityObserved, JitCheckpoint, PreemptionNotice  # noqa: E402
-from spotfallback.view.progress import money  # noqa: E402
+from spotfallback.view.text import money  # noqa: E402
 
 BEYOND = make_ladder([
     Tier.spot((1, 2), max_preemptions=0, price_per_worker_hour=SPOT_PRICE, climb_back=True, min_dwell_s=0),
@@ -442,17 +430,17 @@ def test_climbs_resizes_notices_and_jit_checkpoints_are_counted_in_the_report(tm
 
 def test_timeline_waits_replay_the_same_rules_as_accounting(tmp_path, finished_run):
     from spotfallback.accounting import summarize
-    from spotfallback.view.report import _intervals
+    from spotfallback.view.intervals import run_intervals
 
     for ladder, records in ((BEYOND, write_beyond(tmp_path)[1]), (LADDER, finished_run[1])):
         summary = summarize(ladder, records)
-        waiting, redone, held = _intervals(records, summary.ended_at)
+        waiting, redone, held = run_intervals(records, summary.ended_at)
         for i, usage in enumerate(summary.tiers):
             assert sum(b - a for t, a, b in waiting if t == i) == pytest.approx(usage.waiting_s), (i, waiting)
             # Lost time is either redone work or the hold after a just-in-time checkpoint.
             lost = sum(b - a for t, a, b in (*redone, *held) if t == i)
             assert lost == pytest.approx(usage.lost_s), (i, redone, held)
-    waiting, redone, held = _intervals(write_beyond(tmp_path, "b2")[1], T0 + 3300)
+    waiting, redone, held = run_intervals(write_beyond(tmp_path, "b2")[1], T0 + 3300)
     assert (0, T0 + 1910, T0 + 1980) in waiting and (0, T0 + 2590, T0 + 2650) in waiting
     assert held == [(0, T0 + 1204, T0 + 1230)] and redone == []  # the JIT checkpoint: nothing redone
 

@@ -8,7 +8,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from spotfallback.sim.traces import NodeEvent, TraceError, load_node_trace, load_spot_trace
+from spotfallback.errors import TraceError
+from spotfallback.sim.traces import NodeEvent, load_node_trace, load_spot_trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"

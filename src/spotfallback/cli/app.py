@@ -1,4 +1,4 @@
-"""The `spotfallback` command line: a thin typer shell over the library."""
+"""The `spotfallback` command line: a thin typer shell over the library, one module per command."""
 
 from __future__ import annotations
 
@@ -14,20 +14,11 @@ app = typer.Typer(
 
 
 def _register_subcommands() -> None:
-    # Each feature module adds its own commands; keep one line per module here.
-    from spotfallback.cli import (
-        manifest,  # deployment: `spotfallback manifest ...`
-        notice,  # notices: `spotfallback notice-agent`
-        plan,  # planner: `spotfallback plan`
-        run,  # `spotfallback run`, `spotfallback demo`
-        status,  # `spotfallback status`, `report`, `init`
-    )
+    # One module per command, each adding itself; `spotfallback --help` lists them in this order.
+    from spotfallback.cli import demo, init, manifest, notice, plan, report, run, status
 
-    run.register(app)
-    plan.register(app)
-    manifest.register(app)
-    notice.register(app)
-    status.register(app)
+    for command in (run, demo, plan, manifest, notice, status, report, init):
+        command.register(app)
 
 
 def main() -> None:

@@ -15,12 +15,13 @@ from typing import Annotated, NoReturn, TypeVar
 
 import typer
 
-from spotfallback.config import ConfigError, JobConfig, run_name_error
+from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
 from spotfallback.deploy.launcher import LauncherOptions, render_cluster_launcher
-from spotfallback.deploy.validate import ManifestInvalid, Report, validate_file
+from spotfallback.deploy.validate import Report, validate_file
+from spotfallback.errors import EXIT_BAD_INPUT, EXIT_ERROR, ConfigError, ManifestInvalid
 
 E = TypeVar("E", bound=StrEnum)
 
@@ -56,7 +57,7 @@ def _choice(option: str, value: str, enum: type[E]) -> E:
         _fail(f"{option}: {value!r} is not one of: {', '.join(e.value for e in enum)}")
 
 
-def _fail(message: str, code: int = 2) -> NoReturn:
+def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
 
@@ -181,7 +182,7 @@ def kuberay_command(
     except ConfigError as e:
         _config_error(e, job)
     except ManifestInvalid as e:
-        _fail(f"internal error, the generated manifest does not validate: {e}", code=1)
+        _fail(f"internal error, the generated manifest does not validate: {e}", e.exit_code)
     _emit(text, out, f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups")
     _say_run_name(config, run_name, unique_name)
 
@@ -245,7 +246,7 @@ def launcher_command(
     except ConfigError as e:
         _config_error(e, job)
     except ManifestInvalid as e:
-        _fail(f"internal error, the generated config does not validate: {e}", code=1)
+        _fail(f"internal error, the generated config does not validate: {e}", e.exit_code)
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     _say_run_name(config, run_name, unique_name)
 
@@ -266,7 +267,7 @@ def validate_command(
     _print_report(file, report)
     if not report.ok:
         typer.echo(f"{file}: {len(report.errors)} error(s)", err=True)
-        raise typer.Exit(1)
+        raise typer.Exit(EXIT_ERROR)
     typer.echo(f"{file}: ok ({', '.join(report.kinds)})")
 
 

@@ -14,14 +14,10 @@ from typing import Annotated, Any
 
 import typer
 
-from spotfallback.notices.agent import CLOUDS, DEFAULT_BASE_URL, Notice, NoticeAgent, make_poller
-
-EXIT_BAD_INPUT = 2
-
-
-def _fail(message: str) -> typer.Exit:
-    typer.echo(f"error: {message}", err=True)
-    return typer.Exit(EXIT_BAD_INPUT)
+from spotfallback.cli.common import fail, setup_logging
+from spotfallback.errors import ConfigError, SpotfallbackError
+from spotfallback.notices.agent import NoticeAgent
+from spotfallback.notices.metadata import CLOUDS, DEFAULT_BASE_URL, Notice, make_poller
 
 
 def _check_number(option: str, value: float, *, low: float, inclusive: bool = True) -> None:
@@ -29,14 +25,14 @@ def _check_number(option: str, value: float, *, low: float, inclusive: bool = Tr
     ok = math.isfinite(value) and (value >= low if inclusive else value > low)
     if not ok:
         bound = f"at least {low:g}" if inclusive else f"more than {low:g}"
-        raise _fail(f"{option}: {value!r} is not a number of seconds {bound}")
+        raise fail(f"{option}: {value!r} is not a number of seconds {bound}")
 
 
 def _check_url(url: str) -> str:
     """The metadata service's base URL: http(s) with a host, or every poll would fail."""
     parts = urllib.parse.urlsplit(url.strip())
     if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise _fail(
+        raise fail(
             f"--metadata-url (SPOTFALLBACK_METADATA_URL): {url!r} is not an http(s) URL with a host, "
             f"e.g. {DEFAULT_BASE_URL}"
         )
@@ -90,8 +86,7 @@ def register(app: typer.Typer) -> None:
 
         Every setting a sidecar needs has an environment variable (shown below); the Ray node is found through the ray_current_cluster file, so share the Ray container's /tmp/ray with the agent (docs/notices.md).
         """
-        from spotfallback.cli.run import setup_logging
-        from spotfallback.notices.agent import detect_cloud
+        from spotfallback.notices.metadata import detect_cloud
 
         setup_logging(verbose=False)
         logging.getLogger("spotfallback").setLevel(logging.INFO)
@@ -107,19 +102,20 @@ def register(app: typer.Typer) -> None:
         metadata_url = _check_url(metadata_url)
         cloud = cloud.strip().lower()
         if cloud not in ("auto", *CLOUDS):
-            raise _fail(f"--cloud (SPOTFALLBACK_CLOUD): {cloud!r} is not one of auto, {', '.join(CLOUDS)}")
+            raise fail(f"--cloud (SPOTFALLBACK_CLOUD): {cloud!r} is not one of auto, {', '.join(CLOUDS)}")
         if cloud == "auto":
             detected = detect_cloud(metadata_url, timeout_s=min(timeout, 1.0))
             if detected is None:
-                raise _fail("could not detect the cloud (no metadata service answered); pass --cloud")
+                raise fail("could not detect the cloud (no metadata service answered); pass --cloud")
             cloud = detected
             typer.echo(f"notice-agent: detected cloud {cloud}", err=True)
-        options: dict[str, Any] = {
+        per_cloud: dict[str, dict[str, Any]] = {
             "aws": {"act_on_rebalance": act_on_rebalance, "rebalance_deadline_s": rebalance_deadline},
             "gcp": {"notice_s": gcp_notice, "wait_for_change": gcp_wait_for_change},
             "azure": {"vm_name": azure_vm_name},
             "k8s": {"grace_s": k8s_grace},
-        }[cloud]
+        }
+        options = per_cloud[cloud]
         poller = make_poller(cloud, metadata_url, timeout_s=timeout, **options)
 
         target = node_id or "-"
@@ -135,7 +131,6 @@ def register(app: typer.Typer) -> None:
 
         recorder = None
         if run is not None:
-            from spotfallback.config import ConfigError
             from spotfallback.notices.agent import LedgerRecorder
             from spotfallback.notices.runlog import RunLog
             from spotfallback.store.location import resolve_run, split_run_uri
@@ -143,7 +138,7 @@ def register(app: typer.Typer) -> None:
             try:
                 recorder = LedgerRecorder(RunLog(resolve_run(*split_run_uri(run))), target)
             except ConfigError as e:
-                raise _fail(f"--run (SPOTFALLBACK_RUN): {e}") from None
+                raise fail(f"--run (SPOTFALLBACK_RUN): {e}", e.exit_code) from None
 
         def record(notice: Notice, drained: bool, detail: str) -> None:
             if dry_run:
@@ -168,12 +163,13 @@ def _find_ray_node(address: str | None, node_id: str | None, wait_s: float) -> A
     """The drain for this machine's Ray node, waiting up to ``wait_s`` for Ray to come up.
 
     A sidecar or a boot-time unit may start before ``ray start`` has written its address or
-    registered its node: that is waited out. A malformed address or several nodes on this
-    machine's address (pass --node-id) cannot get better by waiting: exit 2 at once.
+    registered its node (``NoLocalRayNodeError``, retryable): that is waited out. A malformed
+    address or several nodes on this machine's address (``AmbiguousRayNodeError``: pass
+    --node-id) cannot get better by waiting: exit 2 at once.
     """
     from ray.exceptions import RpcError
 
-    from spotfallback.notices.agent import AmbiguousRayNodeError, RayDrain, gcs_address_for
+    from spotfallback.notices.agent import RayDrain, gcs_address_for
 
     deadline = time.monotonic() + wait_s
     said = ""
@@ -183,12 +179,17 @@ def _find_ray_node(address: str | None, node_id: str | None, wait_s: float) -> A
             drain = RayDrain(gcs, node_id)
             drain.node_id = drain.target()
             return drain
-        except (AmbiguousRayNodeError, ValueError) as e:
-            raise _fail(f"cannot find the Ray node to drain: {e}") from None
+        except SpotfallbackError as e:
+            if not e.retryable:
+                raise fail(f"cannot find the Ray node to drain: {e}", e.exit_code) from None
+            error: Exception = e
+        except ValueError as e:  # a malformed address
+            raise fail(f"cannot find the Ray node to drain: {e}") from None
         except (ConnectionError, RuntimeError, RpcError) as e:
-            if time.monotonic() >= deadline:
-                raise _fail(f"cannot find the Ray node to drain after {wait_s:g}s: {e}") from None
-            if str(e) != said:
-                typer.echo(f"notice-agent: waiting for the Ray node: {e}", err=True)
-                said = str(e)
-            time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))
+            error = e
+        if time.monotonic() >= deadline:
+            raise fail(f"cannot find the Ray node to drain after {wait_s:g}s: {error}") from None
+        if str(error) != said:
+            typer.echo(f"notice-agent: waiting for the Ray node: {error}", err=True)
+            said = str(error)
+        time.sleep(min(2.0, max(0.0, deadline - time.monotonic())))

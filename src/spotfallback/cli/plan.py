@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import math
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import typer
@@ -12,20 +13,17 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.config import ConfigError, JobConfig, format_validation_error
+from spotfallback.config import JobConfig, format_validation_error
+from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from spotfallback.sim.planner import Candidate, Plan, PlanRequest, load_process, plan
-from spotfallback.sim.simulator import Process, RateModel, complement_trace
-from spotfallback.sim.traces import SpotTrace, TraceError
+from spotfallback.sim.traces import SpotTrace
+from spotfallback.sim.world import Process, RateModel, complement_trace
 
 
-class _UsageError(Exception):
-    """Bad input; printed as one line and exit code 2."""
-
-
-def _fail(option: str, message: str) -> _UsageError:
-    # One line whatever the input held: a path or value with a newline is shown escaped.
-    return _UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
+def _fail(option: str, message: str) -> UsageError:
+    """Bad input, printed as one ``Error:`` line; a path or value with a newline is shown escaped."""
+    return UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
 
 
 def seed_table(discount: float = DEFAULT_DISCOUNT) -> Table:
@@ -119,16 +117,17 @@ def _plot(p: Plan, path: Path) -> None:
     od = next(c for c in p.baselines if c.label == "on-demand only")
     deadline = p.request.deadline_h
     fig, axes = plt.subplots(2, 2, figsize=(11, 8))
-    for row, (rows, xlabel, xs) in enumerate(
+    for row, (rows, xlabel) in enumerate(
         (
-            (p.sweep_over_m(), "max_preemptions M on the first spot tier", None),
-            (p.sweep_over_tau(), "checkpoint interval tau (h)", None),
+            (p.sweep_over_m(), "max_preemptions M on the first spot tier"),
+            (p.sweep_over_tau(), "checkpoint interval tau (h)"),
         )
     ):
         ax_cost, ax_time = axes[row]
         if not rows:
             ax_cost.text(0.5, 0.5, "no sweep (on-demand recommended)", ha="center", transform=ax_cost.transAxes)
             continue
+        xs: list[Any]
         if row == 0:
             labels = ["inf" if c.ladder[0].max_preemptions == -1 else str(c.ladder[0].max_preemptions) for c in rows]  # type: ignore[index]
             xs = list(range(len(rows)))
@@ -214,7 +213,7 @@ _JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoin
 
 
 def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers: int, storage_path: str,
-                entrypoint: str | None, train_loop_config: str) -> dict[str, object] | None:
+                entrypoint: str | None, train_loop_config: str) -> dict[str, Any] | None:
     """The job file's own fields, checked before minutes of simulation are spent."""
     if write_yaml is None:
         return None
@@ -227,7 +226,7 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
         raise _fail("--train-loop-config", f"not valid JSON: {e.msg} at character {e.pos}") from None
     if not isinstance(loop_config, dict):
         raise _fail("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
-    fields = {
+    fields: dict[str, Any] = {
         "name": name or f"job-{hours:g}h-{workers}w",
         "storage_path": storage_path,
         "entrypoint": entrypoint,
@@ -328,9 +327,9 @@ def register(app: typer.Typer) -> None:
                 result = plan(req, spots)
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise _fail("--workers", str(e)) from None
-        except _UsageError as e:
+        except UsageError as e:
             typer.echo(f"Error: {e}", err=True)
-            raise typer.Exit(2) from None
+            raise typer.Exit(e.exit_code) from None
 
         mtbf = "inf" if not math.isfinite(result.gang_mtbf_h) else f"{result.gang_mtbf_h:.2f} h"
         young = "n/a" if result.tau_young_h is None else _fmt_h(result.tau_young_h)
@@ -362,7 +361,7 @@ def register(app: typer.Typer) -> None:
                 text = result.job_yaml(**job_fields)
             except ConfigError as e:
                 typer.echo(f"Error: {_fail('--write-yaml', '; '.join(str(e).splitlines()))}", err=True)
-                raise typer.Exit(2) from None
+                raise typer.Exit(e.exit_code) from None
             write_yaml.write_text(text)
             console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
         if plot is not None:

@@ -6,37 +6,30 @@ import contextlib
 import json
 import logging
 import os
-import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
-from rich.console import Console
-from rich.markup import escape
 
-from spotfallback.config import ConfigError, JobConfig, validation_config_error
+from spotfallback.cli.common import err_console, fail, setup_logging
+from spotfallback.config import JobConfig, validation_config_error
+from spotfallback.errors import (
+    EXIT_ERROR,
+    EXIT_FATAL,
+    EXIT_OK,
+    EXIT_USER_CODE,
+    ConfigError,
+    SpotfallbackError,
+)
 
 if TYPE_CHECKING:
-    from spotfallback.view.progress import WatchOptions
+    from spotfallback.view.watcher import WatchOptions
 
-# Exit codes a scheduler can act on.
-EXIT_OK = 0
-EXIT_ERROR = 1  # anything else: storage unreachable past its limit, a damaged ledger, an unexpected error
-EXIT_BAD_INPUT = 2  # the job file, an option or the environment it names (fix it and run again)
-EXIT_USER_CODE = 3  # the training function raised on healthy nodes, after its retries (your bug)
-EXIT_LADDER_EXHAUSTED = 4  # every tier was left; checkpoints kept, --retry-failed resumes
-EXIT_DRIVER_LIVE = 5  # another driver is running this run; try again later
-EXIT_REFUSED = 6  # the run already finished, or gave up earlier (--retry-failed resumes it)
-EXIT_FATAL = 7  # an error retrying cannot fix (configuration, access); checkpoints kept
-
-err_console = Console(stderr=True, highlight=False)
-
-
-def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
-    """Print ``error: message`` (taken literally, never as markup) and return the exit to raise."""
-    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
-    return typer.Exit(code)
+FATAL_HINT = (
+    "This is not retried (retrying cannot fix it: configuration, access). Checkpoints are "
+    "kept: fix the cause, then run again with --retry-failed to resume."
+)
 
 
 def load_job(job_file: Path | None, job_json: str | None, overrides: dict[str, Any]) -> JobConfig:
@@ -61,55 +54,30 @@ def load_job(job_file: Path | None, job_json: str | None, overrides: dict[str, A
         raise validation_config_error(source, e) from None
 
 
-def setup_logging(verbose: bool) -> None:
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(logging.Formatter("%(asctime)s spotfallback %(message)s", "%H:%M:%S"))
-    log = logging.getLogger("spotfallback")
-    log.handlers[:] = [handler]
-    log.setLevel(logging.INFO)
-    log.propagate = False
-    if not verbose:
-        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
-
-
 def exit_for(error: BaseException, give_up_cause: str | None = None) -> tuple[int, str]:
     """The exit code and message for an error that ended ``spotfallback run``.
 
-    ``give_up_cause`` is the ledger's reason for stopping (``application``, ``exhausted``,
-    ``fatal``), read after the error: only an ``application`` give-up makes an arbitrary
-    exception the training function's own (``fit()`` re-raises the user's exception as is).
+    spotfallback's own errors carry their code (``SpotfallbackError.exit_code``). Anything
+    else is Ray's ``TrainingFailedError`` (exit 1) or an exception ``fit()`` re-raised as is:
+    ``give_up_cause``, the ledger's reason for stopping (``application``, ``exhausted``,
+    ``fatal``) read after the error, makes it the training function's own (exit 3) only when
+    it says ``application``.
     """
     from ray.train.v2.api.exceptions import TrainingFailedError
 
-    from spotfallback.errors import (
-        LadderExhaustedError,
-        RunAlreadyFinishedError,
-        RunFailedError,
-        RunFatalError,
-    )
-    from spotfallback.store.lease import DriverAlreadyRunningError
-    from spotfallback.store.ledger import LedgerError
-
-    if isinstance(error, DriverAlreadyRunningError):
-        return EXIT_DRIVER_LIVE, str(error)
-    if isinstance(error, RunAlreadyFinishedError | RunFailedError):
-        return EXIT_REFUSED, str(error)
-    if isinstance(error, LadderExhaustedError):
-        return EXIT_LADDER_EXHAUSTED, str(error)
-    if isinstance(error, RunFatalError):
-        return EXIT_FATAL, (
-            f"{error}\nThis is not retried (retrying cannot fix it: configuration, access). Checkpoints are "
-            "kept: fix the cause, then run again with --retry-failed to resume."
-        )
-    if isinstance(error, ConfigError):
-        return EXIT_BAD_INPUT, str(error)
-    if isinstance(error, LedgerError):  # storage unreachable past its limit, or a damaged ledger
-        return EXIT_ERROR, str(error)
-    if isinstance(error, TrainingFailedError):
+    if isinstance(error, SpotfallbackError):
+        code = error.exit_code
+    elif isinstance(error, TrainingFailedError):
         return EXIT_ERROR, f"training failed: {error}"
-    if give_up_cause == "application":
-        return EXIT_USER_CODE, f"the training function failed: {type(error).__name__}: {error}"
-    return EXIT_ERROR, f"unexpected error: {type(error).__name__}: {error}"
+    elif give_up_cause == "application":
+        code = EXIT_USER_CODE
+    else:
+        return EXIT_ERROR, f"unexpected error: {type(error).__name__}: {error}"
+    if code == EXIT_USER_CODE:
+        return code, f"the training function failed: {type(error).__name__}: {error}"
+    if code == EXIT_FATAL:
+        return code, f"{error}\n{FATAL_HINT}"
+    return code, str(error)
 
 
 def _give_up_cause(trainer: Any) -> str | None:
@@ -147,7 +115,7 @@ def run_job(
     Everything that can refuse the run (a live driver, a finished or failed run, another
     ladder, a bad entrypoint, an unusable ``--mlflow``) does so before a cluster is started
     or joined and before any progress sink (an MLflow run) is created. ``watch`` chooses how
-    progress is shown (``progress.watcher_for_job``); None shows none.
+    progress is shown (``view.watcher.watcher_for_job``); None shows none.
     """
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     from spotfallback.runtime.trainer import FallbackTrainer
@@ -159,7 +127,7 @@ def run_job(
         trainer.preflight()
         watcher = None
         if watch is not None:
-            from spotfallback.view.progress import watcher_for_job
+            from spotfallback.view.watcher import watcher_for_job
 
             watcher = watcher_for_job(job, watch)
         cluster = _connect(job, verbose)
@@ -182,6 +150,8 @@ def run_job(
 
 
 def register(app: typer.Typer) -> None:
+    """Add `run` to the spotfallback CLI."""
+
     @app.command("run")
     def run_cmd(
         job_file: Annotated[Path | None, typer.Argument(help="Job YAML (see `spotfallback init`).", show_default=False)] = None,
@@ -208,31 +178,8 @@ def register(app: typer.Typer) -> None:
         try:
             job = load_job(job_file, job_json, {"ray_address": ray_address, "name": name, "storage_path": storage_path})
         except ConfigError as e:
-            raise fail(str(e)) from None
-        from spotfallback.view.progress import WatchOptions
+            raise fail(str(e), e.exit_code) from None
+        from spotfallback.view.watcher import WatchOptions
 
         watch = WatchOptions(mode="json" if json_lines else None, mlflow=mlflow)
         raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose, watch=watch))
-
-    @app.command("demo")
-    def demo_cmd(
-        verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
-        keep: Annotated[bool, typer.Option("--keep", help="Keep the run's checkpoints and ledger (a temporary directory).")] = False,
-        out: Annotated[Path, typer.Option("--out", help="Where to write the run's timeline picture (PNG).")] = Path("spotfallback-demo-timeline.png"),
-    ) -> None:
-        """Train the PyTorch example on a local spot cluster, preempt it onto on-demand, show the cost.
-
-        Each preemption comes with a notice, as a cloud gives one: the example takes a
-        just-in-time checkpoint, so no step is redone. Prints the events as they happen, the
-        tier timeline, the steps redone per eviction, the final accuracy and the spend against
-        all-on-demand, and writes the timeline picture. Needs a source checkout (it runs
-        examples/ddp_digits.py); takes about two minutes on two cores. Exit codes: 0 done,
-        1 the run failed, 2 bad input.
-        """
-        if out.suffix.lower() != ".png":
-            raise fail(f"--out: {str(out)!r} must end in .png")
-        if not out.parent.is_dir():
-            raise fail(f"--out: directory {str(out.parent)!r} does not exist")
-        from spotfallback.local.demo import run_demo
-
-        raise typer.Exit(run_demo(verbose=verbose, keep=keep, out=out))

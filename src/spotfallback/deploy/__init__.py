@@ -17,7 +17,6 @@ from spotfallback.deploy.launcher import (
 )
 from spotfallback.deploy.validate import (
     Finding,
-    ManifestInvalid,
     Report,
     validate_document,
     validate_file,
@@ -30,7 +29,6 @@ __all__ = [
     "Kind",
     "KubeRayOptions",
     "LauncherOptions",
-    "ManifestInvalid",
     "Report",
     "VmCloud",
     "cluster_launcher_config",

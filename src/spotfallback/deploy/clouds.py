@@ -19,7 +19,8 @@ from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
 
-from spotfallback.config import ON_DEMAND, SPOT, ConfigError
+from spotfallback.config import ON_DEMAND, SPOT
+from spotfallback.errors import ConfigError
 
 
 class K8sCloud(StrEnum):

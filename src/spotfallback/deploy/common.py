@@ -13,7 +13,8 @@ from datetime import UTC, datetime
 
 import yaml
 
-from spotfallback.config import MARKET_LABEL, ConfigError, JobConfig, Tier, run_name_error
+from spotfallback.config import MARKET_LABEL, JobConfig, Tier, run_name_error
+from spotfallback.errors import ConfigError
 
 # Ray version the generated files pin; the image must carry the same Ray as `rayVersion`.
 DEFAULT_RAY_VERSION = "2.60.0"

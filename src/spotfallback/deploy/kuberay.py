@@ -31,7 +31,7 @@ from typing import Any
 
 import yaml
 
-from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import SPOT_GRACE_S, K8sCloud, PodPlacement, pod_placement
 from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
@@ -47,6 +47,7 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.validate import assert_valid_text
+from spotfallback.errors import ConfigError
 
 API_VERSION = "ray.io/v1"
 # KubeRay's own limits: it appends suffixes to build service and cluster names.
@@ -198,8 +199,8 @@ def _storage(job: JobConfig, opts: KubeRayOptions) -> _Storage:
     if scheme in _GCS_SCHEMES:
         volume = {"name": "storage-credentials", "secret": {"secretName": secret}}
         mount = {"name": "storage-credentials", "mountPath": GCS_CREDENTIALS_DIR, "readOnly": True}
-        env = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{GCS_CREDENTIALS_DIR}/key.json"}
-        return _Storage(env=(env,), volumes=(volume,), mounts=(mount,))
+        credentials = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{GCS_CREDENTIALS_DIR}/key.json"}
+        return _Storage(env=(credentials,), volumes=(volume,), mounts=(mount,))
     if scheme not in _STORAGE_ENV:
         raise ConfigError(
             f"storage_secret: no known credentials for {scheme}:// storage; "

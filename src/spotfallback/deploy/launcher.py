@@ -22,7 +22,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, ConfigError, JobConfig, Tier
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import VmCloud, vm_market_config
 from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
@@ -39,6 +39,7 @@ from spotfallback.deploy.common import (
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
 from spotfallback.deploy.validate import assert_valid_text
+from spotfallback.errors import ConfigError
 
 HEAD_TYPE = "head"
 GCP_CPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/common-cpu"

@@ -32,6 +32,7 @@ from spotfallback.deploy.clouds import (
     vm_config_is_spot,
 )
 from spotfallback.deploy.schema import KUBERAY_FILES, kuberay_validator, launcher_validator
+from spotfallback.errors import ManifestInvalid
 
 MAX_NAME = {"RayJob": 47, "RayCluster": 53}
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
@@ -76,14 +77,6 @@ class Report:
     @property
     def ok(self) -> bool:
         return not self.errors
-
-
-class ManifestInvalid(ValueError):
-    """A generated file failed validation: a bug in the generator, never the user's input."""
-
-    def __init__(self, findings: list[Finding]) -> None:
-        self.findings = findings
-        super().__init__("; ".join(map(str, findings)))
 
 
 # --- parsing -----------------------------------------------------------------------------------
@@ -284,8 +277,11 @@ def _selected_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
     terms = _get(pod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []
     for term in terms:
         for expr in _get(term, "matchExpressions") or []:
-            if isinstance(expr, dict) and expr.get("operator") == "In" and len(expr.get("values") or []) == 1:
-                pairs.add((expr.get("key"), expr["values"][0]))
+            if not isinstance(expr, dict) or expr.get("operator") != "In":
+                continue
+            key, values = expr.get("key"), expr.get("values")
+            if isinstance(key, str) and isinstance(values, list) and len(values) == 1:
+                pairs.add((key, values[0]))
     return pairs
 
 
@@ -328,7 +324,8 @@ def _cluster_findings(spec: Any, at: list[str | int], annotations: dict[str, Any
     head = spec.get("headGroupSpec")
     if isinstance(head, dict):
         yield from _group_findings(head, [*at, "headGroupSpec"], is_head=True)
-    workers = spec.get("workerGroupSpecs") if isinstance(spec.get("workerGroupSpecs"), list) else []
+    listed = spec.get("workerGroupSpecs")
+    workers: list[Any] = listed if isinstance(listed, list) else []
     first_with: dict[str, int] = {}
     for i, group in enumerate(workers):
         if not isinstance(group, dict):
@@ -353,7 +350,8 @@ def _cluster_findings(spec: Any, at: list[str | int], annotations: dict[str, Any
     if autoscaling and v2_env and _get(spec, "autoscalerOptions", "version") is not None:
         yield Finding(field_path([*head_env_at, v2_env[0]]), "set autoscalerOptions.version only, not also RAY_enable_autoscaler_v2")
     v2 = autoscaling and (_get(spec, "autoscalerOptions", "version") == "v2" or bool(v2_env and v2_env[1] in ("1", "true")))
-    groups = [(["headGroupSpec"], head)] + [(["workerGroupSpecs", i], g) for i, g in enumerate(workers)]
+    groups: list[tuple[list[str | int], Any]] = [(["headGroupSpec"], head)]
+    groups += [(["workerGroupSpecs", i], g) for i, g in enumerate(workers)]
     for sub, group in groups:
         policy = _get(group, "template", "spec", "restartPolicy")
         if v2 and policy not in (None, "Never"):

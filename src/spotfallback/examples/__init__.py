@@ -1,1 +1,1 @@
-"""Runnable examples; importable as ``examples.<module>`` from the repository root."""
+"""Runnable examples, installed with the package: ``spotfallback.examples.<module>:train_fn``."""

@@ -36,6 +36,7 @@ each attempt resumed).
 from __future__ import annotations
 
 import os
+from functools import partial
 
 # Before TensorFlow loads (this module is imported by the workers before train_fn runs).
 os.environ.setdefault("TF_ENABLE_ONEDNN_OPTS", "0")
@@ -225,7 +226,7 @@ def train_fn(config: dict[str, Any]) -> None:
             metrics["accuracy"] = float(np.mean(pred == y_test))
             metrics["weights_sha256"] = weights_sha256(model)
         if watch is not None and not last and watch.check():
-            watch.save_and_hold(lambda m=metrics, s=step: state.report(s, m), step=step)  # never returns
+            watch.save_and_hold(partial(state.report, step, metrics), step=step)  # never returns
         if last or step % cfg["checkpoint_every"] == 0:
             state.report(step, metrics)
         elif step % cfg["report_every"] == 0:

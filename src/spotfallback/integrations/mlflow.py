@@ -23,9 +23,10 @@ import logging
 import os
 from typing import Any
 
-from spotfallback.config import ConfigError, Ladder
-from spotfallback.store.ledger import LedgerRecord
-from spotfallback.view.progress import Snapshot
+from spotfallback.config import Ladder
+from spotfallback.errors import ConfigError
+from spotfallback.events import LedgerRecord
+from spotfallback.view.snapshot import Snapshot
 
 logger = logging.getLogger("spotfallback")
 
@@ -44,7 +45,7 @@ def _mlflow() -> Any:
 
 
 class MlflowSink:
-    """A ``progress.ProgressSink`` that mirrors the ledger into one MLflow run.
+    """A ``view.watcher.ProgressSink`` that mirrors the ledger into one MLflow run.
 
     If an MLflow run is active in the thread that builds the sink, that run is used (and left
     open); otherwise the run tagged with ``run_name`` in ``experiment`` (default: the

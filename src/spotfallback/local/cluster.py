@@ -5,7 +5,7 @@ killed and denied, without a cloud account. ``ray.cluster_utils.Cluster`` starts
 this wrapper adds what a cloud adds: market labels, node groups, and a view of which nodes are
 up. The head has no CPUs so no training worker ever lands next to the driver and the Train
 controller (the controller needs none), just as the head of a real cluster sits on on-demand
-capacity.
+capacity. One idea, the cluster and its view of its nodes, kept in one module.
 """
 
 from __future__ import annotations
@@ -432,11 +432,11 @@ class LocalSpotCluster:
 
     def gcs_client(self) -> Any:
         """A ``ray._raylet.GcsClient`` for this cluster (drains, node table); thread-safe."""
-        from ray._raylet import GcsClient
+        from spotfallback.notices.drain import gcs_client
 
         with self._gcs_lock:
             if self._gcs is None:
-                self._gcs = GcsClient(address=self.gcs_address)
+                self._gcs = gcs_client(self.gcs_address)
             return self._gcs
 
     def node_statuses(self) -> dict[str, NodeStatus]:
@@ -529,7 +529,7 @@ class LocalSpotCluster:
 def _start_worker_node(cluster: Any, *, wait: bool, **node_args: Any) -> Node:
     """``Cluster.add_node`` for a worker node, minus its main-thread-only signal handlers.
 
-    Same parameters as ray.cluster_utils.Cluster.add_node (Ray 2.58-2.60); the node shares
+    Same parameters as ray.cluster_utils.Cluster.add_node (Ray 2.60); the node shares
     the spawning thread's fate (kernel parent-death signal) instead of using atexit hooks.
     """
     from ray._private.client_mode_hook import disable_client_hook

@@ -1,8 +1,9 @@
 """`spotfallback demo`: the whole story on an embedded local spot cluster, in about two minutes.
 
 Starts a head (no CPUs: the driver and Ray Train's controller) with two spot and two
-on-demand nodes, trains the PyTorch DDP example on a spot → on-demand ladder, and preempts
-spot nodes until the spot budget is spent, the way a cloud does: a preemption notice (the
+on-demand nodes, trains the PyTorch DDP example (``spotfallback.examples.ddp_digits``, part of
+the installed package, so the demo runs from any directory) on a spot → on-demand ladder, and
+preempts spot nodes until the spot budget is spent, the way a cloud does: a preemption notice (the
 node is drained with a deadline, as ``spotfallback notice-agent`` does for a real notice),
 then the node goes. The example checks for notices every second and takes a just-in-time
 checkpoint on one, so each eviction redoes no steps. At the end it prints the tier timeline,
@@ -14,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import sys
 import tempfile
 import threading
 import time
@@ -46,23 +46,12 @@ DEMO_CONFIG: dict[str, Any] = {
 console = Console(highlight=False, soft_wrap=True)  # long lines stay whole in logs
 
 
-def _example_root() -> Path:
-    """The source checkout holding ``examples/`` (the demo runs the repository's example)."""
-    for base in (Path.cwd(), Path(__file__).resolve().parents[2]):
-        if (base / "examples" / "ddp_digits.py").is_file():
-            return base
-    raise SystemExit("spotfallback demo runs the repository's examples/ddp_digits.py; run it from a source checkout")
-
-
-def _env(root: Path) -> None:
+def _env() -> None:
+    """Ray Train V2 with short polls, and a short lease: set before Ray starts the cluster."""
     os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
     os.environ.setdefault("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "0.5")
     os.environ.setdefault("RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "1")
     os.environ.setdefault("SPOTFALLBACK_LEASE_TTL_S", "10")
-    paths = [str(root), *filter(None, os.environ.get("PYTHONPATH", "").split(os.pathsep))]
-    os.environ["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
-    if str(root) not in sys.path:
-        sys.path.insert(0, str(root))
 
 
 def steps_redone(step_log: Path) -> list[tuple[int, int, int]]:
@@ -89,11 +78,11 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
     from spotfallback.notices.jit import jit_failure_config
     from spotfallback.runtime.trainer import FallbackTrainer
-    from spotfallback.view.progress import describe_event, money, print_wide
-    from spotfallback.view.report import cost_report, timeline_png
+    from spotfallback.view.report import cost_report
+    from spotfallback.view.text import describe_event, money, print_wide
+    from spotfallback.view.timeline import timeline_png
 
-    root = _example_root()
-    _env(root)
+    _env()
     import ray.train
 
     from spotfallback.examples.ddp_digits import train_fn

@@ -8,6 +8,8 @@ without a drain is a plain node failure. *Taking capacity* removes a market's no
 refuses replacements, which is how a capacity timeout happens. *Trace replay* drives the
 number of live nodes from recorded spot availability, scaled in time.
 
+The kinds share one timed-action thread and one log, so they stay in one module.
+
 Every action is appended to ``Injector.log`` so tests and the demo can print a timeline.
 All public methods are thread-safe; timed actions run on one background thread, which
 ``close()`` stops.
@@ -263,7 +265,8 @@ class Injector:
         call) and, when a run is known (``record_notices``), the same ``LedgerRecorder``,
         so the ledger shows an injected notice exactly as it shows a cloud's.
         """
-        from spotfallback.notices.agent import LedgerRecorder, Notice, RayDrain
+        from spotfallback.notices.agent import LedgerRecorder, RayDrain
+        from spotfallback.notices.metadata import Notice
 
         local = self._resolve(node)
         deadline = time.time() + max(notice_s, 0.0)

@@ -5,41 +5,26 @@
 ``jit``: ``PreemptionWatch`` for training functions. Nothing here imports Ray at import time.
 """
 
-from spotfallback.notices.agent import (
-    AmbiguousRayNodeError,
+from spotfallback.notices.agent import LedgerRecorder, NoticeAgent, RayDrain
+from spotfallback.notices.drain import drain_for_preemption
+from spotfallback.notices.jit import PreemptionWatch, jit_failure_config, missed_jit_checkpoints
+from spotfallback.notices.metadata import (
     AwsPoller,
     AzurePoller,
     GcpPoller,
-    LedgerRecorder,
-    MetadataError,
-    NoLocalRayNodeError,
     Notice,
-    NoticeAgent,
     PollResult,
-    RayDrain,
     SigtermPoller,
     detect_cloud,
     make_poller,
 )
-from spotfallback.notices.drain import DrainRejectedError, drain_for_preemption
-from spotfallback.notices.jit import (
-    JitHoldExpiredError,
-    PreemptionWatch,
-    jit_failure_config,
-    missed_jit_checkpoints,
-)
 from spotfallback.notices.runlog import RunLog
 
 __all__ = [
-    "AmbiguousRayNodeError",
     "AwsPoller",
     "AzurePoller",
-    "DrainRejectedError",
     "GcpPoller",
-    "JitHoldExpiredError",
     "LedgerRecorder",
-    "MetadataError",
-    "NoLocalRayNodeError",
     "Notice",
     "NoticeAgent",
     "PollResult",

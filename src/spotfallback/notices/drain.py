@@ -11,11 +11,9 @@ from __future__ import annotations
 import time
 from typing import Any
 
+from spotfallback.errors import DrainRejectedError
+
 PREEMPTION_REASON = "DRAIN_NODE_REASON_PREEMPTION"
-
-
-class DrainRejectedError(RuntimeError):
-    """Ray refused the drain (unknown node, node already dead...); the message says why."""
 
 
 def deadline_ms_for(deadline_s: float | None, now_s: float | None = None) -> int:
@@ -29,20 +27,28 @@ def deadline_ms_for(deadline_s: float | None, now_s: float | None = None) -> int
     return max(int(deadline_s * 1000), now_ms + 1)
 
 
-def drain_for_preemption(gcs_client: Any, node_id: str, deadline_s: float | None, message: str) -> int:
+def gcs_client(address: str | None = None) -> Any:
+    """A ``ray._raylet.GcsClient`` for ``address``; by default the cluster this process is connected to."""
+    from ray._raylet import GcsClient  # type: ignore[attr-defined]  # compiled; its stub omits the class
+
+    if address is None:
+        import ray
+
+        address = ray.get_runtime_context().gcs_address
+    return GcsClient(address=address)
+
+
+def drain_for_preemption(gcs: Any, node_id: str, deadline_s: float | None, message: str) -> int:
     """Drain ``node_id`` with reason PREEMPTION until ``deadline_s`` (epoch s); returns the deadline in ms.
 
-    ``gcs_client`` is a ``ray._raylet.GcsClient`` (or its address). Raises
+    ``gcs`` is a ``ray._raylet.GcsClient`` (or its address). Raises
     ``DrainRejectedError`` when Ray does not accept the drain.
     """
     from ray.core.generated import autoscaler_pb2
 
-    if isinstance(gcs_client, str):
-        from ray._raylet import GcsClient
-
-        gcs_client = GcsClient(address=gcs_client)
+    client = gcs_client(gcs) if isinstance(gcs, str) else gcs
     deadline_ms = deadline_ms_for(deadline_s)
-    accepted, rejection = gcs_client.drain_node(
+    accepted, rejection = client.drain_node(
         node_id,
         autoscaler_pb2.DrainNodeReason.Value(PREEMPTION_REASON),
         message,

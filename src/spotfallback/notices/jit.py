@@ -37,9 +37,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from spotfallback.events import CheckpointCommitted, JitCheckpoint
+from spotfallback.errors import JitHoldExpiredError
+from spotfallback.events import CheckpointCommitted, JitCheckpoint, LedgerRecord
 from spotfallback.notices.runlog import RunLog
-from spotfallback.store.ledger import LedgerRecord
 
 logger = logging.getLogger("spotfallback")
 
@@ -47,10 +47,6 @@ logger = logging.getLogger("spotfallback")
 NO_DEADLINE_WAIT_S = 120.0
 # Events that end a worker group's attempt: a JIT checkpoint not committed before one is lost.
 _ATTEMPT_ENDS = ("preempted", "node_failed", "application_failed", "capacity_timed_out", "run_started", "fatal")
-
-
-class JitHoldExpiredError(RuntimeError):
-    """The node outlived its preemption deadline by far: Ray never tore the workers down."""
 
 
 class TrainSession(Protocol):
@@ -324,7 +320,7 @@ def jit_failure_config(*, preemption_grace_s: float = 0.0, **kwargs: Any) -> Any
     that outlasts the notice can still finish, when rank 0 is not on the preempted node;
     it delays every such restart by as much, so it stays 0 unless writes outlast notices.
     """
-    from ray.train import FailureConfig
+    from ray.train.v2.api.config import FailureConfig
 
     kwargs.setdefault("relax_collectives_on_preemption", False)
     return FailureConfig(preemption_grace_s=preemption_grace_s, **kwargs)

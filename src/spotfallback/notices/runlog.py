@@ -12,9 +12,9 @@ import logging
 import threading
 from typing import Any
 
-from spotfallback.events import InfoEvent
+from spotfallback.events import InfoEvent, LedgerRecord
 from spotfallback.policy import FallbackPolicy
-from spotfallback.store.ledger import Ledger, LedgerRecord
+from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import RunLocation
 
 logger = logging.getLogger("spotfallback")

@@ -9,7 +9,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from spotfallback.config import ConfigError
+from spotfallback.errors import ConfigError
 
 
 def load_entrypoint(entrypoint: str) -> Callable[..., Any]:
@@ -47,8 +47,8 @@ BACKEND_ATTRIBUTE = "SPOTFALLBACK_BACKEND"
 
 def declared_backend(func: Callable[..., Any]) -> str | None:
     """The backend ``func``'s module declares (``SPOTFALLBACK_BACKEND = "tensorflow"``), or None."""
-    module = sys.modules.get(getattr(func, "__module__", None) or "")
-    value = getattr(module, BACKEND_ATTRIBUTE, None)
+    module_name = getattr(func, "__module__", None) or ""
+    value = getattr(sys.modules.get(module_name), BACKEND_ATTRIBUTE, None)
     if value is not None and not isinstance(value, str):
-        raise ConfigError(f"{BACKEND_ATTRIBUTE} in {module.__name__!r} must be a string, not {value!r}")
+        raise ConfigError(f"{BACKEND_ATTRIBUTE} in {module_name!r} must be a string, not {value!r}")
     return value

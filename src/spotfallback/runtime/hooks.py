@@ -15,14 +15,11 @@ from __future__ import annotations
 import logging
 import math
 import os
-import threading
 import time
-from dataclasses import dataclass
 from typing import Any
 
 import ray
 from ray.train.v2._internal.constants import (
-    DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
     WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
 )
 from ray.train.v2._internal.execution.callback import (
@@ -40,13 +37,10 @@ from ray.train.v2._internal.execution.scaling_policy import (
 from ray.train.v2.api.config import FailureConfig, ScalingConfig
 from ray.train.v2.api.exceptions import TrainingFailedError
 
-from spotfallback.config import Ladder, Tier
 from spotfallback.events import (
     ApplicationFailed,
-    CapacityObserved,
     CapacityTimedOut,
     CheckpointCommitted,
-    Decision,
     Event,
     Fatal,
     GiveUp,
@@ -54,76 +48,14 @@ from spotfallback.events import (
     Preempted,
     WorkersAcquired,
 )
-from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.notices.drain import gcs_client
+from spotfallback.runtime.capacity import start_size
 from spotfallback.runtime.classify import classify, looks_collateral
-from spotfallback.runtime.ladder import CapacityWatch, decide_while_running, start_size
-from spotfallback.store.ledger import Ledger
-from spotfallback.store.location import RunLocation
+from spotfallback.runtime.ladder import LadderRuntime, RunSpec, runtime_for
+from spotfallback.store.heartbeat import scalar_metrics, write_heartbeat
 from spotfallback.store.retry import storage_failure
-from spotfallback.view.progress import HeartbeatThrottle, scalar_metrics, write_heartbeat
 
 logger = logging.getLogger("spotfallback")
-
-# How often a capacity wait wakes up to re-check its deadline when there is none nearer.
-_MAX_START_WAIT_S = float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
-
-
-@dataclass(frozen=True)
-class RunSpec:
-    """What the controller-side hooks need; pickled into the controller with each hook."""
-
-    key: str
-    tiers: tuple[dict[str, Any], ...]
-    state: PolicyState
-    location: RunLocation
-    writer: str
-
-
-class LadderRuntime:
-    """The policy, its current state and the ledger writer, shared by all hooks of one run."""
-
-    def __init__(self, spec: RunSpec):
-        self.policy = FallbackPolicy(Ladder(tiers=tuple(Tier.model_validate(t) for t in spec.tiers)))
-        self.state = spec.state
-        self.ledger = Ledger(spec.location, writer=spec.writer)
-        self.lock = threading.RLock()
-        self.worker_nodes: list[str] = []
-        self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
-        self.watch = CapacityWatch()  # measurements for climbing back / elastic growth
-
-    @property
-    def tier(self) -> Tier:
-        return self.policy.tiers[self.state.tier]
-
-    def apply(self, event: Event, info: dict[str, Any] | None = None) -> Decision:
-        with self.lock:
-            tier = self.state.tier
-            step = self.policy.decide(self.state, event)
-            # A capacity observation that changes nothing is not worth a ledger object.
-            if not (isinstance(event, CapacityObserved) and step.state == self.state):
-                self.ledger.append(event, tier, step.decision.to_json(), info)
-            self.state = step.state
-            self.watch.record(event, step.decision)
-            return step.decision
-
-    def start_timeout_s(self, now: float) -> float:
-        """How long the next placement-group wait may block: until the capacity deadline."""
-        deadline = self.policy.capacity_deadline(self.state)
-        if deadline is None:
-            return _MAX_START_WAIT_S
-        return max(0.5, min(_MAX_START_WAIT_S, deadline - now))
-
-
-_RUNTIMES: dict[str, LadderRuntime] = {}
-_RUNTIMES_LOCK = threading.Lock()
-
-
-def runtime_for(spec: RunSpec) -> LadderRuntime:
-    with _RUNTIMES_LOCK:
-        rt = _RUNTIMES.get(spec.key)
-        if rt is None:
-            rt = _RUNTIMES[spec.key] = LadderRuntime(spec)
-        return rt
 
 
 def _node_troubles(node_ids: list[str]) -> set[str]:
@@ -133,7 +65,7 @@ def _node_troubles(node_ids: list[str]) -> set[str]:
         alive = {n["NodeID"] for n in ray.nodes() if n.get("Alive")}
         if any(n not in alive for n in node_ids):
             troubles.add("dead")
-        gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
+        gcs = gcs_client()
         draining = gcs.get_draining_nodes()
         if any(n in draining for n in node_ids):
             troubles.add("draining")
@@ -239,8 +171,7 @@ class TierScalingPolicy(FixedScalingPolicy):
         whatever nodes fit, and never asks for the nodes an elastic tier could grow onto.
         """
         assert self._coordinator_client is not None
-        config = self.tier_scaling_config()
-        self._coordinator_client.send_resource_request(config, config.num_workers)
+        self._coordinator_client.send_resource_request(self.tier_scaling_config(), self._runtime().tier.num_workers)
         self._requested_tier = self._runtime().state.tier
 
     def _maybe_send_resource_request(self) -> None:
@@ -248,8 +179,7 @@ class TierScalingPolicy(FixedScalingPolicy):
         if self._runtime().state.tier != self._requested_tier:
             self._send_resource_request()  # the run moved: replace the request at once
             return
-        config = self.tier_scaling_config()
-        self._coordinator_client.maybe_send_resource_request(config, config.num_workers)
+        self._coordinator_client.maybe_send_resource_request(self.tier_scaling_config(), self._runtime().tier.num_workers)
 
     def make_decision_for_non_running_worker_group(self) -> ScalingDecision:
         rt = self._runtime()
@@ -265,7 +195,7 @@ class TierScalingPolicy(FixedScalingPolicy):
     def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> ScalingDecision:
         """Climb back or grow an elastic gang when the pure policy says it pays."""
         self._maybe_send_resource_request()  # the request expires unless renewed, as Ray's policies do
-        move = decide_while_running(self._runtime())
+        move = self._runtime().decide_while_running()
         if move is None:
             return NoopDecision()
         tier, num_workers = move

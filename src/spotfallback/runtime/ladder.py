@@ -1,4 +1,9 @@
-"""Controller-side shell for climbing back and elastic tiers: watch capacity, feed the policy.
+"""The runtime of one run inside Ray Train's controller: the policy, its state, the ledger writer.
+
+Every hook of a run (failure policy, scaling policy, callbacks) shares one ``LadderRuntime``,
+found by the run's key, so events are applied under one lock and written to the ledger before
+their decision is acted on. While a gang runs, ``decide_while_running`` feeds the pure policy
+capacity observations of higher tiers (climbing back) and of an elastic tier (growing).
 
 Why here and not in a thread: Ray Train's controller already asks its scaling policy, on every
 loop while the worker group runs, whether to resize it, and a ``ResizeDecision`` makes the
@@ -8,174 +13,124 @@ the higher tier's capacity, hand the count to the pure policy as ``CapacityObser
 on ``ClimbBack`` (the runtime has already moved to the higher tier) answer with a
 ``ResizeDecision`` of that tier's size. Elastic growth is the same with ``Resize``, and a
 shrunk gang that its tier's deadline guard sends down gets a ``SwitchTier`` answered the same way.
-
-Capacity is the number of workers the alive, non-draining nodes matching a tier's label
-selector could hold, counted from their total resources: the question is "could this tier's
-gang be placed", and the current gang's own nodes count for an elastic tier. Observations are
-made only shortly after a checkpoint commit (so a move loses little work) and at most every
-``SPOTFALLBACK_CAPACITY_POLL_S`` seconds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import time
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
+from typing import Any
 
-import ray
-
-from spotfallback.config import Tier
-from spotfallback.events import (
-    CapacityObserved,
-    CheckpointCommitted,
-    ClimbBack,
-    Decision,
-    Event,
-    Resize,
-    Retry,
-    SwitchTier,
-    WorkersAcquired,
+from ray.train.v2._internal.constants import (
+    DEFAULT_WORKER_GROUP_START_TIMEOUT_S,
+    WORKER_GROUP_START_TIMEOUT_S_ENV_VAR,
 )
 
-if TYPE_CHECKING:
-    from spotfallback.runtime.hooks import LadderRuntime
+from spotfallback.config import Ladder, Tier
+from spotfallback.events import CapacityObserved, ClimbBack, Decision, Event, Resize, SwitchTier
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.runtime.capacity import CapacityWatch, start_size, tier_capacity
+from spotfallback.store.heartbeat import HeartbeatThrottle
+from spotfallback.store.ledger import Ledger
+from spotfallback.store.location import RunLocation
 
 logger = logging.getLogger("spotfallback")
 
-DEFAULT_RESTART_S = 60.0  # until the run has measured one of its own restarts
+# How often a capacity wait wakes up to re-check its deadline when there is none nearer.
+_MAX_START_WAIT_S = float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
 
 
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
+@dataclass(frozen=True)
+class RunSpec:
+    """What the controller-side hooks need; pickled into the controller with each hook."""
+
+    key: str
+    tiers: tuple[dict[str, Any], ...]
+    state: PolicyState
+    location: RunLocation
+    writer: str
 
 
-def selector_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    """Ray's label selector semantics: ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``."""
-    for key, want in selector.items():
-        have = labels.get(key)
-        negate = want.startswith("!")
-        body = want[1:] if negate else want
-        if body.startswith("in(") or body.startswith("("):
-            options = {v.strip() for v in body[body.index("(") + 1 : -1].split(",")}
-        else:
-            options = {body}
-        if (have in options) == negate:
-            return False
-    return True
+class LadderRuntime:
+    """The policy, its current state and the ledger writer, shared by all hooks of one run."""
 
-
-def workers_on_node(resources: dict[str, float], per_worker: dict[str, float]) -> int:
-    needs = [resources.get(k, 0.0) // v for k, v in per_worker.items() if v > 0]
-    return int(min(needs)) if needs else 0
-
-
-def tier_capacity(tier: Tier) -> int:
-    """How many of ``tier``'s workers its alive, non-draining matching nodes could hold (capped)."""
-    try:
-        gcs = ray._raylet.GcsClient(address=ray.get_runtime_context().gcs_address)
-        draining = set(gcs.get_draining_nodes())
-        nodes = ray.nodes()
-    except Exception:  # a refinement: no count means no climb, never a broken controller
-        logger.debug("could not count capacity", exc_info=True)
-        return 0
-    per_worker = tier.worker_resources()
-    total = 0
-    for node in nodes:
-        if not node.get("Alive") or node.get("NodeID") in draining:
-            continue
-        if selector_matches(tier.label_selector, node.get("Labels") or {}):
-            total += workers_on_node(node.get("Resources") or {}, per_worker)
-    return min(total, tier.num_workers)
-
-
-class CapacityWatch:
-    """The run's own measurements the policy weighs a move with, and the observation throttle.
-
-    ``remaining_work_s`` comes from the training function: report it as a metric with a
-    checkpoint (``{"remaining_work_s": ...}``); without it the policy treats the remaining
-    work as unknown and climbs whenever the higher tier is cheaper.
-    """
-
-    def __init__(self) -> None:
-        self.poll_s = _env_float("SPOTFALLBACK_CAPACITY_POLL_S", 10.0)
-        self.after_checkpoint_s = _env_float("SPOTFALLBACK_CLIMB_AFTER_CHECKPOINT_S", 30.0)
-        self.last_poll = float("-inf")
-        self.checkpoints: list[float] = []
-        self.remaining_work_s: float | None = None
-        self.restart_s = DEFAULT_RESTART_S
-        self.moved_at: float | None = None
+    def __init__(self, spec: RunSpec):
+        self.policy = FallbackPolicy(Ladder(tiers=tuple(Tier.model_validate(t) for t in spec.tiers)))
+        self.state = spec.state
+        self.ledger = Ledger(spec.location, writer=spec.writer)
+        self.lock = threading.RLock()
+        self.worker_nodes: list[str] = []
+        self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
+        self.watch = CapacityWatch()  # measurements for climbing back / elastic growth
 
     @property
-    def checkpoint_interval_s(self) -> float:
-        if len(self.checkpoints) < 2:
-            return 0.0
-        return self.checkpoints[-1] - self.checkpoints[-2]
+    def tier(self) -> Tier:
+        return self.policy.tiers[self.state.tier]
 
-    def record(self, event: Event, decision: Decision) -> None:
-        """Learn from every event the runtime applies (called under its lock)."""
-        if isinstance(event, CheckpointCommitted):
-            self.checkpoints = [*self.checkpoints[-1:], event.t]
-            if event.remaining_work_s is not None:
-                self.remaining_work_s = event.remaining_work_s
-        elif isinstance(event, WorkersAcquired) and self.moved_at is not None:
-            self.restart_s = max(0.0, event.t - self.moved_at)
-            self.moved_at = None
-        if isinstance(decision, Retry | SwitchTier | ClimbBack | Resize):
-            self.moved_at = event.t
-            self.checkpoints = []  # checkpoints of the stopped gang say nothing about the next
+    def apply(self, event: Event, info: dict[str, Any] | None = None) -> Decision:
+        with self.lock:
+            tier = self.state.tier
+            step = self.policy.decide(self.state, event)
+            # A capacity observation that changes nothing is not worth a ledger object.
+            if not (isinstance(event, CapacityObserved) and step.state == self.state):
+                self.ledger.append(event, tier, step.decision.to_json(), info)
+            self.state = step.state
+            self.watch.record(event, step.decision)
+            return step.decision
 
-    def due(self, now: float, running_since: float | None) -> bool:
-        """Observe now? Only after a checkpoint of the running gang, and not too often."""
-        if now - self.last_poll < self.poll_s or not self.checkpoints or running_since is None:
-            return False
-        if self.checkpoints[-1] < running_since or now - self.checkpoints[-1] > self.after_checkpoint_s:
-            return False
-        self.last_poll = now
-        return True
+    def start_timeout_s(self, now: float) -> float:
+        """How long the next placement-group wait may block: until the capacity deadline."""
+        deadline = self.policy.capacity_deadline(self.state)
+        if deadline is None:
+            return _MAX_START_WAIT_S
+        return max(0.5, min(_MAX_START_WAIT_S, deadline - now))
+
+    def decide_while_running(self) -> tuple[Tier, int] | None:
+        """Feed capacity observations to the policy; (new tier, gang size) when it says move."""
+        now = time.time()
+        with self.lock:
+            state = self.state
+            if not self.watch.due(now, state.running_since):
+                return None
+            tiers = self.policy.tiers
+            cur = state.tier
+            targets = [j for j in range(cur) if tiers[j].climb_back]
+            if tiers[cur].is_elastic and state.workers < tiers[cur].num_workers:
+                targets.append(cur)
+            for j in targets:
+                available = tier_capacity(tiers[j])
+                event = CapacityObserved(
+                    t=now,
+                    tier=j,
+                    available_workers=available,
+                    remaining_work_s=self.watch.remaining_work_s,
+                    restart_s=self.watch.restart_s,
+                    checkpoint_interval_s=self.watch.checkpoint_interval_s,
+                )
+                decision = self.apply(event, {"tier": tiers[j].name})
+                if isinstance(decision, ClimbBack):
+                    logger.info("[spotfallback] climbing back from %r to %r: %s", tiers[cur].name, tiers[j].name, decision.reason)
+                    return tiers[j], max(tiers[j].fewest_workers, available)
+                if isinstance(decision, Resize):
+                    logger.info("[spotfallback] resizing %r to %d workers", tiers[cur].name, decision.num_workers)
+                    return tiers[cur], decision.num_workers
+                if isinstance(decision, SwitchTier):  # a shrunk gang's deadline guard: behind schedule
+                    to = tiers[decision.to_tier]
+                    logger.info("[spotfallback] leaving %r for %r: %s", tiers[cur].name, to.name, decision.reason)
+                    return to, start_size(to)
+        return None
 
 
-def start_size(tier: Tier) -> int:
-    """Gang size for a new worker group: elastic tiers take what is there, at least their minimum."""
-    if not tier.is_elastic:
-        return tier.num_workers
-    return max(tier.fewest_workers, tier_capacity(tier))
+_RUNTIMES: dict[str, LadderRuntime] = {}
+_RUNTIMES_LOCK = threading.Lock()
 
 
-def decide_while_running(rt: LadderRuntime) -> tuple[Tier, int] | None:
-    """Feed capacity observations to the policy; (new tier, gang size) when it says move."""
-    now = time.time()
-    with rt.lock:
-        state = rt.state
-        if not rt.watch.due(now, state.running_since):
-            return None
-        tiers = rt.policy.tiers
-        cur = state.tier
-        targets = [j for j in range(cur) if tiers[j].climb_back]
-        if tiers[cur].is_elastic and state.workers < tiers[cur].num_workers:
-            targets.append(cur)
-        for j in targets:
-            available = tier_capacity(tiers[j])
-            event = CapacityObserved(
-                t=now,
-                tier=j,
-                available_workers=available,
-                remaining_work_s=rt.watch.remaining_work_s,
-                restart_s=rt.watch.restart_s,
-                checkpoint_interval_s=rt.watch.checkpoint_interval_s,
-            )
-            decision = rt.apply(event, {"tier": tiers[j].name})
-            if isinstance(decision, ClimbBack):
-                logger.info("[spotfallback] climbing back from %r to %r: %s", tiers[cur].name, tiers[j].name, decision.reason)
-                return tiers[j], max(tiers[j].fewest_workers, available)
-            if isinstance(decision, Resize):
-                logger.info("[spotfallback] resizing %r to %d workers", tiers[cur].name, decision.num_workers)
-                return tiers[cur], decision.num_workers
-            if isinstance(decision, SwitchTier):  # a shrunk gang's deadline guard: behind schedule
-                to = tiers[decision.to_tier]
-                logger.info("[spotfallback] leaving %r for %r: %s", tiers[cur].name, to.name, decision.reason)
-                return to, start_size(to)
-    return None
+def runtime_for(spec: RunSpec) -> LadderRuntime:
+    with _RUNTIMES_LOCK:
+        rt = _RUNTIMES.get(spec.key)
+        if rt is None:
+            rt = _RUNTIMES[spec.key] = LadderRuntime(spec)
+        return rt

@@ -30,25 +30,18 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from spotfallback.config import DeadlineGuard, Ladder, PlanPrediction, Tier
+from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
     SeedComparison,
     compare_seed_with_exact,
     daly_interval,
     young_interval,
 )
-from spotfallback.sim.simulator import (
-    NEVER_H,
-    JobSpec,
-    Process,
-    RateModel,
-    SimResult,
-    TraceCapacity,
-    compile_process,
-    simulate_many,
-    simulate_uniform_progress,
-    wall_to_finish,
-)
+from spotfallback.sim.job import NEVER_H, JobSpec, wall_to_finish
+from spotfallback.sim.results import SimResult
+from spotfallback.sim.simulate import simulate_many
 from spotfallback.sim.traces import NodeTrace, SpotTrace
+from spotfallback.sim.world import Process, RateModel, TraceCapacity, compile_process
 
 M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
 TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
@@ -230,7 +223,8 @@ class Plan:
         Validated through ``JobConfig`` before it is returned, so a bad name or entrypoint is a
         ``ConfigError`` naming the field, not a file the runner later rejects.
         """
-        from spotfallback.config import ConfigError, JobConfig, format_validation_error
+        from spotfallback.config import JobConfig, format_validation_error
+        from spotfallback.errors import ConfigError
 
         if self.recommended.ladder is None:
             raise ConfigError("the recommendation is not a ladder")
@@ -332,7 +326,7 @@ def _between_neighbours(m: int, grid: Sequence[int], per_side: int = 3) -> list[
     return sorted(out)[: 2 * per_side]
 
 
-def _tau_grid(daly_h: float | None, work_h: float) -> list[float | None]:
+def _tau_grid(daly_h: float | None, work_h: float) -> Sequence[float | None]:
     if daly_h is None or not math.isfinite(daly_h) or daly_h >= work_h:
         return [None, work_h / 4, work_h / 8]
     return sorted({min(round(daly_h * f, 6), work_h) for f in TAU_FACTORS})
@@ -435,7 +429,7 @@ def plan(
     the ladder always ends on a reliable on-demand tier. ``climb=False`` searches one-way
     ladders without guards only (the seed's kind of ladder).
     """
-    spots = list(spot) if isinstance(spot, list | tuple) else [spot]
+    spots: list[Process] = list(spot) if isinstance(spot, Sequence) else [spot]
     if not spots:
         raise ValueError("give at least one spot process")
     req = request
@@ -447,6 +441,8 @@ def plan(
     gang_mtbf = min(m for m, _ in mtbfs)
     jit_covers = req.jit_checkpoint and req.notice_s / 3600.0 >= req.checkpoint_cost_h
     lossy = min(f for _, f in mtbfs) if jit_covers else gang_mtbf
+    tau_young: float | None
+    tau_daly: float | None
     if math.isfinite(lossy) and req.checkpoint_cost_h > 0:
         tau_young, tau_daly = young_interval(req.checkpoint_cost_h, lossy), daly_interval(req.checkpoint_cost_h, lossy)
     else:
@@ -574,7 +570,7 @@ def plan(
                 notes, made_with)
 
 
-def _around(tau: float | None, taus: Sequence[float | None], work_h: float) -> list[float | None]:
+def _around(tau: float | None, taus: Sequence[float | None], work_h: float) -> Sequence[float | None]:
     """The tau grid, rescaled around ``tau`` when the search moved it."""
     if tau is None:
         return list(taus)

@@ -6,7 +6,7 @@ message names the file and the line or field, so a CLI can print it as one line.
 
 The JSON files are read as "available instances per tick" (the project's convention in
 DESIGN.md). Upstream SkyPilot's generator wrote its 1-node traces as a per-tick *preempted*
-flag; ``spotfallback.sim.simulator.complement_trace`` flips a trace read that way.
+flag; ``spotfallback.sim.world.complement_trace`` flips a trace read that way.
 """
 
 from __future__ import annotations
@@ -15,15 +15,13 @@ import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, TypeGuard
 
 import numpy as np
 
-__all__ = ["NodeEvent", "NodeTrace", "SpotTrace", "TraceError", "load_node_trace", "load_spot_trace"]
+from spotfallback.errors import TraceError
 
-
-class TraceError(ValueError):
-    """A trace file that cannot be used; the message says which file, line or field, and why."""
+__all__ = ["NodeEvent", "NodeTrace", "SpotTrace", "load_node_trace", "load_spot_trace"]
 
 
 @dataclass(frozen=True)
@@ -78,7 +76,7 @@ def _read_text(path: Path) -> str:
         raise TraceError(f"{path}: cannot read: {e.strerror}") from None
 
 
-def _is_number(value: Any) -> bool:
+def _is_number(value: Any) -> TypeGuard[int | float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 

@@ -1,1 +1,1 @@
-"""Storage shell: where a run lives, the run ledger, the driver lease and checkpoints, on any pyarrow filesystem."""
+"""Storage shell: where a run lives, its ledger, driver lease, progress heartbeat and checkpoints, on any pyarrow filesystem, all behind one retry rule."""

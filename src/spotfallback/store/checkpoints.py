@@ -29,17 +29,20 @@ import time
 import uuid
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeGuard
 
 import pyarrow.fs as pafs
 
+from spotfallback.errors import LedgerError
 from spotfallback.events import CheckpointCommitted, Event
-from spotfallback.store.ledger import _write_atomic, with_storage_retry
-from spotfallback.store.location import list_dir
+from spotfallback.store.location import list_dir, write_atomically
+from spotfallback.store.retry import call_with_retry
 
 if TYPE_CHECKING:
-    from spotfallback.store.ledger import Ledger, LedgerRecord
+    from spotfallback.events import LedgerRecord
+    from spotfallback.store.ledger import Ledger
     from spotfallback.store.location import RunLocation
 
 logger = logging.getLogger("spotfallback")
@@ -106,7 +109,7 @@ def _resolve(path: str, filesystem: pafs.FileSystem | None) -> tuple[pafs.FileSy
 
 
 def _read(fs: pafs.FileSystem, path: str) -> bytes:
-    return with_storage_retry(lambda: fs.open_input_stream(path).readall(), f"read {path}")
+    return call_with_retry(lambda: fs.open_input_stream(path).readall(), f"read {path}", permanent=LedgerError)
 
 
 def _sha256_fs(fs: pafs.FileSystem, path: str) -> str:
@@ -117,7 +120,7 @@ def _sha256_fs(fs: pafs.FileSystem, path: str) -> str:
                 h.update(chunk)
         return h.hexdigest()
 
-    return with_storage_retry(digest, f"read {path}")
+    return call_with_retry(digest, f"read {path}", permanent=LedgerError)
 
 
 def verify(path: str, filesystem: pafs.FileSystem | None = None, *, checksums: bool = True) -> CheckpointCheck:
@@ -127,9 +130,7 @@ def verify(path: str, filesystem: pafs.FileSystem | None = None, *, checksums: b
     """
     fs, root = _resolve(path, filesystem)
     root = root.rstrip("/")
-    infos = with_storage_retry(
-        lambda: list_dir(fs, root, recursive=True), f"list {root}"
-    )
+    infos = call_with_retry(lambda: list_dir(fs, root, recursive=True), f"list {root}", permanent=LedgerError)
     if not infos:
         return CheckpointCheck(path, ok=False, has_manifest=False, exists=False, problems=("directory is missing or empty",))
     sizes = {posixpath.relpath(i.path, root): i.size for i in infos if i.type == pafs.FileType.File}
@@ -202,13 +203,11 @@ def _move_aside(fs: pafs.FileSystem, src: str, dst: str) -> None:
         pafs.copy_files(src, dst, source_filesystem=fs, destination_filesystem=fs)
         fs.delete_dir(src)
 
-    with_storage_retry(move, f"move {src} to {dst}")
+    call_with_retry(move, f"move {src} to {dst}", permanent=LedgerError)
 
 
 def _checkpoint_dirs(fs: pafs.FileSystem, run_dir: str) -> list[str]:
-    infos = with_storage_retry(
-        lambda: list_dir(fs, run_dir), f"list {run_dir}"
-    )
+    infos = call_with_retry(lambda: list_dir(fs, run_dir), f"list {run_dir}", permanent=LedgerError)
     return sorted(i.base_name for i in infos if i.type == pafs.FileType.Directory and i.base_name.startswith(CHECKPOINT_PREFIX))
 
 
@@ -216,7 +215,7 @@ def _result(name: str, metrics: dict[str, Any] | None = None) -> dict[str, Any]:
     return {"version": 0, "checkpoint_dir_name": name, "metrics": metrics or {}}
 
 
-def _is_known_snapshot(snap: Any) -> bool:
+def _is_known_snapshot(snap: Any) -> TypeGuard[dict[str, Any]]:
     if not isinstance(snap, dict):
         return False
     results = snap.get("checkpoint_results")
@@ -243,10 +242,11 @@ class _Repairer:
     def judge(self, names: Sequence[str], existing: set[str]) -> tuple[list[str], dict[str, CheckpointCheck]]:
         """Newest first until a whole one: returns (damaged names, checks)."""
         uses_manifests = any(
-            with_storage_retry(
-                lambda n=n: self.fs.get_file_info(posixpath.join(self.run_dir, n, MANIFEST_NAME)).type,
+            call_with_retry(
+                partial(self.fs.get_file_info, posixpath.join(self.run_dir, n, MANIFEST_NAME)),
                 "look for a checkpoint manifest",
-            )
+                permanent=LedgerError,
+            ).type
             == pafs.FileType.File
             for n in names
             if n in existing
@@ -288,21 +288,27 @@ class _Repairer:
 
     def backup_snapshot(self, raw: bytes) -> None:
         path = posixpath.join(self.run_dir, DAMAGED_DIR, f"{SNAPSHOT_NAME}.{self.stamp}")
-        with_storage_retry(lambda: self.fs.create_dir(posixpath.dirname(path), recursive=True), "create _damaged")
-        with_storage_retry(lambda: _write_atomic(self.fs, path, raw), "back up the checkpoint snapshot")
+        call_with_retry(
+            lambda: self.fs.create_dir(posixpath.dirname(path), recursive=True), "create _damaged", permanent=LedgerError
+        )
+        call_with_retry(lambda: write_atomically(self.fs, path, raw), "back up the checkpoint snapshot", permanent=LedgerError)
         self.resume.snapshot_backup = path
 
     def write_snapshot(self, snap: dict[str, Any]) -> None:
         payload = json.dumps(snap).encode()
-        with_storage_retry(lambda: _write_atomic(self.fs, self.snapshot_path, payload), "rewrite the checkpoint snapshot")
+        call_with_retry(
+            lambda: write_atomically(self.fs, self.snapshot_path, payload), "rewrite the checkpoint snapshot",
+            permanent=LedgerError,
+        )
 
     def repair(self) -> Resume:
         fs = self.fs
-        raw = with_storage_retry(
+        raw = call_with_retry(
             lambda: fs.open_input_stream(self.snapshot_path).readall()
             if fs.get_file_info(self.snapshot_path).type == pafs.FileType.File
             else None,
             "read the checkpoint snapshot",
+            permanent=LedgerError,
         )
         dirs = _checkpoint_dirs(fs, self.run_dir)
         if raw is None:
@@ -416,11 +422,12 @@ def prepare_resume(location: RunLocation, ledger: Ledger, records: Sequence[Ledg
     resume = repair_run(location)
     snapshot_path = posixpath.join(location.run_dir, SNAPSHOT_NAME)
     fs = location.fs
-    raw = with_storage_retry(
+    raw = call_with_retry(
         lambda: fs.open_input_stream(snapshot_path).readall()
         if fs.get_file_info(snapshot_path).type == pafs.FileType.File
         else None,
         "read the checkpoint snapshot",
+        permanent=LedgerError,
     )
     try:
         snap = json.loads(raw) if raw is not None else None

@@ -20,18 +20,13 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from spotfallback.config import ConfigError
-from spotfallback.errors import SpotfallbackError
-from spotfallback.store.ledger import _write_atomic, with_storage_retry
-from spotfallback.store.location import RunLocation
+from spotfallback.errors import ConfigError, DriverAlreadyRunningError, LedgerError
+from spotfallback.store.location import RunLocation, write_atomically
+from spotfallback.store.retry import call_with_retry
 
 logger = logging.getLogger(__name__)
 
 LEASE_FILE = "lease.json"
-
-
-class DriverAlreadyRunningError(SpotfallbackError):
-    """Another driver holds a live lease on this run."""
 
 
 @dataclass(frozen=True)
@@ -101,7 +96,7 @@ class DriverLease:
                 return None
             return fs.open_input_stream(self.path).readall()
 
-        raw = with_storage_retry(load, "read the driver lease")
+        raw = call_with_retry(load, "read the driver lease", permanent=LedgerError)
         if raw is None:
             return None
         try:
@@ -115,7 +110,9 @@ class DriverLease:
         now = time.time()
         info = LeaseInfo(self.token, socket.gethostname(), os.getpid(), now, now + self.ttl_s)
         payload = json.dumps(info.to_json()).encode()
-        with_storage_retry(lambda: _write_atomic(self.location.fs, self.path, payload), "write the driver lease")
+        call_with_retry(
+            lambda: write_atomically(self.location.fs, self.path, payload), "write the driver lease", permanent=LedgerError
+        )
 
     def _holder_is_live(self, info: LeaseInfo) -> bool:
         if info.token == self.token:
@@ -125,8 +122,9 @@ class DriverLease:
         return info.expires_at > time.time()
 
     def acquire(self) -> None:
-        with_storage_retry(
-            lambda: self.location.fs.create_dir(self.location.state_dir, recursive=True), "create the run directory"
+        call_with_retry(
+            lambda: self.location.fs.create_dir(self.location.state_dir, recursive=True), "create the run directory",
+            permanent=LedgerError,
         )
         current = self.read()
         if current is not None and self._holder_is_live(current):

@@ -4,133 +4,51 @@ Object stores (S3, GCS) cannot append, so each event is its own object, named so
 lexical sort is the order of events (``{time_ns}-{writer}-{kind}.json``). Each object is
 written under a temporary name and moved into place, so a crash never leaves a torn event
 that replay would read. Replaying the events through the pure policy rebuilds the run's
-state exactly; ``accounting.summarize`` turns them into hours and spend.
+state exactly; ``accounting.summarize`` turns them into hours and spend. ``Ledger.read`` reads
+it whole (the driver, the controller); ``LedgerTail`` reads only what is new at each poll (a
+watcher on a growing run).
+
+Every storage call goes through ``store.retry.call_with_retry``: an outage shorter than the
+limit only pauses, and an error no wait can fix is a ``LedgerError`` naming what was tried.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
-import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any, TypeVar
+from functools import partial
+from typing import Any
 
 import pyarrow.fs as pafs
 
 from spotfallback.config import Ladder
-from spotfallback.events import Event, event_from_json
-from spotfallback.store.location import RunLocation, list_dir
+from spotfallback.errors import LedgerError
+from spotfallback.events import FORMAT_VERSION, Event, LedgerRecord
+from spotfallback.store.location import TMP_PREFIX, RunLocation, list_dir, write_atomically
+from spotfallback.store.retry import call_with_retry
 
 logger = logging.getLogger(__name__)
 
 LEDGER_DIR = "ledger"
 RUN_META = "run.json"
-FORMAT_VERSION = 1
-
-T = TypeVar("T")
 
 
-class LedgerError(RuntimeError):
-    """The ledger cannot be read or written; the message names the object."""
+def _read_all(fs: pafs.FileSystem, path: str) -> bytes:
+    with fs.open_input_stream(path) as stream:
+        return stream.readall()
 
 
-class StorageUnavailableError(LedgerError):
-    """Storage stayed unreachable past ``SPOTFALLBACK_STORAGE_RETRY_S``; what was written is intact."""
-
-
-def with_storage_retry(fn: Callable[[], T], what: str, limit_s: float | None = None) -> T:
-    """Run a storage call, retrying transient errors with a bounded, logged back-off.
-
-    The limit (``SPOTFALLBACK_STORAGE_RETRY_S``, default 120 s) bounds how long a run waits
-    for storage to come back before it stops with a clear error; nothing written is touched.
-    """
-    limit = float(os.environ.get("SPOTFALLBACK_STORAGE_RETRY_S", "120")) if limit_s is None else limit_s
-    deadline = time.monotonic() + limit
-    delay = 0.2
-    while True:
-        try:
-            return fn()
-        except OSError as e:
-            if isinstance(e, FileNotFoundError):
-                raise LedgerError(f"storage error while trying to {what}: {e}") from e
-            if time.monotonic() + delay > deadline:
-                raise StorageUnavailableError(
-                    f"storage unavailable for {limit:g}s (SPOTFALLBACK_STORAGE_RETRY_S) while trying to {what}: {e}. "
-                    "Everything written before is intact; run the same command again once storage is back."
-                ) from e
-            logger.warning("storage error while trying to %s (%s); retrying in %.1fs", what, e, delay)
-            time.sleep(delay)
-            delay = min(delay * 2, 10.0)
-
-
-@dataclass(frozen=True)
-class LedgerRecord:
-    """One event as stored: the event, the tier it happened on and what the policy decided."""
-
-    id: str
-    writer: str
-    tier: int
-    event: Event
-    decision: dict[str, Any] | None = None
-    info: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def t(self) -> float:
-        return self.event.t
-
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "v": FORMAT_VERSION,
-            "id": self.id,
-            "writer": self.writer,
-            "tier": self.tier,
-            "event": self.event.to_json(),
-            "decision": self.decision,
-            "info": self.info,
-        }
-
-    @classmethod
-    def from_json(cls, data: Any, source: str) -> LedgerRecord:
-        try:
-            if not isinstance(data, dict):
-                raise ValueError("a ledger record must be a JSON object")
-            if data.get("v") != FORMAT_VERSION:
-                raise ValueError(f"unsupported ledger format version {data.get('v')!r}")
-            tier = data["tier"]
-            if not isinstance(tier, int) or isinstance(tier, bool) or tier < 0:
-                raise ValueError("field 'tier' must be a non-negative integer")
-            for key in ("id", "writer"):
-                if not isinstance(data[key], str):
-                    raise ValueError(f"field {key!r} must be a string")
-            info = data.get("info") or {}
-            if not isinstance(info, dict):
-                raise ValueError("field 'info' must be an object")
-            decision = data.get("decision")
-            if decision is not None and not isinstance(decision, dict):
-                raise ValueError("field 'decision' must be an object or null")
-            return cls(
-                id=str(data["id"]),
-                writer=str(data["writer"]),
-                tier=tier,
-                event=event_from_json(data["event"]),
-                decision=decision,
-                info=info,
-            )
-        except KeyError as e:
-            raise LedgerError(f"{source}: missing field {e.args[0]!r}") from None
-        except (TypeError, ValueError) as e:
-            raise LedgerError(f"{source}: {e}") from None
-
-
-def _write_atomic(fs: pafs.FileSystem, path: str, payload: bytes) -> None:
-    directory, _, base = path.rpartition("/")
-    tmp = f"{directory}/.tmp-{uuid.uuid4().hex}-{base}"
-    with fs.open_output_stream(tmp) as out:
-        out.write(payload)
-    fs.move(tmp, path)
+def parse_record(raw: bytes, path: str) -> LedgerRecord:
+    """One stored ledger object, or a ``LedgerError`` naming it and what is wrong."""
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LedgerError(f"{path}: not valid JSON ({e})") from None
+    try:
+        return LedgerRecord.from_json(data)
+    except (TypeError, ValueError) as e:
+        raise LedgerError(f"{path}: {e}") from None
 
 
 class Ledger:
@@ -146,7 +64,10 @@ class Ledger:
         return self.location.path(LEDGER_DIR)
 
     def ensure_dirs(self) -> None:
-        with_storage_retry(lambda: self.location.fs.create_dir(self.directory, recursive=True), "create the ledger directory")
+        call_with_retry(
+            lambda: self.location.fs.create_dir(self.directory, recursive=True), "create the ledger directory",
+            permanent=LedgerError,
+        )
 
     def append(
         self,
@@ -164,7 +85,9 @@ class Ledger:
         name = f"{ns:020d}-{self.writer}-{event.kind}.json"
         payload = json.dumps(record.to_json(), sort_keys=True).encode()
         path = f"{self.directory}/{name}"
-        with_storage_retry(lambda: _write_atomic(self.location.fs, path, payload), f"write ledger event {name}")
+        call_with_retry(
+            lambda: write_atomically(self.location.fs, path, payload), f"write ledger event {name}", permanent=LedgerError
+        )
         return record
 
     def read(self) -> list[LedgerRecord]:
@@ -174,21 +97,17 @@ class Ledger:
         def listing() -> list[pafs.FileInfo]:
             return list_dir(fs, self.directory)
 
-        infos = with_storage_retry(listing, "list the ledger")
+        infos = call_with_retry(listing, "list the ledger", permanent=LedgerError)
         names = sorted(
-            i.path for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(".tmp-")
+            i.path for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)
         )
         records: list[LedgerRecord] = []
         seen: set[str] = set()
         for path in names:
             if not path.endswith(".json"):
                 raise LedgerError(f"{path}: unexpected object in the ledger directory (only *.json events belong there)")
-            raw = with_storage_retry(lambda p=path: fs.open_input_stream(p).readall(), f"read {path}")
-            try:
-                data = json.loads(raw)
-            except (UnicodeDecodeError, json.JSONDecodeError) as e:
-                raise LedgerError(f"{path}: not valid JSON ({e})") from None
-            record = LedgerRecord.from_json(data, path)
+            raw = call_with_retry(partial(_read_all, fs, path), f"read {path}", permanent=LedgerError)
+            record = parse_record(raw, path)
             if record.id in seen:
                 continue
             seen.add(record.id)
@@ -200,7 +119,10 @@ class Ledger:
     def write_meta(self, ladder: Ladder, extra: dict[str, Any] | None = None) -> None:
         meta = {"v": FORMAT_VERSION, "tiers": [t.model_dump(mode="json") for t in ladder.tiers], **(extra or {})}
         payload = json.dumps(meta, sort_keys=True, indent=1).encode()
-        with_storage_retry(lambda: _write_atomic(self.location.fs, self.location.path(RUN_META), payload), "write run metadata")
+        call_with_retry(
+            lambda: write_atomically(self.location.fs, self.location.path(RUN_META), payload), "write run metadata",
+            permanent=LedgerError,
+        )
 
     def read_meta(self) -> dict[str, Any] | None:
         path = self.location.path(RUN_META)
@@ -211,7 +133,7 @@ class Ledger:
                 return None
             return fs.open_input_stream(path).readall()
 
-        raw = with_storage_retry(load, "read run metadata")
+        raw = call_with_retry(load, "read run metadata", permanent=LedgerError)
         if raw is None:
             return None
         try:
@@ -234,3 +156,37 @@ class Ledger:
             return Ladder.model_validate({"tiers": meta["tiers"]})
         except ValidationError as e:
             raise LedgerError(f"{self.location.path(RUN_META)}: {format_validation_error(e)}") from None
+
+
+class LedgerTail:
+    """Reads a ledger incrementally: each poll lists the directory and reads only new objects.
+
+    Unlike ``Ledger.read`` it does not wait out an outage (a watcher polls again anyway, and
+    says so), and it skips objects that are not events rather than refusing them.
+    """
+
+    def __init__(self, location: RunLocation):
+        self.location = location
+        self._records: dict[str, LedgerRecord] = {}
+
+    def poll(self) -> list[LedgerRecord]:
+        fs = self.location.fs
+        for info in sorted(list_dir(fs, self.location.path(LEDGER_DIR)), key=lambda i: i.path):
+            name = info.base_name
+            if info.type != pafs.FileType.File or name.startswith(TMP_PREFIX) or not name.endswith(".json"):
+                continue
+            if info.path in self._records:
+                continue
+            try:
+                raw = fs.open_input_stream(info.path).readall()
+            except OSError as e:
+                raise LedgerError(f"{info.path}: cannot read ledger event ({e})") from None
+            self._records[info.path] = parse_record(raw, info.path)
+        out: list[LedgerRecord] = []
+        seen: set[str] = set()
+        for path in sorted(self._records):
+            rec = self._records[path]
+            if rec.id not in seen:
+                seen.add(rec.id)
+                out.append(rec)
+        return out

@@ -2,19 +2,27 @@
 
 Ray Train keeps its checkpoints at ``{storage_path}/{name}``; spotfallback keeps its ledger
 and lease beside them in ``{storage_path}/{name}/_spotfallback`` so one URI finds everything.
+
+Also the two filesystem moves every store module makes: listing a directory that may not
+exist yet, and writing an object whole (object stores have no append and no locks, so a
+reader must never see half an object).
 """
 
 from __future__ import annotations
 
 import os
 import posixpath
+import uuid
 from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from spotfallback.config import ConfigError, run_name_error
+from spotfallback.config import run_name_error
+from spotfallback.errors import ConfigError
 
 STATE_DIR = "_spotfallback"
+# Objects being written (``write_atomically``) start with this; readers skip them.
+TMP_PREFIX = ".tmp-"
 
 
 @dataclass(frozen=True)
@@ -52,6 +60,18 @@ def list_dir(fs: pafs.FileSystem, path: str, *, recursive: bool = False) -> list
             if attempt == 2:
                 raise
     raise AssertionError("unreachable")
+
+
+def write_atomically(fs: pafs.FileSystem, path: str, payload: bytes) -> None:
+    """Write ``payload`` to ``path`` whole: under a temporary name first, then moved into place.
+
+    A crash mid-write leaves only a ``TMP_PREFIX`` object that readers skip, never a torn one.
+    """
+    directory, _, base = path.rpartition("/")
+    tmp = f"{directory}/{TMP_PREFIX}{uuid.uuid4().hex}-{base}"
+    with fs.open_output_stream(tmp) as out:
+        out.write(payload)
+    fs.move(tmp, path)
 
 
 def _is_uri(path: str) -> bool:

@@ -1,15 +1,19 @@
-"""A filesystem that rides out storage outages: every call retried with a bounded, logged back-off.
+"""Storage outages, ridden out: the one retry rule of every storage call spotfallback makes.
 
-Why: Ray Train's own storage calls (the workers' checkpoint uploads, the controller's
-checkpoint snapshot) fail on the first refused connection; the training function then sees
-an error and the run restarts, or gives up as if the code were broken. ``FallbackTrainer``
-hands Ray this wrapper around the run's filesystem, so an outage shorter than
-``SPOTFALLBACK_STORAGE_RETRY_S`` (default 120 s, read by each process: set it cluster-wide)
-only pauses the run, and a longer one stops it with ``StorageUnavailableError``.
+Why one rule: the ledger, the driver lease, the checkpoint repair and the filesystem Ray is
+handed all meet the same outages, so they wait the same way (a bounded, logged back-off up to
+``SPOTFALLBACK_STORAGE_RETRY_S``, default 120 s, read by each process: set it cluster-wide)
+and give up on the same errors at once (``is_permanent``: a missing object, no access). An
+outage shorter than the limit only pauses the run; a longer one stops it with
+``StorageUnavailableError``, and everything written before is intact.
 
-A file up to 64 MiB (Ray's copy chunk) is written and read as one whole object under retry,
-so a retry never resumes half way through a stream: it lands all or nothing (as on S3).
-Larger files are streamed; only opening them is retried (see ``_Upload``).
+The filesystem (``retrying``): Ray Train's own storage calls (the workers' checkpoint
+uploads, the controller's checkpoint snapshot) fail on the first refused connection; the
+training function then sees an error and the run restarts, or gives up as if the code were
+broken. ``FallbackTrainer`` hands Ray this wrapper around the run's filesystem instead. A
+file up to 64 MiB (Ray's copy chunk) is written and read as one whole object under retry, so
+a retry never resumes half way through a stream: it lands all or nothing (as on S3). Larger
+files are streamed; only opening them is retried (see ``_Upload``).
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from typing import Any, TypeVar
 import pyarrow as pa
 import pyarrow.fs as pafs
 
-from spotfallback.store.ledger import StorageUnavailableError
+from spotfallback.errors import StorageUnavailableError
 
 logger = logging.getLogger("spotfallback")
 
@@ -34,8 +38,8 @@ RETRY_ENV = "SPOTFALLBACK_STORAGE_RETRY_S"
 WHOLE_READ_BYTES = 64 * 1024 * 1024  # Ray's copy chunk: larger objects are streamed
 DEFAULT_RETRY_S = 120.0
 # Errors no wait can fix: retrying them would only delay the real message.
-_PERMANENT = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
-_PERMANENT_MARKS = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+PERMANENT_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
+PERMANENT_MARKS = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "InvalidAccessKeyId", "SignatureDoesNotMatch")
 
 
 def retry_limit_s() -> float:
@@ -55,19 +59,32 @@ def _quiet(e: BaseException) -> str:
     return str(e).replace("AWS Error ", "AWS error ")
 
 
-def call_with_retry(fn: Callable[[], T], what: str, limit_s: float | None = None) -> T:
-    """``fn()``, retrying transient ``OSError`` for up to ``limit_s``; then StorageUnavailableError."""
+def is_permanent(error: OSError) -> bool:
+    """Whether no wait can fix ``error`` (a missing object, no access): it is raised at once."""
+    return isinstance(error, PERMANENT_ERRORS) or any(mark in str(error) for mark in PERMANENT_MARKS)
+
+
+def call_with_retry(
+    fn: Callable[[], T], what: str, limit_s: float | None = None, *, permanent: type[Exception] | None = None
+) -> T:
+    """``fn()``, retrying transient ``OSError`` for up to ``limit_s`` (default: ``retry_limit_s()``).
+
+    Past the limit: ``StorageUnavailableError``. A permanent error (``is_permanent``) is not
+    retried: raised as it is (the filesystem Ray is handed: Ray and pyarrow act on its type),
+    or, given ``permanent``, as that error naming ``what`` (the ledger, the lease: their
+    callers catch ``LedgerError``).
+    """
     limit = retry_limit_s() if limit_s is None else limit_s
     start = time.monotonic()
     delay = 0.2
     while True:
         try:
             return fn()
-        except _PERMANENT:
-            raise
         except OSError as e:
-            if any(mark in str(e) for mark in _PERMANENT_MARKS):
-                raise
+            if is_permanent(e):
+                if permanent is None:
+                    raise
+                raise permanent(f"storage error while trying to {what}: {type(e).__name__}: {_quiet(e)}") from e
             waited = time.monotonic() - start
             if waited + delay > limit:
                 raise StorageUnavailableError(

@@ -1,0 +1,78 @@
+"""What every command shares: the one error line, logging, and opening a run by STORAGE_PATH/NAME.
+
+Kept apart from the commands so that no command module imports another (each registers
+itself in ``cli.app``); the exit codes themselves live with the errors (``spotfallback.errors``).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+
+from spotfallback.config import Ladder
+from spotfallback.errors import EXIT_BAD_INPUT, ConfigError, LedgerError
+from spotfallback.events import LedgerRecord
+from spotfallback.store.ledger import Ledger
+from spotfallback.store.location import STATE_DIR, RunLocation, resolve_run, split_run_uri
+
+RUN_HELP = "The run as STORAGE_PATH/NAME, e.g. ./runs/digits-1 or s3://bucket/runs/digits-1."
+
+err_console = Console(stderr=True, highlight=False)
+
+
+def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
+    """Print ``error: message`` (taken literally, never as markup) and return the exit to raise."""
+    err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)
+    return typer.Exit(code)
+
+
+def setup_logging(verbose: bool) -> None:
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s spotfallback %(message)s", "%H:%M:%S"))
+    log = logging.getLogger("spotfallback")
+    log.handlers[:] = [handler]
+    log.setLevel(logging.INFO)
+    log.propagate = False
+    if not verbose:
+        os.environ.setdefault("RAY_DEDUP_LOGS", "1")
+
+
+def check_output(option: str, path: Path, suffix: str) -> None:
+    """A file the command will write: the right suffix, in a directory that exists."""
+    if path.suffix.lower() != suffix:
+        raise fail(f"{option}: {str(path)!r} must end in {suffix}")
+    if not path.parent.is_dir():
+        raise fail(f"{option}: directory {str(path.parent)!r} does not exist")
+
+
+def open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:
+    """The run's location, ledger and ladder; ConfigError when RUN names no spotfallback run."""
+    base, sep, query = run.partition("?")  # s3://b/runs/NAME?endpoint_override=...: options stay with the storage
+    storage_path, name = split_run_uri(base)
+    location = resolve_run(storage_path + sep + query, name)
+    ledger = Ledger(location)
+    ladder = ledger.read_ladder()
+    if ladder is None:
+        raise ConfigError(
+            f"run: no spotfallback run at {location.uri()!r} (no {STATE_DIR}/run.json there); "
+            "give STORAGE_PATH/NAME with the job file's storage_path and name"
+        )
+    return location, ledger, ladder
+
+
+def load_run(run: str) -> tuple[RunLocation, Ladder, list[LedgerRecord], dict[str, Any]]:
+    """The run's location, ladder, ledger records and metadata (plan, progress totals)."""
+    try:
+        location, ledger, ladder = open_run(run)
+        return location, ladder, ledger.read(), ledger.read_meta() or {}
+    except ConfigError as e:
+        raise fail(str(e), e.exit_code) from None
+    except LedgerError as e:
+        raise fail(f"cannot read the run's ledger: {e}", e.exit_code) from None

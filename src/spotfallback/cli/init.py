@@ -1,0 +1,74 @@
+"""`spotfallback init`: a commented example job file, the shortest way to a first `spotfallback run`."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from spotfallback.cli.common import fail
+from spotfallback.config import JobConfig
+
+EXAMPLE_JOB = """\
+# A spotfallback job. `spotfallback run job.yaml` runs it; running the same command again
+# resumes it (same name + storage_path = same run). In Python: FallbackTrainer.from_yaml("job.yaml").fit()
+
+# Unique run name: the run's directory under storage_path, and a good MLflow / W&B run name.
+# A new name starts a new run.
+name: my-first-run
+# Where checkpoints and the run ledger live: a local or NFS path, or s3://bucket/prefix, gs://...
+storage_path: ./runs
+# The training function, 'package.module:function' or 'path/to/file.py:function': ordinary
+# Ray Train V2 code that calls ray.train.get_checkpoint() and ray.train.report(..., checkpoint=...).
+# This one is the PyTorch example installed with spotfallback (pip install 'spotfallback[torch]').
+entrypoint: spotfallback.examples.ddp_digits:train_fn
+# Handed to the training function. Report a `step` metric (and give `total_steps` here or in the
+# metrics) and `spotfallback run` / `status` show a progress bar.
+train_loop_config:
+  total_steps: 200
+  checkpoint_every: 5
+  step_delay_s: 0.2           # the example is tiny: slow each step so there is something to watch
+  preemption_check_every: 2   # on a preemption notice, checkpoint at once and wait for the node to go
+# 'local' starts a small Ray cluster on this machine (one node per worker of each tier, labelled
+# spot / on-demand) to try things out; 'auto' joins the cluster this machine belongs to; or an
+# address such as ray://head:10001.
+ray_address: local
+# The ladder: the run starts on the first tier and only ever walks down, resuming from the
+# latest checkpoint. `spotfallback plan --write-yaml` recommends budgets and timeouts.
+tiers:
+  - name: spot
+    market: spot               # workers go to nodes labelled ray.io/market-type=spot
+    num_workers: 2
+    max_preemptions: 3         # preemptions tolerated here; the next one moves the run down
+    max_failures: 3            # node losses without notice; also retries of errors in your code
+    capacity_timeout_s: 600    # longest wait for workers, at the start and after each failure
+    price_per_worker_hour: 0.92
+  - name: on-demand
+    market: on-demand
+    num_workers: 2
+    max_failures: 3
+    capacity_timeout_s: 1800
+    price_per_worker_hour: 3.06
+"""
+
+
+def register(app: typer.Typer) -> None:
+    """Add `init` to the spotfallback CLI."""
+
+    @app.command("init")
+    def init_cmd(
+        path: Annotated[Path, typer.Argument(help="Job file to write.", metavar="PATH")] = Path("job.yaml"),
+        force: Annotated[bool, typer.Option("--force", help="Overwrite the file if it exists.")] = False,
+    ) -> None:
+        """Write a commented example job file (ladder, storage, entrypoint) that `spotfallback run` accepts."""
+        if path.is_dir():
+            raise fail(f"PATH: {str(path)!r} is a directory; give a file name such as {str(path / 'job.yaml')!r}")
+        if path.exists() and not force:
+            raise fail(f"PATH: {str(path)!r} already exists; pass --force to overwrite it")
+        if not path.parent.is_dir():
+            raise fail(f"PATH: directory {str(path.parent)!r} does not exist")
+        path.write_text(EXAMPLE_JOB)
+        job = JobConfig.from_yaml(path)  # the example must always be a valid job
+        typer.echo(f"wrote {path}: run {job.name!r} on {' -> '.join(t.name for t in job.tiers)}. "
+                   f"Edit it, then: spotfallback run {path}")

@@ -1,0 +1,492 @@
+"""Each cloud's instance metadata service, read for a preemption notice: the pollers the agent runs.
+
+What it asks (base URL configurable, so tests point it at fake servers on loopback):
+
+- AWS IMDSv2: ``PUT /latest/api/token`` (``X-aws-ec2-metadata-token-ttl-seconds``), then
+  ``GET /latest/meta-data/spot/instance-action`` (404: nothing; 200: ``{"action", "time"}``)
+  and ``GET /latest/meta-data/events/recommendations/rebalance`` (``{"noticeTime"}``: an
+  earlier, softer signal, recorded, drained on only with ``act_on_rebalance``).
+- GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google``
+  (``TRUE``/``FALSE``); with ``wait_for_change`` a hanging GET keyed by the last ETag.
+- Azure: ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``;
+  ``EventType: "Preempt"`` events naming this VM, ``NotBefore`` as the deadline.
+- Kubernetes: SIGTERM to the pod; the deadline is ``terminationGracePeriodSeconds`` later.
+
+Anything a poller cannot parse is a *problem*, logged and never acted on; a slow or refused
+connection is a problem for one poll, not a crash.
+"""
+
+from __future__ import annotations
+
+import email.utils
+import http.client
+import json
+import logging
+import os
+import signal
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from datetime import datetime
+from pathlib import Path
+from typing import Any, Protocol
+
+from spotfallback.errors import MetadataError
+
+logger = logging.getLogger("spotfallback")
+
+DEFAULT_BASE_URL = "http://169.254.169.254"
+CLOUDS = ("aws", "gcp", "azure", "k8s")
+MAX_BODY_BYTES = 64 * 1024
+# Spot notices are minutes long: a deadline hours away, or long past, is not one.
+MAX_NOTICE_S = 3600.0
+MAX_PAST_S = 3600.0
+AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
+
+# Metadata services are link-local: never send these requests through an HTTP proxy.
+_OPENER = urllib.request.build_opener(urllib.request.ProxyHandler({}))
+
+
+@dataclass(frozen=True)
+class Response:
+    status: int
+    body: bytes
+    headers: Mapping[str, str]  # lower-case names
+
+
+def request(method: str, url: str, headers: Mapping[str, str], timeout_s: float) -> Response:
+    """One HTTP request; any transport failure (refused, timeout, reset) is a MetadataError."""
+    req = urllib.request.Request(url, method=method, headers=dict(headers), data=b"" if method == "PUT" else None)
+    try:
+        with _OPENER.open(req, timeout=timeout_s) as resp:
+            body = resp.read(MAX_BODY_BYTES + 1)
+            return Response(resp.status, body, {k.lower(): v for k, v in resp.headers.items()})
+    except urllib.error.HTTPError as e:
+        try:
+            body = e.read(MAX_BODY_BYTES + 1)
+        except (OSError, http.client.HTTPException):
+            body = b""
+        return Response(e.code, body, {k.lower(): v for k, v in (e.headers or {}).items()})
+    except urllib.error.URLError as e:
+        raise MetadataError(f"{method} {url}: {e.reason}") from None
+    except (OSError, http.client.HTTPException, ValueError) as e:
+        raise MetadataError(f"{method} {url}: {type(e).__name__}: {e}") from None
+
+
+def _text(body: bytes, what: str) -> str:
+    if len(body) > MAX_BODY_BYTES:
+        raise MetadataError(f"{what}: answer larger than {MAX_BODY_BYTES} bytes")
+    try:
+        return body.decode("utf-8").strip()
+    except UnicodeDecodeError:
+        raise MetadataError(f"{what}: answer is not UTF-8 text") from None
+
+
+def _json_object(body: bytes, what: str) -> dict[str, Any]:
+    text = _text(body, what)
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise MetadataError(f"{what}: not JSON ({e.msg}): {text[:80]!r}") from None
+    if not isinstance(data, dict):
+        raise MetadataError(f"{what}: expected a JSON object, got {type(data).__name__}")
+    return data
+
+
+def parse_iso_utc(value: Any, what: str) -> float:
+    """``2017-09-18T08:22:00Z`` (AWS) -> epoch seconds; a time without a zone is rejected."""
+    if not isinstance(value, str):
+        raise MetadataError(f"{what}: expected a time string, got {value!r}")
+    try:
+        parsed = datetime.fromisoformat(value.strip())
+    except ValueError:
+        raise MetadataError(f"{what}: not an ISO 8601 time: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise MetadataError(f"{what}: time without a time zone: {value!r}")
+    return parsed.timestamp()
+
+
+def parse_http_date(value: Any, what: str) -> float:
+    """``Mon, 19 Sep 2016 18:29:47 GMT`` (Azure ``NotBefore``) -> epoch seconds."""
+    if not isinstance(value, str):
+        raise MetadataError(f"{what}: expected a date string, got {value!r}")
+    try:
+        parsed = email.utils.parsedate_to_datetime(value)
+    except (TypeError, ValueError):
+        raise MetadataError(f"{what}: not an HTTP date: {value!r}") from None
+    if parsed.tzinfo is None:
+        raise MetadataError(f"{what}: date without a time zone: {value!r}")
+    return parsed.timestamp()
+
+
+def plausible_deadline(deadline_s: float, now_s: float, what: str) -> float:
+    """The deadline, if it can be a spot notice's; a past one (node going now) becomes now."""
+    if deadline_s > now_s + MAX_NOTICE_S:
+        raise MetadataError(f"{what}: deadline {deadline_s - now_s:.0f}s ahead is not a spot notice")
+    if deadline_s < now_s - MAX_PAST_S:
+        raise MetadataError(f"{what}: deadline {now_s - deadline_s:.0f}s in the past is stale")
+    return max(deadline_s, now_s)
+
+
+# ----------------------------------------------------------------------------- notices
+
+
+@dataclass(frozen=True)
+class Notice:
+    """One warning from the cloud.
+
+    ``key`` identifies it: the same notice polled again has the same key and is not acted on
+    twice. ``deadline_s``: when the node goes (epoch seconds; None: unknown). ``actionable``:
+    False for signals that are only recorded (AWS rebalance recommendation by default).
+    """
+
+    source: str
+    key: str
+    action: str
+    deadline_s: float | None
+    actionable: bool = True
+    detail: str = ""
+
+
+@dataclass
+class PollResult:
+    notices: list[Notice] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+class Poller(Protocol):
+    source: str
+
+    def poll(self) -> PollResult: ...
+
+
+class AwsPoller:
+    """EC2 IMDSv2: spot instance-action (drain) and rebalance recommendation (record or drain)."""
+
+    source = "aws"
+    TOKEN_PATH = "/latest/api/token"
+    ACTION_PATH = "/latest/meta-data/spot/instance-action"
+    REBALANCE_PATH = "/latest/meta-data/events/recommendations/rebalance"
+    ACTIONS = ("terminate", "stop", "hibernate")
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        timeout_s: float = 2.0,
+        token_ttl_s: int = 21600,
+        act_on_rebalance: bool = False,
+        rebalance_deadline_s: float = 120.0,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.token_ttl_s = token_ttl_s
+        self.act_on_rebalance = act_on_rebalance
+        self.rebalance_deadline_s = rebalance_deadline_s
+        self.clock = clock
+        self._token: str | None = None
+        self._token_expires = 0.0
+
+    def _token_value(self) -> str:
+        if self._token is not None and self.clock() < self._token_expires - 60:
+            return self._token
+        self._token = None
+        r = request(
+            "PUT",
+            self.base_url + self.TOKEN_PATH,
+            {"X-aws-ec2-metadata-token-ttl-seconds": str(self.token_ttl_s)},
+            self.timeout_s,
+        )
+        if r.status != 200:
+            raise MetadataError(f"IMDSv2 token: HTTP {r.status}")
+        token = _text(r.body, "IMDSv2 token")
+        if not token or len(token) > 4096 or not token.isprintable() or " " in token:
+            raise MetadataError(f"IMDSv2 token: unusable token {token[:40]!r}")
+        self._token, self._token_expires = token, self.clock() + self.token_ttl_s
+        return token
+
+    def _get(self, path: str) -> Response:
+        for _ in range(2):
+            r = request("GET", self.base_url + path, {"X-aws-ec2-metadata-token": self._token_value()}, self.timeout_s)
+            if r.status != 401:
+                return r
+            self._token = None  # expired or revoked: fetch a new one, once
+        raise MetadataError(f"{path}: HTTP 401 with a fresh token")
+
+    def poll(self) -> PollResult:
+        result = PollResult()
+        for name, check in (("instance-action", self._instance_action), ("rebalance", self._rebalance)):
+            try:
+                notice = check()
+            except MetadataError as e:
+                result.problems.append(f"aws {name}: {e}")
+                continue
+            if notice is not None:
+                result.notices.append(notice)
+        return result
+
+    def _instance_action(self) -> Notice | None:
+        r = self._get(self.ACTION_PATH)
+        if r.status == 404:
+            return None
+        if r.status != 200:
+            raise MetadataError(f"HTTP {r.status}")
+        data = _json_object(r.body, "instance-action")
+        action, when = data.get("action"), data.get("time")
+        if action not in self.ACTIONS:
+            raise MetadataError(f"unknown action {action!r}")
+        deadline = plausible_deadline(parse_iso_utc(when, "instance-action time"), self.clock(), "instance-action")
+        return Notice("aws", f"aws:{action}:{when}", str(action), deadline, detail=f"spot instance-action {action} at {when}")
+
+    def _rebalance(self) -> Notice | None:
+        r = self._get(self.REBALANCE_PATH)
+        if r.status == 404:
+            return None
+        if r.status != 200:
+            raise MetadataError(f"HTTP {r.status}")
+        data = _json_object(r.body, "rebalance recommendation")
+        when = data.get("noticeTime")
+        parse_iso_utc(when, "rebalance noticeTime")
+        deadline = self.clock() + self.rebalance_deadline_s if self.act_on_rebalance else None
+        return Notice(
+            "aws-rebalance",
+            f"aws-rebalance:{when}",
+            "rebalance",
+            deadline,
+            actionable=self.act_on_rebalance,
+            detail=f"rebalance recommendation at {when}",
+        )
+
+
+class GcpPoller:
+    """GCE metadata ``instance/preempted``; ``wait_for_change`` turns polling into a hanging GET."""
+
+    source = "gcp"
+    PATH = "/computeMetadata/v1/instance/preempted"
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        timeout_s: float = 2.0,
+        notice_s: float = 30.0,
+        wait_for_change: bool = False,
+        wait_timeout_s: int = 60,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.notice_s = notice_s
+        self.wait_for_change = wait_for_change
+        self.wait_timeout_s = wait_timeout_s
+        self.clock = clock
+        self._etag: str | None = None
+        self._seen_at: float | None = None
+
+    @property
+    def blocking(self) -> bool:
+        """Whether the next poll is a hanging GET (it needs the ETag of a first, plain one)."""
+        return self.wait_for_change and self._etag is not None
+
+    def poll(self) -> PollResult:
+        url, timeout = self.base_url + self.PATH, self.timeout_s
+        if self.blocking:
+            query = {"wait_for_change": "true", "timeout_sec": str(int(self.wait_timeout_s)), "last_etag": self._etag}
+            url += "?" + urllib.parse.urlencode(query)
+            timeout += self.wait_timeout_s
+        try:
+            r = request("GET", url, {"Metadata-Flavor": "Google"}, timeout)
+            if r.status != 200:
+                raise MetadataError(f"HTTP {r.status}")
+            if r.headers.get("metadata-flavor") != "Google":
+                raise MetadataError("answer without 'Metadata-Flavor: Google': not the GCE metadata server")
+            value = _text(r.body, "preempted")
+            if value not in ("TRUE", "FALSE"):
+                raise MetadataError(f"expected TRUE or FALSE, got {value[:40]!r}")
+        except MetadataError as e:
+            # A hanging GET that failed (a server that never answers it, a proxy cutting it)
+            # is followed by a plain, short one: one hang lost, not every poll.
+            self._etag = None
+            return PollResult(problems=[f"gcp preempted: {e}"])
+        self._etag = r.headers.get("etag") or None
+        if value == "FALSE":
+            return PollResult()
+        if self._seen_at is None:
+            self._seen_at = self.clock()
+        deadline = self._seen_at + self.notice_s
+        return PollResult([Notice("gcp", "gcp:preempted", "preempt", deadline, detail="instance/preempted is TRUE")])
+
+
+class AzurePoller:
+    """Azure Scheduled Events: ``Preempt`` events for this VM, ``NotBefore`` as the deadline."""
+
+    source = "azure"
+    PATH = "/metadata/scheduledevents?api-version=2020-07-01"
+    NAME_PATH = "/metadata/instance/compute/name?api-version=2020-09-01&format=text"
+
+    def __init__(
+        self,
+        base_url: str = DEFAULT_BASE_URL,
+        *,
+        timeout_s: float = 2.0,
+        vm_name: str | None = None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
+        self.base_url = base_url.rstrip("/")
+        self.timeout_s = timeout_s
+        self.vm_name = vm_name
+        self.clock = clock
+
+    def _fetch_vm_name(self) -> str:
+        r = request("GET", self.base_url + self.NAME_PATH, {"Metadata": "true"}, self.timeout_s)
+        if r.status != 200:
+            raise MetadataError(f"compute/name: HTTP {r.status}")
+        name = _text(r.body, "compute/name")
+        if not name or not name.isprintable() or len(name) > 256:
+            raise MetadataError(f"compute/name: unusable name {name[:40]!r}")
+        return name
+
+    def poll(self) -> PollResult:
+        result = PollResult()
+        if self.vm_name is None:
+            # Events for every VM of an availability set / scale-set group arrive here; the
+            # name tells ours apart. Unknown name: act on every Preempt rather than miss ours.
+            try:
+                self.vm_name = self._fetch_vm_name()
+            except MetadataError as e:
+                result.problems.append(f"azure {e}")
+        try:
+            r = request("GET", self.base_url + self.PATH, {"Metadata": "true"}, self.timeout_s)
+            if r.status != 200:
+                raise MetadataError(f"HTTP {r.status}")
+            data = _json_object(r.body, "scheduledevents")
+            events = data.get("Events")
+            if not isinstance(events, list):
+                raise MetadataError("no 'Events' list")
+        except MetadataError as e:
+            result.problems.append(f"azure scheduledevents: {e}")
+            return result
+        for event in events:
+            try:
+                notice = self._notice(event)
+            except MetadataError as e:
+                result.problems.append(f"azure scheduledevents: {e}")
+                continue
+            if notice is not None:
+                result.notices.append(notice)
+        return result
+
+    def _notice(self, event: Any) -> Notice | None:
+        if not isinstance(event, dict):
+            raise MetadataError(f"event is not an object: {event!r:.60}")
+        if event.get("EventType") != "Preempt":
+            return None
+        event_id = event.get("EventId")
+        if not isinstance(event_id, str) or not event_id:
+            raise MetadataError("Preempt event without an EventId")
+        resources = event.get("Resources") or []
+        if not isinstance(resources, list) or not all(isinstance(x, str) for x in resources):
+            raise MetadataError(f"event {event_id}: 'Resources' is not a list of names")
+        if resources and self.vm_name and self.vm_name.lower() not in {x.lower() for x in resources}:
+            return None  # another VM of the group is being preempted
+        now = self.clock()
+        not_before = event.get("NotBefore") or ""
+        if not_before:
+            deadline = plausible_deadline(parse_http_date(not_before, f"event {event_id} NotBefore"), now, f"event {event_id}")
+        else:
+            deadline = now  # blank NotBefore: the eviction has started
+        status = event.get("EventStatus", "")
+        return Notice("azure", f"azure:{event_id}", "preempt", deadline, detail=f"Preempt {event_id} ({status}) NotBefore {not_before or 'now'}")
+
+
+class SigtermPoller:
+    """Kubernetes: SIGTERM to the pod is the notice; the node goes after the grace period."""
+
+    source = "k8s"
+
+    def __init__(self, grace_s: float = 30.0, clock: Callable[[], float] = time.time) -> None:
+        self.grace_s = grace_s
+        self.clock = clock
+        self.received_at: float | None = None
+        self._after: Callable[[], None] | None = None
+
+    def install(self, after: Callable[[], None] | None = None) -> Any:
+        """Handle SIGTERM (main thread only); returns the previous handler.
+
+        ``after`` runs in the handler once the signal is noted (the agent's ``wake``, so the
+        drain does not wait for the next poll); it must not take locks.
+        """
+        self._after = after
+        return signal.signal(signal.SIGTERM, self.on_signal)
+
+    def on_signal(self, signum: int = signal.SIGTERM, frame: Any = None) -> None:
+        if self.received_at is None:
+            self.received_at = self.clock()
+        if self._after is not None:
+            self._after()
+
+    def poll(self) -> PollResult:
+        if self.received_at is None:
+            return PollResult()
+        deadline = self.received_at + self.grace_s
+        return PollResult([Notice("k8s", "k8s:sigterm", "sigterm", deadline, detail=f"SIGTERM; grace {self.grace_s:g}s")])
+
+
+def make_poller(cloud: str, base_url: str = DEFAULT_BASE_URL, *, timeout_s: float = 2.0, **options: Any) -> Poller:
+    """The poller for ``cloud`` (aws, gcp, azure, k8s); options are its keyword arguments."""
+    if cloud == "aws":
+        return AwsPoller(base_url, timeout_s=timeout_s, **options)
+    if cloud == "gcp":
+        return GcpPoller(base_url, timeout_s=timeout_s, **options)
+    if cloud == "azure":
+        return AzurePoller(base_url, timeout_s=timeout_s, **options)
+    if cloud == "k8s":
+        return SigtermPoller(**options)
+    raise ValueError(f"unknown cloud {cloud!r}; expected one of {', '.join(CLOUDS)}")
+
+
+def detect_cloud(
+    base_url: str = DEFAULT_BASE_URL,
+    *,
+    timeout_s: float = 1.0,
+    env: Mapping[str, str] | None = None,
+    dmi_dir: str | os.PathLike[str] = "/sys/class/dmi/id",
+) -> str | None:
+    """Which cloud this machine runs on: Kubernetes, then the firmware's vendor, then probes."""
+    env = os.environ if env is None else env
+    if env.get("KUBERNETES_SERVICE_HOST"):
+        return "k8s"
+    dmi = {}
+    for name in ("sys_vendor", "product_name", "bios_vendor", "chassis_asset_tag"):
+        try:
+            dmi[name] = (Path(dmi_dir) / name).read_text().strip().lower()
+        except OSError:
+            dmi[name] = ""
+    vendor = " ".join(dmi.values())
+    if "amazon" in vendor:
+        return "aws"
+    if "google" in vendor:
+        return "gcp"
+    if dmi["chassis_asset_tag"] == AZURE_ASSET_TAG:
+        return "azure"
+    base = base_url.rstrip("/")
+    probes: list[tuple[str, str, str, dict[str, str]]] = [
+        ("gcp", "GET", "/computeMetadata/v1/instance/id", {"Metadata-Flavor": "Google"}),
+        ("azure", "GET", "/metadata/instance/compute/azEnvironment?api-version=2020-09-01&format=text", {"Metadata": "true"}),
+        ("aws", "PUT", AwsPoller.TOKEN_PATH, {"X-aws-ec2-metadata-token-ttl-seconds": "60"}),
+    ]
+    for cloud, method, path, headers in probes:
+        try:
+            r = request(method, base + path, headers, timeout_s)
+        except MetadataError:
+            continue
+        if r.status != 200 or not r.body.strip():
+            continue
+        if cloud == "gcp" and r.headers.get("metadata-flavor") != "Google":
+            continue
+        return cloud
+    return None

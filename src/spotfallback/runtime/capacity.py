@@ -1,0 +1,131 @@
+"""What the cluster could hold for a tier, and when to look: the measurements a climb or a resize needs.
+
+Capacity is the number of workers the alive, non-draining nodes matching a tier's label
+selector could hold, counted from their total resources: the question is "could this tier's
+gang be placed", and the current gang's own nodes count for an elastic tier. Observations are
+made only shortly after a checkpoint commit (so a move loses little work) and at most every
+``SPOTFALLBACK_CAPACITY_POLL_S`` seconds.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import ray
+
+from spotfallback.config import Tier
+from spotfallback.events import (
+    CheckpointCommitted,
+    ClimbBack,
+    Decision,
+    Event,
+    Resize,
+    Retry,
+    SwitchTier,
+    WorkersAcquired,
+)
+from spotfallback.notices.drain import gcs_client
+
+logger = logging.getLogger("spotfallback")
+
+DEFAULT_RESTART_S = 60.0  # until the run has measured one of its own restarts
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        return float(os.environ.get(name, default))
+    except ValueError:
+        return default
+
+
+def selector_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
+    """Ray's label selector semantics: ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``."""
+    for key, want in selector.items():
+        have = labels.get(key)
+        negate = want.startswith("!")
+        body = want[1:] if negate else want
+        if body.startswith("in(") or body.startswith("("):
+            options = {v.strip() for v in body[body.index("(") + 1 : -1].split(",")}
+        else:
+            options = {body}
+        if (have in options) == negate:
+            return False
+    return True
+
+
+def workers_on_node(resources: dict[str, float], per_worker: dict[str, float]) -> int:
+    needs = [resources.get(k, 0.0) // v for k, v in per_worker.items() if v > 0]
+    return int(min(needs)) if needs else 0
+
+
+def tier_capacity(tier: Tier) -> int:
+    """How many of ``tier``'s workers its alive, non-draining matching nodes could hold (capped)."""
+    try:
+        gcs = gcs_client()
+        draining = set(gcs.get_draining_nodes())
+        nodes = ray.nodes()
+    except Exception:  # a refinement: no count means no climb, never a broken controller
+        logger.debug("could not count capacity", exc_info=True)
+        return 0
+    per_worker = tier.worker_resources()
+    total = 0
+    for node in nodes:
+        if not node.get("Alive") or node.get("NodeID") in draining:
+            continue
+        if selector_matches(tier.label_selector, node.get("Labels") or {}):
+            total += workers_on_node(node.get("Resources") or {}, per_worker)
+    return min(total, tier.num_workers)
+
+
+class CapacityWatch:
+    """The run's own measurements the policy weighs a move with, and the observation throttle.
+
+    ``remaining_work_s`` comes from the training function: report it as a metric with a
+    checkpoint (``{"remaining_work_s": ...}``); without it the policy treats the remaining
+    work as unknown and climbs whenever the higher tier is cheaper.
+    """
+
+    def __init__(self) -> None:
+        self.poll_s = _env_float("SPOTFALLBACK_CAPACITY_POLL_S", 10.0)
+        self.after_checkpoint_s = _env_float("SPOTFALLBACK_CLIMB_AFTER_CHECKPOINT_S", 30.0)
+        self.last_poll = float("-inf")
+        self.checkpoints: list[float] = []
+        self.remaining_work_s: float | None = None
+        self.restart_s = DEFAULT_RESTART_S
+        self.moved_at: float | None = None
+
+    @property
+    def checkpoint_interval_s(self) -> float:
+        if len(self.checkpoints) < 2:
+            return 0.0
+        return self.checkpoints[-1] - self.checkpoints[-2]
+
+    def record(self, event: Event, decision: Decision) -> None:
+        """Learn from every event the runtime applies (called under its lock)."""
+        if isinstance(event, CheckpointCommitted):
+            self.checkpoints = [*self.checkpoints[-1:], event.t]
+            if event.remaining_work_s is not None:
+                self.remaining_work_s = event.remaining_work_s
+        elif isinstance(event, WorkersAcquired) and self.moved_at is not None:
+            self.restart_s = max(0.0, event.t - self.moved_at)
+            self.moved_at = None
+        if isinstance(decision, Retry | SwitchTier | ClimbBack | Resize):
+            self.moved_at = event.t
+            self.checkpoints = []  # checkpoints of the stopped gang say nothing about the next
+
+    def due(self, now: float, running_since: float | None) -> bool:
+        """Observe now? Only after a checkpoint of the running gang, and not too often."""
+        if now - self.last_poll < self.poll_s or not self.checkpoints or running_since is None:
+            return False
+        if self.checkpoints[-1] < running_since or now - self.checkpoints[-1] > self.after_checkpoint_s:
+            return False
+        self.last_poll = now
+        return True
+
+
+def start_size(tier: Tier) -> int:
+    """Gang size for a new worker group: elastic tiers take what is there, at least their minimum."""
+    if not tier.is_elastic:
+        return tier.num_workers
+    return max(tier.fewest_workers, tier_capacity(tier))

@@ -1,0 +1,527 @@
+"""The vectorised engine: the policy's rules on numpy arrays, one row per (candidate, run).
+
+Why a second engine: the planner scores hundreds of candidate ladders on thousands of runs
+each, which the policy engine (one ``decide`` call per event) cannot do in seconds. This one
+advances every live run by one wait-and-run cycle per loop. Each rule mirrors a line of
+``FallbackPolicy`` and calls the policy's own formulas and constants (``schedule_line``,
+``latest_start``, ``on_gang``, ``observed_rate``, ``repreemption_cost``, ``climb_balance``,
+``CLIMB_DWELL_DOUBLINGS``), in the policy's units and order of operations, so ties break
+alike: the capacity deadline (timeout or deadline guard), the budgets and the guard after an
+interruption, and the climb back at the first checkpoint end where the policy would say so,
+with the remaining work a shell would report. ``tests/unit/test_simulator.py`` checks it
+against the policy engine run by run, on the same draws.
+
+It covers the default leave rules (budgets), capacity timeouts, deadline guards and climbing
+back (``fast_supports``); elastic tiers, the preemption-rate rule and the expected-cost exit
+need the policy engine.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spotfallback.config import Ladder, Tier
+from spotfallback.policy import (
+    CLIMB_DWELL_DOUBLINGS,
+    FallbackPolicy,
+    climb_balance,
+    latest_start,
+    leave_rule_for,
+    observed_rate,
+    on_gang,
+    repreemption_cost,
+    schedule_line,
+)
+from spotfallback.sim.draws import Draws, acquire, interrupt, run_offsets
+from spotfallback.sim.job import EPS, JobSpec, cycle_progress, wall_to_finish
+from spotfallback.sim.results import FAILED, FINISHED, STUCK, SimResult
+from spotfallback.sim.world import RateModel, TraceCapacity
+
+
+def fast_supports(ladder: Ladder) -> bool:
+    """Whether the vectorised engine implements every rule of the ladder.
+
+    It does the budgets, capacity timeouts, deadline guards and climbing back; elastic tiers,
+    the preemption-rate rule and the expected-cost exit need the policy engine.
+    """
+    return not any(t.is_elastic or t.max_preemption_rate is not None or t.expected_cost_exit for t in ladder.tiers)
+
+
+def uses_default_rules(policy: FallbackPolicy) -> bool:
+    """Whether the policy leaves tiers by their configured budgets only (no custom rules)."""
+    return all(rule == leave_rule_for(t) for rule, t in zip(policy.rules, policy.tiers, strict=True))
+
+
+def simulate_fast(configs: Sequence[tuple[Ladder, JobSpec]], procs: Sequence[RateModel | TraceCapacity], runs: int,
+                  seed: int, horizon_h: float, labels: Sequence[str]) -> list[SimResult]:
+    """``runs`` runs of every (ladder, job) candidate, paired on the same draws; one result each.
+
+    The candidates share the tier count and each tier's gang size: ``procs`` is the world
+    compiled for them.
+    """
+    cfg = _Rows.of(configs, runs)
+    world = _World(procs, Draws(runs, seed), run_offsets(procs, runs, seed)[cfg.row], horizon_h)
+    s = _State.start(cfg.n, cfg.K)
+    while True:
+        act = np.flatnonzero(s.status == 0)
+        if act.size == 0:
+            break
+        world.draws.ensure(int(s.col[act].max()))
+        gi, t_acq = _wait_for_capacity(cfg, s, world, act)
+        if gi.size:
+            _run_attempts(cfg, s, world, gi, t_acq)
+        s.col[act] += 1
+    return [s.result(labels[c], slice(c * runs, (c + 1) * runs), configs[c][1].deadline_h) for c in range(len(configs))]
+
+
+# ---------------------------------------------------------------------------------------
+# Inputs and state, as arrays
+
+
+@dataclass(frozen=True)
+class _Rows:
+    """The candidates' ladders and jobs, one row per simulated run: ``(n, K)`` per tier, ``(n,)`` per job."""
+
+    n: int
+    K: int
+    row: np.ndarray  # draw row of each simulated run: candidates are paired on the same draws
+    maxpre: np.ndarray
+    maxfail: np.ndarray
+    timeout_s: np.ndarray
+    price: np.ndarray  # per hour of the tier's gang
+    workers: np.ndarray
+    is_spot: np.ndarray
+    guarded: np.ndarray
+    g_work: np.ndarray
+    g_deadline: np.ndarray
+    g_margin: np.ndarray
+    g_pace: np.ndarray
+    climbable: np.ndarray
+    dwell_s: np.ndarray
+    fresh: np.ndarray
+    W: np.ndarray
+    tau: np.ndarray
+    delta: np.ndarray
+    R: np.ndarray
+    prov: np.ndarray
+    notice: np.ndarray
+    jit: np.ndarray
+    any_climb: bool
+
+    @classmethod
+    def of(cls, configs: Sequence[tuple[Ladder, JobSpec]], runs: int) -> _Rows:
+        C, K = len(configs), len(configs[0][0])
+        cand = np.repeat(np.arange(C), runs)
+
+        def per_tier(fn: Callable[[Tier], float]) -> np.ndarray:
+            return np.array([[fn(t) for t in lad.tiers] for lad, _ in configs], dtype=float)[cand]
+
+        def flag(fn: Callable[[Tier], bool]) -> np.ndarray:
+            return per_tier(lambda t: 1.0 if fn(t) else 0.0).astype(bool)
+
+        def per_job(fn: Callable[[JobSpec], float]) -> np.ndarray:
+            return np.array([fn(job) for _, job in configs], dtype=float)[cand]
+
+        climbable = flag(lambda t: t.climb_back)
+        delta, notice = per_job(lambda j: j.checkpoint_cost_h), per_job(lambda j: j.notice_s / 3600.0)
+        return cls(
+            n=C * runs,
+            K=K,
+            row=np.tile(np.arange(runs), C),
+            maxpre=per_tier(lambda t: t.max_preemptions),
+            maxfail=per_tier(lambda t: t.max_failures),
+            timeout_s=per_tier(lambda t: math.inf if t.capacity_timeout_s is None else t.capacity_timeout_s),
+            price=per_tier(lambda t: t.num_workers * t.price_per_worker_hour),
+            workers=per_tier(lambda t: t.num_workers),
+            is_spot=flag(lambda t: t.is_spot),
+            guarded=flag(lambda t: t.deadline_guard is not None),
+            g_work=per_tier(lambda t: t.deadline_guard.work_h if t.deadline_guard else 1.0),
+            g_deadline=per_tier(lambda t: t.deadline_guard.deadline_h if t.deadline_guard else 1.0),
+            g_margin=per_tier(lambda t: t.deadline_guard.margin_h if t.deadline_guard else 0.0),
+            g_pace=per_tier(lambda t: t.deadline_guard.pace if t.deadline_guard else 0.0),
+            climbable=climbable,
+            dwell_s=per_tier(lambda t: t.min_dwell_s),
+            fresh=flag(lambda t: t.climb_budgets == "fresh"),
+            W=per_job(lambda j: j.work_h),
+            tau=per_job(lambda j: j.tau_h),
+            delta=delta,
+            R=per_job(lambda j: j.restart_overhead_h),
+            prov=per_job(lambda j: j.provisioning_delay_h),
+            notice=notice,
+            jit=per_job(lambda j: float(j.jit_checkpoint)).astype(bool) & (notice >= delta),
+            any_climb=bool(climbable[:, :-1].any()) if K > 1 else False,
+        )
+
+
+@dataclass(frozen=True)
+class _World:
+    """Each tier's compiled process, the shared draws, and each row's start in trace time."""
+
+    procs: Sequence[RateModel | TraceCapacity]
+    draws: Draws
+    offset: np.ndarray
+    horizon_h: float
+
+
+@dataclass
+class _State:
+    """Every run's position and tallies, and the parts of ``PolicyState`` the rules read, as arrays."""
+
+    t: np.ndarray
+    committed: np.ndarray
+    tier: np.ndarray
+    wait_from: np.ndarray
+    started: np.ndarray
+    col: np.ndarray
+    cnt_pre: np.ndarray  # (n, K): the tiers' preemptions and failures, as TierStats
+    cnt_fail: np.ndarray
+    run_s: np.ndarray  # (n, K): running seconds per tier, as the policy's tier_running_s
+    reported_s: np.ndarray  # the policy's remaining_work_s: last reported by a commit or an observation
+    reported_gang: np.ndarray  # ... and the size of the gang that reported it
+    climbs_to: np.ndarray  # (n, K)
+    tier_since: np.ndarray
+    status: np.ndarray
+    spend: np.ndarray
+    lost: np.ndarray
+    billed: np.ndarray
+    spot_h: np.ndarray
+    work_spot: np.ndarray
+    pre: np.ndarray
+    fail: np.ndarray
+    switches: np.ndarray
+    timeouts: np.ndarray
+
+    @classmethod
+    def start(cls, n: int, K: int) -> _State:
+        def z() -> np.ndarray:
+            return np.zeros(n)
+
+        def zi() -> np.ndarray:
+            return np.zeros(n, dtype=np.int64)
+
+        return cls(t=z(), committed=z(), tier=zi(), wait_from=z(), started=np.zeros(n, dtype=bool), col=zi(),
+                   cnt_pre=np.zeros((n, K)), cnt_fail=np.zeros((n, K)), run_s=np.zeros((n, K)),
+                   reported_s=np.full(n, np.nan), reported_gang=z(), climbs_to=np.zeros((n, K)), tier_since=z(),
+                   status=zi(), spend=z(), lost=z(), billed=z(), spot_h=z(), work_spot=z(),
+                   pre=zi(), fail=zi(), switches=zi(), timeouts=zi())
+
+    def leave(self, idx: np.ndarray) -> None:
+        """``FallbackPolicy._leave``: down one tier, or fail from the last."""
+        nxt = self.tier[idx] + 1
+        last = nxt >= self.cnt_pre.shape[1]
+        self.status[idx[last]] = FAILED
+        moved = idx[~last]
+        self.tier[moved] = nxt[~last]
+        self.tier_since[moved] = self.t[moved]
+        self.switches[moved] += 1
+
+    def stuck_past(self, idx: np.ndarray, horizon_h: float) -> None:
+        late = idx[(self.status[idx] == 0) & (self.t[idx] > horizon_h)]
+        self.status[late], self.t[late] = STUCK, horizon_h
+
+    def result(self, label: str, sl: slice, deadline_h: float | None) -> SimResult:
+        res = SimResult.empty(label, sl.stop - sl.start, deadline_h)
+        res.status[:] = self.status[sl]
+        res.wall_h[:] = self.t[sl]
+        res.spend[:] = self.spend[sl]
+        res.lost_work_h[:] = self.lost[sl]
+        res.billed_h[:] = self.billed[sl]
+        res.spot_h[:] = self.spot_h[sl]
+        res.work_on_spot_h[:] = self.work_spot[sl]
+        res.preemptions[:] = self.pre[sl]
+        res.failures[:] = self.fail[sl]
+        res.switches[:] = self.switches[sl]
+        res.capacity_timeouts[:] = self.timeouts[sl]
+        res.final_tier[:] = self.tier[sl]
+        return res
+
+
+# ---------------------------------------------------------------------------------------
+# The deadline guard's arithmetic, as the policy does it
+
+
+def _schedule_s(rem_s: np.ndarray, work_h: np.ndarray, deadline_h: np.ndarray, pace: np.ndarray) -> np.ndarray:
+    """``policy.schedule_time`` for a run started at 0 with ``rem_s`` left: inf at pace 0."""
+    with np.errstate(divide="ignore", invalid="ignore"):
+        line = schedule_line(0.0, work_h * 3600.0 - rem_s, deadline_h, np.where(pace > 0, pace, 1.0), work_h)
+    return np.where(pace > 0, line, np.inf)
+
+
+def _guard_limits_s(rem_s: np.ndarray, work_h: np.ndarray, deadline_h: np.ndarray, margin_h: np.ndarray,
+                    pace: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``FallbackPolicy.guard_limits`` for a run started at 0, seconds: (behind schedule, slack down to the margin)."""
+    behind = _schedule_s(rem_s, work_h, deadline_h, pace) + margin_h * 3600.0
+    return behind, latest_start(0.0, deadline_h, rem_s, margin_h * 3600.0)
+
+
+def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """When tier k's guard says leave with progress frozen, seconds (inf: no guard).
+
+    The remaining work is what the policy was last told: the shell reports it with every
+    commit, so after any progress it is the wall time to finish from ``committed``.
+    """
+    out = np.full(idx.size, np.inf)
+    on = cfg.guarded[idx, k]
+    if on.any():
+        i, kk = idx[on], k[on]
+        gang, full = s.reported_gang[i], cfg.workers[i, kk]
+        scaled = np.where(gang == full, s.reported_s[i], on_gang(s.reported_s[i], gang, full))
+        rem_s = np.where(np.isnan(s.reported_s[i]), cfg.g_work[i, kk] * 3600.0, scaled)
+        behind, must_go = _guard_limits_s(rem_s, cfg.g_work[i, kk], cfg.g_deadline[i, kk], cfg.g_margin[i, kk],
+                                          cfg.g_pace[i, kk])
+        out[on] = np.minimum(behind, must_go)
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# One cycle: wait for capacity, then run
+
+
+def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Rows ``act`` wait on their tier until the capacity deadline; (rows that got workers, when).
+
+    The others timed out (and leave the tier) or are stuck past the horizon.
+    """
+    k_act = s.tier[act]
+    acq = np.empty(act.size)
+    # FallbackPolicy.capacity_deadline, in its own units (seconds), so ties break alike.
+    since_s = s.wait_from[act] * 3600.0
+    cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, _guard_at_s(cfg, s, act, k_act))) / 3600.0
+    off = world.offset
+    for k in np.unique(k_act):
+        m = k_act == k
+        idx = act[m]
+        acq[m] = acquire(world.procs[k], world.draws, cfg.row[idx], s.col[idx], s.t[idx] + off[idx], cfg.prov[idx],
+                         cap_dl[m] + off[idx]) - off[idx]
+    timed = acq > cap_dl
+    # Timed out with no deadline, or past the horizon: the run is stuck.
+    horizon_h = world.horizon_h
+    stuck = (timed & (np.isinf(cap_dl) | (cap_dl > horizon_h))) | (~timed & (acq > horizon_h))
+    si = act[stuck]
+    s.status[si], s.t[si] = STUCK, horizon_h
+    ti = act[timed & ~stuck]
+    s.t[ti] = cap_dl[timed & ~stuck]
+    s.timeouts[ti] += 1
+    s.leave(ti)
+    s.wait_from[ti] = s.t[ti]
+    go = ~timed & ~stuck
+    return act[go], acq[go]
+
+
+def _run_attempts(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, t_acq: np.ndarray) -> None:
+    """Rows ``gi`` got workers at ``t_acq``: each finishes, climbs back or is interrupted."""
+    kg = s.tier[gi]
+    t_int = np.empty(gi.size)
+    is_pre = np.empty(gi.size, dtype=bool)
+    off = world.offset
+    for k in np.unique(kg):
+        m = kg == k
+        idx = gi[m]
+        ti_k, ip_k = interrupt(world.procs[k], world.draws, cfg.row[idx], s.col[idx], t_acq[m] + off[idx],
+                               cfg.workers[idx, k])
+        t_int[m], is_pre[m] = ti_k - off[idx], ip_k
+    overhead = np.where(s.started[gi], cfg.R[gi], 0.0)
+    s.started[gi] = True
+    rem = cfg.W[gi] - s.committed[gi]
+    t_fin = t_acq + overhead + wall_to_finish(rem, cfg.tau[gi], cfg.delta[gi])
+    fin = t_fin <= t_int
+    end = np.where(fin, t_fin, t_int)
+    if cfg.any_climb:
+        stay = ~_climb(cfg, s, world, gi, kg, t_acq, overhead, end)
+        gi, kg, t_acq, t_int, is_pre, overhead = gi[stay], kg[stay], t_acq[stay], t_int[stay], is_pre[stay], overhead[stay]
+        rem, t_fin, fin, end = rem[stay], t_fin[stay], fin[stay], end[stay]
+    dur = end - t_acq
+    sp = cfg.is_spot[gi, kg]
+    s.spend[gi] += dur * cfg.price[gi, kg]
+    s.billed[gi] += dur
+    s.spot_h[gi] += np.where(sp, dur, 0.0)
+    fi = gi[fin]
+    s.work_spot[fi] += np.where(sp[fin], rem[fin], 0.0)
+    s.committed[fi] = cfg.W[fi]
+    s.t[fi] = t_fin[fin]
+    s.status[fi] = FINISHED
+    if (~fin).any():
+        nf = ~fin
+        _interrupted(cfg, s, world, gi[nf], t_acq[nf], overhead[nf], t_int[nf], is_pre[nf], sp[nf])
+
+
+def _interrupted(cfg: _Rows, s: _State, world: _World, ni: np.ndarray, t_acq: np.ndarray, overhead: np.ndarray,
+                 t_int: np.ndarray, ip: np.ndarray, sp: np.ndarray) -> None:
+    """Keep what was committed (or checkpointed on the notice), count the interruption, apply the budgets and the guard."""
+    x = t_int - t_acq - overhead
+    use_jit = ip & cfg.jit[ni]
+    x_eff = np.where(use_jit, np.maximum(x - cfg.notice[ni], 0.0), np.maximum(x, 0.0))
+    done, comm = cycle_progress(x_eff, cfg.tau[ni], cfg.delta[ni])
+    gain = np.where(x > 0, np.where(use_jit, done, comm), 0.0)
+    s.lost[ni] += np.where((x > 0) & ~use_jit, done - comm, 0.0)
+    s.committed[ni] += gain
+    left_s = wall_to_finish(np.maximum(cfg.W[ni] - s.committed[ni], 0.0), cfg.tau[ni], cfg.delta[ni]) * 3600.0
+    s.reported_s[ni] = np.where(gain > 0, left_s, s.reported_s[ni])
+    s.reported_gang[ni] = np.where(gain > 0, cfg.workers[ni, s.tier[ni]], s.reported_gang[ni])
+    s.work_spot[ni] += np.where(sp, gain, 0.0)
+    s.t[ni] = t_int
+    s.wait_from[ni] = s.t[ni]
+    kn = s.tier[ni]
+    s.run_s[ni, kn] += s.t[ni] * 3600.0 - t_acq * 3600.0
+    pi, fi = ni[ip], ni[~ip]
+    s.cnt_pre[pi, kn[ip]] += 1
+    s.pre[pi] += 1
+    s.cnt_fail[fi, kn[~ip]] += 1
+    s.fail[fi] += 1
+    lim_p = cfg.maxpre[ni, kn]
+    lim_f = cfg.maxfail[ni, kn]
+    over = ((lim_p != -1) & (s.cnt_pre[ni, kn] > lim_p)) | ((lim_f != -1) & (s.cnt_fail[ni, kn] > lim_f))
+    over |= s.t[ni] * 3600.0 >= _guard_at_s(cfg, s, ni, kn)
+    s.leave(ni[over])
+    s.stuck_past(ni, world.horizon_h)
+
+
+# ---------------------------------------------------------------------------------------
+# Climbing back
+
+
+def _climb(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray, t_acq: np.ndarray,
+           overhead: np.ndarray, end: np.ndarray) -> np.ndarray:
+    """Rows ``gi`` that climb back before ``end``, moved up; a mask of them over ``gi``."""
+    at, to, obs_s = _climb_candidates(cfg, s, world, gi, kg, t_acq + overhead, end)
+    climbed = np.isfinite(at)
+    if not climbed.any():
+        return climbed
+    ci, kc, jc, tc = gi[climbed], kg[climbed], to[climbed], at[climbed]
+    dur = tc - t_acq[climbed]
+    sp = cfg.is_spot[ci, kc]
+    gain, _ = cycle_progress(tc - (t_acq[climbed] + overhead[climbed]), cfg.tau[ci], cfg.delta[ci])
+    s.reported_s[ci] = obs_s[climbed]
+    s.reported_gang[ci] = cfg.workers[ci, kc]
+    s.spend[ci] += dur * cfg.price[ci, kc]
+    s.billed[ci] += dur
+    s.spot_h[ci] += np.where(sp, dur, 0.0)
+    s.work_spot[ci] += np.where(sp, gain, 0.0)
+    s.committed[ci] += gain
+    s.run_s[ci, kc] += tc * 3600.0 - t_acq[climbed] * 3600.0
+    s.t[ci] = tc
+    s.wait_from[ci] = tc
+    s.tier[ci] = jc
+    s.tier_since[ci] = tc
+    s.climbs_to[ci, jc] += 1
+    s.switches[ci] += 1
+    reset = cfg.fresh[ci, jc]
+    s.cnt_pre[ci[reset], jc[reset]] = 0
+    s.cnt_fail[ci[reset], jc[reset]] = 0
+    late = ci[s.t[ci] > world.horizon_h]
+    s.status[late], s.t[late] = STUCK, world.horizon_h
+    return climbed
+
+
+def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray, start: np.ndarray,
+                      end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """For rows ``gi`` running on tiers ``kg`` from ``start`` to ``end``: (time, tier, remaining_work_s) of a climb.
+
+    The first checkpoint end at which ``FallbackPolicy._observed`` says ``ClimbBack``, with
+    the observation the policy engine would feed: capacity of a higher climb-back tier fits,
+    the dwell has passed, the deadline guard (if any) is ahead of schedule by two restarts
+    with slack to spare, and ``climb_pays``. Over the checkpoint ends of one attempt the
+    remaining work falls by a cycle each, so ``climb_pays`` only gets worse, the slack stays
+    and the schedule gets further ahead: the search jumps to the first end ahead of schedule
+    and stops where paying ends. inf where there is no climb before ``end``.
+    """
+    best_at = np.full(gi.size, np.inf)
+    best_to = np.zeros(gi.size, dtype=np.int64)
+    best_rem = np.zeros(gi.size)
+    for j in range(cfg.K - 1):
+        sel = np.flatnonzero((kg > j) & cfg.climbable[gi, j])
+        if sel.size == 0:
+            continue
+        found_at, found_rem = _first_climb_to(cfg, s, world, j, gi[sel], kg[sel], start[sel], end[sel])
+        better = found_at < best_at[sel]
+        best_at[sel[better]] = found_at[better]
+        best_to[sel[better]] = j
+        best_rem[sel[better]] = found_rem[better]
+    return best_at, best_to, best_rem
+
+
+def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarray, k: np.ndarray, st: np.ndarray,
+                    e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(time, remaining_work_s) of the first checkpoint end at which rows ``idx`` on tiers ``k`` climb to ``j``."""
+    cyc = cfg.tau[idx] + cfg.delta[idx]
+    since_s = s.tier_since[idx] * 3600.0
+    dwell = cfg.dwell_s[idx, j] * 2.0 ** np.minimum(s.climbs_to[idx, j], CLIMB_DWELL_DOUBLINGS)
+    look = np.maximum(st, s.tier_since[idx] + dwell / 3600.0)
+    kk = np.maximum(1.0, np.ceil((look - st) / cyc - EPS))
+    # The observation's fields and the policy's state that do not change during the attempt.
+    restart_s = (cfg.R[idx] + cfg.prov[idx]) * 3600.0
+    interval_s = cfg.tau[idx] * 3600.0
+    w_cur, w_to = cfg.workers[idx, k], cfg.workers[idx, j]
+    rate_cur, rate_to = cfg.price[idx, k], cfg.price[idx, j]
+    per_pre = repreemption_cost(restart_s, interval_s, rate_to)
+    pre_next = np.where(cfg.fresh[idx, j], 0.0, s.cnt_pre[idx, j]) + 1
+    fails = np.where(cfg.fresh[idx, j], 0.0, s.cnt_fail[idx, j])
+    maxpre, maxfail = cfg.maxpre[idx, j], cfg.maxfail[idx, j]
+    trips = ((maxpre != -1) & (pre_next > maxpre)) | ((maxfail != -1) & (fails > maxfail))
+    per_pre = per_pre + np.where(trips, restart_s / 3600.0 * rate_cur, 0.0)  # the next preemption sends it down
+    lam = observed_rate(s.cnt_pre[idx, j], s.run_s[idx, j])
+    g, gw, gd = cfg.guarded[idx, j], cfg.g_work[idx, j], cfg.g_deadline[idx, j]
+    gm, gp = cfg.g_margin[idx, j], cfg.g_pace[idx, j]
+    # Jump to about the first checkpoint end ahead of schedule (remaining falls a cycle per end).
+    rem0 = on_gang(wall_to_finish(np.maximum(cfg.W[idx] - s.committed[idx], 0.0), cfg.tau[idx], cfg.delta[idx]), w_cur, w_to)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        kappa = np.where(gp > 0, gd / np.where(gp > 0, gp * gw, 1.0), 0.0)  # schedule hours per hour of work
+        gaining = kappa * w_cur / w_to > 1.0
+        n_ahead = (st + 2.0 * (cfg.R[idx] + cfg.prov[idx]) - (gw - rem0) * kappa) / (cyc * (kappa * w_cur / w_to - 1.0))
+    kk = np.where(g & gaining & np.isfinite(n_ahead), np.maximum(kk, np.ceil(n_ahead) - 2.0), kk)
+    proc = world.procs[j]
+    todo = np.ones(idx.size, dtype=bool)
+    found_at = np.full(idx.size, np.inf)
+    found_rem = np.zeros(idx.size)
+    while True:
+        q = np.flatnonzero(todo)
+        if q.size == 0:
+            break
+        iq = idx[q]
+        at = st[q] + kk[q] * cyc[q]
+        past = at >= e[q]
+        if isinstance(proc, TraceCapacity):
+            ok = proc.is_ok(np.where(past, 0.0, at) + world.offset[iq]) & ~past
+        else:
+            ok = ~past
+        t_s = at * 3600.0
+        ok &= ~(t_s - since_s[q] < dwell[q])
+        done, _ = cycle_progress(at - st[q], cfg.tau[iq], cfg.delta[iq])
+        left = np.maximum(cfg.W[iq] - s.committed[iq] - done, 0.0)
+        rem_s = wall_to_finish(left, cfg.tau[iq], cfg.delta[iq]) * 3600.0  # the observation's remaining_work_s
+        # FallbackPolicy.climb_pays
+        rem_cur_h = rem_s / 3600.0
+        saving, restart, expected = climb_balance(rem_cur_h, on_gang(rem_cur_h, w_cur[q], w_to[q]), rate_cur[q],
+                                                  rate_to[q], restart_s[q] / 3600.0, lam[q], per_pre[q])
+        pays = saving > restart + expected
+        # FallbackPolicy.guard_allows_climb
+        behind, must_go = _guard_limits_s(on_gang(rem_s, w_cur[q], w_to[q]), gw[q], gd[q], gm[q], gp[q])
+        need = t_s + 2.0 * restart_s[q]
+        on_line = behind - gm[q] * 3600.0 >= need
+        slack_ok = must_go >= need
+        ahead = ~g[q] | (on_line & slack_ok)
+        yes = ok & ahead & pays
+        found_at[q[yes]] = at[yes]
+        found_rem[q[yes]] = rem_s[yes]
+        # The slack is the same at every end of the attempt (up to rounding: stop only when
+        # it is short by more than a millisecond), the line is never reached when not gaining.
+        short = must_go - need < -1e-3
+        never = ~pays | (g[q] & short & (w_cur[q] == w_to[q])) | (g[q] & ~on_line & ~gaining[q])
+        stop = yes | past | never
+        todo[q[stop]] = False
+        cont = q[~stop]
+        nxt = kk[cont] + 1.0
+        off = ~ok[~stop]
+        if isinstance(proc, TraceCapacity) and off.any():  # jump to where the capacity is back
+            r = cont[off]
+            back = proc.next_available(st[r] + kk[r] * cyc[r] + world.offset[idx[r]]) - world.offset[idx[r]]
+            nxt[off] = np.maximum(nxt[off], np.ceil((back - st[r]) / cyc[r] - EPS))
+        kk[cont] = nxt
+    return found_at, found_rem
+
+
+__all__ = ["fast_supports", "simulate_fast", "uses_default_rules"]

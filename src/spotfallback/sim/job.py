@@ -1,0 +1,75 @@
+"""The job a simulation runs, and the progress arithmetic every engine shares.
+
+Why one place: the engines must agree on what ``x`` hours of computing commits and how long
+the rest takes, to the last float, or their run-by-run comparisons mean nothing. The
+functions are numpy ufunc chains, so they work on scalars and on arrays of runs alike.
+Hours throughout (the policy's events are in seconds).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+NEVER_H = 1e12  # "no periodic checkpoint": an interval no job reaches
+EPS = 1e-9
+
+
+class JobSpec(BaseModel):
+    """What is being trained and what each interruption costs it."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    work_h: float = Field(gt=0, description="Hours of training on an uninterrupted gang.")
+    checkpoint_interval_h: float | None = Field(
+        default=None, gt=0, description="Work between periodic checkpoints (tau); None = never."
+    )
+    checkpoint_cost_h: float = Field(default=0.0, ge=0, description="Wall time of one checkpoint write (delta).")
+    restart_overhead_h: float = Field(default=0.0, ge=0, description="Billed time to resume after a restart (R).")
+    provisioning_delay_h: float = Field(default=0.0, ge=0, description="Unbilled time to get workers once capacity exists.")
+    notice_s: float = Field(default=0.0, ge=0, description="Preemption notice (AWS: 120 s, GCP/Azure: 30 s).")
+    jit_checkpoint: bool = Field(default=True, description="Checkpoint on a preemption notice (no lost work if it fits).")
+    deadline_h: float | None = Field(default=None, gt=0, description="Wall-clock deadline, if any.")
+
+    @property
+    def tau_h(self) -> float:
+        return NEVER_H if self.checkpoint_interval_h is None else self.checkpoint_interval_h
+
+    @property
+    def jit_saves(self) -> bool:
+        """Whether a preemption notice covers a just-in-time checkpoint write (then no work is lost)."""
+        return self.jit_checkpoint and self.notice_s / 3600.0 >= self.checkpoint_cost_h
+
+    def with_interval(self, tau_h: float | None) -> JobSpec:
+        return self.model_copy(update={"checkpoint_interval_h": tau_h})
+
+
+def default_horizon_h(job: JobSpec) -> float:
+    """Give up on a run (status 'stuck') after this long: 100x the work, or 10x the deadline."""
+    return max(100.0 * job.work_h, 10.0 * (job.deadline_h or 0.0))
+
+
+def cycle_progress(x: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float):
+    """Work done and work committed after ``x`` hours of compute phase (checkpoint every tau)."""
+    cyc = np.add(tau, delta)
+    k = np.floor(np.divide(x, cyc))
+    r = np.subtract(x, np.multiply(k, cyc))
+    committed = np.multiply(k, tau)
+    done = np.add(committed, np.minimum(r, tau))
+    return done, committed
+
+
+def wall_to_finish(w: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float):
+    """Compute-phase hours to do ``w`` more work from a fresh start (no checkpoint at the end)."""
+    n = np.maximum(np.ceil(np.divide(w, tau) - EPS) - 1.0, 0.0)
+    return np.add(w, np.multiply(n, delta))
+
+
+__all__ = [
+    "EPS",
+    "NEVER_H",
+    "JobSpec",
+    "cycle_progress",
+    "default_horizon_h",
+    "wall_to_finish",
+]

@@ -1,0 +1,216 @@
+"""The world a simulated run meets: per tier, a process that says when capacity is there and
+when a running gang is interrupted.
+
+Why apart from the engines: every engine (the policy engine, the vectorised one and the
+Uniform Progress baseline) must see the same world, so it is built and compiled once here.
+A process is a rate model (Poisson per node-hour, with outages that make capacity vanish
+and return), a SkyPilot availability trace, a node add/remove trace (both replayed
+cyclically from a random start tick) or, for tests, a script. Traces are compiled per gang
+size into lookup tables (``TraceCapacity``), so a question about one run or ten thousand
+costs a few array lookups.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from spotfallback.config import Ladder, Tier, make_ladder
+from spotfallback.sim.job import EPS
+from spotfallback.sim.traces import NodeTrace, SpotTrace
+
+
+class RateModel(BaseModel):
+    """Memoryless interruptions and capacity outages; ``RateModel()`` is a reliable on-demand pool.
+
+    Each acquisition attempt finds the capacity gone with ``outage_probability``; the outage
+    then lasts an exponential time of mean ``mean_outage_h``.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    preemptions_per_node_hour: float = Field(default=0.0, ge=0)
+    failures_per_node_hour: float = Field(default=0.0, ge=0, description="Node losses without notice.")
+    outage_probability: float = Field(default=0.0, ge=0, le=1)
+    mean_outage_h: float = Field(default=0.0, ge=0)
+
+
+@dataclass(frozen=True)
+class ScriptedModel:
+    """Deterministic process for tests: the i-th acquisition on the tier lasts ``uptimes_h[i]``.
+
+    After the list runs out the tier is never interrupted. ``waits_h[i]`` delays the i-th
+    acquisition (capacity absent). Only the policy engine runs it.
+    """
+
+    uptimes_h: tuple[float, ...]
+    kind: Literal["preempt", "fail"] = "preempt"
+    waits_h: tuple[float, ...] = ()
+
+
+Process = RateModel | SpotTrace | NodeTrace | ScriptedModel
+
+
+def complement_trace(trace: SpotTrace, capacity: int | None = None) -> SpotTrace:
+    """Read a trace whose ticks count *preempted* instances (upstream SkyPilot's 1-node files)."""
+    cap = trace.capacity if capacity is None else capacity
+    flipped = np.clip(cap - trace.available, 0, None).astype(np.int64)
+    flipped.flags.writeable = False
+    return SpotTrace(name=f"{trace.name} (complemented)", gap_seconds=trace.gap_seconds, available=flipped)
+
+
+def world_for(ladder: Ladder | Sequence[Tier], spot: Process, on_demand: Process | None = None) -> tuple[Process, ...]:
+    """One process per tier: spot-market tiers get ``spot``, the others ``on_demand`` (reliable)."""
+    ladder = make_ladder(ladder)
+    od = on_demand if on_demand is not None else RateModel()
+    return tuple(spot if t.is_spot else od for t in ladder.tiers)
+
+
+
+# ---------------------------------------------------------------------------------------
+# Trace processes compiled to per-tick lookup tables
+
+
+@dataclass(frozen=True)
+class TraceCapacity:
+    """A trace as seen by a gang: when it can start, and when it is interrupted once started.
+
+    The trace repeats with period ``period_h``. ``ok[j]``: a gang can be acquired in tick j.
+    ``next_ok[j]``: first tick >= j (possibly in the next period, i.e. >= L) where it can,
+    -1 if never. ``hit_h[j]``: time (from the period start, may exceed it) at which a gang
+    acquired in tick j is interrupted, inf if never.
+    """
+
+    name: str
+    gap_h: float
+    ok: np.ndarray
+    next_ok: np.ndarray
+    hit_h: np.ndarray
+
+    @property
+    def length(self) -> int:
+        return len(self.ok)
+
+    @property
+    def period_h(self) -> float:
+        return self.length * self.gap_h
+
+    def _tick(self, t_abs: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        tick = np.floor(t_abs / self.gap_h + EPS).astype(np.int64)
+        return tick // self.length, tick % self.length
+
+    def is_ok(self, t_abs: np.ndarray) -> np.ndarray:
+        return self.ok[self._tick(t_abs)[1]]
+
+    def next_available(self, t_abs: np.ndarray) -> np.ndarray:
+        cyc, j = self._tick(t_abs)
+        nxt = self.next_ok[j]
+        at = (cyc * self.length + nxt) * self.gap_h
+        return np.where(nxt < 0, np.inf, np.where(nxt == j, t_abs, at))
+
+    def hit(self, t_abs: np.ndarray) -> np.ndarray:
+        cyc, j = self._tick(t_abs)
+        return cyc * self.period_h + self.hit_h[j]
+
+
+def _next_true(flags: np.ndarray) -> np.ndarray:
+    """For each j in [0, L): first index >= j in the doubled array where flags holds, else -1."""
+    n = len(flags)
+    doubled = np.concatenate([flags, flags])
+    idx = np.where(doubled, np.arange(2 * n), 2 * n)
+    nxt = np.minimum.accumulate(idx[::-1])[::-1][:n]
+    return np.where(nxt >= 2 * n, -1, nxt).astype(np.int64)
+
+
+def compile_spot_trace(trace: SpotTrace, num_workers: int) -> TraceCapacity:
+    """A gang needs ``min(N, trace capacity)`` instances: a 1-instance trace gates the whole pool."""
+    need = min(num_workers, trace.capacity)
+    ok = trace.available >= need if need > 0 else np.zeros(len(trace.available), dtype=bool)
+    gap_h = trace.gap_seconds / 3600.0
+    next_ok = _next_true(ok)
+    next_bad = _next_true(~ok)
+    # A gang acquired in an ok tick j runs until the next bad tick (> j).
+    hit_h = np.where(next_bad < 0, np.inf, next_bad * gap_h)
+    return TraceCapacity(trace.name, gap_h, ok, next_ok, hit_h)
+
+
+def compile_node_trace(trace: NodeTrace, num_workers: int, gap_seconds: float = 60.0) -> TraceCapacity:
+    """The gang holds the N longest-running live nodes; removing any of them interrupts it.
+
+    Events are quantised up to ``gap_seconds`` ticks (the shared trace is minute-aligned).
+    When the trace repeats, a gang still alive at its end carries on as if started at tick 0.
+    """
+    peak = live = 0
+    for ev in trace.events:
+        live += 1 if ev.action == "add" else -1
+        peak = max(peak, live)
+    if num_workers > peak:
+        raise ValueError(f"node trace {trace.name!r} never has {num_workers} nodes (at most {peak}); use fewer workers")
+    gap_h = gap_seconds / 3600.0
+    ticks = [math.ceil(ev.t_s / gap_seconds - EPS) for ev in trace.events]
+    length = ticks[-1] + 1
+    # Removal tick of each incarnation (index of its add event).
+    removal: dict[int, int] = {}
+    open_add: dict[str, int] = {}
+    for i, ev in enumerate(trace.events):
+        if ev.action == "add":
+            open_add[ev.node] = i
+        else:
+            removal[open_add.pop(ev.node)] = ticks[i]
+    ok = np.zeros(length, dtype=bool)
+    hit_tick = np.full(length, np.inf)
+    live_nodes: dict[str, int] = {}  # node -> incarnation, insertion (= join) order
+    e = 0
+    for j in range(length):
+        while e < len(trace.events) and ticks[e] <= j:
+            ev = trace.events[e]
+            if ev.action == "add":
+                live_nodes[ev.node] = e
+            else:
+                live_nodes.pop(ev.node)
+            e += 1
+        if len(live_nodes) >= num_workers:
+            ok[j] = True
+            held = list(live_nodes.values())[:num_workers]
+            hit_tick[j] = min(removal.get(inc, math.inf) for inc in held)
+    hit_h = hit_tick * gap_h
+    if np.isinf(hit_h).any():
+        carry = hit_h[0] if ok[0] else 0.0
+        hit_h = np.where(np.isinf(hit_h), length * gap_h + carry, hit_h)
+    return TraceCapacity(trace.name, gap_h, ok, _next_true(ok), hit_h)
+
+
+def compile_process(process: Process, num_workers: int) -> RateModel | TraceCapacity | ScriptedModel:
+    if isinstance(process, SpotTrace):
+        return compile_spot_trace(process, num_workers)
+    if isinstance(process, NodeTrace):
+        return compile_node_trace(process, num_workers)
+    return process
+
+
+
+
+def compile_world(ladder: Ladder, world: Sequence[Process]) -> list[RateModel | TraceCapacity | ScriptedModel]:
+    """Each tier's process compiled for the tier's gang."""
+    if len(world) != len(ladder):
+        raise ValueError(f"world has {len(world)} processes for {len(ladder)} tiers; give one per tier")
+    return [compile_process(p, t.num_workers) for p, t in zip(world, ladder.tiers, strict=True)]
+
+
+__all__ = [
+    "Process",
+    "RateModel",
+    "ScriptedModel",
+    "TraceCapacity",
+    "compile_node_trace",
+    "compile_process",
+    "compile_spot_trace",
+    "compile_world",
+    "complement_trace",
+    "world_for",
+]

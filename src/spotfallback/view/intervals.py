@@ -1,0 +1,80 @@
+"""Where a run's time went, interval by interval: waiting for workers, work redone, holds.
+
+``accounting.summarize`` adds these up per tier; the cost report splits its lost hours into
+redone work and the hold after a just-in-time checkpoint with them, and the timeline draws
+them. Replayed from the ledger with the same rules as ``accounting`` (a test holds the sums
+equal), so the picture and the bill never disagree. Pure.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from spotfallback.events import LedgerRecord
+
+INTERRUPTIONS = ("preempted", "node_failed", "application_failed")  # a gang lost without meaning to
+_MOVES = ("climb_back", "resize")  # decisions that stop the gang on purpose and restart it elsewhere
+
+Interval = tuple[int, float, float]  # (tier, start, end)
+
+
+def _moved_to(rec: LedgerRecord, default: int) -> int:
+    """The tier the run is on after ``rec``: a switch's or a climb's target, else ``default``."""
+    decision = rec.decision or {}
+    if decision.get("action") in ("switch_tier", "climb_back"):
+        return int(decision.get("to_tier", default))
+    return default
+
+
+def run_intervals(records: Sequence[LedgerRecord], end: float) -> tuple[list[Interval], list[Interval], list[Interval]]:
+    """(waiting, redone, held) intervals per tier, replaying the same rules as ``accounting``.
+
+    The time from the last checkpoint to an interruption is lost (billed, not useful work).
+    It is *redone* work unless that checkpoint was a just-in-time one taken on the
+    interruption's notice: then the workers only *held* until the node went, and nothing is
+    redone.
+    """
+    waiting: list[Interval] = []
+    redone: list[Interval] = []
+    held: list[Interval] = []
+    wait: tuple[int, float] | None = None
+    run: tuple[int, float] | None = None
+    last_ckpt = -math.inf
+    jit_started = math.inf  # when this attempt's just-in-time checkpoint began (inf: none)
+    for i, rec in enumerate(records):
+        kind, t = rec.event.kind, rec.t
+        nxt = _moved_to(rec, records[i + 1].tier if i + 1 < len(records) else rec.tier)
+        action = (rec.decision or {}).get("action")
+        if kind == "run_started":
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            wait, run, jit_started = (rec.tier, t), None, math.inf
+        elif kind == "workers_acquired":
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            wait, run, jit_started = None, (rec.tier, t), math.inf
+        elif kind == "checkpoint_committed":
+            last_ckpt = t
+        elif kind == "jit_checkpoint" and getattr(rec.event, "outcome", "") == "started" and run:
+            jit_started = min(jit_started, t)
+        elif kind == "capacity_observed" and action in _MOVES:
+            # A climb back or a resize stops the gang right after a checkpoint: nothing redone,
+            # then a wait for the new gang (as accounting charges it).
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            run, wait = None, (nxt, t)
+        elif kind in INTERRUPTIONS or kind == "capacity_timed_out":
+            if run and kind != "capacity_timed_out":
+                (held if last_ckpt >= jit_started else redone).append((run[0], max(run[1], last_ckpt), t))
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            run = None
+            wait = (nxt, t) if (rec.decision or {}).get("action") != "give_up" else None
+        elif kind in ("finished", "fatal"):
+            if wait:
+                waiting.append((wait[0], wait[1], t))
+            wait = run = None
+    if wait:
+        waiting.append((wait[0], wait[1], end))
+    return waiting, [r for r in redone if r[2] > r[1]], [h for h in held if h[2] > h[1]]

@@ -1,0 +1,258 @@
+"""Where a run stands at one moment, read from storage: what `run` shows live and `status` prints.
+
+Everything comes from the run's directory (ledger, progress heartbeat, driver lease), never
+from the driver's memory, so `spotfallback status` on another machine shows what the driver
+shows. ``build_snapshot`` is pure: the caller reads storage (``read_driver``,
+``read_heartbeat``) and the clock.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from spotfallback.accounting import RunSummary, summarize
+from spotfallback.config import Ladder
+from spotfallback.events import LedgerRecord
+from spotfallback.store.heartbeat import PROGRESS_KEYS
+from spotfallback.store.lease import DriverLease
+from spotfallback.store.location import RunLocation
+
+
+@dataclass(frozen=True)
+class TrainingProgress:
+    """A progress metric: its name, latest value, total (if known) and when it was reported."""
+
+    key: str
+    value: float
+    total: float | None
+    t: float
+
+    @property
+    def fraction(self) -> float | None:
+        if self.total is None or self.total <= 0:
+            return None
+        return max(0.0, min(1.0, self.value / self.total))
+
+
+def find_progress(
+    metrics: Mapping[str, Any], t: float, config: Mapping[str, Any] | None = None
+) -> TrainingProgress | None:
+    """The first progress key of ``PROGRESS_KEYS`` in ``metrics``, with its total if known."""
+    for key, total_keys in PROGRESS_KEYS.items():
+        value = metrics.get(key)
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            continue
+        total = None
+        for source in (metrics, config or {}):
+            for tk in total_keys:
+                candidate = source.get(tk)
+                if isinstance(candidate, int | float) and not isinstance(candidate, bool) and candidate > 0:
+                    total = float(candidate)
+                    break
+            if total is not None:
+                break
+        return TrainingProgress(key, float(value), total, t)
+    return None
+
+
+@dataclass(frozen=True)
+class DriverInfo:
+    """The driver lease as status shows it: who drives the run and whether it is alive."""
+
+    host: str
+    pid: int
+    renewed_at: float
+    expires_at: float
+
+    def live(self, now: float) -> bool:
+        return self.expires_at > now
+
+
+@dataclass(frozen=True)
+class Snapshot:
+    """Where a run stands: tier, budget, workers, progress, checkpoint, spend."""
+
+    run: str
+    status: str  # not started / waiting / running / finished / failed / stalled
+    now: float
+    tier_index: int
+    tier: str
+    market: str
+    next_tier: str | None
+    workers_up: int
+    workers_wanted: int
+    preemptions: int
+    max_preemptions: int
+    failures: int
+    max_failures: int
+    capacity_left_s: float | None  # while waiting for workers with a deadline
+    waiting_since: float | None
+    progress: TrainingProgress | None
+    last_checkpoint_t: float | None
+    last_checkpoint_step: int | None
+    checkpoints: int
+    spend: float
+    on_demand_spend: float
+    running_s: float
+    lost_s: float
+    started_at: float | None
+    ended_at: float | None
+    give_up_reason: str | None = None
+    driver: DriverInfo | None = None
+    events: int = 0
+
+    @property
+    def elapsed_s(self) -> float:
+        if self.started_at is None:
+            return 0.0
+        end = self.ended_at if self.status in ("finished", "failed", "stalled") and self.ended_at else self.now
+        return max(0.0, end - self.started_at)
+
+    @property
+    def checkpoint_age_s(self) -> float | None:
+        return None if self.last_checkpoint_t is None else max(0.0, self.now - self.last_checkpoint_t)
+
+    @property
+    def preemptions_left(self) -> int | None:
+        """Preemptions the current tier still tolerates (None: unlimited)."""
+        return None if self.max_preemptions == -1 else max(0, self.max_preemptions - self.preemptions)
+
+    @property
+    def failures_left(self) -> int | None:
+        return None if self.max_failures == -1 else max(0, self.max_failures - self.failures)
+
+    def to_json(self) -> dict[str, Any]:
+        data = asdict(self)
+        data.update(
+            elapsed_s=self.elapsed_s,
+            checkpoint_age_s=self.checkpoint_age_s,
+            preemptions_left=self.preemptions_left,
+            failures_left=self.failures_left,
+        )
+        return data
+
+
+_RESTARTS = ("run_started", "preempted", "node_failed", "application_failed", "capacity_timed_out")
+
+
+def charge_until(records: Sequence[LedgerRecord], driver: DriverInfo | None, now: float) -> float | None:
+    """Until when an open segment is charged: ``now`` while a driver is live, else its last sign of life.
+
+    Without a live lease the driver stopped (released the lease) or died (stopped renewing
+    it), and so did its workers; charging up to ``now`` would bill a dead run.
+    """
+    if not records:
+        return None
+    if driver is not None and driver.live(now):
+        return now
+    last = records[-1].t
+    return max(last, driver.renewed_at) if driver is not None else last
+
+
+def build_snapshot(
+    ladder: Ladder,
+    records: Sequence[LedgerRecord],
+    *,
+    run: str = "",
+    now: float | None = None,
+    heartbeat: Mapping[str, Any] | None = None,
+    driver: DriverInfo | None = None,
+    config: Mapping[str, Any] | None = None,
+    summary: RunSummary | None = None,
+) -> Snapshot:
+    """The snapshot of a run from its records. Pure: the caller reads storage and the clock.
+
+    A run without a live driver that is neither finished nor failed is ``stalled``: its open
+    segment is charged only up to the driver's last sign of life, not to ``now``.
+    """
+    now = time.time() if now is None else now
+    stalled = bool(records) and (driver is None or not driver.live(now))
+    summary = summary or summarize(ladder, records, now=charge_until(records, driver, now))
+    state = summary.state
+    tier = ladder[min(state.tier, len(ladder) - 1)]
+    stats = state.stats[state.tier]
+
+    workers_up = 0
+    if state.running_since is not None and not stalled:  # a dead driver's workers are gone
+        acquired = [r for r in records if r.event.kind == "workers_acquired"]
+        if acquired:
+            workers_up = int(getattr(acquired[-1].event, "num_workers", 0) or 0)
+
+    progress = None
+    candidates: list[TrainingProgress] = []
+    for rec in records:
+        if rec.event.kind == "checkpoint_committed":
+            metrics = dict(rec.info.get("metrics") or {})
+            step = getattr(rec.event, "step", None)
+            if step is not None:
+                metrics.setdefault("step", step)
+            found = find_progress(metrics, rec.t, config)
+            if found:
+                candidates.append(found)
+    # A heartbeat from before the latest restart reports progress that was lost or committed since.
+    restarted = max((r.t for r in records if r.event.kind in _RESTARTS), default=-math.inf)
+    if heartbeat is not None and float(heartbeat["t"]) > restarted:
+        found = find_progress(heartbeat.get("metrics") or {}, float(heartbeat["t"]), config)
+        if found:
+            candidates.append(found)
+    if candidates:
+        progress = max(candidates, key=lambda p: p.t)
+
+    ckpt_t, ckpt_step = (summary.checkpoints[-1][0], summary.checkpoints[-1][1]) if summary.checkpoints else (None, None)
+    if state.status == "finished":
+        status = "finished"
+    elif state.status == "failed":
+        status = "failed"
+    elif not records:
+        status = "not started"
+    elif stalled:
+        status = "stalled"
+    elif state.running_since is not None:
+        status = "running"
+    else:
+        status = "waiting"
+    deadline = None
+    if status == "waiting" and state.waiting_since is not None and tier.capacity_timeout_s is not None:
+        deadline = state.waiting_since + tier.capacity_timeout_s
+    return Snapshot(
+        run=run,
+        status=status,
+        now=now,
+        tier_index=state.tier,
+        tier=tier.name,
+        market=tier.market,
+        next_tier=ladder[state.tier + 1].name if state.tier + 1 < len(ladder) else None,
+        workers_up=workers_up,
+        workers_wanted=tier.num_workers,
+        preemptions=stats.preemptions,
+        max_preemptions=tier.max_preemptions,
+        failures=stats.failures,
+        max_failures=tier.max_failures,
+        capacity_left_s=None if deadline is None else max(0.0, deadline - now),
+        waiting_since=state.waiting_since if status == "waiting" else None,
+        progress=progress,
+        last_checkpoint_t=ckpt_t,
+        last_checkpoint_step=ckpt_step,
+        checkpoints=len(summary.checkpoints),
+        spend=summary.spend,
+        on_demand_spend=summary.on_demand_spend,
+        running_s=summary.running_s,
+        lost_s=sum(t.lost_s for t in summary.tiers),
+        started_at=summary.started_at,
+        ended_at=summary.ended_at,
+        give_up_reason=summary.give_up_reason,
+        driver=driver,
+        events=len(records),
+    )
+
+
+def read_driver(location: RunLocation) -> DriverInfo | None:
+    """The run's driver lease as status shows it, or None when no driver holds it."""
+    info = DriverLease(location).read()
+    if info is None:
+        return None
+    return DriverInfo(info.host, info.pid, info.renewed_at, info.expires_at)

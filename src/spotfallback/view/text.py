@@ -1,0 +1,202 @@
+"""A run put into words: money and durations, one line per ledger event, the snapshot as a panel.
+
+Shared by `run` (live panel, plain CI lines, JSON lines), `status`, `report` and the demo, so
+a run reads the same wherever it is shown. Lines carry rich markup; JSON objects carry none.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from rich.console import Console, Group, RenderableType
+from rich.progress_bar import ProgressBar
+from rich.table import Table
+from rich.text import Text
+
+from spotfallback.config import Ladder
+from spotfallback.events import LedgerRecord
+from spotfallback.view.snapshot import Snapshot
+
+
+def money(x: float) -> str:
+    """Dollars to the cent, with two more digits below a dollar (short runs cost cents)."""
+    return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
+
+
+def duration(s: float | None) -> str:
+    if s is None or not math.isfinite(s):
+        return "-"
+    s = max(0.0, s)
+    if s < 60:
+        return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
+    if s < 3600:
+        return f"{int(s // 60)}m{int(s % 60):02d}s"
+    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
+
+
+_FAULTS = {
+    "preempted": "[yellow]preemption[/]",
+    "node_failed": "[yellow]node lost without notice[/]",
+    "capacity_timed_out": "[yellow]no capacity in time[/]",
+    "application_failed": "[red]error in the training function[/]",
+}
+
+
+def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | None:
+    """One rich-markup line for a ledger event (None for events not worth a line)."""
+    ev = record.event
+    tiers = ladder.tiers
+    tier = tiers[min(record.tier, len(tiers) - 1)].name
+    at = f"[dim]{duration(record.t - t0):>7}[/]"
+    decision = record.decision or {}
+    match ev.kind:
+        case "run_started":
+            again = " again with fresh budgets" if getattr(ev, "reset", False) else ""
+            return f"{at}  run started{again}; waiting for [bold]{tier}[/] workers"
+        case "workers_acquired":
+            return f"{at}  {getattr(ev, 'num_workers', 0)} workers up on [bold]{tier}[/]"
+        case "checkpoint_committed":
+            step = getattr(ev, "step", None)
+            return f"{at}  checkpoint committed" + (f" at step {step}" if step is not None else "")
+        case "preempted" | "node_failed" | "capacity_timed_out" | "application_failed":
+            what = _FAULTS[ev.kind]
+            action = decision.get("action")
+            if action == "switch_tier":
+                to = tiers[int(decision.get("to_tier", record.tier + 1))].name
+                then = f"[bold magenta]→ fall back to {to}[/] ({decision.get('reason', '')})"
+            elif action == "retry":
+                then = f"→ restart on {tier} from the latest checkpoint; waiting for workers"
+            elif action == "give_up":
+                then = f"[bold red]→ give up[/]: {decision.get('reason', '')}"
+            else:
+                then = f"→ {action}"
+            return f"{at}  {what} on [bold]{tier}[/] {then}"
+        case "fatal":
+            return f"{at}  [bold red]fatal:[/] {getattr(ev, 'message', '')}"
+        case "finished":
+            return f"{at}  [green]finished[/] on [bold]{tier}[/]"
+        case "capacity_observed" if decision.get("action") == "climb_back":
+            to = tiers[int(decision.get("to_tier", record.tier))].name
+            return f"{at}  capacity back on {to} [bold green]→ climb back from {tier} to {to}[/] ({decision.get('reason', '')})"
+        case "capacity_observed" if decision.get("action") == "resize":
+            return f"{at}  capacity changed [bold]→ resize {tier} to {decision.get('num_workers')} workers[/]"
+        case "preemption_notice":
+            deadline = getattr(ev, "deadline_s", None)
+            left = f", {duration(deadline - record.t)} before the node goes" if deadline else ""
+            source = getattr(ev, "source", "") or "notice"
+            drained = "; node drained" if getattr(ev, "drained", False) else ""
+            return f"{at}  [yellow]preemption notice[/] ({source}{left}) on [bold]{tier}[/]{drained}"
+        case "jit_checkpoint":
+            outcome, step = getattr(ev, "outcome", ""), getattr(ev, "step", None)
+            at_step = f" of step {step}" if step is not None else ""
+            detail = getattr(ev, "detail", "")
+            if outcome == "started":
+                return f"{at}  just-in-time checkpoint{at_step} started on [bold]{tier}[/] ({detail})"
+            if outcome == "reported":
+                return f"{at}  [green]just-in-time checkpoint{at_step} reported[/] on [bold]{tier}[/] ({detail})"
+            if outcome == "missed":
+                return f"{at}  [red]just-in-time checkpoint{at_step} missed[/] on [bold]{tier}[/]: {detail}"
+    # Kinds added later (notices, observations...): named plainly with their set fields.
+    fields = [f"{k}={v}" for k, v in ev.to_json().items() if k not in ("kind", "t") and v not in (None, "", False)]
+    what = ev.kind.replace("_", " ") + (f" ({', '.join(fields[:2])})" if fields else "")
+    if decision.get("action") == "switch_tier":
+        to = tiers[int(decision.get("to_tier", record.tier))].name
+        return f"{at}  {what} on [bold]{tier}[/] [bold magenta]→ move to {to}[/] ({decision.get('reason', '')})"
+    return f"{at}  {what} on [bold]{tier}[/]"
+
+
+def event_json(record: LedgerRecord, t0: float, ladder: Ladder) -> dict[str, Any]:
+    """A ledger event as one JSON-lines object."""
+    tier = ladder[min(record.tier, len(ladder) - 1)]
+    return {
+        "type": "event",
+        "elapsed_s": round(record.t - t0, 3),
+        "tier": tier.name,
+        **record.event.to_json(),
+        "decision": record.decision,
+    }
+
+
+def _budget(left: int | None, limit: int) -> str:
+    return "unlimited" if left is None else f"{left} of {limit} left"
+
+
+def snapshot_renderable(snap: Snapshot) -> RenderableType:
+    """The snapshot as a small rich grid (the same for `run` and `status`)."""
+    colour = {"running": "green", "waiting": "yellow", "finished": "green", "failed": "red", "stalled": "red"}
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold", no_wrap=True)
+    grid.add_column()
+    state = f"[{colour.get(snap.status, 'white')}]{snap.status}[/]"
+    if snap.status == "stalled":
+        state += " (no live driver; `spotfallback run` the same job resumes it)"
+    grid.add_row("run", f"{snap.run}  {state}  after {duration(snap.elapsed_s)}")
+    nxt = f"then {snap.next_tier}" if snap.next_tier else "last tier"
+    grid.add_row(
+        "tier",
+        f"{snap.tier} ({snap.market}, tier {snap.tier_index + 1}, {nxt}); "
+        f"preemptions {_budget(snap.preemptions_left, snap.max_preemptions)}, "
+        f"node failures {_budget(snap.failures_left, snap.max_failures)}",
+    )
+    workers = f"{snap.workers_up}/{snap.workers_wanted} up"
+    if snap.status == "waiting" and snap.waiting_since is not None:
+        workers += f"; waiting {duration(snap.now - snap.waiting_since)}"
+        if snap.capacity_left_s is not None:
+            workers += f", capacity timeout in {duration(snap.capacity_left_s)}"
+    grid.add_row("workers", workers)
+    p = snap.progress
+    if p is not None:
+        shown = f"{p.key} {p.value:g}" + (f"/{p.total:g}" if p.total is not None else "")
+        if p.fraction is not None:
+            bar = ProgressBar(total=1.0, completed=p.fraction, width=30)
+            grid.add_row("progress", Group(Text(f"{shown}  ({p.fraction:.0%})"), bar))
+        else:
+            grid.add_row("progress", shown)
+    if snap.last_checkpoint_t is not None:
+        step = f"step {snap.last_checkpoint_step}, " if snap.last_checkpoint_step is not None else ""
+        if snap.status in ("running", "waiting"):
+            when = f"{duration(snap.checkpoint_age_s)} ago"
+        else:  # an ended run: when in the run, not how long ago
+            when = f"at {duration(snap.last_checkpoint_t - (snap.started_at or snap.last_checkpoint_t))} into the run"
+        grid.add_row("checkpoint", f"{snap.checkpoints} committed; latest {step}{when}")
+    else:
+        grid.add_row("checkpoint", "none committed yet")
+    saved = 1 - snap.spend / snap.on_demand_spend if snap.on_demand_spend > 0 else None
+    cost = f"{money(snap.spend)} so far; all on-demand for the same progress {money(snap.on_demand_spend)}"
+    if saved is not None:
+        cost += f" ({saved:+.0%} saved)"
+    if snap.lost_s > 0:  # redone work, or the hold after a just-in-time checkpoint: billed, not progress
+        cost += f"; {duration(snap.lost_s)} lost to interruptions"
+    grid.add_row("spend", cost)
+    if snap.driver is not None:
+        alive = "live" if snap.driver.live(snap.now) else "gone"
+        grid.add_row("driver", f"{snap.driver.host} pid {snap.driver.pid}, {alive}, seen {duration(snap.now - snap.driver.renewed_at)} ago")
+    if snap.give_up_reason:
+        grid.add_row("gave up", Text(snap.give_up_reason, style="red"))
+    return grid
+
+
+def print_wide(console: Console, table: Table) -> None:
+    """Print a table at its natural width: numbers cut to '…' on a narrow or piped console help nobody."""
+    from rich.measure import Measurement
+
+    needed = Measurement.get(console, console.options.update_width(1000), table).maximum
+    width = console.width
+    console.width = max(width, needed)  # print(width=...) cannot exceed the console's own width
+    try:
+        console.print(table)
+    finally:
+        console.width = width
+
+
+def snapshot_line(snap: Snapshot) -> str:
+    """The snapshot as one plain line, for CI logs."""
+    parts = [f"{snap.status} on {snap.tier}", f"workers {snap.workers_up}/{snap.workers_wanted}"]
+    if snap.progress is not None:
+        p = snap.progress
+        parts.append(f"{p.key} {p.value:g}" + (f"/{p.total:g}" if p.total is not None else ""))
+    if snap.last_checkpoint_t is not None:
+        parts.append(f"checkpoint {snap.last_checkpoint_step} ({duration(snap.checkpoint_age_s)} ago)")
+    parts.append(f"spend {money(snap.spend)} vs {money(snap.on_demand_spend)} on-demand")
+    return f"[dim]{duration(snap.elapsed_s):>7}[/]  " + " · ".join(parts)

@@ -1,0 +1,424 @@
+"""The Ray internals spotfallback relies on, pinned, so a Ray upgrade fails here and not mid-run.
+
+The hooks subclass Ray Train V2's ``FailurePolicy`` and ``FixedScalingPolicy`` and its
+callbacks, call the trainer's ``_initialize_and_run_controller``, read the private fields of
+its exceptions, set the worker-group start timeout through its environment variable, and the
+drains and the local cluster use ``ray._raylet.GcsClient``, the autoscaler and GCS protobufs
+and ``ray.cluster_utils``. None of it is public API. Each test below names what a module uses
+and what it expects of it: names, signatures, decision values, fields. Run this file first on
+a new Ray (with ``SPOTFALLBACK_ALLOW_UNTESTED_RAY=1``); widen ``ray_support``'s range and the
+``ray[train]`` requirement only once it and the end-to-end suite pass. No cluster is started.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import inspect
+import os
+import subprocess
+import sys
+import textwrap
+import tomllib
+from pathlib import Path
+
+import pytest
+
+import spotfallback.runtime.ray_support as ray_support
+
+REPO = Path(__file__).resolve().parents[2]
+SRC = REPO / "src" / "spotfallback"
+
+
+def params(func) -> list[tuple[str, inspect._ParameterKind]]:
+    return [(p.name, p.kind) for p in inspect.signature(func).parameters.values() if p.name != "_ray_trace_ctx"]
+
+
+# Once a class has been made a Ray actor in this process (any earlier cluster test), Ray's
+# tracing hook adds a keyword-only ``_ray_trace_ctx`` to its methods: not part of the contract.
+
+
+def names(func) -> list[str]:
+    return [name for name in inspect.signature(func).parameters if name != "_ray_trace_ctx"]
+
+
+def call_keywords(source: str, callee: str) -> set[str]:
+    """The keyword names of every call to ``*.callee(...)`` in ``source``."""
+    found: set[str] = set()
+    for node in ast.walk(ast.parse(textwrap.dedent(source))):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == callee:
+            found.update(k.arg for k in node.keywords if k.arg)
+    return found
+
+
+# -- the supported range ---------------------------------------------------------------------
+
+
+def test_the_requirement_and_the_runtime_check_name_the_same_range():
+    deps = tomllib.loads((REPO / "pyproject.toml").read_text())["project"]["dependencies"]
+    ray_req = [d for d in deps if d.startswith("ray[")]
+    assert ray_req == [f"ray[train]{ray_support.SUPPORTED_RAY}"]
+
+
+def test_the_installed_ray_is_supported():
+    import ray
+
+    assert ray_support.is_supported(ray.__version__), ray.__version__
+    ray_support.check_ray_version()
+
+
+@pytest.mark.parametrize("version", ["2.58.0", "2.59.1", "2.61.0", "3.0.0", "3.0.0.dev0", "2.60.0.dev0", "nightly"])
+def test_an_unsupported_ray_is_refused_with_the_supported_range(monkeypatch, version):
+    import ray
+
+    monkeypatch.delenv(ray_support.ALLOW_ENV, raising=False)
+    monkeypatch.setattr(ray, "__version__", version)
+    with pytest.raises(ray_support.UnsupportedRayError) as err:
+        ray_support.check_ray_version()
+    assert isinstance(err.value, ImportError)
+    message = str(err.value)
+    assert f"ray[train]{ray_support.SUPPORTED_RAY}" in message and f"ray {version}" in message
+    assert ray_support.ALLOW_ENV in message
+
+
+@pytest.mark.parametrize("version", ["2.60.0", "2.60.1", "2.60.0rc1"])
+def test_a_supported_ray_passes(monkeypatch, version):
+    import ray
+
+    monkeypatch.setattr(ray, "__version__", version)
+    ray_support.check_ray_version()
+
+
+def test_the_override_turns_the_refusal_into_a_warning(monkeypatch):
+    monkeypatch.setenv(ray_support.ALLOW_ENV, "1")
+    with pytest.warns(RuntimeWarning, match=r"ray 2\.61\.0"):
+        ray_support.check_ray_version("2.61.0")
+
+
+def _python(code: str, **env: str) -> subprocess.CompletedProcess[str]:
+    run_env = {k: v for k, v in os.environ.items() if k != ray_support.ALLOW_ENV} | env
+    return subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=run_env, timeout=120)
+
+
+def test_the_ray_shell_refuses_to_load_on_an_unsupported_ray_and_the_core_does_not_care():
+    """The check runs before any Ray internal is imported; the core and the planner never run it."""
+    refused = _python("import ray; ray.__version__ = '2.59.0'; import spotfallback.runtime.hooks")
+    assert refused.returncode != 0
+    assert "UnsupportedRayError" in refused.stderr and f"ray[train]{ray_support.SUPPORTED_RAY}" in refused.stderr
+    assert "ray 2.59.0" in refused.stderr
+    light = _python(
+        "import sys\n"
+        "import spotfallback, spotfallback.config, spotfallback.policy, spotfallback.sim.planner\n"
+        "assert 'spotfallback.runtime' not in sys.modules, 'the core loaded the Ray shell'\n"
+        "assert 'ray' not in sys.modules, 'import spotfallback or the planner imported Ray'\n"
+    )
+    assert light.returncode == 0, light.stderr
+
+
+# -- runtime/hooks.py: the failure policy -----------------------------------------------------
+
+
+def test_failure_policy_contract():
+    from ray.train.v2._internal.execution.failure_handling import FailureDecision, FailurePolicy
+
+    from spotfallback.runtime.hooks import TierFailurePolicy
+
+    # TierFailurePolicy returns RETRY (the policy retries or moves tier: a Ray restart) or RAISE.
+    assert {d.name: d.value for d in FailureDecision} == {"RETRY": "RETRY", "RAISE": "RAISE", "NOOP": "NOOP"}
+    assert names(FailurePolicy.__init__) == ["self", "failure_config"]
+    assert names(FailurePolicy.make_decision) == ["self", "training_failed_error"]
+    assert params(TierFailurePolicy.make_decision) == params(FailurePolicy.make_decision)
+
+
+# -- runtime/hooks.py: the scaling policy -----------------------------------------------------
+
+
+def test_scaling_policy_contract():
+    from ray.train import ScalingConfig
+    from ray.train.v2._internal.execution.callback import ControllerCallback
+    from ray.train.v2._internal.execution.scaling_policy import (
+        FixedScalingPolicy,
+        NoopDecision,
+        ResizeDecision,
+        ScalingDecision,
+        ScalingPolicy,
+    )
+    from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+        TrainAutoscalingCoordinatorClient,
+    )
+
+    # The controller asks the scaling policy for the label selector: it is one of its callbacks.
+    assert issubclass(ScalingPolicy, ControllerCallback) and issubclass(FixedScalingPolicy, ScalingPolicy)
+    expected = {
+        "__init__": ["self", "scaling_config"],
+        "make_decision_for_non_running_worker_group": ["self"],
+        "make_decision_for_running_worker_group": ["self", "worker_group_state", "worker_group_status"],
+        "_get_num_workers_for_resource_request": ["self"],
+        "_send_resource_request": ["self"],
+        "_maybe_send_resource_request": ["self"],
+        "on_controller_start_worker_group": ["self", "scaling_config", "num_workers"],
+    }
+    assert {m: names(getattr(FixedScalingPolicy, m)) for m in expected} == expected
+    assert inspect.signature(FixedScalingPolicy.on_controller_start_worker_group).parameters["num_workers"].kind == inspect.Parameter.KEYWORD_ONLY
+    # What the overrides touch on the instance Ray built.
+    policy = FixedScalingPolicy(ScalingConfig(num_workers=2))
+    assert policy.scaling_config.num_workers == 2 and policy._coordinator_client is None
+    for method in ("send_resource_request", "maybe_send_resource_request"):
+        assert names(getattr(TrainAutoscalingCoordinatorClient, method)) == ["self", "scaling_config", "num_workers"]
+    # The decisions the overrides return.
+    resize = ResizeDecision(num_workers=3, resources_per_worker={"CPU": 1.0})
+    assert (resize.num_workers, resize.resources_per_worker) == (3, {"CPU": 1.0})
+    assert isinstance(resize, ScalingDecision) and isinstance(NoopDecision(), ScalingDecision)
+    assert ScalingConfig(num_workers=1, label_selector={"ray.io/market-type": "spot"}).label_selector == {"ray.io/market-type": "spot"}
+
+
+def test_the_worker_group_start_timeout_is_read_from_the_environment_at_each_start():
+    """The scaling policy bounds each placement wait by setting this variable before a start."""
+    from ray.train.v2._internal import constants
+    from ray.train.v2._internal.execution.worker_group import worker_group
+
+    assert constants.WORKER_GROUP_START_TIMEOUT_S_ENV_VAR == "RAY_TRAIN_WORKER_GROUP_START_TIMEOUT_S"
+    assert isinstance(constants.DEFAULT_WORKER_GROUP_START_TIMEOUT_S, int | float)
+    readers = [
+        node.name
+        for node in ast.walk(ast.parse(inspect.getsource(worker_group)))
+        if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+        and any(isinstance(n, ast.Name) and n.id == "WORKER_GROUP_START_TIMEOUT_S_ENV_VAR" for n in ast.walk(node))
+    ]
+    assert readers, "the worker group no longer reads its start timeout inside a function (at each start)"
+
+
+def test_every_hook_override_matches_a_ray_method():
+    """An override whose Ray method was renamed or re-signed would silently never be called."""
+    from spotfallback.runtime.hooks import LedgerCallback, TierFailurePolicy, TierScalingPolicy
+
+    own = {"tier_scaling_config", "_runtime"}  # TierScalingPolicy's helpers, not overrides
+    for cls in (TierFailurePolicy, TierScalingPolicy, LedgerCallback):
+        for name, member in vars(cls).items():
+            # Our constructors take the run spec too; the bases' are pinned above.
+            if not inspect.isfunction(member) or name in own or name.startswith("__"):
+                continue
+            base = next((b for b in cls.__mro__[1:] if name in vars(b)), None)
+            assert base is not None, f"{cls.__name__}.{name} overrides nothing in Ray"
+            ours = [n for n in names(member) if n != "self"]
+            theirs = [n for n in names(vars(base)[name]) if n != "self"]
+            assert ours == theirs, f"{cls.__name__}.{name}{ours} vs {base.__name__}{theirs}"
+
+
+# -- runtime/hooks.py: the callbacks ----------------------------------------------------------
+
+
+def test_callback_contract():
+    from ray.train.v2._internal.execution.callback import (
+        ControllerCallback,
+        ReportCallback,
+        WorkerGroupCallback,
+    )
+    from ray.train.v2._internal.execution.training_report import _TrainingReport
+    from ray.train.v2._internal.execution.worker_group import WorkerGroup
+    from ray.train.v2._internal.execution.worker_group.worker import ActorMetadata, Worker
+
+    assert names(WorkerGroupCallback.after_worker_group_start) == ["self", "worker_group"]
+    assert names(ReportCallback.after_report) == ["self", "training_report", "metrics"]
+    assert callable(ControllerCallback.on_controller_start_worker_group)
+    # LedgerCallback: worker_group.get_workers()[i].metadata.node_id, training_report.checkpoint.path.
+    assert names(WorkerGroup.get_workers) == ["self"]
+    assert "metadata" in {f.name for f in dataclasses.fields(Worker)}
+    assert "node_id" in {f.name for f in dataclasses.fields(ActorMetadata)}
+    assert _TrainingReport(checkpoint=None, metrics={}, validation=False).checkpoint is None
+
+
+# -- runtime/trainer.py: the controller entry point ---------------------------------------------
+
+
+def test_trainer_contract(tmp_path):
+    from ray.train import Result, RunConfig, ScalingConfig  # noqa: F401  (imported by the trainer)
+    from ray.train.v2._internal.execution.controller import TrainController
+    from ray.train.v2._internal.util import ObjectRefWrapper
+    from ray.train.v2.api.data_parallel_trainer import DataParallelTrainer
+    from ray.train.v2.tensorflow.tensorflow_trainer import TensorflowTrainer
+    from ray.train.v2.torch.torch_trainer import TorchTrainer
+
+    assert issubclass(TorchTrainer, DataParallelTrainer) and issubclass(TensorflowTrainer, DataParallelTrainer)
+    assert params(DataParallelTrainer._initialize_and_run_controller) == [
+        ("self", inspect.Parameter.POSITIONAL_OR_KEYWORD),
+        ("controller_init_kwargs", inspect.Parameter.VAR_KEYWORD),
+    ]
+    controller_args = set(names(TrainController.__init__)) - {"self"}
+    ray_passes = call_keywords(inspect.getsource(DataParallelTrainer.fit), "_initialize_and_run_controller")
+    we_pass = call_keywords((SRC / "runtime" / "trainer.py").read_text(), "_initialize_and_run_controller")
+    assert ray_passes == controller_args, "Ray's own fit hands the controller other arguments now"
+    assert we_pass == ray_passes
+    assert names(ObjectRefWrapper.__init__) == ["self", "obj"]
+    trainer = DataParallelTrainer(
+        lambda: None, scaling_config=ScalingConfig(num_workers=1), run_config=RunConfig(storage_path=str(tmp_path), name="x")
+    )
+    for attr in ("scaling_config", "run_config", "train_run_context", "validation_config"):
+        assert hasattr(trainer, attr), attr
+    assert callable(trainer._get_train_func()) and isinstance(trainer._create_default_callbacks(), list)
+    # store/retry.ray_run_config replaces fields of the RunConfig dataclass.
+    assert {"name", "storage_path", "storage_filesystem", "failure_config"} <= {f.name for f in dataclasses.fields(RunConfig)}
+
+
+def test_ray_train_torch_is_the_v2_trainer_when_v2_is_enabled():
+    probe = _python(
+        "import ray.train.torch, ray.train.v2.torch.torch_trainer as v2\n"
+        "assert ray.train.torch.TorchTrainer is v2.TorchTrainer\n",
+        RAY_TRAIN_V2_ENABLED="1",
+    )
+    assert probe.returncode == 0, probe.stderr
+
+
+# -- runtime/classify.py, store/retry.py: the failures -------------------------------------------
+
+
+def test_failure_types_contract():
+    from ray.exceptions import ActorDiedError, RayActorError
+    from ray.train.v2._internal.exceptions import (
+        InsufficientClusterResourcesError,
+        UserExceptionWithTraceback,
+        WorkerGroupStartupFailedError,
+        WorkerGroupStartupTimeoutError,
+        WorkerHealthCheckFailedError,
+        WorkerHealthCheckTimeoutError,
+    )
+    from ray.train.v2._internal.execution.worker_group.poll import _is_preempted_actor
+    from ray.train.v2.api.exceptions import (
+        ControllerError,
+        PreemptionError,
+        TrainingFailedError,
+        WorkerGroupError,
+    )
+
+    for cls in (ControllerError, PreemptionError, WorkerGroupError):
+        assert issubclass(cls, TrainingFailedError)
+    assert ControllerError(ValueError("x")).controller_failure.args == ("x",)
+    bug = ValueError("bad")
+    assert WorkerGroupError("failed", {0: bug}).worker_failures == {0: bug}
+    assert UserExceptionWithTraceback(bug, "Traceback ...")._base_exc is bug
+    died = ActorDiedError()
+    assert WorkerHealthCheckFailedError("died", died).health_check_failure is died
+    assert names(WorkerGroupStartupTimeoutError.__init__) == ["self", "num_workers"]
+    for cls in (InsufficientClusterResourcesError, WorkerGroupStartupFailedError, WorkerHealthCheckTimeoutError):
+        assert isinstance(cls("x"), Exception)
+    # A preempted worker: a health-check failure around a RayActorError with preempted=True.
+    assert names(_is_preempted_actor) == ["error"]
+    assert "preempted" in names(RayActorError.__init__)
+    assert _is_preempted_actor(WorkerHealthCheckFailedError("gone", RayActorError(preempted=True)))
+    assert not _is_preempted_actor(WorkerHealthCheckFailedError("gone", RayActorError()))
+    assert not died.preempted
+
+
+# -- notices/jit.py: preemption settings and the worker-side API ---------------------------------
+
+
+def test_preemption_api_contract(tmp_path):
+    import ray.train
+    from ray.train.collective import broadcast_from_rank_zero
+    from ray.train.v2._internal.execution.storage import StorageContext
+    from ray.train.v2.api.config import FailureConfig
+    from ray.train.v2.api.context import TrainContext
+
+    assert {"max_failures", "max_preemption_failures", "preemption_grace_s", "relax_collectives_on_preemption"} <= set(
+        names(FailureConfig)
+    )
+    assert callable(ray.train.get_preemption_info) and callable(broadcast_from_rank_zero)
+    assert callable(TrainContext.get_storage) and callable(TrainContext.get_world_rank)
+    storage = StorageContext(storage_path=str(tmp_path), experiment_dir_name="run")
+    assert storage.experiment_dir_name == "run" and storage.storage_fs_path and storage.storage_filesystem is not None
+
+
+# -- store/checkpoints.py: Ray's checkpoint manager snapshot --------------------------------------
+
+
+def test_checkpoint_manager_snapshot_contract():
+    from ray.train.v2._internal import constants
+    from ray.train.v2._internal.execution.checkpoint.checkpoint_manager import (
+        _CheckpointManagerState,
+        _TrainingResultState,
+    )
+
+    from spotfallback.store.checkpoints import SNAPSHOT_NAME
+
+    assert constants.CHECKPOINT_MANAGER_SNAPSHOT_FILENAME == SNAPSHOT_NAME
+    # The repairer rewrites these keys of the snapshot and writes results as {version: 0, ...}.
+    assert {
+        "checkpoint_results",
+        "checkpoint_report_indices",
+        "latest_checkpoint_result",
+        "pending_training_results",
+        "pending_validation_specs",
+        "validated_checkpoint_dir_names",
+        "timed_out_validation_checkpoint_dir_names",
+        "failed_validation_checkpoint_dir_names",
+    } <= set(_CheckpointManagerState.model_fields)
+    assert set(_TrainingResultState.model_fields) == {"version", "checkpoint_dir_name", "metrics"}
+    assert _TrainingResultState.model_fields["version"].default == 0
+
+
+# -- notices/drain.py, notices/agent.py, runtime/: the GCS -----------------------------------------
+
+
+def test_gcs_contract():
+    import ray._raylet
+    from ray._common.utils import get_ray_address_file
+    from ray._private.services import canonicalize_bootstrap_address, get_node_ip_address
+    from ray.core.generated import autoscaler_pb2, gcs_pb2
+
+    from spotfallback.notices.drain import PREEMPTION_REASON
+
+    inner = ray._raylet.InnerGcsClient  # GcsClient forwards every call to it
+    assert names(inner.drain_node)[:5] == ["self", "node_id", "reason", "reason_message", "deadline_timestamp_ms"]
+    assert names(inner.get_draining_nodes)[:2] == ["self", "timeout"]
+    assert names(inner.get_all_node_info)[:2] == ["self", "timeout"]
+    assert autoscaler_pb2.DrainNodeReason.Value(PREEMPTION_REASON) > 0
+    node = gcs_pb2.GcsNodeInfo
+    assert {"state", "labels", "death_info", "node_manager_address"} <= set(node.DESCRIPTOR.fields_by_name)
+    assert node.GcsNodeState.Value("ALIVE") is not None
+    death = node.DESCRIPTOR.fields_by_name["death_info"].message_type
+    assert {"reason", "reason_message"} <= set(death.fields_by_name) and "Reason" in death.enum_types_by_name
+    assert names(get_ray_address_file) == ["temp_dir"]
+    assert names(canonicalize_bootstrap_address)[:1] == ["addr"] and names(get_node_ip_address) == ["address"]
+
+
+# -- local/cluster.py: real raylets on one machine ---------------------------------------------------
+
+
+def test_local_cluster_contract():
+    from ray._private import ray_constants
+    from ray._private.client_mode_hook import disable_client_hook  # noqa: F401
+    from ray._private.node import Node
+    from ray._private.parameter import RayParams
+    from ray._private.state import GlobalState
+    from ray.cluster_utils import Cluster
+
+    assert {"shutdown_at_exit"} <= set(names(Cluster.__init__))
+    assert names(Cluster.add_node) == ["self", "wait", "node_args"]
+    assert names(Cluster.remove_node) == ["self", "node", "allow_graceful"]
+    assert names(Cluster._wait_for_node)[:2] == ["self", "node"]
+    assert names(Node.__init__)[:5] == ["self", "ray_params", "head", "shutdown_at_exit", "spawn_reaper"]
+    fields = ("num_cpus", "num_gpus", "min_worker_port", "max_worker_port", "redis_address", "gcs_address",
+              "include_log_monitor", "node_manager_port", "labels", "resources", "env_vars", "temp_dir")
+    assert set(fields) <= set(names(RayParams.__init__))
+    ray_params = RayParams()
+    assert hasattr(ray_params, "dashboard_agent_listen_port") and callable(ray_params.update_if_absent)
+    assert ray_constants.PROCESS_TYPE_RAYLET == "raylet"
+    assert callable(GlobalState.get_draining_nodes) and "actor_state_name" in names(GlobalState.actor_table)
+
+
+def test_nothing_ray_private_is_imported_without_a_pin_here():
+    """A new private Ray import anywhere in the package must come with a pin in this file."""
+    pinned = {
+        "ray._common.utils", "ray._private", "ray._private.client_mode_hook", "ray._private.node",
+        "ray._private.parameter", "ray._private.services", "ray._raylet", "ray.core.generated",
+        "ray.train.v2._internal.constants", "ray.train.v2._internal.exceptions",
+        "ray.train.v2._internal.execution.callback", "ray.train.v2._internal.execution.failure_handling",
+        "ray.train.v2._internal.execution.scaling_policy", "ray.train.v2._internal.execution.worker_group.poll",
+        "ray.train.v2._internal.util",
+    }
+    private = set()
+    for path in SRC.rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            private.update(m for m in modules if m.startswith("ray.") and ("._" in m or m.startswith("ray.core.")))
+    assert private <= pinned, f"pin these in tests/unit/test_ray_contract.py: {sorted(private - pinned)}"
