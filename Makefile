@@ -4,6 +4,9 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
+# The suite waits on clusters far more than it computes: two workers, each taking whole test files
+# (so a module's shared cluster, servers and ports are its worker's own).
+PARALLEL := -n 2 --dist loadfile
 STAMP := $(VENV)/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
@@ -22,7 +25,7 @@ test: $(STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory wheel-smoke
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest $(PARALLEL)
 
 # What a user installs: build the sdist and wheel, install the wheel into a clean venv and run
 # `spotfallback demo` and `spotfallback init && spotfallback run job.yaml` in an empty directory.

@@ -130,6 +130,41 @@ def sigkill(proc: subprocess.Popen) -> None:
     proc.wait(30)
 
 
+def other_drivers_actors() -> list[int]:
+    """Pids of live actors (Train controller, workers) that belong to a driver other than this test.
+
+    A SIGKILLed driver's actors die a moment after it, when Ray notices the driver is gone:
+    until then its workers may still step and write to the step log. Detached actors (Ray
+    Train's state actor) outlive every driver and are not counted.
+    """
+    import ray
+    from ray._private.state import actors
+
+    me = ray.get_runtime_context().get_job_id()
+    return [
+        a["Pid"]
+        for a in actors().values()
+        if a["JobID"] != me and a["State"] != "DEAD" and not a["IsDetached"]
+    ]
+
+
+def sigkill_and_reap(proc: subprocess.Popen) -> None:
+    """SIGKILL the driver, then wait until Ray has reaped its actors and their processes are gone."""
+    victims = [pid for pid in other_drivers_actors() if pid]
+    sigkill(proc)
+    wait_until(lambda: not other_drivers_actors() and not any(_alive(pid) for pid in victims), 60)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 def test_two_drivers_started_at_the_same_instant_exactly_one_runs(cluster, s3, tmp_path):
     """On object storage (no exclusive create): one driver trains, the other exits 5 and says why."""
     from spotfallback.store.ledger import Ledger
@@ -210,10 +245,12 @@ def pending_placement_groups() -> int:
 class KillLoop:
     """One run under ``spotfallback run`` on S3 (through a proxy that can stall an upload), killed on cue."""
 
-    def __init__(self, driver: Driver, location, step_log: Path, proxy, injector, rng: random.Random):
+    def __init__(self, driver: Driver, location, step_log: Path, gate: Path, proxy, injector, rng: random.Random):
         from spotfallback.store.ledger import LedgerTail
 
         self.driver, self.step_log, self.proxy, self.injector, self.rng = driver, step_log, proxy, injector, rng
+        self.gate = gate  # the example's step_gate: present, steps run; absent, workers hold
+        gate.touch()
         self.ledger = LedgerTail(location)
         self.location = location
         self.done: list[str] = []  # "moment (what was verified at the kill)"
@@ -241,13 +278,16 @@ class KillLoop:
         if moment == CKPT_WRITE:
             held_file = self.rng.choice(_user_files())
             self.proxy.hold_on(f"/{held_file}", max_s=120)
+        if moment == WORKERS_UP:  # placed workers wait at their first step until the kill
+            self.gate.unlink()
         proc = self.driver.start()
         try:
             seen = self._wait_and_check(moment, proc, n_steps, n_records, market)
-            sigkill(proc)
+            sigkill_and_reap(proc)  # its workers step no more
             after = self._check_after(moment, n_steps, n_records)
             seen += f"; {after}" if after else ""
         finally:
+            self.gate.touch()
             self.proxy.stop_holding()
             if proc.poll() is None:
                 proc.kill()
@@ -304,8 +344,9 @@ class KillLoop:
             return f"{market} capacity taken, the worker group's placement pending"
         if moment == WORKERS_UP:
             wait_until(lambda: "workers_acquired" in kinds(n_records), 240, proc)
-            assert new(n_steps) == [], f"steps {new(n_steps)} already ran"
-            return "workers placed, no step yet"
+            time.sleep(self.rng.uniform(0, 0.5))
+            assert new(n_steps) == [], f"steps {new(n_steps)} already ran with the step gate closed"
+            return "workers placed, held before their first step"
         if moment == AFTER_COMMIT:
             wait_until(lambda: "checkpoint_committed" in kinds(n_records), 240, proc)
             return "checkpoint committed"
@@ -354,18 +395,19 @@ def test_sigkill_the_driver_at_ten_random_moments_of_one_run(cluster, s3, inject
     print(f"kill plan (SPOTFALLBACK_KILL_SEED={seed}): {plan}")
     name = unique_name("kills")
     step_log = tmp_path / "steps.jsonl"
+    gate = tmp_path / "step-gate"
     with OutageProxy(s3.endpoint) as proxy:
         job = {
             "name": name,
             "storage_path": s3.uri("kills", endpoint=proxy.endpoint),
             "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
-            "train_loop_config": {**KILL_CONFIG, "step_log": str(step_log)},
+            "train_loop_config": {**KILL_CONFIG, "step_log": str(step_log), "step_gate": str(gate)},
             "ray_address": cluster.address,
             "tiers": TIERS,
         }
         driver = Driver(job, tmp_path)
         location = resolve_run(f"{s3.bucket}/kills", name, s3.filesystem())  # read past the proxy
-        loop = KillLoop(driver, location, step_log, proxy, injector, rng)
+        loop = KillLoop(driver, location, step_log, gate, proxy, injector, rng)
         for moment in plan:
             try:
                 loop.kill(moment)

@@ -35,6 +35,8 @@ through ``spotfallback.notices.PreemptionWatch``), ``preemption_hold_s`` (60: ho
 the deadline the hold lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a just-in-time
 checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
 where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to measure lost work),
+``step_gate`` (None: a file that must exist before each step starts; a test removes it to hold
+the workers at a precise moment, e.g. placed but not yet stepping, and puts it back to let them go),
 ``raise_at_step`` / ``raise_marker`` (an application error at that step, on every attempt,
 or only on the first when a marker path is given), ``global_batch_size`` (None: see below).
 
@@ -84,6 +86,7 @@ DEFAULTS: dict[str, Any] = {
     "preemption_hold_s": 60.0,
     "jit_checkpoint_delay_s": 0.0,
     "step_log": None,
+    "step_gate": None,
     "raise_at_step": None,
     "raise_marker": None,
     "global_batch_size": None,
@@ -249,6 +252,12 @@ def _save(
     (directory / "progress.json").write_text(json.dumps(progress, indent=1))
 
 
+def _wait_for_gate(gate: str | None) -> None:
+    """Hold the step until the ``step_gate`` file exists (every rank waits, so the step stays collective)."""
+    while gate is not None and not os.path.exists(gate):
+        time.sleep(0.02)
+
+
 def train_fn(config: dict[str, Any]) -> None:
     """Ray Train V2 per-worker loop; see the module docstring for what it checkpoints and why."""
     import ray.train
@@ -291,6 +300,7 @@ def train_fn(config: dict[str, Any]) -> None:
     watch = _preemption_watch(cfg)
     node_id = ray.get_runtime_context().get_node_id() if cfg["step_log"] else ""
     for step in range(start, cfg["total_steps"] + 1):
+        _wait_for_gate(cfg["step_gate"])
         _maybe_raise(cfg, step, rank)
         idx = stream.next_batch()
         optimizer.zero_grad(set_to_none=True)
