@@ -10,7 +10,6 @@ the controller shell's own logic need no cluster.
 from __future__ import annotations
 
 import itertools
-import os
 
 import pytest
 
@@ -19,9 +18,10 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     TRAIN_CONFIG,
     Background,
-    apply_env,
     checkpoints_since,
     kinds,
+    local_cluster,
+    restoring_injector,
     unique_name,
     wait_for,
 )
@@ -35,38 +35,20 @@ STEPS = 100
 
 @pytest.fixture(scope="module")
 def cluster():
-    apply_env()
-    before = os.environ.get("SPOTFALLBACK_CAPACITY_POLL_S")
-    os.environ["SPOTFALLBACK_CAPACITY_POLL_S"] = "1"
-    from spotfallback.local import LocalSpotCluster, NodeGroup
+    from spotfallback.local import NodeGroup
 
-    c = LocalSpotCluster([NodeGroup("spot", count=3), NodeGroup("on-demand", count=2)], connect=True)
-    c.start()
-    try:
+    groups = [NodeGroup("spot", count=3), NodeGroup("on-demand", count=2)]
+    with local_cluster(groups, env={"SPOTFALLBACK_CAPACITY_POLL_S": "1"}) as c:
         yield c
-    finally:
-        c.shutdown()
-        if before is None:
-            os.environ.pop("SPOTFALLBACK_CAPACITY_POLL_S", None)
-        else:
-            os.environ["SPOTFALLBACK_CAPACITY_POLL_S"] = before
 
 
 @pytest.fixture()
 def injector(cluster):
-    from spotfallback.local import Injector
-
-    inj = Injector(cluster)
-    try:
+    with restoring_injector(cluster) as inj:
         yield inj
-    finally:
-        inj.close()
-        for market in ("spot", "on-demand"):
-            inj.give_back(market)
-            inj.replenish(market)
-        for group in cluster.groups.values():  # the newest nodes beyond the module's sizes
-            for node in cluster.nodes(group=group.name)[group.count :]:
-                cluster.remove_node(node, graceful=True)  # an idle node scaled down, not a failure
+    for group in cluster.groups.values():  # the newest nodes beyond the module's sizes
+        for node in cluster.nodes(group=group.name)[group.count :]:
+            cluster.remove_node(node, graceful=True)  # an idle node scaled down, not a failure
 
 
 def make_trainer(storage, name, tiers, **config):

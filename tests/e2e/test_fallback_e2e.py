@@ -16,9 +16,10 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     TRAIN_CONFIG,
     Background,
-    apply_env,
     checkpoints_since,
     kinds,
+    local_cluster,
+    restoring_injector,
     unique_name,
     wait_for,
 )
@@ -28,29 +29,14 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def cluster():
-    apply_env()
-    from spotfallback.local import LocalSpotCluster, NodeGroup
-
-    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    c.start()
-    try:
+    with local_cluster() as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 @pytest.fixture()
 def injector(cluster):
-    from spotfallback.local import Injector
-
-    inj = Injector(cluster)
-    try:
+    with restoring_injector(cluster) as inj:
         yield inj
-    finally:
-        for market in ("spot", "on-demand"):
-            inj.give_back(market)
-            inj.replenish(market)
-        inj.close()
 
 
 def make_trainer(storage, name, tiers, **config):

@@ -41,7 +41,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import TRAIN_CONFIG, Background, apply_env, unique_name, wait_for  # noqa: E402
+from tests.support.helpers_e2e import (  # noqa: E402
+    TRAIN_CONFIG,
+    Background,
+    local_cluster,
+    restoring_injector,
+    unique_name,
+    wait_for,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -242,27 +249,16 @@ def test_ray_start_on_a_worker_writes_the_address_the_sidecar_agent_drains_with(
 
 @pytest.fixture(scope="module")
 def cluster():
-    apply_env()
-    from spotfallback.local import LocalSpotCluster, NodeGroup
+    from spotfallback.local import NodeGroup
 
-    c = LocalSpotCluster([NodeGroup("spot", count=3)], connect=True)
-    c.start()
-    try:
+    with local_cluster([NodeGroup("spot", count=3)]) as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 @pytest.fixture()
 def injector(cluster):
-    from spotfallback.local import Injector
-
-    inj = Injector(cluster)
-    try:
+    with restoring_injector(cluster, markets=("spot",)) as inj:
         yield inj
-    finally:
-        inj.close()
-        inj.replenish("spot")
 
 
 def make_trainer(storage: Path, name: str, **config: Any) -> Any:

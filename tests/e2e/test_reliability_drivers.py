@@ -29,7 +29,12 @@ from pyarrow.fs import FileType
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import REPO, apply_env, unique_name  # noqa: E402
+from tests.support.helpers_e2e import (  # noqa: E402
+    REPO,
+    local_cluster,
+    restoring_injector,
+    unique_name,
+)
 from tests.support.reliability import (  # noqa: E402
     FAILURES,
     RUN_CONFIG,
@@ -56,25 +61,9 @@ TIERS = [
 
 
 @pytest.fixture(scope="module")
-def s3():
-    from tests.support.s3server import S3Server
-
-    with S3Server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def cluster(s3):
-    apply_env()
-    os.environ.update(s3.env())  # drivers, controllers and workers reach the bucket by URI
-    from spotfallback.local import LocalSpotCluster, NodeGroup
-
-    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    c.start()
-    try:
+    with local_cluster(env=s3.env()) as c:  # drivers, controllers and workers reach the bucket by URI
         yield c
-    finally:
-        c.shutdown()
 
 
 @pytest.fixture(scope="module")
@@ -84,16 +73,8 @@ def reference(cluster, tmp_path_factory):
 
 @pytest.fixture()
 def injector(cluster):
-    from spotfallback.local import Injector
-
-    inj = Injector(cluster)
-    try:
+    with restoring_injector(cluster) as inj:
         yield inj
-    finally:
-        for market in ("spot", "on-demand"):
-            inj.give_back(market)
-            inj.replenish(market)
-        inj.close()
 
 
 class Driver:

@@ -8,14 +8,13 @@ away once. The long version is ``python -m tests.support.soak --minutes 10`` (se
 
 from __future__ import annotations
 
-import os
 import random
 
 import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import apply_env  # noqa: E402
+from tests.support.helpers_e2e import local_cluster  # noqa: E402
 from tests.support.reliability import RUN_CONFIG, Outcome, record, reference_hash  # noqa: E402
 from tests.support.soak import CAPACITY_TIMEOUT_S, FIXTURES, RETRY_S, soak_run  # noqa: E402
 
@@ -23,26 +22,9 @@ pytestmark = pytest.mark.ray
 
 
 @pytest.fixture(scope="module")
-def s3():
-    from tests.support.s3server import S3Server
-
-    with S3Server() as server:
-        yield server
-
-
-@pytest.fixture(scope="module")
 def cluster(s3):
-    apply_env()
-    os.environ["SPOTFALLBACK_STORAGE_RETRY_S"] = str(RETRY_S)
-    from spotfallback.local import LocalSpotCluster, NodeGroup
-
-    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    c.start()
-    try:
+    with local_cluster(env={"SPOTFALLBACK_STORAGE_RETRY_S": str(RETRY_S)}) as c:
         yield c
-    finally:
-        c.shutdown()
-        os.environ.pop("SPOTFALLBACK_STORAGE_RETRY_S", None)
 
 
 def test_short_trace_driven_chaos_soak(cluster, s3, tmp_path_factory):

@@ -26,8 +26,9 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     REPO,
     Background,
-    apply_env,
     checkpoints_since,
+    local_cluster,
+    restoring_injector,
     unique_name,
     wait_for,
 )
@@ -57,25 +58,8 @@ SPOT_THEN_ON_DEMAND = [
 
 @pytest.fixture(scope="module")
 def cluster():
-    apply_env()
-    os.environ["SPOTFALLBACK_STORAGE_RETRY_S"] = str(RETRY_S)
-    from spotfallback.local import LocalSpotCluster, NodeGroup
-
-    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    c.start()
-    try:
+    with local_cluster(env={"SPOTFALLBACK_STORAGE_RETRY_S": str(RETRY_S)}) as c:
         yield c
-    finally:
-        c.shutdown()
-        os.environ.pop("SPOTFALLBACK_STORAGE_RETRY_S", None)
-
-
-@pytest.fixture(scope="module")
-def s3():
-    from tests.support.s3server import S3Server
-
-    with S3Server() as server:
-        yield server
 
 
 @pytest.fixture(scope="module")
@@ -85,16 +69,8 @@ def reference(cluster, tmp_path_factory):
 
 @pytest.fixture()
 def injector(cluster):
-    from spotfallback.local import Injector
-
-    inj = Injector(cluster)
-    try:
+    with restoring_injector(cluster) as inj:
         yield inj
-    finally:
-        for market in ("spot", "on-demand"):
-            inj.give_back(market)
-            inj.replenish(market)
-        inj.close()
 
 
 def trainer_for(storage_path: str, name: str, config: dict, *, fs=None, tiers=None, **kw):

@@ -28,7 +28,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import E2E_ENV, REPO, checkpoints_since, wait_for  # noqa: E402
+from tests.support.helpers_e2e import E2E_ENV, REPO, checkpoints_since, local_cluster, wait_for  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -71,22 +71,9 @@ def test_walkthrough_commands_are_what_the_test_expects():
 
 @pytest.fixture(scope="module")
 def cluster():
-    from spotfallback.local import LocalSpotCluster, NodeGroup
-
-    saved = {k: os.environ.get(k) for k in (*USER_ENV, "PYTHONPATH")}
-    os.environ.pop("PYTHONPATH", None)  # raylets (hence workers) inherit what this process has
-    os.environ.update(USER_ENV)
-    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    try:
-        c.start()
+    # A user's environment: no repository on PYTHONPATH (the example comes with the package).
+    with local_cluster(env=USER_ENV, unset=["PYTHONPATH"], e2e_env=False) as c:
         yield c
-    finally:
-        c.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @pytest.fixture()

@@ -15,9 +15,9 @@ pytest.importorskip("sklearn", reason="the Keras example trains on scikit-learn'
 
 from tests.support.helpers_e2e import (  # noqa: E402
     Background,
-    apply_env,
     checkpoints_since,
     kinds,
+    local_cluster,
     unique_name,
     wait_for,
 )
@@ -30,15 +30,8 @@ TF_CONFIG = {"total_steps": 30, "checkpoint_every": 5, "step_delay_s": 0.15, "se
 
 @pytest.fixture(scope="module")
 def cluster():
-    apply_env()
-    from spotfallback.local import LocalSpotCluster, NodeGroup
-
-    c = LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    c.start()
-    try:
+    with local_cluster() as c:
         yield c
-    finally:
-        c.shutdown()
 
 
 def make_trainer(storage, name, tiers, **config):

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -32,6 +36,58 @@ def apply_env() -> None:
 
 def unique_name(prefix: str) -> str:
     return f"{prefix}-{uuid.uuid4().hex[:8]}"
+
+
+@contextlib.contextmanager
+def local_cluster(
+    groups: Sequence[NodeGroup] | None = None,
+    *,
+    env: Mapping[str, str] | None = None,
+    unset: Sequence[str] = (),
+    e2e_env: bool = True,
+) -> Iterator[LocalSpotCluster]:
+    """A module's connected local spot cluster, always shut down: by default two spot, two on-demand nodes.
+
+    Raylets (hence controllers and workers) inherit this process's environment: the e2e
+    environment is applied first (``e2e_env=False``: a user's plain environment), then ``env``
+    is set and ``unset`` removed for the cluster's lifetime, and both restored after, so one
+    module's knobs do not leak into the next.
+    """
+    from spotfallback.local import LocalSpotCluster, NodeGroup
+
+    if e2e_env:
+        apply_env()
+    extra = dict(env or {})
+    saved = {k: os.environ.get(k) for k in (*extra, *unset)}
+    for key in unset:
+        os.environ.pop(key, None)
+    os.environ.update(extra)
+    c = LocalSpotCluster(groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
+    try:
+        c.start()
+        yield c
+    finally:
+        c.shutdown()
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
+def restoring_injector(cluster: LocalSpotCluster, markets: Sequence[str] = ("spot", "on-demand")) -> Iterator[Injector]:
+    """An injector for one test; after it, timed actions stop and every market's nodes are back."""
+    from spotfallback.local import Injector
+
+    inj = Injector(cluster)
+    try:
+        yield inj
+    finally:
+        inj.close()  # stops timed actions and replays first, so nothing takes capacity again
+        for market in markets:
+            inj.give_back(market)
+            inj.replenish(market)
 
 
 class Background:
