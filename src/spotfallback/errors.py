@@ -165,3 +165,13 @@ class AmbiguousRayNodeError(SpotfallbackError):
     """Several live Ray nodes share this machine's address: the node id must be given."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class RayNodeNotFoundError(SpotfallbackError):
+    """The notice agent cannot find its Ray node, and waiting cannot help (or its wait is over)."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    @property
+    def message(self) -> str:
+        return str(self)

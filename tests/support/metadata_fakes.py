@@ -95,10 +95,12 @@ class FakeAws(FakeMetadata):
 
 
 class FakeGcp(FakeMetadata):
-    """GCE metadata: ``instance/preempted`` TRUE/FALSE with an ETag; hanging GETs on wait_for_change."""
+    """GCE metadata: ``instance/preempted`` TRUE/FALSE with an ETag; hanging GETs on wait_for_change;
+    ``instance/maintenance-event`` (``maintenance``: NONE, MIGRATE_ON_HOST_MAINTENANCE, TERMINATE_ON_HOST_MAINTENANCE)."""
 
     def __init__(self) -> None:
         self.value = b"FALSE"
+        self.maintenance = b"NONE"
         self.flavor_header = True
         self.honor_wait = True
         self.status = 200  # what instance/preempted answers with (non-200: an empty body)
@@ -125,6 +127,8 @@ class FakeGcp(FakeMetadata):
         out = {"Metadata-Flavor": "Google"} if self.flavor_header else {}
         if path == "/computeMetadata/v1/instance/id":
             return 200, out, b"4520031799277581759"
+        if path == "/computeMetadata/v1/instance/maintenance-event":
+            return 200, out, self.maintenance
         if path != "/computeMetadata/v1/instance/preempted":
             return 404, out, b""
         if self.status != 200:
@@ -149,9 +153,12 @@ class FakeAzure(FakeMetadata):
         self.incarnation = 1
         self.raw: bytes | None = None
         self.status = 200  # what scheduledevents answers with (non-200: an error body)
+        self.delays_s: list[float] = []  # seconds the next scheduledevents answers take, one each
         super().__init__()
 
     def handle(self, method: str, path: str, query: dict[str, list[str]], headers: Any) -> Answer:
+        if path == "/metadata/scheduledevents" and self.delays_s:
+            time.sleep(self.delays_s.pop(0))  # the first call enables the service: slow
         if headers.get("Metadata") != "true":
             return 400, {}, b'{"error": "Bad request. Required metadata header not specified"}'
         if path == "/metadata/instance/compute/name":

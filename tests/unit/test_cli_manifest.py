@@ -93,8 +93,10 @@ IMAGE = "registry.example.com/ml/churn-train:1.4"
 
 
 def _containers(text: str) -> list[list[str]]:
+    """Each worker group's containers, native sidecars (init containers) last."""
     groups = yaml.safe_load(text)["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    return [[c["name"] for c in g["template"]["spec"]["containers"]] for g in groups]
+    specs = [g["template"]["spec"] for g in groups]
+    return [[c["name"] for c in [*p["containers"], *p.get("initContainers", [])]] for p in specs]
 
 
 def test_notice_agent_switch(app: typer.Typer, job_file: Path) -> None:
@@ -102,7 +104,7 @@ def test_notice_agent_switch(app: typer.Typer, job_file: Path) -> None:
     assert _containers(stock.stdout) == [["ray-worker"], ["ray-worker"]]
     own = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--spot-grace", "12")
     assert _containers(own.stdout) == [["ray-worker", "notice-agent"], ["ray-worker"]]
-    assert "grace 12 s" in own.stdout
+    assert "within a 12 s grace" in own.stdout
     off = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--no-notice-agent")
     assert _containers(off.stdout) == [["ray-worker"], ["ray-worker"]] and "# Notice agent: off (--no-notice-agent)" in off.stdout
     vm = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
@@ -127,7 +129,7 @@ NO_MARKET = JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: sp
         (["--cloud", "gke"], JOB.replace("s3://ml-runs/spotfallback", "/tmp/runs"), "job.yaml: storage_path: '/tmp/runs' is a local path"),
         (["--cloud", "gke"], JOB.replace("market: spot", "market: reserved"), "job.yaml: tiers[0].market: 'reserved' has no node selection on gke"),
         (["--cloud", "gke", "--notice-agent"], JOB, "error: --notice-agent: the sidecar runs `spotfallback notice-agent` from the image"),
-        (["--cloud", "gke", "--image", IMAGE, "--spot-grace", "0"], JOB, "error: --spot-grace: must be at least 1"),
+        (["--cloud", "gke", "--image", IMAGE, "--spot-grace", "0"], JOB, "error: --spot-grace: must be at least 6"),
         (["--cloud", "eks-karpenter", "--image", IMAGE, "--spot-grace", "300"], JOB, "error: --spot-grace: 300 s is longer than the longest spot notice"),
     ],
 )
@@ -192,3 +194,20 @@ def test_validate_reports_errors_with_field_paths(app: typer.Typer, tmp_path: Pa
     assert f"{broken}[doc 1]: spec.backofLimit: unknown field; did you mean 'backoffLimit'?" in bad.stderr
     missing = run(app, "validate", tmp_path / "nope.yaml")
     assert missing.exit_code == 2
+
+
+def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
+    """Before KubeRay 1.5.0 the API server drops group labels/resources and SidecarMode silently:
+    no ray.io/market-type on any node, so no tier would ever find its workers."""
+    out = tmp_path / "job.yaml"
+    assert run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--out", out).exit_code == 0
+    assert "KubeRay >= 1.5.0" in out.read_text()
+    assert run(app, "validate", out, "--kuberay-version", "1.5.0").exit_code == 0
+    assert run(app, "validate", out).exit_code == 0  # no version stated: the file alone is checked
+    old = run(app, "validate", out, "--kuberay-version", "v1.4.2")
+    assert old.exit_code == 1, old.stderr
+    assert "spec.submissionMode: SidecarMode: KubeRay 1.4.2 drops this field silently (it first appears in 1.5.0)" in old.stderr
+    assert "spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay 1.4.2 drops" in old.stderr
+    assert "spec.rayClusterSpec.headGroupSpec.resources: KubeRay 1.4.2 drops" in old.stderr
+    bad = run(app, "validate", out, "--kuberay-version", "latest")
+    assert bad.exit_code == 2 and "error: --kuberay-version: 'latest' is not a version such as 1.5.0" in bad.stderr

@@ -211,3 +211,35 @@ def test_status_and_report_read_a_run_on_s3(app, tmp_path, monkeypatch):
         r = invoke(app, "status", s3.uri("runs/digits-s3"), "--json")
         assert r.exit_code == 0 and json.loads(r.output)["spend"] == pytest.approx(8.01, abs=0.005), r.output
         assert_usage_error(invoke(app, "status", f"s3://{s3.bucket}/runs/missing"), "run: no spotfallback run at")
+
+
+def test_status_lists_the_notice_agents_and_flags_a_stale_one(app, run_uri):
+    """An agent that waits for its Ray node, or stopped writing, shows where the user looks."""
+    import time
+    from pathlib import Path
+
+    from spotfallback.notices.health import AGENTS_DIR, AgentHealth
+
+    location = resolve_run(*split_run_uri(run_uri))
+    folder = Path(location.path(AGENTS_DIR))
+    folder.mkdir(parents=True)
+    now = time.time()
+    waiting = AgentHealth.starting("worker-pod-1", "k8s", now - 400, every_s=30).waiting_for_ray(now - 5, "no live Ray node has this machine's address 10.4.0.7")
+    silent = AgentHealth.starting("worker-pod-2", "k8s", now - 900, every_s=30).watching(now - 600, "cd" * 28)
+    for health in (waiting, silent):
+        (folder / f"{health.agent}.json").write_text(json.dumps(health.to_json()))
+    r = invoke(app, "status", run_uri)
+    assert r.exit_code == 0, r.output
+    assert "notice agents  2: 1 stale, 1 waiting for the Ray node" in r.output
+    lines = {line.split()[0]: line for line in r.output.splitlines() if line.startswith("worker-pod-")}
+    assert "waiting for the Ray node for 6m35s" in lines["worker-pod-1"] and "10.4.0.7" in lines["worker-pod-1"]
+    assert "STALE" in lines["worker-pod-2"] and "cdcdcdcdcdcd" in lines["worker-pod-2"]
+    data = json.loads(invoke(app, "status", run_uri, "--json").output)
+    by_name = {a["agent"]: a for a in data["agents"]}
+    assert by_name["worker-pod-1"]["state"] == "waiting-for-ray" and not by_name["worker-pod-1"]["stale"]
+    assert by_name["worker-pod-2"]["stale"] and data["agents_not_shown"] == 0
+
+
+def test_status_without_agents_shows_no_agent_section(app, run_uri):
+    r = invoke(app, "status", run_uri)
+    assert r.exit_code == 0 and "notice agents" not in r.output

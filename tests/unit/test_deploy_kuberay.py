@@ -85,9 +85,9 @@ def test_every_cloud_kind_and_ladder_validates(cloud: K8sCloud, kind: Kind, n: i
 AKS_KEY, GKE_KEY = "kubernetes.azure.com/scalesetpriority", "cloud.google.com/gke-spot"
 
 
-def _not_in(key: str, value: str) -> dict[str, Any]:
-    expr = {"key": key, "operator": "NotIn", "values": [value]}
-    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": [expr]}]}}}
+def _not_in(*pairs: tuple[str, str]) -> dict[str, Any]:
+    exprs = [{"key": key, "operator": "NotIn", "values": [value]} for key, value in pairs]
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [{"matchExpressions": exprs}]}}}
 
 
 EXPECTED = {
@@ -104,14 +104,15 @@ EXPECTED = {
             "nodeSelector": {AKS_KEY: "spot"},
             "tolerations": [{"key": AKS_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}],
         },
-        {"affinity": _not_in(AKS_KEY, "spot")},
+        {"affinity": _not_in((AKS_KEY, "spot"))},
     ),
     K8sCloud.GKE: (
         {
             "nodeSelector": {GKE_KEY: "true"},
             "tolerations": [{"key": GKE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"}],
         },
-        {"affinity": _not_in(GKE_KEY, "true")},
+        # Legacy preemptible VMs are labelled apart from Spot VMs and not tainted: keep off both.
+        {"affinity": _not_in((GKE_KEY, "true"), ("cloud.google.com/gke-preemptible", "true"))},
     ),
 }
 PLACEMENT_KEYS = ("nodeSelector", "tolerations", "affinity")
@@ -245,8 +246,9 @@ def _containers(manifest: dict[str, Any]) -> list[dict[str, Any]]:
 
 def test_storage_credentials_are_secret_references_only() -> None:
     manifest = kuberay_manifest(make_job(LADDERS[2]), KubeRayOptions(cloud=K8sCloud.EKS_KARPENTER, storage_secret="ml-runs-creds"))
+    settings = {"RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"}  # Ray's, not secrets
     for container in _containers(manifest):
-        env = {e["name"]: e for e in container["env"]}
+        env = {e["name"]: e for e in container["env"] if e["name"] not in settings}
         assert set(env) >= {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY"}
         for entry in env.values():
             assert "value" not in entry
@@ -256,7 +258,7 @@ def test_storage_credentials_are_secret_references_only() -> None:
     assert head["volumes"] == [{"name": "storage-credentials", "secret": {"secretName": "gcs-key"}}]
     assert head["containers"][0]["env"][0]["value"].endswith("/key.json")
     plain = kuberay_manifest(make_job(LADDERS[1]), KubeRayOptions(cloud=K8sCloud.GKE))
-    assert all("env" not in c for c in _containers(plain))  # workload identity: nothing to inject
+    assert all("valueFrom" not in e for c in _containers(plain) for e in c.get("env", []))  # workload identity
 
 
 def test_local_storage_needs_a_shared_volume() -> None:
@@ -276,12 +278,13 @@ def test_notice_agent_switch_adds_a_sidecar_to_spot_workers_only() -> None:
     job = make_job(LADDERS[2])
     image = "registry.example.com/ml/churn-train:1.4"
     off = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image, notice_agent=False))
-    assert all(len(g["template"]["spec"]["containers"]) == 1 for g in groups(off))
+    assert all("initContainers" not in g["template"]["spec"] for g in groups(off))
     on = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image, notice_agent=True))
     spot, od = groups(on)
-    assert [c["name"] for c in spot["template"]["spec"]["containers"]] == ["ray-worker", "notice-agent"]
-    assert spot["template"]["spec"]["containers"][1]["command"] == ["spotfallback", "notice-agent"]
-    assert len(od["template"]["spec"]["containers"]) == 1
+    assert [c["name"] for c in spot["template"]["spec"]["containers"]] == ["ray-worker"]
+    (agent,) = spot["template"]["spec"]["initContainers"]
+    assert agent["command"] == ["spotfallback", "notice-agent"] and agent["restartPolicy"] == "Always"
+    assert "initContainers" not in od["template"]["spec"]
     assert validate_text(render_kuberay(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image))).ok
 
 

@@ -95,7 +95,8 @@ def test_labels_resources_and_instance_types() -> None:
     assert types["small"]["resources"] == {"CPU": 2, "slot": 1}  # whole numbers, rounded up
     assert types["small"]["node_config"]["InstanceType"] == "m5.large"
     assert types["big"]["node_config"]["InstanceType"] == "m5.2xlarge"
-    assert types["big"]["labels"] == {"ray.io/market-type": "spot", "team": "ml"}
+    # The tier's labels, and the mark of a node type that starts the notice agent.
+    assert types["big"]["labels"] == {"ray.io/market-type": "spot", "team": "ml", "spotfallback/notice-agent": "true"}
     assert types["pinned"]["node_config"]["InstanceType"] == "c7i.large"
     with pytest.raises(ConfigError, match="^instance_type: no tier named 'nope'"):
         cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, instance_types={"nope": "m5.large"}))
@@ -157,8 +158,48 @@ def test_header_tells_how_to_start_and_resume_the_run() -> None:
     quoted = command_line.removeprefix("#   ray exec FILE --tmux ")
     assert shlex.split(quoted) == [rayjob_entrypoint(job.model_copy(update={"name": "churn-v2"}))]
     config = yaml.safe_load(text)
-    assert config["setup_commands"] == ["pip install churn==1.2"]
+    # The stock image has no spotfallback, which the driver and the agent run: installed first.
+    assert config["setup_commands"] == ["pip install spotfallback==0.1.0 churn==1.2"]
+    assert "# The stock Ray image has no spotfallback: the setup commands install spotfallback==0.1.0." in text
     assert config["cluster_name"] == "churn-v2"
+
+
+@pytest.mark.parametrize(
+    ("image", "pip", "installed"),
+    [
+        (None, (), ["pip install spotfallback==0.1.0"]),
+        (None, ("spotfallback[torch]==0.1.0",), ["pip install 'spotfallback[torch]==0.1.0'"]),
+        (None, ("./dist/spotfallback-0.1.0-py3-none-any.whl",), ["pip install ./dist/spotfallback-0.1.0-py3-none-any.whl"]),
+        ("registry.example.com/ml/train:1", (), None),
+    ],
+)
+def test_the_stock_image_gets_spotfallback_installed_unless_pip_or_the_image_has_it(
+    image: str | None, pip: tuple[str, ...], installed: list[str] | None
+) -> None:
+    """Without it `ray exec ... spotfallback run` and the agent's `nohup spotfallback ...` fail on every node."""
+    config = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, image=image, pip=pip))
+    assert config.get("setup_commands") == installed
+
+
+def test_gcp_containers_get_the_whole_soft_off_window_to_stop() -> None:
+    """GCE gives a preempted guest 30 s; Docker's default stop timeout (10 s) would end the container first."""
+    gcp = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP))
+    assert "--stop-timeout 30" in gcp["docker"]["run_options"]
+    aws = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS))
+    assert not any(o.startswith("--stop-timeout") for o in aws["docker"]["run_options"])
+
+
+def test_on_gcp_gpu_on_demand_nodes_run_the_agent_for_host_maintenance() -> None:
+    ladder = [{**SPOT_A, "use_gpu": True}, {"name": "on-demand", "market": "on-demand", "num_workers": 1, "use_gpu": True}]
+    marked = {
+        cloud: {name: "spotfallback/notice-agent" in t["labels"] for name, t in cfg["available_node_types"].items()}
+        for cloud, cfg in (
+            (VmCloud.GCP, cluster_launcher_config(make_job(ladder), opts(VmCloud.GCP, source_image="projects/x/global/images/gpu"))),
+            (VmCloud.AWS, cluster_launcher_config(make_job(ladder), opts(VmCloud.AWS))),
+        )
+    }
+    assert marked[VmCloud.GCP] == {"head": False, "spot-a": True, "on-demand": True}
+    assert marked[VmCloud.AWS] == {"head": False, "spot-a": True, "on-demand": False}
 
 
 def test_tier_named_like_the_head_is_rejected() -> None:

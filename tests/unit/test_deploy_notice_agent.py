@@ -33,7 +33,7 @@ from spotfallback.deploy import (
     render_kuberay,
     validate_text,
 )
-from spotfallback.deploy.clouds import SPOT_GRACE_S
+from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_GRACE_S
 from spotfallback.errors import ConfigError
 
 IMAGE = "registry.example.com/ml/churn-train:1.4"
@@ -85,46 +85,93 @@ def parse(command: Any, argv: list[str], env: dict[str, str], monkeypatch: pytes
 # --- KubeRay ------------------------------------------------------------------------------------
 
 
+def _agents(pod: dict[str, Any]) -> list[str]:
+    return [c["name"] for c in pod.get("initContainers", [])]
+
+
 def test_default_is_on_with_an_image_and_off_with_the_stock_image() -> None:
     job = make_job(SPOT, ON_DEMAND)
 
-    def containers(opts: KubeRayOptions) -> list[list[str]]:
-        return [[c["name"] for c in pod["containers"]] for pod in pods(kuberay_manifest(job, opts))]
+    def agents(opts: KubeRayOptions) -> list[list[str]]:
+        return [_agents(pod) for pod in pods(kuberay_manifest(job, opts))]
 
-    assert containers(KubeRayOptions(cloud=K8sCloud.GKE)) == [["ray-worker"], ["ray-worker"]]
-    assert containers(KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE)) == [["ray-worker", "notice-agent"], ["ray-worker"]]
-    assert containers(KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE, notice_agent=False)) == [["ray-worker"], ["ray-worker"]]
+    assert agents(KubeRayOptions(cloud=K8sCloud.GKE)) == [[], []]
+    assert agents(KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE)) == [["notice-agent"], []]
+    assert agents(KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE, notice_agent=False)) == [[], []]
     with pytest.raises(ConfigError, match=r"^notice_agent: .*stock rayproject/ray image has no spotfallback"):
         KubeRayOptions(cloud=K8sCloud.GKE, notice_agent=True)
     off = render_kuberay(job, KubeRayOptions(cloud=K8sCloud.GKE))
-    assert "# Notice agent: off (the stock Ray image has no spotfallback; pass --image)" in off
+    assert "# Notice agent: off (the stock Ray image has no spotfallback; pass --image): only the SIGTERM drain" in off
+
+
+@pytest.mark.parametrize("agent", [False, True])
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_spot_pods_let_ray_drain_on_sigterm_inside_the_grace_period(cloud: K8sCloud, agent: bool) -> None:
+    """Ray 2.60 drains its node on SIGTERM for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S: with or
+    without the agent, a spot pod's window closes DRAIN_MARGIN_S before its grace period ends."""
+    job = make_job(SPOT, ON_DEMAND)
+    manifest = kuberay_manifest(job, KubeRayOptions(cloud=cloud, image=IMAGE if agent else None))
+    spot, on_demand = pods(manifest)
+    grace = SPOT_GRACE_S[cloud]
+    assert spot["terminationGracePeriodSeconds"] == grace
+    env = {e["name"]: e["value"] for e in spot["containers"][0]["env"]}
+    assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == str(grace - DRAIN_MARGIN_S)
+    # Nothing postpones the SIGTERM any more: Ray's own drain starts at once.
+    assert "lifecycle" not in spot["containers"][0]
+    assert "terminationGracePeriodSeconds" not in on_demand
+    assert all(e["name"] != "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S" for e in on_demand["containers"][0].get("env", []))
+    # Ray Train's controller (on the head) looks for drains every second instead of every 5 s.
+    assert {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"} in head_pod(manifest)["containers"][0]["env"]
+
+
+def test_a_drain_window_longer_than_the_grace_is_refused() -> None:
+    text = render_kuberay(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=K8sCloud.GKE))
+    doc = yaml.safe_load(text)
+    pod = pods(doc)[0]
+    pod["containers"][0]["env"] = [e for e in pod["containers"][0]["env"] if e["name"] != "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"]
+    # Ray's default window (30 s) outlasts GKE's 15 s grace: the kubelet kills mid-checkpoint.
+    report = validate_text(yaml.safe_dump(doc))
+    assert report.ok and any("30 s by default" in str(w) for w in report.warnings), [str(f) for f in report.findings]
+    pod["containers"][0]["env"].append({"name": "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S", "value": "15"})
+    report = validate_text(yaml.safe_dump(doc))
+    assert [str(e) for e in report.errors] == [
+        "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].env[0].value: Ray's SIGTERM drain window "
+        "(15 s) does not end before the pod's grace (15 s): the kubelet would kill the workers mid-checkpoint; set "
+        "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S a few seconds below terminationGracePeriodSeconds (15 s)"
+    ]
 
 
 @pytest.mark.parametrize("kind", list(Kind))
 @pytest.mark.parametrize("cloud", list(K8sCloud))
-def test_sidecar_shares_tmp_ray_and_the_pod_waits_for_the_drain(cloud: K8sCloud, kind: Kind) -> None:
+def test_agent_is_a_native_sidecar_sharing_tmp_ray(cloud: K8sCloud, kind: Kind) -> None:
     job = make_job(SPOT, SPOT_B, ON_DEMAND)
     text = render_kuberay(job, KubeRayOptions(cloud=cloud, kind=kind, image=IMAGE, storage_secret="creds"))
     report = validate_text(text)
     assert report.ok and not report.warnings, [str(f) for f in report.findings]
+    assert "Kubernetes >= 1.29 (the notice agent is a native sidecar)" in text
     manifest = yaml.safe_load(text)
-    grace = SPOT_GRACE_S[cloud]
     for pod in pods(manifest)[:2]:
-        ray, agent = pod["containers"]
-        assert pod["terminationGracePeriodSeconds"] == grace
+        (ray,), (agent,) = pod["containers"], pod["initContainers"]
+        # An init container with restartPolicy Always runs beside the others and is restarted if
+        # it exits, although the pod's restartPolicy is Never (which autoscaler v2 requires).
+        assert agent["restartPolicy"] == "Always" and pod["restartPolicy"] == "Never"
         assert {"name": "ray-tmp", "emptyDir": {}} in pod["volumes"]
         assert {"name": "ray-tmp", "mountPath": "/tmp/ray"} in ray["volumeMounts"]
-        assert agent["volumeMounts"] == [{"name": "ray-tmp", "mountPath": "/tmp/ray"}]
-        # Kubernetes signals all containers at once: the Ray container outlives the grace period.
-        assert ray["lifecycle"] == {"preStop": {"exec": {"command": ["sleep", str(grace)]}}}
+        assert {"name": "ray-tmp", "mountPath": "/tmp/ray"} in agent["volumeMounts"]
         assert agent["image"] == ray["image"] == IMAGE
-        # No credentials: the sidecar writes no ledger on Kubernetes (see kuberay._notice_agent).
-        assert all("valueFrom" not in e for e in agent["env"])
-    on_demand = pods(manifest)[2]
-    assert "terminationGracePeriodSeconds" not in on_demand and "lifecycle" not in on_demand["containers"][0]
-    # Ray Train's controller (on the head) looks for drains every second instead of every 5 s.
-    head_env = head_pod(manifest)["containers"][0]["env"]
-    assert {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"} in head_env
+        # It records notices in the run: the same storage credentials as the Ray container.
+        secrets = [e for e in agent["env"] if "valueFrom" in e]
+        assert secrets and secrets == [e for e in ray["env"] if "valueFrom" in e]
+    assert "initContainers" not in pods(manifest)[2]
+
+
+def test_on_gke_gpu_on_demand_pods_get_the_agent_for_host_maintenance() -> None:
+    gpu_od = {**ON_DEMAND, "use_gpu": True}
+    for cloud, expected in ((K8sCloud.GKE, [["notice-agent"], ["notice-agent"]]), (K8sCloud.EKS_KARPENTER, [["notice-agent"], []])):
+        manifest = kuberay_manifest(make_job({**SPOT, "use_gpu": True}, gpu_od), KubeRayOptions(cloud=cloud, image=IMAGE))
+        assert [_agents(p) for p in pods(manifest)] == expected, cloud
+    cpu = kuberay_manifest(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE))
+    assert [_agents(p) for p in pods(cpu)] == [["notice-agent"], []]
 
 
 @pytest.mark.parametrize("cloud", list(K8sCloud))
@@ -132,21 +179,22 @@ def test_sidecar_command_and_env_parse_as_the_real_agent(
     cloud: K8sCloud, agent_command: Any, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     manifest = kuberay_manifest(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=cloud, image=IMAGE, spot_grace_seconds=20))
-    agent = pods(manifest)[0]["containers"][1]
+    (agent,) = pods(manifest)[0]["initContainers"]
     env = {e["name"]: e["value"] for e in agent["env"]}
     assert set(env) <= {p.envvar for p in agent_command.params}, "the agent reads no such variable"
     params = parse(agent_command, agent["command"] + agent.get("args", []), env, monkeypatch)
-    assert params["cloud"] == "k8s"  # SIGTERM is the notice
-    assert params["k8s_grace"] == 20.0 == pods(manifest)[0]["terminationGracePeriodSeconds"]
+    # The cloud's own notice, earlier than the pod's SIGTERM (which Ray drains on by itself).
+    assert params["cloud"] == {"gke": "gcp", "aks": "azure"}.get(cloud.value, "aws")
+    assert params["run"] == "s3://ml-runs/spotfallback/churn-model"
     # Found through /tmp/ray (shared with the Ray container, which starts at the same time:
-    # the agent waits for it) and the pod's IP.
-    assert params["address"] is None and params["node_id"] is None and params["ray_wait"] > 0
-    assert params["run"] is None and not params["dry_run"] and not params["once"]
+    # in a pod the agent waits for it until the pod stops) and the pod's IP.
+    assert params["address"] is None and params["node_id"] is None and params["ray_wait"] is None
+    assert not params["dry_run"] and not params["once"]
 
 
 def test_grace_bounds() -> None:
-    with pytest.raises(ConfigError, match="^spot_grace_seconds: must be at least 1"):
-        KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=0)
+    with pytest.raises(ConfigError, match="^spot_grace_seconds: must be at least 6"):
+        KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=5)
     with pytest.raises(ConfigError, match="^spot_grace_seconds: 121 s is longer than the longest spot notice"):
         KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=121)
 

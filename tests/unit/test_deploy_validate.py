@@ -45,9 +45,14 @@ def test_upstream_samples_pass(name: str) -> None:
 def test_upstream_label_sample_gets_a_market_warning() -> None:
     # Its accelerator group is labelled on-demand but selects GKE spot nodes: legal, but Ray
     # would charge that group's preemptions to the wrong market.
+    # Its spot group keeps Kubernetes' 30 s grace and Ray's 30 s SIGTERM drain: the kubelet
+    # kills the node just as the drain window closes.
     report = validate_file(FIXTURES / CLUSTER_SAMPLE)
     assert [str(w) for w in report.warnings] == [
-        "spec.workerGroupSpecs[1].labels[\"ray.io/market-type\"]: says 'on-demand', but the pods select cloud.google.com/gke-spot=true"
+        "spec.workerGroupSpecs[1].labels[\"ray.io/market-type\"]: says 'on-demand', but the pods select cloud.google.com/gke-spot=true",
+        "spec.workerGroupSpecs[2].template.spec.containers[0].env: Ray drains a node on SIGTERM for 30 s by default, "
+        "which does not end before the pod's 30 s grace; set RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S a few seconds "
+        "below terminationGracePeriodSeconds (30 s)",
     ]
 
 
@@ -167,6 +172,32 @@ def test_head_on_spot_is_an_error(mutate: Callable[[dict[str, Any]], None], path
     mutate(doc)
     found = errors(doc)
     assert len(found) == 1 and found[0].startswith(path + ":") and "on-demand" in found[0], found
+
+
+def _gke_not_spot_only(pod: dict[str, Any]) -> None:
+    """The node affinity our GKE files had: off Spot VMs, but not off legacy preemptible VMs."""
+    expr = {"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]}
+    terms = [{"matchExpressions": [expr]}]
+    pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+
+
+@pytest.mark.parametrize("group", ["head", "on-demand worker"])
+def test_keeping_off_gke_spot_but_not_gke_preemptible_is_an_error(group: str) -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    if group == "head":
+        pod, at = _head_pod(doc), "spec.headGroupSpec"
+    else:
+        worker = doc["spec"]["workerGroupSpecs"][0]
+        worker["labels"]["ray.io/market-type"] = "on-demand"
+        pod, at = worker["template"]["spec"], "spec.workerGroupSpecs[0]"
+    _gke_not_spot_only(pod)
+    found = errors(doc)
+    assert len(found) == 1, found
+    assert found[0].startswith(f"{at}.template.spec.affinity.nodeAffinity:")
+    assert "cloud.google.com/gke-preemptible NotIn ['true']" in found[0]
+    exprs = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]["matchExpressions"]
+    exprs.append({"key": "cloud.google.com/gke-preemptible", "operator": "NotIn", "values": ["true"]})
+    assert errors(doc) == []
 
 
 def test_autoscaler_v2_needs_restart_policy_never() -> None:

@@ -48,6 +48,7 @@ EXPECTED = {
     "DrainRejectedError": (EXIT_ERROR, False),
     "NoLocalRayNodeError": (EXIT_BAD_INPUT, True),
     "AmbiguousRayNodeError": (EXIT_BAD_INPUT, False),
+    "RayNodeNotFoundError": (EXIT_BAD_INPUT, False),
 }
 
 

@@ -230,6 +230,47 @@ def test_gcp_false_then_true_drains_once_with_thirty_seconds(gcp):
     assert len(records.calls) == 1 and all(r[2]["metadata-flavor"] == "Google" for r in gcp.requests)
 
 
+def test_gcp_host_maintenance_that_terminates_drains_once_with_sixty_seconds(gcp):
+    """GPU and Spot VMs stop ~60 s after maintenance-event says TERMINATE; preempted stays FALSE."""
+    now = [5_000.0]
+    agent, drains, records = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
+    gcp.maintenance = b"MIGRATE_ON_HOST_MAINTENANCE"  # a live migration: the VM keeps running
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == []
+    gcp.maintenance = b"TERMINATE_ON_HOST_MAINTENANCE"
+    agent.poll_once()
+    now[0] += 10
+    poll(agent, 2)
+    assert [(n.action, n.deadline_s) for n in drains.calls] == [("host-maintenance", 5_060.0)]
+    assert len(records.calls) == 1 and gcp.value == b"FALSE"
+
+
+def test_gcp_maintenance_and_preemption_together_drain_for_the_earlier_deadline(gcp):
+    now = [5_000.0]
+    agent, drains, records = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
+    gcp.maintenance = b"TERMINATE_ON_HOST_MAINTENANCE"
+    agent.poll_once()
+    now[0] += 5
+    gcp.set(b"TRUE")  # then a preemption: 30 s from now, before the maintenance's 60 s
+    poll(agent, 2)
+    assert [(n.action, n.deadline_s) for n in drains.calls] == [("host-maintenance", 5_060.0), ("preempt", 5_035.0)]
+
+
+def test_gcp_maintenance_is_asked_every_poll_even_when_nothing_changes(gcp):
+    """GCE skips the 60 s warning for a VM that has not asked since the last event."""
+    agent, _, _ = agent_for(GcpPoller(gcp.url))
+    poll(agent, 3)
+    asked = [r for r in gcp.requests if r[1] == "/computeMetadata/v1/instance/maintenance-event"]
+    assert len(asked) == 3 and all(r[2]["metadata-flavor"] == "Google" for r in asked)
+
+
+def test_gcp_maintenance_garbage_is_a_problem_not_a_drain(gcp):
+    gcp.maintenance = b"TERMINATE"
+    agent, drains, _ = agent_for(GcpPoller(gcp.url))
+    agent.poll_once()
+    assert drains.calls == [] and agent.problems[0].startswith("gcp maintenance-event: expected one of")
+
+
 @pytest.mark.parametrize("body", [b"", b"true?", b"YES", b"TRUE\nFALSE", b"\x00\x01"])
 def test_gcp_garbage_never_drains(gcp, body):
     gcp.set(body)
@@ -300,10 +341,46 @@ def test_hanging_get_that_returns_at_once_does_not_spin(gcp):
     stop = threading.Event()
     threading.Timer(0.6, stop.set).start()
     agent.run(stop)
-    assert 3 <= len(gcp.requests) <= 9 and drains.calls == []
+    preempted = [r for r in gcp.requests if "/instance/preempted" in r[1]]
+    assert 3 <= len(preempted) <= 9 and drains.calls == []
 
 
 # ----------------------------------------------------------------------------- Azure
+
+
+def test_azure_first_call_may_take_long_while_scheduled_events_switch_on(azure):
+    """The first request switches the service on (up to two minutes): waited for, not a failure;
+    events may take five more minutes to flow, which the poll reports as a wait, not as "all clear"."""
+    now = [1_000.0]
+    poller = AzurePoller(azure.url, timeout_s=0.2, first_timeout_s=3.0, enabling_s=300, vm_name="spot-vm-3", clock=lambda: now[0])
+    agent, drains, _ = agent_for(poller)
+    azure.delays_s = [0.8]  # four times the normal request timeout
+    result = poller.poll()
+    assert result.problems == [] and result.pending and "enabling Scheduled Events" in result.pending[0]
+    now[0] += 301  # events flow now
+    assert poller.poll().pending == []
+    azure.delays_s = [0.8]  # once on, a slow answer is a failure again, after the normal timeout
+    t0 = time.monotonic()
+    agent.poll_once()
+    assert time.monotonic() - t0 < 0.7
+    assert len(agent.problems) == 1 and "enabling" not in agent.problems[0] and drains.calls == []
+
+
+def test_azure_no_answer_while_switching_on_is_a_wait_until_the_patience_runs_out(azure):
+    now = [1_000.0]
+    poller = AzurePoller(azure.url, timeout_s=0.1, first_timeout_s=0.3, enabling_s=300, vm_name="spot-vm-3", clock=lambda: now[0])
+    azure.delays_s = [1.0, 1.0]
+    first = poller.poll()
+    assert first.problems == [] and "no answer yet, the first can take two minutes" in first.pending[0]
+    now[0] += 301  # five minutes without an answer: not switching on, broken
+    late = poller.poll()
+    assert late.pending == [] and late.problems[0].startswith("azure scheduledevents: ")
+
+
+def test_azure_refusal_while_switching_on_is_a_problem_at_once(azure):
+    azure.status = 500
+    result = AzurePoller(azure.url, timeout_s=0.2, vm_name="spot-vm-3").poll()
+    assert result.pending == [] and result.problems == ["azure scheduledevents: HTTP 500"]
 
 
 def test_azure_acts_only_on_preempt_for_this_vm_using_not_before(azure):
@@ -385,7 +462,8 @@ def _notice_pending(fake: FakeMetadata) -> None:
 POLLERS: dict[str, Callable[[str], Any]] = {
     "aws": lambda url: AwsPoller(url, timeout_s=0.3),
     "gcp": lambda url: GcpPoller(url, timeout_s=0.3),
-    "azure": lambda url: AzurePoller(url, timeout_s=0.3),
+    # Past the first call, which may take two minutes (tested above).
+    "azure": lambda url: AzurePoller(url, timeout_s=0.3, first_timeout_s=0.3, enabling_s=0),
 }
 FAKES: dict[str, Callable[[], FakeMetadata]] = {"aws": FakeAws, "gcp": FakeGcp, "azure": FakeAzure}
 
@@ -414,6 +492,16 @@ def test_connection_refused_is_survived(cloud):
     stop = threading.Event()
     agent.run(stop, max_polls=3)
     assert drains.calls == [] and len(agent.problems) >= 3
+
+
+def test_each_persisting_problem_is_logged_once_not_every_poll(caplog):
+    """Two endpoints failing together (the metadata service is down) must not flood the log."""
+    agent, _, _ = agent_for(AwsPoller(closed_port_url(), timeout_s=0.3))
+    with caplog.at_level("WARNING", logger="spotfallback"):
+        poll(agent, 4)
+    warned = [r.getMessage() for r in caplog.records if r.getMessage().startswith("notice agent: aws")]
+    assert len(agent.problems) == 8 and len(warned) == 2, warned
+    assert {w.split(":")[1].strip() for w in warned} == {"aws instance-action", "aws rebalance"}
 
 
 def test_failed_drain_is_retried_and_still_happens_once(gcp):
@@ -620,3 +708,4 @@ def test_local_injector_drains_and_records_through_the_agents_path(tmp_path):
     assert (ev.kind, ev.source, ev.action, ev.drained, ev.node_id) == ("preemption_notice", "injector", "preempt", True, node.node_id)
     assert ev.deadline_s == pytest.approx(deadline_ms / 1000, abs=0.002)
     assert [a.action for a in injector.actions()] == ["drain"]
+

@@ -36,8 +36,8 @@ from spotfallback.store.heartbeat import HeartbeatThrottle, read_heartbeat, writ
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import resolve_run
 from spotfallback.view.report import cost_report, cost_table, html_report, summary_lines
-from spotfallback.view.snapshot import DriverInfo, build_snapshot
-from spotfallback.view.text import describe_event
+from spotfallback.view.snapshot import AgentInfo, DriverInfo, build_snapshot
+from spotfallback.view.text import agents_table, describe_event, snapshot_renderable
 from spotfallback.view.timeline import timeline_png
 from spotfallback.view.watcher import JsonSink, PlainSink, RunWatcher
 from tests.support.ledgers import LADDER, OD_PRICE, SPOT_PRICE, T0, run_events, write_ledger
@@ -505,3 +505,47 @@ def test_plan_prediction_beside_the_outcome(finished_run):
     live = cost_report(LADDER, records[:12], plan=plan, now=T0 + 5000).plan
     assert not live.final and live.deadline_met is None and plan_rows(live)[0][2].endswith("so far")
     assert cost_report(LADDER, records).plan is None and plan_table(cost_report(LADDER, records)) is None
+
+
+def test_a_host_maintenance_notice_reads_as_one_not_as_a_preemption(tmp_path):
+    """GCP's TERMINATE_ON_HOST_MAINTENANCE is drained like a preemption but is not one."""
+    location, ledger = write_ledger(tmp_path, run_events()[:3], name="maint")
+    notice = PreemptionNotice(T0 + 700, node_id="n1", deadline_s=T0 + 760, source="gcp", action="host-maintenance", drained=True)
+    ledger.append(notice, 0, {"action": "continue"})
+    line = describe_event(ledger.read()[-1], T0, LADDER)
+    assert line is not None and "host maintenance notice[/] (gcp, 1m00s before the node goes)" in line
+    assert "preemption" not in line
+
+
+def _agent(name: str, state: str, *, since: float, seen: float, stale: bool = False, gone: bool = False, **more: object) -> AgentInfo:
+    fields: dict[str, object] = {"node_id": "ab" * 28, "cloud": "aws", "detail": "", "deadline_s": None, "notices": 0}
+    fields.update(more)
+    return AgentInfo(agent=name, host=name, state=state, since=since, last_seen=seen, stale=stale, gone_with_node=gone, **fields)  # type: ignore[arg-type]
+
+
+def test_snapshot_shows_each_notice_agent_and_flags_the_stale_ones(tmp_path):
+    now = T0 + 1000
+    agents = [
+        _agent("pod-a", "watching", since=now - 600, seen=now - 5),
+        _agent("pod-b", "waiting-for-ray", since=now - 312, seen=now - 10, node_id=None, detail="no live Ray node has this machine's address 10.1.2.3"),
+        _agent("pod-c", "metadata-failing", since=now - 90, seen=now - 2, detail="aws instance-action: timed out"),
+        _agent("vm-d", "enabling", since=now - 60, seen=now - 3, cloud="azure"),
+        _agent("pod-e", "watching", since=now - 900, seen=now - 400, stale=True),
+        _agent("pod-f", "drained", since=now - 500, seen=now - 450, stale=True, gone=True, deadline_s=now - 380),
+    ]
+    _, ledger = write_ledger(tmp_path, run_events()[:2], name="agents")
+    snap = build_snapshot(LADDER, ledger.read(), now=now, agents=agents, agents_not_shown=3)
+    console = Console(width=250, record=True, color_system=None)
+    console.print(snapshot_renderable(snap))
+    console.print(agents_table(snap))
+    text = console.export_text()
+    summary = "notice agents  6 (and 3 older records): 1 stale, 1 failing to reach metadata, 1 waiting for the Ray node, "
+    assert summary + "1 enabling Scheduled Events, 1 gone with their nodes, 1 watching" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith(("pod-", "vm-"))}
+    assert "waiting for the Ray node for 5m02s" in rows["pod-b"] and "no live Ray node has this machine's address" in rows["pod-b"]
+    assert rows["pod-b"].split()[1] == "-"  # no node yet
+    assert "failing to reach metadata for 1m28s" in rows["pod-c"] and "6m40s ago STALE" in rows["pod-e"]
+    assert "deadline passed 6m20s ago" in rows["pod-f"] and "(gone with its node)" in rows["pod-f"]
+    assert "STALE" not in rows["pod-a"] + rows["pod-f"]
+    data = snap.to_json()
+    assert [a["state"] for a in data["agents"]][:2] == ["watching", "waiting-for-ray"] and data["agents"][4]["stale"] is True

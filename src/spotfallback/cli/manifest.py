@@ -20,7 +20,7 @@ from spotfallback.deploy.clouds import K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
 from spotfallback.deploy.launcher import LauncherOptions, render_cluster_launcher
-from spotfallback.deploy.validate import Report, validate_file
+from spotfallback.deploy.validate import Report, parse_version, validate_file
 from spotfallback.errors import EXIT_BAD_INPUT, EXIT_ERROR, ConfigError, ManifestInvalid
 
 E = TypeVar("E", bound=StrEnum)
@@ -151,8 +151,8 @@ def kuberay_command(
     spot_grace: Annotated[
         int | None,
         typer.Option(
-            help="Spot pods' terminationGracePeriodSeconds with the agent; must fit in the cloud's notice "
-            "(default: eks-* 90, aks 25, gke 15).",
+            help="Spot pods' terminationGracePeriodSeconds, the warning their workers get (Ray drains the node "
+            "on SIGTERM for 5 s less); must fit in the cloud's notice (default: eks-* 90, aks 25, gke 15).",
         ),
     ] = None,
     out: OutOpt = None,
@@ -261,9 +261,21 @@ def _print_report(path: Path, report: Report) -> None:
 
 def validate_command(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="RayJob/RayCluster YAML or ray up config.")],
+    kuberay_version: Annotated[
+        str | None,
+        typer.Option(
+            help="The KubeRay operator's version on the target cluster: refuse fields it would drop "
+            "(group labels and resources, SidecarMode need 1.5.0).",
+        ),
+    ] = None,
 ) -> None:
     """Check a file offline: KubeRay v1 schema (strict) + operator rules, or Ray's launcher schema."""
-    report = validate_file(file)
+    if kuberay_version is not None:
+        try:
+            parse_version(kuberay_version)
+        except ValueError as e:
+            _fail(str(e))
+    report = validate_file(file, kuberay_version)
     _print_report(file, report)
     if not report.ok:
         typer.echo(f"{file}: {len(report.errors)} error(s)", err=True)

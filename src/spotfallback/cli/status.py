@@ -1,14 +1,17 @@
 """`spotfallback status`: where a live or finished run stands, from any machine that can read its storage.
 
 It reads only the run's directory (``STORAGE_PATH/NAME``, on any pyarrow filesystem), so it
-works from a laptop while the run trains on a cluster, and after it ended.
+works from a laptop while the run trains on a cluster, and after it ended. That includes the
+notice agents' health records: an agent that waits for its Ray node, cannot reach the metadata
+service or stopped writing shows here, not only in a log on the node.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import time
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -18,6 +21,10 @@ from spotfallback.cli.common import RUN_HELP, fail, load_run
 from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
 from spotfallback.view.text import print_wide
+
+if TYPE_CHECKING:
+    from spotfallback.store.location import RunLocation
+    from spotfallback.view.snapshot import AgentInfo
 
 
 def _tier_table(ladder: Ladder, records: list[LedgerRecord], now: float | None) -> Table:
@@ -35,6 +42,28 @@ def _tier_table(ladder: Ladder, records: list[LedgerRecord], now: float | None) 
     return table
 
 
+def _read_agents(location: RunLocation, now: float) -> tuple[list[AgentInfo], int]:
+    """The run's notice agents from their health records; none when they cannot be listed
+    (the rest of the status is still worth showing)."""
+    from spotfallback.notices.health import read_agents
+    from spotfallback.view.snapshot import AgentInfo
+
+    try:
+        records, not_shown = read_agents(location)
+    except OSError as e:
+        logging.getLogger("spotfallback").warning("cannot read the notice agents' health records: %s", e)
+        return [], 0
+    agents = [
+        AgentInfo(
+            agent=h.agent, host=h.host, node_id=h.node_id, cloud=h.cloud, state=h.state.value, since=h.since,
+            detail=h.detail, last_seen=h.t, deadline_s=h.deadline_s, notices=h.notices,
+            stale=h.stale(now), gone_with_node=h.gone_with_node(now),
+        )
+        for h in records
+    ]
+    return agents, not_shown
+
+
 def register(app: typer.Typer) -> None:
     """Add `status` to the spotfallback CLI."""
 
@@ -44,7 +73,8 @@ def register(app: typer.Typer) -> None:
         as_json: Annotated[bool, typer.Option("--json", help="Print the status as one JSON object.")] = False,
         events: Annotated[int, typer.Option("--events", help="How many of the latest events to list (0: none).")] = 10,
     ) -> None:
-        """Where a live or finished run stands: tier, budget, workers, progress, checkpoint, spend.
+        """Where a live or finished run stands: tier, budget, workers, progress, checkpoint, spend, and
+        each node's notice agent (its state, and when it was last heard from; stale ones flagged).
 
         Reads only the run's directory, so it works from any machine that can read the storage.
         Exit codes: 0 shown, 2 bad input (not STORAGE_PATH/NAME, or no run there), 1 the ledger
@@ -52,7 +82,12 @@ def register(app: typer.Typer) -> None:
         """
         from spotfallback.store.heartbeat import read_heartbeat
         from spotfallback.view.snapshot import build_snapshot, charge_until, read_driver
-        from spotfallback.view.text import describe_event, event_json, snapshot_renderable
+        from spotfallback.view.text import (
+            agents_table,
+            describe_event,
+            event_json,
+            snapshot_renderable,
+        )
 
         if events < 0:
             raise fail(f"--events: must be 0 or more, got {events}")
@@ -60,8 +95,9 @@ def register(app: typer.Typer) -> None:
         now = time.time()
         driver = read_driver(location)
         totals = meta.get("progress_totals") if isinstance(meta.get("progress_totals"), dict) else None
+        agents, not_shown = _read_agents(location, now)
         snap = build_snapshot(ladder, records, run=location.uri(), now=now, heartbeat=read_heartbeat(location),
-                              driver=driver, config=totals)
+                              driver=driver, config=totals, agents=agents, agents_not_shown=not_shown)
         t0 = records[0].t if records else now
         shown = records[-events:] if events else []
         if as_json:
@@ -72,6 +108,9 @@ def register(app: typer.Typer) -> None:
         console = Console(highlight=False)
         console.print(snapshot_renderable(snap))
         print_wide(console, _tier_table(ladder, records, charge_until(records, driver, now)))
+        if snap.agents:
+            console.print("[bold]notice agents[/]")
+            print_wide(console, agents_table(snap))
         if shown:
             console.print(f"[bold]latest events[/] ({len(shown)} of {len(records)})")
             for rec in shown:

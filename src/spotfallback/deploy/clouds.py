@@ -7,7 +7,8 @@ Kubernetes (node labels set by the cloud or its autoscaler):
 - AKS: spot pools carry the label *and* the taint ``kubernetes.azure.com/scalesetpriority=spot:NoSchedule``;
   regular pools carry neither, so on-demand means "not spot".
 - GKE: spot nodes carry ``cloud.google.com/gke-spot: "true"`` (tainted with the same key where the
-  pool is tainted); on-demand nodes do not, so on-demand means "not spot".
+  pool is tainted); legacy preemptible VMs carry ``cloud.google.com/gke-preemptible: "true"`` and are
+  not tainted by default; on-demand nodes carry neither, so on-demand means "neither label".
 VMs (Ray cluster launcher ``node_config``):
 - AWS: ``InstanceMarketOptions: {MarketType: spot}``; on-demand is the default (no key).
 - GCP: ``scheduling.provisioningModel: SPOT`` (deleted on preemption); on-demand ``STANDARD``.
@@ -39,6 +40,7 @@ KARPENTER_KEY = "karpenter.sh/capacity-type"
 EKS_MANAGED_KEY = "eks.amazonaws.com/capacityType"
 AKS_KEY = "kubernetes.azure.com/scalesetpriority"
 GKE_KEY = "cloud.google.com/gke-spot"
+GKE_PREEMPTIBLE_KEY = "cloud.google.com/gke-preemptible"
 
 # Node selectors that pick each market, where the cloud labels that market.
 _SELECTOR_VALUES: dict[K8sCloud, tuple[str, dict[str, str]]] = {
@@ -47,6 +49,17 @@ _SELECTOR_VALUES: dict[K8sCloud, tuple[str, dict[str, str]]] = {
     K8sCloud.AKS: (AKS_KEY, {SPOT: "spot"}),
     K8sCloud.GKE: (GKE_KEY, {SPOT: "true"}),
 }
+# Every (label, value) that marks a node this cloud can take away, where the cloud labels spot
+# without tainting it: the head and on-demand pods must exclude each, not only the first.
+NOT_ON_DEMAND: dict[K8sCloud, tuple[tuple[str, str], ...]] = {
+    K8sCloud.AKS: ((AKS_KEY, "spot"),),
+    K8sCloud.GKE: ((GKE_KEY, "true"), (GKE_PREEMPTIBLE_KEY, "true")),
+}
+# For the validator: label keys of one cloud's spot families; a pod that excludes one of a
+# family's labels is avoiding spot on that cloud, so it must exclude all of them.
+SPOT_LABEL_FAMILIES: tuple[frozenset[tuple[str, str]], ...] = tuple(
+    frozenset(pairs) for pairs in NOT_ON_DEMAND.values() if len(pairs) > 1
+)
 # Clouds whose spot nodes are tainted: spot pods tolerate it, everything else stays off.
 _SPOT_TAINTS: dict[K8sCloud, dict[str, str]] = {
     K8sCloud.AKS: {"key": AKS_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"},
@@ -62,25 +75,52 @@ SPOT_NODE_LABELS: frozenset[tuple[str, str]] = frozenset(
         (AKS_KEY, "spot"),
         (GKE_KEY, "true"),
         ("cloud.google.com/gke-provisioning", "spot"),
-        ("cloud.google.com/gke-preemptible", "true"),
+        (GKE_PREEMPTIBLE_KEY, "true"),
     }
 )
 ON_DEMAND_NODE_LABELS: frozenset[tuple[str, str]] = frozenset(
     {(KARPENTER_KEY, "on-demand"), (EKS_MANAGED_KEY, "ON_DEMAND")}
 )
-SPOT_TAINT_KEYS: frozenset[str] = frozenset({AKS_KEY, GKE_KEY, "cloud.google.com/gke-preemptible"})
+SPOT_TAINT_KEYS: frozenset[str] = frozenset({AKS_KEY, GKE_KEY, GKE_PREEMPTIBLE_KEY})
 
 
-# terminationGracePeriodSeconds of spot worker pods that run the notice agent: how long a pod
-# lives after its SIGTERM, which is the warning a pod gets. It must fit inside the cloud's
-# notice, or the VM dies first. EKS: the spot notice is 2 minutes and Karpenter / the AWS node
-# termination handler drain the node on it, so 90 s leaves a margin. AKS: the eviction notice is
-# at least 30 s. GKE: graceful node shutdown of a Spot VM gives ordinary pods 15 s of its 30 s.
+# terminationGracePeriodSeconds of spot worker pods: how long a pod lives after its SIGTERM,
+# which is the warning its workers get. Ray 2.60's `ray start --block` (KubeRay's command)
+# drains its node on SIGTERM (reason PREEMPTION, so Ray Train checkpoints just in time) for
+# RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, then stops; that must end before the grace does, and the
+# grace must fit in the cloud's notice or the VM dies first. EKS: the spot notice is 2 minutes
+# and what drains the node on it (Karpenter's interruption queue, Capacity Rebalancing, the node
+# termination handler) does so at once, so 90 s leaves a margin. AKS: the eviction notice is at
+# least 30 s. GKE: graceful node shutdown of a Spot VM gives ordinary pods 15 s of its 30 s
+# (GKE Standard can extend it; pass --spot-grace-seconds then).
 SPOT_GRACE_S: dict[K8sCloud, int] = {
     K8sCloud.EKS_KARPENTER: 90,
     K8sCloud.EKS_MANAGED: 90,
     K8sCloud.AKS: 25,
     K8sCloud.GKE: 15,
+}
+# Ray stops its processes after the drain window: this much of the grace is left for that.
+DRAIN_MARGIN_S = 5
+RAY_DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
+# Ray's default drain window, used when a pod does not set RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S.
+RAY_DEFAULT_DRAIN_TIMEOUT_S = 30.0
+# Kubernetes' default terminationGracePeriodSeconds.
+K8S_DEFAULT_GRACE_S = 30
+
+
+def ray_drain_timeout_s(grace_s: int) -> int:
+    """Ray's SIGTERM drain window for a pod with ``grace_s`` of grace: the grace less the margin."""
+    return max(1, grace_s - DRAIN_MARGIN_S)
+
+
+# The notice the sidecar agent watches on each cloud, earlier than the pod's SIGTERM: AWS's
+# 2-minute interruption warning and rebalance recommendations (IMDS), GCE's preemption and host
+# maintenance events, Azure's Scheduled Events.
+AGENT_CLOUD: dict[K8sCloud, str] = {
+    K8sCloud.EKS_KARPENTER: "aws",
+    K8sCloud.EKS_MANAGED: "aws",
+    K8sCloud.AKS: "azure",
+    K8sCloud.GKE: "gcp",
 }
 
 
@@ -93,9 +133,10 @@ class PodPlacement:
     affinity: dict[str, Any] | None = None
 
 
-def _not_spot(key: str, spot_value: str) -> dict[str, Any]:
-    # NotIn also matches nodes without the label, which is how these clouds mark regular nodes.
-    term = {"matchExpressions": [{"key": key, "operator": "NotIn", "values": [spot_value]}]}
+def _not_spot(pairs: tuple[tuple[str, str], ...]) -> dict[str, Any]:
+    # NotIn also matches nodes without the label, which is how these clouds mark regular nodes;
+    # the expressions of one term must all hold, so the node carries none of the spot labels.
+    term = {"matchExpressions": [{"key": key, "operator": "NotIn", "values": [value]} for key, value in pairs]}
     return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
@@ -106,7 +147,7 @@ def pod_placement(cloud: K8sCloud, market: str, where: str = "market") -> PodPla
         taint = _SPOT_TAINTS.get(cloud) if market == SPOT else None
         return PodPlacement({key: values[market]}, [dict(taint)] if taint else [])
     if market == ON_DEMAND:
-        return PodPlacement(affinity=_not_spot(key, values[SPOT]))
+        return PodPlacement(affinity=_not_spot(NOT_ON_DEMAND[cloud]))
     known = sorted({*values, ON_DEMAND})
     raise ConfigError(
         f"{where}: {market!r} has no node selection on {cloud.value}; use one of {', '.join(known)}"

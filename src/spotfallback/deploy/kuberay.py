@@ -13,10 +13,18 @@ Shape, and why:
 - the RayJob runs the spotfallback driver (``rayjob_entrypoint``) in ``SidecarMode``, so the
   submitter lives in the on-demand head pod rather than in a pod that could land on spot;
   ``backoffLimit`` retries re-run the same command, which resumes the run from its checkpoints;
-- spot worker pods carry the preemption-notice agent (``_notice_agent``) when the image has
-  spotfallback: on Kubernetes the pod's warning is its SIGTERM, which the agent turns into a
-  Ray drain with ``terminationGracePeriodSeconds`` as the deadline, while a ``preStop`` sleep
-  keeps the Ray container (and the workers' just-in-time checkpoint) alive until then.
+- spot worker pods get a termination grace period that fits the cloud's notice and a Ray drain
+  window (``RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S``) a few seconds shorter: Ray 2.60's
+  ``ray start --block`` drains its own node on the pod's SIGTERM (reason PREEMPTION), so Ray Train
+  checkpoints just in time even with the stock image and no agent;
+- with an image that has spotfallback, those pods (and, on GKE, GPU on-demand pods, which host
+  maintenance stops after a 60 s notice) also carry the notice agent as a native sidecar
+  (``initContainers`` with ``restartPolicy: Always``, Kubernetes 1.29+): it watches the cloud's own
+  notice, which comes earlier than the SIGTERM (AWS's 2-minute warning, GCE's preemption and
+  maintenance events, Azure's Scheduled Events), drains the node then and records it in the run.
+
+The file needs KubeRay 1.5.0 or later: group ``labels``, group ``resources`` and ``SidecarMode``
+first appear there, and an older operator's API server drops them without a word.
 """
 
 from __future__ import annotations
@@ -32,7 +40,16 @@ from typing import Any
 import yaml
 
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
-from spotfallback.deploy.clouds import SPOT_GRACE_S, K8sCloud, PodPlacement, pod_placement
+from spotfallback.deploy.clouds import (
+    AGENT_CLOUD,
+    DRAIN_MARGIN_S,
+    RAY_DRAIN_TIMEOUT_ENV,
+    SPOT_GRACE_S,
+    K8sCloud,
+    PodPlacement,
+    pod_placement,
+    ray_drain_timeout_s,
+)
 from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
     REGION_LABEL,
@@ -64,6 +81,10 @@ RAY_TMP_VOLUME = "ray-tmp"
 RAY_TMP_DIR = "/tmp/ray"
 NOTICE_AGENT_COMMAND = ["spotfallback", "notice-agent"]
 MAX_SPOT_GRACE_S = 120
+MIN_SPOT_GRACE_S = DRAIN_MARGIN_S + 1
+# The oldest operator that keeps every field these files use (see the module docstring).
+MIN_KUBERAY_VERSION = "1.5.0"
+MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
 # Ray Train polls for drains every 5 s by default; a 15 s notice needs a quicker look.
 PREEMPTION_POLL_ENV = {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"}
 
@@ -87,12 +108,13 @@ class KubeRayOptions:
 
     ``run_name`` replaces the job's ``name``: the same name resumes that run from its
     checkpoints, so pass a new one (see ``common.unique_run_name``) for a fresh run.
-    ``notice_agent`` adds a ``spotfallback notice-agent`` sidecar to spot worker pods, which
-    turns the pod's SIGTERM (its eviction warning) into a Ray node drain, so the workers
-    checkpoint just in time. ``None`` (default): on when ``image`` is given, off with the stock
-    Ray image, which has no spotfallback (``pip`` packages reach only the job's Ray processes, never a
-    sidecar). ``spot_grace_seconds``: the spot pods' ``terminationGracePeriodSeconds`` with the
-    agent on, default per cloud (``clouds.SPOT_GRACE_S``); it must fit in the cloud's notice.
+    ``notice_agent`` adds a ``spotfallback notice-agent`` sidecar to spot worker pods (and GKE
+    GPU pods), which drains the Ray node on the cloud's own notice, earlier than the pod's
+    SIGTERM. ``None`` (default): on when ``image`` is given, off with the stock Ray image, which
+    has no spotfallback (``pip`` packages reach only the job's Ray processes, never a sidecar);
+    either way Ray drains a spot node on its SIGTERM. ``spot_grace_seconds``: the spot pods'
+    ``terminationGracePeriodSeconds``, default per cloud (``clouds.SPOT_GRACE_S``); it must fit
+    in the cloud's notice, and Ray's drain window is set ``DRAIN_MARGIN_S`` shorter.
     """
 
     cloud: K8sCloud
@@ -122,7 +144,7 @@ class KubeRayOptions:
             ("ttl_seconds_after_finished", 0),
             ("memory_per_cpu_gib", 1),
             ("idle_timeout_seconds", 0),
-            ("spot_grace_seconds", 1),
+            ("spot_grace_seconds", MIN_SPOT_GRACE_S),
         ):
             value = getattr(self, name)
             if value is not None and value < low:
@@ -235,12 +257,18 @@ def _pod_spec(
     storage: _Storage,
     opts: KubeRayOptions,
     grace_seconds: int | None = None,
+    sidecars: list[dict[str, Any]] | None = None,
 ) -> dict[str, Any]:
-    # restartPolicy Never: required by autoscaler v2 (and SidecarMode); a dead Ray pod is replaced, not restarted.
-    spec: dict[str, Any] = {"restartPolicy": "Never", "containers": containers}
+    # restartPolicy Never: required by autoscaler v2 (and SidecarMode); a dead Ray pod is replaced,
+    # not restarted. The agent is a native sidecar (an init container that restarts on its own).
+    spec: dict[str, Any] = {"restartPolicy": "Never"}
+    if sidecars:
+        spec["initContainers"] = sidecars
+    spec["containers"] = containers
     volumes = [dict(v) for v in storage.volumes]
     if grace_seconds is not None:
         spec["terminationGracePeriodSeconds"] = grace_seconds
+    if sidecars:
         volumes.append({"name": RAY_TMP_VOLUME, "emptyDir": {}})
     if opts.service_account:
         spec["serviceAccountName"] = opts.service_account
@@ -255,40 +283,37 @@ def _pod_spec(
     return spec
 
 
-def _notice_agent(image: str, grace_seconds: int) -> dict[str, Any]:
+def _notice_agent(image: str, cloud: K8sCloud, run: str, storage: _Storage) -> dict[str, Any]:
     """The sidecar: ``spotfallback notice-agent`` in the Ray worker's pod (same IP, so the agent
-    finds its Ray node), configured by environment (``--cloud k8s``: SIGTERM is the notice,
-    the grace period its deadline). It records no ledger entries: on Kubernetes every scale-down
-    and the cluster's deletion at the end of the job send the same SIGTERM, so they would read
-    as preemptions; Ray's own ``preempted`` event and the JIT checkpoint records remain."""
+    finds its Ray node through the shared /tmp/ray), configured by environment: it watches the
+    cloud's notice (``AGENT_CLOUD``), drains the node on it and records it in the run's ledger
+    (storage credentials as the Ray container has them). A native sidecar: Kubernetes restarts it
+    if it exits although the pod's restartPolicy is Never, and stops it after the Ray container."""
+    env = [
+        {"name": "SPOTFALLBACK_CLOUD", "value": AGENT_CLOUD[cloud]},
+        {"name": "SPOTFALLBACK_RUN", "value": run},
+        *(dict(e) for e in storage.env),
+    ]
     return {
         "name": "notice-agent",
         "image": image,
+        "restartPolicy": "Always",
         "command": list(NOTICE_AGENT_COMMAND),
-        "env": [
-            {"name": "SPOTFALLBACK_CLOUD", "value": "k8s"},
-            {"name": "SPOTFALLBACK_K8S_GRACE_S", "value": str(grace_seconds)},
-        ],
-        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR}],
+        "env": env,
+        "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR}, *(dict(m) for m in storage.mounts)],
         # Python with Ray's client imported; 64Mi was too little for it.
         "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "100m", "memory": "256Mi"}},
     }
 
 
-def _wait_for_the_drain(container: dict[str, Any], grace_seconds: int) -> None:
-    """Keep the Ray container up for the grace period after the pod's SIGTERM.
-
-    Kubernetes signals every container of the pod at once; without this the raylet would stop
-    at once and the drain the agent just sent would find no workers to checkpoint. A preStop
-    hook runs before the container's own SIGTERM, and the kubelet kills at the grace's end.
-    """
-    container["lifecycle"] = {"preStop": {"exec": {"command": ["sleep", str(grace_seconds)]}}}
-    container.setdefault("volumeMounts", []).append({"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR})
+def _run_uri(job: JobConfig) -> str:
+    """The run's location as ``--run`` takes it: STORAGE_PATH/NAME."""
+    return f"{job.storage_path.rstrip('/')}/{job.name}"
 
 
-def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, agents: bool) -> dict[str, Any]:
+def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: bool) -> dict[str, Any]:
     # The Train controller runs here (the driver's node); it is what polls for drains.
-    env = (PREEMPTION_POLL_ENV,) if agents else ()
+    env = (PREEMPTION_POLL_ENV,) if drains else ()
     head = _container("ray-head", image, {"cpu": opts.head_cpu, "memory": opts.head_memory}, storage, env)
     head["ports"] = [
         {"containerPort": 6379, "name": "gcs-server"},
@@ -304,7 +329,15 @@ def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, agents: boo
     }
 
 
-def _worker_group(tier: Tier, index: int, image: str, storage: _Storage, opts: KubeRayOptions) -> dict[str, Any]:
+def _has_agent(tier: Tier, opts: KubeRayOptions) -> bool:
+    """Spot pods; on GKE also GPU pods, which host maintenance stops with a 60 s notice."""
+    gpu = worker_shape(tier, 0)[1] > 0
+    return opts.with_notice_agent and (tier.market == SPOT or (opts.cloud is K8sCloud.GKE and gpu))
+
+
+def _worker_group(
+    tier: Tier, index: int, image: str, storage: _Storage, opts: KubeRayOptions, run: str
+) -> dict[str, Any]:
     cpu, gpu, custom = worker_shape(tier, index)
     memory = custom.pop("memory", None)
     custom.pop("object_store_memory", None)
@@ -314,12 +347,14 @@ def _worker_group(tier: Tier, index: int, image: str, storage: _Storage, opts: K
     }
     if gpu:
         requests["nvidia.com/gpu"] = str(gpu)
-    containers = [_container("ray-worker", image, requests, storage)]
-    grace = None
-    if opts.with_notice_agent and tier.market == SPOT:
-        grace = opts.grace_seconds
-        _wait_for_the_drain(containers[0], grace)
-        containers.append(_notice_agent(image, grace))
+    grace = opts.grace_seconds if tier.market == SPOT else None
+    # Ray drains the node on the pod's SIGTERM; the window must close before the grace does.
+    drain_env = ({"name": RAY_DRAIN_TIMEOUT_ENV, "value": str(ray_drain_timeout_s(grace))},) if grace else ()
+    ray_container = _container("ray-worker", image, requests, storage, drain_env)
+    sidecars = None
+    if _has_agent(tier, opts):
+        sidecars = [_notice_agent(image, opts.cloud, run, storage)]
+        ray_container.setdefault("volumeMounts", []).append({"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR})
     placement = pod_placement(opts.cloud, tier.market, where=f"tiers[{index}].market")
     labels = tier_labels(tier, index)
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
@@ -336,7 +371,7 @@ def _worker_group(tier: Tier, index: int, image: str, storage: _Storage, opts: K
     if custom:
         # Custom Ray resources go in the top-level field, never also in rayStartParams.
         group["resources"] = {k: cpu_quantity(v) for k, v in sorted(custom.items())}
-    group["template"] = {"spec": _pod_spec(containers, placement, storage, opts, grace)}
+    group["template"] = {"spec": _pod_spec([ray_container], placement, storage, opts, grace, sidecars)}
     return group
 
 
@@ -344,7 +379,8 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
     """The ``RayClusterSpec`` (head + one worker group per tier) shared by both kinds."""
     image = check_image(opts.image or default_image(job.tiers[0].use_gpu, opts.ray_version))
     storage = _storage(job, opts)
-    agents = opts.with_notice_agent and any(t.market == SPOT for t in job.tiers)
+    drains = any(t.market == SPOT or _has_agent(t, opts) for t in job.tiers)
+    run = _run_uri(job)
     return {
         "rayVersion": opts.ray_version,
         "enableInTreeAutoscaling": True,
@@ -353,8 +389,8 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
             "upscalingMode": "Default",
             "idleTimeoutSeconds": opts.idle_timeout_seconds,
         },
-        "headGroupSpec": _head_group(image, storage, opts, agents),
-        "workerGroupSpecs": [_worker_group(t, i, image, storage, opts) for i, t in enumerate(job.tiers)],
+        "headGroupSpec": _head_group(image, storage, opts, drains),
+        "workerGroupSpecs": [_worker_group(t, i, image, storage, opts, run) for i, t in enumerate(job.tiers)],
     }
 
 
@@ -369,7 +405,7 @@ def kuberay_manifest(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
     if opts.namespace:
         metadata["namespace"] = opts.namespace
     metadata["labels"] = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(job.name, 63)}
-    metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name}
+    metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name, MIN_KUBERAY_ANNOTATION: MIN_KUBERAY_VERSION}
     cluster = raycluster_spec(job, opts)
     if not is_job:
         metadata["annotations"][ENTRYPOINT_ANNOTATION] = entrypoint
@@ -404,19 +440,30 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
             f"{ENTRYPOINT_ANNOTATION} on the head pod (or submit it with `ray job submit -- ...`).",
             f"Run name {run!r}: running that command again RESUMES the run; never reuse a name by accident.",
         ]
-    return [f"Generated by `spotfallback manifest kuberay --cloud {opts.cloud.value}`; do not edit by hand.", *how, *_agent_note(job, opts)]
+    needs = f"Needs KubeRay >= {MIN_KUBERAY_VERSION} (older operators silently drop group labels, resources and SidecarMode)"
+    if any(_has_agent(t, opts) for t in job.tiers):
+        needs += " and Kubernetes >= 1.29 (the notice agent is a native sidecar)"
+    head = f"Generated by `spotfallback manifest kuberay --cloud {opts.cloud.value}`; do not edit by hand."
+    return [head, needs + ".", *how, *_drain_note(job, opts)]
 
 
-def _agent_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:
+def _drain_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:
     if not any(t.market == SPOT for t in job.tiers):
         return []
+    grace = opts.grace_seconds
+    lines = [
+        f"Spot pods: on SIGTERM Ray drains the node for {ray_drain_timeout_s(grace)} s ({RAY_DRAIN_TIMEOUT_ENV}) "
+        f"within a {grace} s grace (terminationGracePeriodSeconds), so the workers checkpoint just in time."
+    ]
     if opts.with_notice_agent:
-        return [
-            f"Notice agent: a notice-agent sidecar on spot workers drains the Ray node on the pod's SIGTERM; "
-            f"grace {opts.grace_seconds} s (terminationGracePeriodSeconds), which must fit in the cloud's notice."
-        ]
-    why = "--no-notice-agent" if opts.notice_agent is False else "the stock Ray image has no spotfallback; pass --image"
-    return [f"Notice agent: off ({why}): spot evictions are not drained, so no just-in-time checkpoints."]
+        lines.append(
+            f"Notice agent: a native sidecar watches the {AGENT_CLOUD[opts.cloud]} notice, earlier than the SIGTERM, "
+            "drains the node then and records it in the run (docs/deploy.md: what each cloud needs)."
+        )
+    else:
+        why = "--no-notice-agent" if opts.notice_agent is False else "the stock Ray image has no spotfallback; pass --image"
+        lines.append(f"Notice agent: off ({why}): only the SIGTERM drain above, no earlier cloud notice.")
+    return lines
 
 
 def render_kuberay(job: JobConfig, opts: KubeRayOptions) -> str:

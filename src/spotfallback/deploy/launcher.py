@@ -17,11 +17,13 @@ Spot nodes also start the preemption-notice agent right after ``ray start`` (see
 from __future__ import annotations
 
 import math
+import re
 import shlex
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from spotfallback import __version__
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import VmCloud, vm_market_config
 from spotfallback.deploy.common import (
@@ -60,9 +62,15 @@ RAY_WORKER_START = [
 ]
 # The updater exports each node type's labels to its start commands as compact JSON
 # (RAY_OVERRIDE_LABELS='{"ray.io/market-type":"spot",...}'), under autoscaler v1 and v2 alike.
-SPOT_LABELS_PATTERN = f'*\'"{MARKET_LABEL}":"{SPOT}"\'*'
+# Node types that run the agent carry this label: spot ones, and on GCP the GPU ones, which host
+# maintenance stops (onHostMaintenance TERMINATE) about 60 s after a notice the agent watches.
+AGENT_LABEL = "spotfallback/notice-agent"
+AGENT_LABELS_PATTERN = f'*\'"{AGENT_LABEL}":"true"\'*'
 AGENT_LOG = "~/spotfallback-notice-agent.log"
 AGENT_PID = "~/spotfallback-notice-agent.pid"
+# GCE's guest gets 30 s of soft-off on preemption; Docker would stop the container after its
+# default 10 s (Ray's docker runner sets no stop timeout), cutting the workers' last checkpoint.
+GCP_STOP_TIMEOUT_S = 30
 
 
 @dataclass(frozen=True)
@@ -73,8 +81,10 @@ class LauncherOptions:
     smallest general-purpose (or GPU) type that fits one worker. ``instance_profile`` (AWS,
     an ARN) or ``service_account`` (GCP, an email) gives the worker nodes access to
     storage_path; the head keeps the identity Ray creates for it, which has storage access.
-    ``notice_agent`` (default on) starts ``spotfallback notice-agent`` on spot nodes; like the
-    driver, it needs spotfallback in the image or in ``pip``.
+    ``notice_agent`` (default on) starts ``spotfallback notice-agent`` on spot nodes (and GPU
+    nodes on GCP). The driver and the agent run spotfallback on the nodes: with the stock Ray
+    image and no spotfallback in ``pip``, this version of spotfallback is installed from PyPI
+    by the setup commands.
     """
 
     cloud: VmCloud
@@ -97,7 +107,7 @@ class LauncherOptions:
 
 
 def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
-    """The start command that runs the notice agent on spot nodes only, after ``ray start``.
+    """The start command that runs the notice agent on the node types labelled for it, after ``ray start``.
 
     The agent polls the cloud's metadata service and drains this node (found through the
     ``/tmp/ray`` file ``ray start`` just wrote) on a notice, recording it in the run's ledger:
@@ -107,7 +117,7 @@ def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
     run = f"{job.storage_path.rstrip('/')}/{job.name}"
     agent = shlex.join(["spotfallback", "notice-agent", "--cloud", cloud.value, "--run", run])
     return (
-        f'case "$RAY_OVERRIDE_LABELS" in {SPOT_LABELS_PATTERN}) '
+        f'case "$RAY_OVERRIDE_LABELS" in {AGENT_LABELS_PATTERN}) '
         f'kill "$(cat {AGENT_PID} 2>/dev/null)" 2>/dev/null; '
         f"nohup {agent} >{AGENT_LOG} 2>&1 </dev/null & echo $! >{AGENT_PID};; esac"
     )
@@ -212,8 +222,11 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
             "node_config": _node_config(opts.head_instance_type or _HEAD_TYPES[opts.cloud], ON_DEMAND, False, "head", opts),
         }
     }
+    agents = opts.notice_agent and any(_has_agent(t, opts.cloud) for t in job.tiers)
     for i, tier in enumerate(job.tiers):
         labels = tier_labels(tier, i)
+        if agents and _has_agent(tier, opts.cloud):
+            labels[AGENT_LABEL] = "true"
         node_types[tier.name] = {
             "min_workers": 0,
             "max_workers": tier.num_workers,
@@ -232,18 +245,39 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
             "image": image,
             "container_name": "ray_container",
             "pull_before_run": True,
-            "run_options": ["--ulimit nofile=65536:65536"],
+            "run_options": ["--ulimit nofile=65536:65536"]
+            + ([f"--stop-timeout {GCP_STOP_TIMEOUT_S}"] if opts.cloud is VmCloud.GCP else []),
         },
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
     }
-    if opts.pip:
-        config["setup_commands"] = [shlex.join(["pip", "install", *opts.pip])]
-    if opts.notice_agent and any(t.market == SPOT for t in job.tiers):
+    pip = _with_spotfallback(opts)
+    if pip:
+        config["setup_commands"] = [shlex.join(["pip", "install", *pip])]
+    if agents:
         # Ray Train polls for drains every 5 s by default; a 30 s notice needs a quicker look.
         config["docker"]["run_options"].append("--env RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=1")
         config["worker_start_ray_commands"] = [*RAY_WORKER_START, notice_agent_command(job, opts.cloud)]
     return config
+
+
+def _has_agent(tier: Tier, cloud: VmCloud) -> bool:
+    return tier.market == SPOT or (cloud is VmCloud.GCP and tier.use_gpu)
+
+
+def _names_spotfallback(requirement: str) -> bool:
+    """Whether a pip argument installs spotfallback (a requirement, a wheel or a source URL)."""
+    name = re.split(r"[\[<>=!~;@ ]", requirement.strip(), maxsplit=1)[0]
+    return name.lower().replace("_", "-") == "spotfallback" or "spotfallback" in requirement.lower().rsplit("/", 1)[-1]
+
+
+def _with_spotfallback(opts: LauncherOptions) -> list[str]:
+    """``pip``, plus this version of spotfallback when the stock image would otherwise lack it
+    (the driver's `spotfallback run` and the agent's `nohup spotfallback ...` would fail on it)."""
+    pip = list(opts.pip)
+    if opts.image is None and not any(_names_spotfallback(p) for p in pip):
+        pip.insert(0, f"spotfallback=={__version__}")
+    return pip
 
 
 def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
@@ -255,9 +289,12 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
         f"Start (or RESUME) run {run!r} on it; never reuse a run name by accident:",
         f"  ray exec FILE --tmux {shlex.quote(rayjob_entrypoint(job))}",
     ]
+    if opts.image is None and not any(_names_spotfallback(p) for p in opts.pip):
+        lines.append(f"The stock Ray image has no spotfallback: the setup commands install spotfallback=={__version__}.")
     if any(t.market == SPOT for t in job.tiers):
+        where = "spot nodes (and GPU nodes: host maintenance)" if opts.cloud is VmCloud.GCP else "spot nodes"
         lines.append(
-            f"Notice agent: started on spot nodes after `ray start` (log {AGENT_LOG})."
+            f"Notice agent: started on {where} after `ray start` (log {AGENT_LOG})."
             if opts.notice_agent
             else "Notice agent: off (--no-notice-agent): spot notices are not drained, so no just-in-time checkpoints."
         )

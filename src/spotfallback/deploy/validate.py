@@ -26,7 +26,11 @@ from jsonschema.protocols import Validator
 
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT
 from spotfallback.deploy.clouds import (
+    K8S_DEFAULT_GRACE_S,
     ON_DEMAND_NODE_LABELS,
+    RAY_DEFAULT_DRAIN_TIMEOUT_S,
+    RAY_DRAIN_TIMEOUT_ENV,
+    SPOT_LABEL_FAMILIES,
     SPOT_NODE_LABELS,
     SPOT_TAINT_KEYS,
     vm_config_is_spot,
@@ -269,6 +273,46 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
     elif isinstance(replicas, int) and isinstance(low, int) and isinstance(high, int) and not low <= replicas <= high:
         yield Finding(field_path([*at, "replicas"]), f"{replicas} is outside [minReplicas, maxReplicas] = [{low}, {high}]; the operator clamps it", warning=True)
     yield from _market_mismatch(group, at)
+    yield from _drain_window(group, at)
+
+
+def _drain_window(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """On a spot group, Ray's SIGTERM drain window must close inside the pod's grace period.
+
+    ``ray start --block`` drains its node on SIGTERM for RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S
+    (30 s unless set) and only then stops; a grace period no longer than that lets the kubelet
+    kill the workers in the middle of their just-in-time checkpoint.
+    """
+    if _get(group, "labels", MARKET_LABEL) != SPOT:
+        return
+    pod = _dict(_get(group, "template", "spec"))
+    grace = pod.get("terminationGracePeriodSeconds", K8S_DEFAULT_GRACE_S)
+    if not isinstance(grace, int) or isinstance(grace, bool):
+        return  # the schema says what is wrong with it
+    found = _env_value(_get(pod, "containers", 0), RAY_DRAIN_TIMEOUT_ENV)
+    fix = f"set {RAY_DRAIN_TIMEOUT_ENV} a few seconds below terminationGracePeriodSeconds ({grace} s)"
+    if found is None:
+        if grace <= RAY_DEFAULT_DRAIN_TIMEOUT_S:
+            yield Finding(
+                field_path([*at, "template", "spec", "containers", 0, "env"]),
+                f"Ray drains a node on SIGTERM for {RAY_DEFAULT_DRAIN_TIMEOUT_S:g} s by default, which does not end "
+                f"before the pod's {grace} s grace; {fix}",
+                warning=True,
+            )
+        return
+    i, value = found
+    where = field_path([*at, "template", "spec", "containers", 0, "env", i, "value"])
+    try:
+        seconds = float(value)
+    except (TypeError, ValueError):
+        yield Finding(where, f"{RAY_DRAIN_TIMEOUT_ENV} must be a number of seconds (got {value!r})")
+        return
+    if seconds >= grace:
+        yield Finding(
+            where,
+            f"Ray's SIGTERM drain window ({seconds:g} s) does not end before the pod's grace ({grace} s): the "
+            f"kubelet would kill the workers mid-checkpoint; {fix}",
+        )
 
 
 def _selected_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
@@ -285,6 +329,37 @@ def _selected_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
     return pairs
 
 
+def _excluded_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
+    """(label, value) pairs a pod's required node affinity keeps it away from (NotIn)."""
+    pairs: set[tuple[str, str]] = set()
+    terms = _get(pod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []
+    for term in terms:
+        for expr in _get(term, "matchExpressions") or []:
+            if not isinstance(expr, dict) or expr.get("operator") != "NotIn":
+                continue
+            key, values = expr.get("key"), expr.get("values")
+            if isinstance(key, str) and isinstance(values, list):
+                pairs.update((key, v) for v in values if isinstance(v, str))
+    return pairs
+
+
+def _half_excluded_spot(pod: dict[str, Any], at: list[str | int], why: str) -> Iterator[Finding]:
+    """A pod that keeps off one of a cloud's spot labels but not the others still lands on spot.
+
+    GKE: Spot VMs carry ``gke-spot``, legacy preemptible VMs ``gke-preemptible``, untainted by
+    default; excluding only the first sends the pod to the second, which is taken away as often.
+    """
+    excluded = _excluded_pairs(pod)
+    for family in SPOT_LABEL_FAMILIES:
+        missing = sorted(family - excluded)
+        if excluded & family and missing:
+            wanted = ", ".join(f"{k} NotIn [{v!r}]" for k, v in missing)
+            yield Finding(
+                field_path([*at, "template", "spec", "affinity", "nodeAffinity"]),
+                f"keeps off some spot nodes but not those labelled {wanted}; add that to the node affinity: {why}",
+            )
+
+
 def _head_on_spot(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
     """The head must not run on spot: Ray Train's controller runs on the driver's node there."""
     why = "the head must run on on-demand capacity (a preempted head kills the run)"
@@ -293,6 +368,7 @@ def _head_on_spot(group: dict[str, Any], at: list[str | int]) -> Iterator[Findin
     pod = _dict(_get(group, "template", "spec"))
     for key, value in sorted(_selected_pairs(pod) & SPOT_NODE_LABELS):
         yield Finding(field_path([*at, "template", "spec", "nodeSelector", key]), f"selects spot nodes ({value!r}), but {why}")
+    yield from _half_excluded_spot(pod, at, why)
     for i, tol in enumerate(pod.get("tolerations") or []):
         if not isinstance(tol, dict):
             continue
@@ -307,7 +383,10 @@ def _market_mismatch(group: dict[str, Any], at: list[str | int]) -> Iterator[Fin
     """A group labelled on-demand that selects spot nodes (or the reverse) makes Ray's view of
     the node's market wrong, so a tier's budgets would be charged to the wrong market."""
     market = _get(group, "labels", MARKET_LABEL)
-    pairs = _selected_pairs(_dict(_get(group, "template", "spec")))
+    pod = _dict(_get(group, "template", "spec"))
+    if market == ON_DEMAND:
+        yield from _half_excluded_spot(pod, at, "an on-demand tier must not be preempted")
+    pairs = _selected_pairs(pod)
     clash = (market == ON_DEMAND and pairs & SPOT_NODE_LABELS) or (market == SPOT and pairs & ON_DEMAND_NODE_LABELS)
     if clash:
         key, value = sorted(clash)[0]
@@ -464,11 +543,49 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
         yield Finding("max_workers", f"{cap} is less than the sum of min_workers ({total_min})")
 
 
+# --- operator version ---------------------------------------------------------------------------
+
+# Fields an older KubeRay operator's API server drops without a word (they are not in its CRD).
+KUBERAY_FIELDS_SINCE = "1.5.0"
+
+
+def parse_version(text: str, where: str = "--kuberay-version") -> tuple[int, ...]:
+    """``1.4.2`` -> (1, 4, 2); a leading ``v`` is allowed. ValueError names ``where`` and the form."""
+    parts = text.strip().lstrip("v").split(".")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        raise ValueError(f"{where}: {text!r} is not a version such as 1.5.0")
+    return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
+
+
+def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...]) -> Iterator[Finding]:
+    """Fields the stated operator would drop: group ``labels``/``resources``, ``SidecarMode``."""
+    if version >= parse_version(KUBERAY_FIELDS_SINCE):
+        return
+    stated = ".".join(map(str, version))
+    why = f"KubeRay {stated} drops this field silently (it first appears in {KUBERAY_FIELDS_SINCE}); upgrade the operator to {KUBERAY_FIELDS_SINCE} or later"
+    spec = _dict(doc.get("spec"))
+    if kind == "RayJob":
+        if spec.get("submissionMode") == "SidecarMode":
+            yield Finding("spec.submissionMode", f"SidecarMode: {why}")
+        spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
+    else:
+        at = ["spec"]
+    groups: list[tuple[list[str | int], Any]] = [([*at, "headGroupSpec"], spec.get("headGroupSpec"))]
+    listed = spec.get("workerGroupSpecs")
+    groups += [([*at, "workerGroupSpecs", i], g) for i, g in enumerate(listed if isinstance(listed, list) else [])]
+    for where, group in groups:
+        for key in ("labels", "resources"):
+            if _dict(group).get(key):
+                yield Finding(field_path([*where, key]), why)
+
+
 # --- entry points ------------------------------------------------------------------------------
 
 
-def validate_document(doc: Any) -> tuple[str, list[Finding]]:
-    """(what the document is, its findings) for one parsed YAML document."""
+def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str, list[Finding]]:
+    """(what the document is, its findings) for one parsed YAML document; with
+    ``kuberay_version``, also what that operator would drop (ValueError if it is no version)."""
+    version = parse_version(kuberay_version) if kuberay_version else None
     if not isinstance(doc, dict):
         return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
     doc = _normalize(doc)
@@ -490,14 +607,16 @@ def validate_document(doc: Any) -> tuple[str, list[Finding]]:
         findings += _job_findings(doc.get("spec"), annotations)
     else:
         findings += _cluster_findings(doc.get("spec"), ["spec"], annotations)
+    if version is not None:
+        findings += _operator_findings(doc, kind, version)
     return kind, findings
 
 
-def validate_documents(docs: Iterable[Any]) -> Report:
+def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None) -> Report:
     kinds: list[str] = []
     findings: list[Finding] = []
     for i, doc in enumerate(d for d in docs if d is not None):
-        kind, found = validate_document(doc)
+        kind, found = validate_document(doc, kuberay_version)
         kinds.append(kind)
         findings += [Finding(f.path, f.message, f.warning, i) for f in found]
     if not kinds:
@@ -505,20 +624,20 @@ def validate_documents(docs: Iterable[Any]) -> Report:
     return Report(tuple(kinds), tuple(findings))
 
 
-def validate_text(text: str) -> Report:
+def validate_text(text: str, kuberay_version: str | None = None) -> Report:
     try:
         docs = load_documents(text)
     except ValueError as e:
         return Report((), (Finding("(file)", str(e)),))
-    return validate_documents(docs)
+    return validate_documents(docs, kuberay_version)
 
 
-def validate_file(path: str | Path) -> Report:
+def validate_file(path: str | Path, kuberay_version: str | None = None) -> Report:
     try:
         text = Path(path).read_text("utf-8")
     except OSError as e:
         return Report((), (Finding("(file)", f"cannot read {path}: {e.strerror}"),))
-    return validate_text(text)
+    return validate_text(text, kuberay_version)
 
 
 def assert_valid(doc: Any) -> None:

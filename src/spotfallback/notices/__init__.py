@@ -2,11 +2,13 @@
 
 ``agent``: ``NoticeAgent`` and the AWS / GCP / Azure / Kubernetes pollers behind
 ``spotfallback notice-agent``. ``drain``: the one drain call shared with the local injector.
+``health``: each agent's health record in the run's storage, which `spotfallback status` shows.
 ``jit``: ``PreemptionWatch`` for training functions. Nothing here imports Ray at import time.
 """
 
 from spotfallback.notices.agent import LedgerRecorder, NoticeAgent, RayDrain
 from spotfallback.notices.drain import drain_for_preemption
+from spotfallback.notices.health import AgentHealth, AgentState, HealthReporter, read_agents
 from spotfallback.notices.jit import PreemptionWatch, jit_failure_config, missed_jit_checkpoints
 from spotfallback.notices.metadata import (
     AwsPoller,
@@ -21,9 +23,12 @@ from spotfallback.notices.metadata import (
 from spotfallback.notices.runlog import RunLog
 
 __all__ = [
+    "AgentHealth",
+    "AgentState",
     "AwsPoller",
     "AzurePoller",
     "GcpPoller",
+    "HealthReporter",
     "LedgerRecorder",
     "Notice",
     "NoticeAgent",
@@ -37,4 +42,5 @@ __all__ = [
     "jit_failure_config",
     "make_poller",
     "missed_jit_checkpoints",
+    "read_agents",
 ]

@@ -4,7 +4,8 @@ Why it exists: Ray Train 2.60 checkpoints just in time and counts the loss as a 
 only when the node is *drained* with reason PREEMPTION and a deadline, but on plain VM
 clusters nothing turns the cloud's warning into that drain. One agent runs per node, asks
 the instance metadata service every few seconds (``notices.metadata``), and on a notice
-drains its own Ray node with the cloud's deadline (AWS: two minutes, GCP and Azure: about 30 s).
+drains its own Ray node with the cloud's deadline (AWS: two minutes, GCP and Azure: about 30 s;
+GCP host maintenance that stops the VM: about 60 s).
 
 The rules that keep it safe: anything it cannot parse is a *problem*, logged and never
 acted on; a slow or refused connection is a problem for one poll, not a crash; each notice
@@ -25,7 +26,7 @@ from typing import Any
 from spotfallback.errors import AmbiguousRayNodeError, NoLocalRayNodeError
 from spotfallback.events import PreemptionNotice
 from spotfallback.notices.drain import drain_for_preemption, gcs_client
-from spotfallback.notices.metadata import Notice, Poller, PollResult
+from spotfallback.notices.metadata import HOST_MAINTENANCE, Notice, Poller, PollResult
 from spotfallback.notices.runlog import RunLog
 
 logger = logging.getLogger("spotfallback")
@@ -61,7 +62,8 @@ class RayDrain:
 
     def __call__(self, notice: Notice) -> None:
         node_id = self.target()
-        message = f"{notice.source} preemption notice: {notice.detail}"
+        what = "host maintenance" if notice.action == HOST_MAINTENANCE else "preemption"
+        message = f"{notice.source} {what} notice: {notice.detail}"
         drain_for_preemption(self.client(), node_id, notice.deadline_s, message)
         self.node_id = node_id
 
@@ -135,6 +137,9 @@ class LedgerRecorder:
 
 Drain = Callable[[Notice], None]
 Record = Callable[[Notice, bool, str], None]
+# After each poll: what it found, the notices it handled for the first time and those it drained
+# (the agent's health record follows it).
+Observe = Callable[[PollResult, list[Notice], list[Notice]], None]
 
 
 class NoticeAgent:
@@ -142,6 +147,7 @@ class NoticeAgent:
 
     ``drain`` and ``record`` are injected so the agent is testable without Ray; a failed drain
     is retried on the next poll (the notice is not marked handled), a failed record is logged.
+    ``observe`` sees each poll's outcome (the health record follows it); it must not raise.
     """
 
     def __init__(
@@ -150,17 +156,19 @@ class NoticeAgent:
         drain: Drain,
         *,
         record: Record | None = None,
+        observe: Observe | None = None,
         interval_s: float = 2.0,
     ) -> None:
         self.poller = poller
         self.drain = drain
         self.record = record
+        self.observe = observe
         self.interval_s = interval_s
         self.handled: dict[str, Notice] = {}
         self.drained: list[Notice] = []
         self.problems: list[str] = []
         self._drained_deadline: float | None = None  # deadline of the last drain (inf: none)
-        self._last_problem: str | None = None
+        self._said: set[str] = set()  # the last poll's problems and waits: logged once while they last
         self._poll_now = False  # a plain flag: wake() runs in signal handlers
 
     def poll_once(self) -> list[Notice]:
@@ -170,15 +178,20 @@ class NoticeAgent:
         except Exception as e:  # a bug in a poller must not stop the agent
             logger.exception("notice poller failed")
             result = PollResult(problems=[f"{type(e).__name__}: {e}"])
-        for problem in result.problems:
-            self.problems.append(problem)
-            if problem != self._last_problem:  # log a persisting problem once, not every poll
-                logger.warning("notice agent: %s", problem)
-        self._last_problem = result.problems[-1] if result.problems else None
-        handled = []
+        self.problems.extend(result.problems)
+        for line in result.problems:
+            if line not in self._said:  # a persisting problem is logged once, not every poll
+                logger.warning("notice agent: %s", line)
+        for line in result.pending:
+            if line not in self._said:
+                logger.info("notice agent: %s", line)
+        self._said = {*result.problems, *result.pending}
+        handled, drained_before = [], len(self.drained)
         for notice in result.notices:
             if notice.key not in self.handled and self._handle(notice):
                 handled.append(notice)
+        if self.observe is not None:
+            self.observe(result, handled, self.drained[drained_before:])
         return handled
 
     def _handle(self, notice: Notice) -> bool:
@@ -197,7 +210,7 @@ class NoticeAgent:
                 self._drained_deadline = deadline
                 self.drained.append(notice)
                 left = "unknown" if notice.deadline_s is None else f"{notice.deadline_s - time.time():.1f}s"
-                logger.warning("preemption notice (%s): %s; Ray node drained, deadline in %s", notice.source, notice.detail, left)
+                logger.warning("%s notice (%s): %s; Ray node drained, deadline in %s", notice.action, notice.source, notice.detail, left)
         else:
             logger.info("notice (%s) recorded, not acted on: %s", notice.source, notice.detail)
         self.handled[notice.key] = notice

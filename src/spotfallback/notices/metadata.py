@@ -8,8 +8,12 @@ What it asks (base URL configurable, so tests point it at fake servers on loopba
   earlier, softer signal, recorded, drained on only with ``act_on_rebalance``).
 - GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google``
   (``TRUE``/``FALSE``); with ``wait_for_change`` a hanging GET keyed by the last ETag.
+- GCP: also ``instance/maintenance-event``: ``TERMINATE_ON_HOST_MAINTENANCE`` about 60 s before
+  the host stops a GPU or Spot VM (``preempted`` stays ``FALSE``); ``MIGRATE_ON_HOST_MAINTENANCE``
+  is a live migration, not a notice.
 - Azure: ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``;
-  ``EventType: "Preempt"`` events naming this VM, ``NotBefore`` as the deadline.
+  ``EventType: "Preempt"`` events naming this VM, ``NotBefore`` as the deadline. The first
+  request switches the service on and can take two minutes.
 - Kubernetes: SIGTERM to the pod; the deadline is ``terminationGracePeriodSeconds`` later.
 
 Anything a poller cannot parse is a *problem*, logged and never acted on; a slow or refused
@@ -153,8 +157,12 @@ class Notice:
 
 @dataclass
 class PollResult:
+    """What one poll found: notices, problems (a failed or unreadable answer), and ``pending``:
+    a known wait that is neither (Azure Scheduled Events switching on), shown as the agent's state."""
+
     notices: list[Notice] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
+    pending: list[str] = field(default_factory=list)
 
 
 class Poller(Protocol):
@@ -262,11 +270,27 @@ class AwsPoller:
         )
 
 
+# GCE stops a VM whose onHostMaintenance is TERMINATE (every GPU VM, every Spot VM) about 60 s
+# after it sets instance/maintenance-event, while instance/preempted stays FALSE.
+GCP_MAINTENANCE_NOTICE_S = 60.0
+GCP_TERMINATE = "TERMINATE_ON_HOST_MAINTENANCE"
+HOST_MAINTENANCE = "host-maintenance"  # the notice's action: drained like a preemption, recorded as this
+GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", GCP_TERMINATE)
+
+
 class GcpPoller:
-    """GCE metadata ``instance/preempted``; ``wait_for_change`` turns polling into a hanging GET."""
+    """GCE metadata ``instance/preempted`` and ``instance/maintenance-event``.
+
+    A preemption gives ``notice_s`` (30 s); a host maintenance that terminates the VM gives
+    ``GCP_MAINTENANCE_NOTICE_S`` and is drained the same way (the workers checkpoint just in
+    time) but recorded as ``host-maintenance``; a live migration is not a notice.
+    ``wait_for_change`` turns the ``preempted`` poll into a hanging GET of at most
+    ``wait_timeout_s``, which bounds how late a maintenance event is seen.
+    """
 
     source = "gcp"
     PATH = "/computeMetadata/v1/instance/preempted"
+    MAINTENANCE_PATH = "/computeMetadata/v1/instance/maintenance-event"
 
     def __init__(
         self,
@@ -275,7 +299,8 @@ class GcpPoller:
         timeout_s: float = 2.0,
         notice_s: float = 30.0,
         wait_for_change: bool = False,
-        wait_timeout_s: int = 60,
+        wait_timeout_s: int = 15,
+        maintenance: bool = True,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.base_url = base_url.rstrip("/")
@@ -283,9 +308,11 @@ class GcpPoller:
         self.notice_s = notice_s
         self.wait_for_change = wait_for_change
         self.wait_timeout_s = wait_timeout_s
+        self.maintenance = maintenance
         self.clock = clock
         self._etag: str | None = None
         self._seen_at: float | None = None
+        self._maintenance_seen_at: float | None = None
 
     @property
     def blocking(self) -> bool:
@@ -293,18 +320,43 @@ class GcpPoller:
         return self.wait_for_change and self._etag is not None
 
     def poll(self) -> PollResult:
+        result = self._poll_maintenance() if self.maintenance else PollResult()
+        preempted = self._poll_preempted()
+        return PollResult(result.notices + preempted.notices, result.problems + preempted.problems)
+
+    def _get(self, url: str, timeout: float, what: str) -> tuple[str, Response]:
+        r = request("GET", url, {"Metadata-Flavor": "Google"}, timeout)
+        if r.status != 200:
+            raise MetadataError(f"HTTP {r.status}")
+        if r.headers.get("metadata-flavor") != "Google":
+            raise MetadataError("answer without 'Metadata-Flavor: Google': not the GCE metadata server")
+        return _text(r.body, what), r
+
+    def _poll_maintenance(self) -> PollResult:
+        try:
+            value, _ = self._get(self.base_url + self.MAINTENANCE_PATH, self.timeout_s, "maintenance-event")
+            if value not in GCP_MAINTENANCE_VALUES:
+                raise MetadataError(f"expected one of {', '.join(GCP_MAINTENANCE_VALUES)}, got {value[:40]!r}")
+        except MetadataError as e:
+            return PollResult(problems=[f"gcp maintenance-event: {e}"])
+        if value != GCP_TERMINATE:
+            self._maintenance_seen_at = None  # over, or a live migration: nothing to drain
+            return PollResult()
+        if self._maintenance_seen_at is None:
+            self._maintenance_seen_at = self.clock()
+        deadline = self._maintenance_seen_at + GCP_MAINTENANCE_NOTICE_S
+        key = f"gcp:maintenance:{self._maintenance_seen_at:.0f}"
+        detail = f"instance/maintenance-event is {GCP_TERMINATE}"
+        return PollResult([Notice("gcp", key, HOST_MAINTENANCE, deadline, detail=detail)])
+
+    def _poll_preempted(self) -> PollResult:
         url, timeout = self.base_url + self.PATH, self.timeout_s
         if self.blocking:
             query = {"wait_for_change": "true", "timeout_sec": str(int(self.wait_timeout_s)), "last_etag": self._etag}
             url += "?" + urllib.parse.urlencode(query)
             timeout += self.wait_timeout_s
         try:
-            r = request("GET", url, {"Metadata-Flavor": "Google"}, timeout)
-            if r.status != 200:
-                raise MetadataError(f"HTTP {r.status}")
-            if r.headers.get("metadata-flavor") != "Google":
-                raise MetadataError("answer without 'Metadata-Flavor: Google': not the GCE metadata server")
-            value = _text(r.body, "preempted")
+            value, r = self._get(url, timeout, "preempted")
             if value not in ("TRUE", "FALSE"):
                 raise MetadataError(f"expected TRUE or FALSE, got {value[:40]!r}")
         except MetadataError as e:
@@ -321,8 +373,21 @@ class GcpPoller:
         return PollResult([Notice("gcp", "gcp:preempted", "preempt", deadline, detail="instance/preempted is TRUE")])
 
 
+# Azure switches Scheduled Events on at a VM's first request to the endpoint: that request can
+# take up to two minutes, and events flow within five minutes of it.
+AZURE_FIRST_CALL_S = 120.0
+AZURE_EVENTS_FLOW_S = 300.0
+
+
 class AzurePoller:
-    """Azure Scheduled Events: ``Preempt`` events for this VM, ``NotBefore`` as the deadline."""
+    """Azure Scheduled Events: ``Preempt`` events for this VM, ``NotBefore`` as the deadline.
+
+    Until the endpoint has answered once, a request may take ``first_timeout_s`` instead of
+    ``timeout_s`` (the first one switches the service on), and a request that gets no answer
+    is ``pending`` ("enabling"), not a problem, for ``enabling_s``; after that it is a problem
+    again. For ``enabling_s`` after the first answer the poll stays ``pending`` too: events
+    may not flow yet, so an empty list does not yet mean "no eviction coming".
+    """
 
     source = "azure"
     PATH = "/metadata/scheduledevents?api-version=2020-07-01"
@@ -333,13 +398,24 @@ class AzurePoller:
         base_url: str = DEFAULT_BASE_URL,
         *,
         timeout_s: float = 2.0,
+        first_timeout_s: float = AZURE_FIRST_CALL_S,
+        enabling_s: float = AZURE_EVENTS_FLOW_S,
         vm_name: str | None = None,
         clock: Callable[[], float] = time.time,
     ) -> None:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
+        self.first_timeout_s = max(first_timeout_s, timeout_s)
+        self.enabling_s = enabling_s
         self.vm_name = vm_name
         self.clock = clock
+        self.first_asked_at: float | None = None
+        self.answered_at: float | None = None  # the service's first answer: it is on
+
+    @property
+    def enabling(self) -> bool:
+        """Whether Scheduled Events may still be switching on (no answer, or events not flowing yet)."""
+        return self.answered_at is None or self.clock() < self.answered_at + self.enabling_s
 
     def _fetch_vm_name(self) -> str:
         r = request("GET", self.base_url + self.NAME_PATH, {"Metadata": "true"}, self.timeout_s)
@@ -359,8 +435,18 @@ class AzurePoller:
                 self.vm_name = self._fetch_vm_name()
             except MetadataError as e:
                 result.problems.append(f"azure {e}")
+        if self.first_asked_at is None:
+            self.first_asked_at = self.clock()
+        first = self.answered_at is None
         try:
-            r = request("GET", self.base_url + self.PATH, {"Metadata": "true"}, self.timeout_s)
+            r = request("GET", self.base_url + self.PATH, {"Metadata": "true"}, self.first_timeout_s if first else self.timeout_s)
+        except MetadataError as e:  # no answer at all
+            if first and self.clock() < self.first_asked_at + self.enabling_s:
+                result.pending.append(f"enabling Scheduled Events: no answer yet, the first can take two minutes ({e})")
+            else:
+                result.problems.append(f"azure scheduledevents: {e}")
+            return result
+        try:
             if r.status != 200:
                 raise MetadataError(f"HTTP {r.status}")
             data = _json_object(r.body, "scheduledevents")
@@ -370,6 +456,10 @@ class AzurePoller:
         except MetadataError as e:
             result.problems.append(f"azure scheduledevents: {e}")
             return result
+        if first:
+            self.answered_at = self.clock()
+        if self.enabling:
+            result.pending.append("enabling Scheduled Events: answering; events can take five minutes to start flowing")
         for event in events:
             try:
                 notice = self._notice(event)

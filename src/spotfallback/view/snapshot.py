@@ -1,9 +1,9 @@
 """Where a run stands at one moment, read from storage: what `run` shows live and `status` prints.
 
-Everything comes from the run's directory (ledger, progress heartbeat, driver lease), never
-from the driver's memory, so `spotfallback status` on another machine shows what the driver
-shows. ``build_snapshot`` is pure: the caller reads storage (``read_driver``,
-``read_heartbeat``) and the clock.
+Everything comes from the run's directory (ledger, progress heartbeat, driver lease, the notice
+agents' health records), never from the driver's memory, so `spotfallback status` on another
+machine shows what the driver shows. ``build_snapshot`` is pure: the caller reads storage
+(``read_driver``, ``read_heartbeat``, the agents' records) and the clock.
 """
 
 from __future__ import annotations
@@ -73,6 +73,29 @@ class DriverInfo:
 
 
 @dataclass(frozen=True)
+class AgentInfo:
+    """A node's notice agent as status shows it, from its health record (``notices.health``).
+
+    ``stale``: not heard from for several of its intervals while it should be running (dead,
+    hung, or its node gone unannounced); ``gone_with_node``: stale after draining its node past
+    the deadline, which is how an agent ends when its node is taken as announced.
+    """
+
+    agent: str
+    host: str
+    node_id: str | None
+    cloud: str
+    state: str  # waiting-for-ray / watching / enabling / metadata-failing / drained / stopped
+    since: float
+    detail: str
+    last_seen: float
+    deadline_s: float | None
+    notices: int
+    stale: bool
+    gone_with_node: bool
+
+
+@dataclass(frozen=True)
 class Snapshot:
     """Where a run stands: tier, budget, workers, progress, checkpoint, spend."""
 
@@ -104,6 +127,8 @@ class Snapshot:
     give_up_reason: str | None = None
     driver: DriverInfo | None = None
     events: int = 0
+    agents: tuple[AgentInfo, ...] = ()  # notice agents, most recently heard from first
+    agents_not_shown: int = 0  # older records beyond those read
 
     @property
     def elapsed_s(self) -> float:
@@ -163,6 +188,8 @@ def build_snapshot(
     driver: DriverInfo | None = None,
     config: Mapping[str, Any] | None = None,
     summary: RunSummary | None = None,
+    agents: Sequence[AgentInfo] = (),
+    agents_not_shown: int = 0,
 ) -> Snapshot:
     """The snapshot of a run from its records. Pure: the caller reads storage and the clock.
 
@@ -247,6 +274,8 @@ def build_snapshot(
         give_up_reason=summary.give_up_reason,
         driver=driver,
         events=len(records),
+        agents=tuple(agents),
+        agents_not_shown=agents_not_shown,
     )
 
 

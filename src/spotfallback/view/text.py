@@ -16,7 +16,7 @@ from rich.text import Text
 
 from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
-from spotfallback.view.snapshot import Snapshot
+from spotfallback.view.snapshot import AgentInfo, Snapshot
 
 
 def money(x: float) -> str:
@@ -86,7 +86,8 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
             left = f", {duration(deadline - record.t)} before the node goes" if deadline else ""
             source = getattr(ev, "source", "") or "notice"
             drained = "; node drained" if getattr(ev, "drained", False) else ""
-            return f"{at}  [yellow]preemption notice[/] ({source}{left}) on [bold]{tier}[/]{drained}"
+            what = "host maintenance notice" if getattr(ev, "action", "") == "host-maintenance" else "preemption notice"
+            return f"{at}  [yellow]{what}[/] ({source}{left}) on [bold]{tier}[/]{drained}"
         case "jit_checkpoint":
             outcome, step = getattr(ev, "outcome", ""), getattr(ev, "step", None)
             at_step = f" of step {step}" if step is not None else ""
@@ -174,7 +175,68 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
         grid.add_row("driver", f"{snap.driver.host} pid {snap.driver.pid}, {alive}, seen {duration(snap.now - snap.driver.renewed_at)} ago")
     if snap.give_up_reason:
         grid.add_row("gave up", Text(snap.give_up_reason, style="red"))
+    if snap.agents:
+        grid.add_row("notice agents", agents_summary(snap))
     return grid
+
+
+_AGENT_STATES = {
+    "waiting-for-ray": "[yellow]waiting for the Ray node[/]",
+    "watching": "[green]watching[/]",
+    "enabling": "[yellow]enabling Scheduled Events[/]",
+    "metadata-failing": "[red]failing to reach metadata[/]",
+    "drained": "[yellow]drained its node[/]",
+    "stopped": "[dim]stopped[/]",
+}
+
+
+def agent_state(agent: AgentInfo, now: float) -> str:
+    """What the agent is doing and for how long, e.g. "waiting for the Ray node for 5m12s"."""
+    label = _AGENT_STATES.get(agent.state, agent.state)
+    if agent.state in ("stopped", "drained"):
+        text = f"{label} {duration(now - agent.since)} ago"
+    else:
+        text = f"{label} for {duration(agent.last_seen - agent.since)}"
+    if agent.state == "drained" and agent.deadline_s is not None:
+        left = agent.deadline_s - now
+        text += f", deadline in {duration(left)}" if left >= 0 else f", deadline passed {duration(-left)} ago"
+    return text
+
+
+def agent_seen(agent: AgentInfo, now: float) -> str:
+    seen = f"{duration(now - agent.last_seen)} ago"
+    if agent.gone_with_node:
+        return seen + " (gone with its node)"
+    return seen + " [bold red]STALE[/]" if agent.stale else seen
+
+
+# The summary's order: what needs a look first.
+_SUMMARY_ORDER = ("stale", "metadata-failing", "waiting-for-ray", "enabling", "drained", "gone", "watching", "stopped")
+_SUMMARY_LABELS = {**_AGENT_STATES, "stale": "[bold red]stale[/]", "gone": "[dim]gone with their nodes[/]"}
+
+
+def agents_summary(snap: Snapshot) -> str:
+    """One line: how many agents are in each state, those that need a look first."""
+    counts: dict[str, int] = {}
+    for agent in snap.agents:
+        key = "gone" if agent.gone_with_node else "stale" if agent.stale else agent.state
+        counts[key] = counts.get(key, 0) + 1
+    order = [k for k in _SUMMARY_ORDER if k in counts] + sorted(k for k in counts if k not in _SUMMARY_ORDER)
+    more = f" (and {snap.agents_not_shown} older records)" if snap.agents_not_shown else ""
+    return f"{len(snap.agents)}{more}: " + ", ".join(f"{counts[k]} {_SUMMARY_LABELS.get(k, k)}" for k in order)
+
+
+def agents_table(snap: Snapshot) -> Table:
+    """Each notice agent: its node, cloud, state, when it was last heard from, and why."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("agent", "node", "cloud", "state", "last seen", "detail"):
+        table.add_column(col, no_wrap=col != "detail")
+    for agent in snap.agents:
+        node = agent.node_id[:12] if agent.node_id else "-"
+        table.add_row(
+            Text(agent.agent), node, agent.cloud, agent_state(agent, snap.now), agent_seen(agent, snap.now), Text(agent.detail[:160])
+        )
+    return table
 
 
 def print_wide(console: Console, table: Table) -> None:
