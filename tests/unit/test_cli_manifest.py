@@ -119,7 +119,7 @@ NO_MARKET = JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: sp
 @pytest.mark.parametrize(
     ("args", "job_text", "message"),
     [
-        (["--cloud", "gce"], JOB, "error: --cloud: 'gce' is not one of: eks-karpenter, eks-managed, aks, gke"),
+        (["--cloud", "gce"], JOB, "error: --cloud: 'gce' is not one of: eks-karpenter, eks-managed, aks, aks-nap, gke"),
         (["--cloud", "gke", "--kind", "deployment"], JOB, "error: --kind: 'deployment' is not one of: rayjob, raycluster"),
         (["--cloud", "gke"], NO_MARKET, "tiers[0].market: required field is missing"),
         (["--cloud", "gke", "--image", "rayproject/ray:2.60.0 py311"], JOB, "error: --image: 'rayproject/ray:2.60.0 py311' is not a container image"),

@@ -106,6 +106,14 @@ EXPECTED = {
         },
         {"affinity": _not_in((AKS_KEY, "spot"))},
     ),
+    # Karpenter on AKS: its capacity-type label, and AKS's spot taint (the NodePools we write set it).
+    K8sCloud.AKS_NAP: (
+        {
+            "nodeSelector": {"karpenter.sh/capacity-type": "spot"},
+            "tolerations": [{"key": AKS_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}],
+        },
+        {"nodeSelector": {"karpenter.sh/capacity-type": "on-demand"}},
+    ),
     K8sCloud.GKE: (
         {
             "nodeSelector": {GKE_KEY: "true"},
@@ -333,6 +341,7 @@ GOLDEN_SETUP = {
     K8sCloud.EKS_KARPENTER: ("s3://ml-runs/spotfallback", "us-east-1b"),
     K8sCloud.EKS_MANAGED: ("s3://ml-runs/spotfallback", "us-east-1b"),
     K8sCloud.AKS: ("abfs://runs@mlaccount.dfs.core.windows.net/spotfallback", "eastus-2"),
+    K8sCloud.AKS_NAP: ("abfs://runs@mlaccount.dfs.core.windows.net/spotfallback", "westeurope-1"),
     K8sCloud.GKE: ("gs://ml-runs/spotfallback", "us-central1-b"),
 }
 

@@ -184,7 +184,7 @@ def test_sidecar_command_and_env_parse_as_the_real_agent(
     assert set(env) <= {p.envvar for p in agent_command.params}, "the agent reads no such variable"
     params = parse(agent_command, agent["command"] + agent.get("args", []), env, monkeypatch)
     # The cloud's own notice, earlier than the pod's SIGTERM (which Ray drains on by itself).
-    assert params["cloud"] == {"gke": "gcp", "aks": "azure"}.get(cloud.value, "aws")
+    assert params["cloud"] == {"gke": "gcp", "aks": "azure", "aks-nap": "azure"}.get(cloud.value, "aws")
     assert params["run"] == "s3://ml-runs/spotfallback/churn-model"
     # Found through /tmp/ray (shared with the Ray container, which starts at the same time:
     # in a pod the agent waits for it until the pod stops) and the pod's IP.

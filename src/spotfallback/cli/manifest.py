@@ -20,6 +20,7 @@ from spotfallback.deploy.clouds import K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
 from spotfallback.deploy.launcher import LauncherOptions, render_cluster_launcher
+from spotfallback.deploy.nodepools import KarpenterCloud, NodePoolOptions, render_nodepools
 from spotfallback.deploy.validate import Report, parse_version, validate_file
 from spotfallback.errors import EXIT_BAD_INPUT, EXIT_ERROR, ConfigError, ManifestInvalid
 
@@ -125,7 +126,7 @@ def _emit(text: str, out: Path | None, what: str) -> None:
 
 
 def kuberay_command(
-    cloud: Annotated[str, typer.Option(help="eks-karpenter | eks-managed | aks | gke: decides the spot/on-demand node keys.")],
+    cloud: Annotated[str, typer.Option(help="eks-karpenter | eks-managed | aks | aks-nap | gke: decides the spot/on-demand node keys.")],
     job: JobOpt,
     kind: Annotated[str, typer.Option(help="rayjob (runs the job, then cleans up) | raycluster (long-lived).")] = Kind.RAYJOB.value,
     image: ImageOpt = None,
@@ -259,6 +260,31 @@ def _print_report(path: Path, report: Report) -> None:
         typer.echo(f"{prefix}{where}: {finding}", err=True)
 
 
+def nodepools_command(
+    cloud: Annotated[str, typer.Option(help="eks-karpenter | aks-nap (AKS node auto-provisioning, Karpenter on AKS).")],
+    job: JobOpt,
+    node_class: Annotated[
+        str, typer.Option(help="The EC2NodeClass (EKS) or AKSNodeClass (AKS) the pools reference; yours to manage.")
+    ] = "default",
+    name: NameOpt = None,
+    out: OutOpt = None,
+) -> None:
+    """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors."""
+    karpenter = _choice("--cloud", cloud, KarpenterCloud)
+    problem = object_name_error(node_class)
+    if problem:
+        _fail(f"--node-class: {problem}")
+    _check_options(None, name)
+    config, run_name = _load(job, name, False)
+    try:
+        text = render_nodepools(config, NodePoolOptions(cloud=karpenter, node_class=node_class, run_name=run_name))
+    except ConfigError as e:
+        _config_error(e, job)
+    except ManifestInvalid as e:
+        _fail(f"internal error, the generated NodePools do not validate: {e}", e.exit_code)
+    _emit(text, out, f"{text.count('kind: NodePool')} NodePools")
+
+
 def validate_command(
     file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="RayJob/RayCluster YAML or ray up config.")],
     kuberay_version: Annotated[
@@ -287,10 +313,11 @@ def register(app: typer.Typer) -> None:
     """Add the `manifest` command group to ``app``."""
     manifest = typer.Typer(
         name="manifest",
-        help="Deployment files (KubeRay, ray up) for a job's tier ladder, validated offline.",
+        help="Deployment files (KubeRay, Karpenter NodePools, ray up) for a job's tier ladder, validated offline.",
         no_args_is_help=True,
     )
     manifest.command("kuberay")(kuberay_command)
     manifest.command("cluster-launcher")(launcher_command)
+    manifest.command("nodepools")(nodepools_command)
     manifest.command("validate")(validate_command)
     app.add_typer(manifest, name="manifest")

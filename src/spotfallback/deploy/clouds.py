@@ -3,6 +3,9 @@ instance settings. One table per target, so a reviewer can check the keys in one
 
 Kubernetes (node labels set by the cloud or its autoscaler):
 - EKS + Karpenter: ``karpenter.sh/capacity-type: spot | on-demand | reserved``
+- AKS node auto-provisioning (Karpenter on AKS): ``karpenter.sh/capacity-type: spot | on-demand``;
+  its spot nodes also carry AKS's ``kubernetes.azure.com/scalesetpriority: spot``, and the
+  NodePools ``manifest nodepools`` writes taint them as AKS spot pools are tainted.
 - EKS managed node groups: ``eks.amazonaws.com/capacityType: SPOT | ON_DEMAND``
 - AKS: spot pools carry the label *and* the taint ``kubernetes.azure.com/scalesetpriority=spot:NoSchedule``;
   regular pools carry neither, so on-demand means "not spot".
@@ -28,6 +31,7 @@ class K8sCloud(StrEnum):
     EKS_KARPENTER = "eks-karpenter"
     EKS_MANAGED = "eks-managed"
     AKS = "aks"
+    AKS_NAP = "aks-nap"
     GKE = "gke"
 
 
@@ -47,6 +51,7 @@ _SELECTOR_VALUES: dict[K8sCloud, tuple[str, dict[str, str]]] = {
     K8sCloud.EKS_KARPENTER: (KARPENTER_KEY, {SPOT: "spot", ON_DEMAND: "on-demand", "reserved": "reserved"}),
     K8sCloud.EKS_MANAGED: (EKS_MANAGED_KEY, {SPOT: "SPOT", ON_DEMAND: "ON_DEMAND"}),
     K8sCloud.AKS: (AKS_KEY, {SPOT: "spot"}),
+    K8sCloud.AKS_NAP: (KARPENTER_KEY, {SPOT: "spot", ON_DEMAND: "on-demand"}),
     K8sCloud.GKE: (GKE_KEY, {SPOT: "true"}),
 }
 # Every (label, value) that marks a node this cloud can take away, where the cloud labels spot
@@ -61,8 +66,10 @@ SPOT_LABEL_FAMILIES: tuple[frozenset[tuple[str, str]], ...] = tuple(
     frozenset(pairs) for pairs in NOT_ON_DEMAND.values() if len(pairs) > 1
 )
 # Clouds whose spot nodes are tainted: spot pods tolerate it, everything else stays off.
+AKS_SPOT_TAINT = {"key": AKS_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"}
 _SPOT_TAINTS: dict[K8sCloud, dict[str, str]] = {
-    K8sCloud.AKS: {"key": AKS_KEY, "operator": "Equal", "value": "spot", "effect": "NoSchedule"},
+    K8sCloud.AKS: AKS_SPOT_TAINT,
+    K8sCloud.AKS_NAP: AKS_SPOT_TAINT,
     K8sCloud.GKE: {"key": GKE_KEY, "operator": "Equal", "value": "true", "effect": "NoSchedule"},
 }
 
@@ -97,6 +104,7 @@ SPOT_GRACE_S: dict[K8sCloud, int] = {
     K8sCloud.EKS_KARPENTER: 90,
     K8sCloud.EKS_MANAGED: 90,
     K8sCloud.AKS: 25,
+    K8sCloud.AKS_NAP: 25,
     K8sCloud.GKE: 15,
 }
 # Ray stops its processes after the drain window: this much of the grace is left for that.
@@ -120,6 +128,7 @@ AGENT_CLOUD: dict[K8sCloud, str] = {
     K8sCloud.EKS_KARPENTER: "aws",
     K8sCloud.EKS_MANAGED: "aws",
     K8sCloud.AKS: "azure",
+    K8sCloud.AKS_NAP: "azure",
     K8sCloud.GKE: "gcp",
 }
 

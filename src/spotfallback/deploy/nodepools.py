@@ -1,0 +1,240 @@
+"""Karpenter NodePools for a tier ladder: the capacity the KubeRay file's worker groups ask for.
+
+On EKS with Karpenter (``eks-karpenter``) and on AKS node auto-provisioning, which is Karpenter
+on AKS (``aks-nap``), nodes exist only when a NodePool allows them. A NodePool that does not
+allow ``spot`` leaves the spot tier's pods pending until the tier's capacity timeout: the
+ladder falls to on-demand without ever trying spot. So the pools are written from the same job
+file as the manifest, one per market the ladder uses, each requiring exactly the node labels
+that market's pods select (``clouds.pod_placement``), and validated offline against the
+vendored ``karpenter.sh_nodepools`` CRD schema plus the rules a schema cannot say.
+
+What a training gang needs from Karpenter's disruption:
+- ``consolidationPolicy: WhenEmpty``: a node is consolidated only once no pod runs on it; the
+  default, ``WhenEmptyOrUnderutilized``, would move a running worker to pack nodes tighter,
+  which restarts the whole gang from its last checkpoint;
+- a budget of zero nodes for ``Drifted``: a changed node class does not replace running nodes
+  (they are replaced when the run lets them go empty);
+- ``expireAfter: Never``: Karpenter's default expiry (720 h) would take a node out of a run
+  that lasts longer; spot nodes are taken back by the cloud anyway.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass
+from enum import StrEnum
+from functools import cache
+from importlib import resources
+from typing import Any
+
+import yaml
+from jsonschema import ValidationError
+
+from spotfallback.config import ON_DEMAND, SPOT, JobConfig, Tier
+from spotfallback.deploy.clouds import AKS_SPOT_TAINT, KARPENTER_KEY, K8sCloud
+from spotfallback.deploy.common import (
+    ZONE_LABEL,
+    k8s_name,
+    tier_labels,
+    to_yaml,
+    with_run_name,
+    worker_shape,
+)
+from spotfallback.deploy.schema import KubernetesValidator, extract_crd_schema, make_strict
+from spotfallback.errors import ConfigError, ManifestInvalid
+
+API_VERSION = "karpenter.sh/v1"
+ZONE_KEY = "topology.kubernetes.io/zone"
+
+
+class KarpenterCloud(StrEnum):
+    EKS_KARPENTER = K8sCloud.EKS_KARPENTER.value
+    AKS_NAP = K8sCloud.AKS_NAP.value
+
+
+@dataclass(frozen=True)
+class _Provider:
+    """What differs between the two Karpenter providers."""
+
+    data_dir: str
+    node_class_group: str
+    node_class_kind: str
+    gpu_count_key: str  # a node label each provider sets: how many GPUs the instance type has
+    spot_taints: tuple[dict[str, str], ...]
+
+
+PROVIDERS: dict[KarpenterCloud, _Provider] = {
+    KarpenterCloud.EKS_KARPENTER: _Provider(
+        "aws", "karpenter.k8s.aws", "EC2NodeClass", "karpenter.k8s.aws/instance-gpu-count", ()
+    ),
+    # AKS spot pools are tainted; NAP's spot NodePool taints its nodes the same way, so the
+    # KubeRay file's spot toleration (clouds.pod_placement) means the same on both.
+    KarpenterCloud.AKS_NAP: _Provider(
+        "azure",
+        "karpenter.azure.com",
+        "AKSNodeClass",
+        "karpenter.azure.com/sku-gpu-count",
+        ({k: v for k, v in AKS_SPOT_TAINT.items() if k != "operator"},),
+    ),
+}
+# Karpenter's capacity types for the ladder's markets.
+CAPACITY_TYPES = {SPOT: "spot", ON_DEMAND: "on-demand", "reserved": "reserved"}
+CONSOLIDATE_AFTER = "5m"  # an idle node outlives the Ray autoscaler's idle timeout (60 s) by far
+
+
+@dataclass(frozen=True)
+class NodePoolOptions:
+    """What the NodePools need beyond the job file: the cloud and the node class to reference
+    (an ``EC2NodeClass`` on EKS, an ``AKSNodeClass`` on AKS, which you manage)."""
+
+    cloud: KarpenterCloud
+    node_class: str = "default"
+    run_name: str | None = None
+
+
+def _market(tier: Tier, index: int) -> str:
+    if tier.market not in CAPACITY_TYPES:
+        raise ConfigError(
+            f"tiers[{index}].market: {tier.market!r} has no Karpenter capacity type; use one of {', '.join(CAPACITY_TYPES)}"
+        )
+    return tier.market
+
+
+def _requirements(tiers: list[tuple[int, Tier]], market: str, provider: _Provider) -> list[dict[str, Any]]:
+    reqs: list[dict[str, Any]] = [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[market]]}]
+    # The zone a tier's worker group pins (tier_labels: exact label values only).
+    zones = [tier_labels(t, i).get(ZONE_LABEL) for i, t in tiers]
+    if all(zones):  # every tier of this market is pinned: keep the pool to those zones
+        reqs.append({"key": ZONE_KEY, "operator": "In", "values": sorted({z for z in zones if z})})
+    if all(worker_shape(t, i)[1] > 0 for i, t in tiers):
+        reqs.append({"key": provider.gpu_count_key, "operator": "Gt", "values": ["0"]})
+    return reqs
+
+
+def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]:
+    """One NodePool per market the ladder uses, in ladder order, ready for YAML."""
+    provider = PROVIDERS[opts.cloud]
+    job = with_run_name(job, opts.run_name)
+    name = job.name
+    by_market: dict[str, list[tuple[int, Tier]]] = {}
+    for i, tier in enumerate(job.tiers):
+        by_market.setdefault(_market(tier, i), []).append((i, tier))
+    pools = []
+    for market, tiers in by_market.items():
+        node_spec: dict[str, Any] = {
+            "nodeClassRef": {"group": provider.node_class_group, "kind": provider.node_class_kind, "name": opts.node_class},
+            "requirements": _requirements(tiers, market, provider),
+            "expireAfter": "Never",
+        }
+        if market == SPOT and provider.spot_taints:
+            node_spec["taints"] = [dict(t) for t in provider.spot_taints]
+        pools.append(
+            {
+                "apiVersion": API_VERSION,
+                "kind": "NodePool",
+                "metadata": {
+                    "name": k8s_name(f"{name}-{CAPACITY_TYPES[market]}", 63),
+                    "labels": {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(name, 63)},
+                },
+                "spec": {
+                    "template": {"spec": node_spec},
+                    "disruption": {
+                        "consolidationPolicy": "WhenEmpty",
+                        "consolidateAfter": CONSOLIDATE_AFTER,
+                        "budgets": [{"nodes": "0", "reasons": ["Drifted"]}],
+                    },
+                    "limits": _limits(tiers),
+                },
+            }
+        )
+    return pools
+
+
+def _limits(tiers: list[tuple[int, Tier]]) -> dict[str, str]:
+    """Room for every worker of the market's tiers at once, twice over (Karpenter counts node
+    capacity, not requests, and may pick larger instances): a cap on a runaway, not a fit."""
+    cpu = sum(t.num_workers * max(1, math.ceil(worker_shape(t, i)[0])) for i, t in tiers)
+    gpu = sum(t.num_workers * math.ceil(worker_shape(t, i)[1]) for i, t in tiers)
+    limits = {"cpu": str(2 * cpu)}
+    if gpu:
+        limits["nvidia.com/gpu"] = str(2 * gpu)
+    return limits
+
+
+# --- validation -------------------------------------------------------------------------------
+
+
+@cache
+def _validator(cloud: KarpenterCloud) -> Any:
+    text = resources.files("spotfallback").joinpath("data", "karpenter", PROVIDERS[cloud].data_dir, "karpenter.sh_nodepools.yaml").read_text("utf-8")
+    return KubernetesValidator(make_strict(extract_crd_schema(yaml.safe_load(text))))
+
+
+def _path(error: ValidationError) -> str:
+    parts = [f"[{p}]" if isinstance(p, int) else f".{p}" for p in error.absolute_path]
+    return "".join(parts).lstrip(".") or "(top level)"
+
+
+def _capacity_types(pool: dict[str, Any]) -> set[str] | None:
+    """The capacity types a pool allows (None: unrestricted)."""
+    allowed: set[str] | None = None
+    for req in pool.get("spec", {}).get("template", {}).get("spec", {}).get("requirements", []) or []:
+        if isinstance(req, dict) and req.get("key") == KARPENTER_KEY:
+            values = set(req.get("values") or [])
+            if req.get("operator") == "In":
+                allowed = values if allowed is None else allowed & values
+            elif req.get("operator") == "NotIn":
+                allowed = (allowed if allowed is not None else set(CAPACITY_TYPES.values())) - values
+    return allowed
+
+
+def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) -> Iterator[str]:
+    """Errors, each naming the document and field: the CRD schema, then whether every tier's
+    market has a pool that allows it (a spot tier with no pool allowing spot waits until its
+    capacity timeout) and whether AKS spot pools taint their nodes as the pods expect."""
+    validator = _validator(cloud)
+    allowed: set[str] = set()
+    for i, doc in enumerate(docs):
+        where = f"NodePool[{i}]"
+        if not isinstance(doc, dict) or doc.get("kind") != "NodePool":
+            yield f"{where}: not a NodePool"
+            continue
+        for error in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
+            yield f"{where}.{_path(error)}: {error.message}"
+        types = _capacity_types(doc)
+        allowed |= types if types is not None else set(CAPACITY_TYPES.values())
+        taints = doc.get("spec", {}).get("template", {}).get("spec", {}).get("taints") or []
+        if cloud is KarpenterCloud.AKS_NAP and types == {"spot"} and not any(
+            isinstance(t, dict) and t.get("key") == AKS_SPOT_TAINT["key"] for t in taints
+        ):
+            yield (
+                f"{where}.spec.template.spec.taints: a spot pool on AKS must taint its nodes "
+                f"{AKS_SPOT_TAINT['key']}=spot:NoSchedule, or on-demand pods land on spot nodes"
+            )
+    for i, tier in enumerate(job.tiers):
+        wanted = CAPACITY_TYPES.get(tier.market)
+        if wanted and wanted not in allowed:
+            yield (
+                f"tiers[{i}] ({tier.name!r}, {tier.market}): no NodePool allows {KARPENTER_KEY} {wanted!r}; its pods "
+                f"would stay pending until the tier's capacity timeout. Add {wanted!r} to a pool's requirements"
+            )
+
+
+def render_nodepools(job: JobConfig, opts: NodePoolOptions) -> str:
+    """The NodePools as commented multi-document YAML, validated first."""
+    pools = nodepools_for(job, opts)
+    problems = list(nodepool_findings(pools, job, opts.cloud))
+    if problems:
+        raise ManifestInvalid(problems)
+    provider = PROVIDERS[opts.cloud]
+    header = [
+        f"Generated by `spotfallback manifest nodepools --cloud {opts.cloud.value}`; do not edit by hand.",
+        f"Karpenter NodePools for run {opts.run_name or job.name!r}: one per market of its ladder, referencing the "
+        f"{provider.node_class_kind} {opts.node_class!r} (yours to manage).",
+        "Disruption: nodes go only when empty (a running training gang is never consolidated), drifted nodes are "
+        "not replaced under a run, and nodes do not expire.",
+    ]
+    if opts.cloud is KarpenterCloud.EKS_KARPENTER:
+        header.append("Karpenter drains spot nodes on AWS's 2-minute notice only with its interruption queue configured.")
+    return "---\n".join(to_yaml(p, header if i == 0 else []) for i, p in enumerate(pools))

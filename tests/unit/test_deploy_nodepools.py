@@ -1,0 +1,147 @@
+"""Karpenter NodePools (`spotfallback manifest nodepools`): the vendored CRD schemas, what the
+pools allow against what the KubeRay file's pods select and tolerate, and the disruption a
+training gang needs."""
+
+from __future__ import annotations
+
+import copy
+import hashlib
+import re
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+import yaml
+from typer.testing import CliRunner
+
+from spotfallback.config import JobConfig
+from spotfallback.deploy import K8sCloud, KubeRayOptions, kuberay_manifest
+from spotfallback.deploy.nodepools import (
+    KarpenterCloud,
+    NodePoolOptions,
+    nodepool_findings,
+    nodepools_for,
+    render_nodepools,
+)
+
+DATA = Path(__file__).resolve().parents[2] / "src" / "spotfallback" / "data" / "karpenter"
+SPOT = {"name": "spot", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4}}
+SPOT_B = {"name": "spot-b", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4},
+          "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "zone-b"}}
+ON_DEMAND = {"name": "on-demand", "market": "on-demand", "num_workers": 2, "resources_per_worker": {"CPU": 4}}
+
+
+def make_job(*tiers: dict[str, Any]) -> JobConfig:
+    return JobConfig.model_validate({"name": "churn-model", "storage_path": "s3://ml-runs/sf", "entrypoint": "churn.train:f", "tiers": list(tiers)})
+
+
+def test_vendored_crds_are_the_upstream_files_named_in_the_readme() -> None:
+    readme = (DATA / "README.md").read_text()
+    rows = re.findall(r"\| `([\w/.]+\.yaml)` \|.*\| ([0-9a-f]{64}) \|", readme)
+    assert len(rows) == 4
+    for name, digest in rows:
+        assert hashlib.sha256((DATA / name).read_bytes()).hexdigest() == digest, name
+
+
+@pytest.mark.parametrize("cloud", list(KarpenterCloud))
+def test_pools_validate_and_allow_each_market_the_pods_select(cloud: KarpenterCloud) -> None:
+    job = make_job(SPOT, SPOT_B, ON_DEMAND)
+    pools = nodepools_for(job, NodePoolOptions(cloud=cloud))
+    assert list(nodepool_findings(pools, job, cloud)) == []
+    assert [p["metadata"]["name"] for p in pools] == ["churn-model-spot", "churn-model-on-demand"]
+    # Each market's pods (the KubeRay file for the same cloud) select what its pool allows and
+    # tolerate every taint it sets.
+    manifest = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud(cloud.value)))
+    groups = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    by_market = {p["spec"]["template"]["spec"]["requirements"][0]["values"][0]: p for p in pools}
+    for group, market in zip(groups, ["spot", "spot", "on-demand"], strict=True):
+        pod, pool = group["template"]["spec"], by_market[market]["spec"]["template"]["spec"]
+        assert pod["nodeSelector"]["karpenter.sh/capacity-type"] == market
+        tolerated = {(t["key"], t.get("value"), t["effect"]) for t in pod.get("tolerations", [])}
+        assert {(t["key"], t.get("value"), t["effect"]) for t in pool.get("taints", [])} <= tolerated
+    spot_taints = by_market["spot"]["spec"]["template"]["spec"].get("taints", [])
+    expected = [{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}]
+    assert spot_taints == (expected if cloud is KarpenterCloud.AKS_NAP else [])
+
+
+def test_disruption_never_takes_a_running_gang() -> None:
+    (spot, _) = nodepools_for(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    assert spot["spec"]["disruption"] == {
+        "consolidationPolicy": "WhenEmpty",
+        "consolidateAfter": "5m",
+        "budgets": [{"nodes": "0", "reasons": ["Drifted"]}],
+    }
+    assert spot["spec"]["template"]["spec"]["expireAfter"] == "Never"
+    assert spot["spec"]["template"]["spec"]["nodeClassRef"] == {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"}
+
+
+def test_zones_and_gpus_of_the_tiers_become_requirements() -> None:
+    gpu = {"resources_per_worker": {"CPU": 8, "GPU": 1}}
+    pinned = {**SPOT, **gpu, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "zone-a"}}
+    job = make_job(pinned, {**SPOT_B, **gpu}, {**ON_DEMAND, **gpu})
+    spot, on_demand = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.AKS_NAP, node_class="gpu"))
+    reqs = spot["spec"]["template"]["spec"]["requirements"]
+    assert {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a", "zone-b"]} in reqs
+    assert {"key": "karpenter.azure.com/sku-gpu-count", "operator": "Gt", "values": ["0"]} in reqs
+    # The on-demand tier is not pinned to a zone: its pool is not either.
+    assert all(r["key"] != "topology.kubernetes.io/zone" for r in on_demand["spec"]["template"]["spec"]["requirements"])
+    assert spot["spec"]["limits"] == {"cpu": "64", "nvidia.com/gpu": "8"}
+    assert spot["spec"]["template"]["spec"]["nodeClassRef"]["kind"] == "AKSNodeClass"
+
+
+def test_a_pool_set_that_does_not_allow_spot_is_refused_naming_the_tier() -> None:
+    job = make_job(SPOT, ON_DEMAND)
+    pools = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    spot = pools[0]["spec"]["template"]["spec"]["requirements"][0]
+    spot["values"] = ["on-demand"]
+    assert list(nodepool_findings(pools, job, KarpenterCloud.EKS_KARPENTER)) == [
+        "tiers[0] ('spot', spot): no NodePool allows karpenter.sh/capacity-type 'spot'; its pods would stay pending "
+        "until the tier's capacity timeout. Add 'spot' to a pool's requirements"
+    ]
+    spot["operator"], spot["values"] = "NotIn", ["reserved"]  # NotIn leaves spot allowed
+    assert list(nodepool_findings(pools, job, KarpenterCloud.EKS_KARPENTER)) == []
+
+
+def test_an_aks_spot_pool_without_the_spot_taint_is_refused() -> None:
+    job = make_job(SPOT, ON_DEMAND)
+    pools = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.AKS_NAP))
+    del pools[0]["spec"]["template"]["spec"]["taints"]
+    (finding,) = nodepool_findings(pools, job, KarpenterCloud.AKS_NAP)
+    assert finding.startswith("NodePool[0].spec.template.spec.taints: a spot pool on AKS must taint its nodes")
+
+
+@pytest.mark.parametrize(
+    ("mutate", "path"),
+    [
+        (lambda p: p["spec"]["disruption"].update(consolidationPolicy="Sometimes"), "NodePool[0].spec.disruption.consolidationPolicy"),
+        (lambda p: p["spec"]["disruption"].update(consolidatAfter="5m"), "NodePool[0].spec.disruption"),
+        (lambda p: p["spec"]["template"]["spec"].pop("nodeClassRef"), "NodePool[0].spec.template.spec"),
+        (lambda p: p["spec"]["template"]["spec"].update(expireAfter="forever"), "NodePool[0].spec.template.spec.expireAfter"),
+    ],
+)
+def test_the_crd_schema_catches_what_the_api_server_would_reject_or_drop(mutate: Any, path: str) -> None:
+    job = make_job(SPOT, ON_DEMAND)
+    pools = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    broken = copy.deepcopy(pools)
+    mutate(broken[0])
+    findings = list(nodepool_findings(broken, job, KarpenterCloud.EKS_KARPENTER))
+    assert findings and all(f.startswith(path) for f in findings), findings
+
+
+def test_cli_writes_the_pools_and_refuses_other_clouds(tmp_path: Path) -> None:
+    from spotfallback.cli import manifest as cli_manifest
+
+    app = typer.Typer()
+    app.command("noop")(lambda: None)
+    cli_manifest.register(app)
+    job = tmp_path / "job.yaml"
+    job.write_text(yaml.safe_dump(make_job(SPOT, ON_DEMAND).model_dump(mode="json", exclude_unset=True)))
+    out = tmp_path / "pools.yaml"
+    ok = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "aks-nap", "--job", str(job), "--out", str(out)])
+    assert ok.exit_code == 0, ok.stderr
+    docs = list(yaml.safe_load_all(out.read_text()))
+    assert [d["kind"] for d in docs] == ["NodePool", "NodePool"]
+    assert out.read_text() == render_nodepools(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.AKS_NAP))
+    bad = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "gke", "--job", str(job)])
+    assert bad.exit_code == 2 and bad.stderr == "error: --cloud: 'gke' is not one of: eks-karpenter, aks-nap\n"
