@@ -236,6 +236,7 @@ class KillLoop:
         self.location = location
         self.done: list[str] = []  # "moment (what was verified at the kill)"
         self.held_keys: list[str] = []  # checkpoint objects whose upload a kill cut short
+        self.closed_at = 0  # MID_STEP: the last step logged when the gate closed before the kill
 
     def steps(self) -> list[int]:
         if not self.step_log.exists():
@@ -290,13 +291,18 @@ class KillLoop:
             assert "checkpoint_committed" not in kinds(0) and snapshot_names(self.location) == [], "a checkpoint exists"
             return f"step {new(n_steps)[-1]}, no checkpoint in the ledger or Ray's snapshot"
         if moment == MID_STEP:
-            goal = self.rng.randint(1, 3)  # steps past the checkpoint resumed from: never a checkpoint step
+            goal = self.rng.randint(1, 2)  # steps past the checkpoint resumed from: never a checkpoint step
             wait_until(lambda: len(new(n_steps)) >= goal, 240, proc)
-            time.sleep(self.rng.uniform(0, RUN_CONFIG["step_delay_s"]))
+            # Close the gate: the step in flight may finish, none starts after it. Ray reaps a
+            # killed driver's workers seconds later under load; without the gate they step on.
+            self.gate.unlink()
+            self.closed_at = new(n_steps)[-1]
+            every = RUN_CONFIG["checkpoint_every"]
+            assert self.closed_at % every and (self.closed_at + 1) % every, f"step {self.closed_at + 1} is next to a checkpoint"
+            time.sleep(self.rng.uniform(0, RUN_CONFIG["step_delay_s"] / 2))
             last = new(n_steps)[-1]
-            assert last % RUN_CONFIG["checkpoint_every"] != 0, f"step {last} is a checkpoint step"
             assert kinds(n_records).count("workers_acquired") == 1 and not set(kinds(n_records)) & FAILURES
-            return f"inside step {last + 1}"
+            return f"inside step {last + 1}" if last == self.closed_at else f"step {last} done, step {last + 1} held"
         if moment == CKPT_WRITE:
             wait_until(lambda: bool(self.proxy.uploads_held()), 240, proc)
             time.sleep(self.rng.uniform(0, 1.0))
@@ -357,6 +363,7 @@ class KillLoop:
             assert "workers_acquired" not in self._after_switch(n_records)
         if moment == MID_STEP:
             last = self.steps()[-1]
+            assert last <= self.closed_at + 1, f"steps {self.closed_at + 1}..{last} ran past the closed gate"
             assert last % RUN_CONFIG["checkpoint_every"] != 0, f"step {last}, a checkpoint step, completed"
         return ""
 
