@@ -24,10 +24,8 @@ from __future__ import annotations
 
 import contextlib
 import json
-import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import tempfile
@@ -49,6 +47,7 @@ from tests.support.helpers_e2e import (  # noqa: E402
     unique_name,
     wait_for,
 )
+from tests.support.ray_procs import clean_env, head_args, ray_start, wait_file, worker_args  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -97,75 +96,13 @@ def eviction(steps: list[dict[str, Any]], kill_t: float, index: int = 0) -> Evic
 # ----------------------------------------------------------------------------- the sidecar's contract
 
 
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def agent_env(**extra: str) -> dict[str, str]:
     """This process's environment minus any Ray address, plus the sidecar's variables."""
-    env = {k: v for k, v in os.environ.items() if k not in ("RAY_ADDRESS", "SPOTFALLBACK_NODE_ID")}
-    return {**env, **extra}
+    return clean_env(**extra)
 
 
 def agent_cmd(*args: str) -> list[str]:
     return [sys.executable, "-m", "spotfallback.cli", "notice-agent", *args]
-
-
-@contextlib.contextmanager
-def ray_start(*args: str, log: Path, env: dict[str, str] | None = None) -> Iterator[subprocess.Popen[bytes]]:
-    """``ray start --block ...``; stopped (SIGINT: Ray's own cleanup, then SIGKILL) by pid.
-
-    Token authentication off: ``ray start --head`` turns it on by itself when a token file
-    exists in ~/.ray (any earlier ``ray.init()`` may have made one), a worker's does not.
-    """
-    import psutil
-
-    with open(log, "wb") as out:
-        proc = subprocess.Popen(
-            [str(Path(sys.executable).parent / "ray"), "start", "--block", "--disable-usage-stats", *args],
-            stdout=out,
-            stderr=subprocess.STDOUT,
-            env=agent_env(RAY_AUTH_MODE="disabled", **(env or {})),
-        )
-    try:
-        yield proc
-    finally:
-        family: list[Any] = []
-        with contextlib.suppress(psutil.Error):
-            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(10)
-        _, alive = psutil.wait_procs(family, timeout=10)
-        for p in alive:
-            with contextlib.suppress(psutil.Error):
-                p.kill()
-
-
-def head_args(temp: str) -> list[str]:
-    """``ray start`` arguments for a head with no CPUs on free ports; ``temp``: its own temp dir."""
-    return ["--head", f"--port={free_port()}", "--num-cpus=0", "--include-dashboard=false",
-            f"--ray-client-server-port={free_port()}", f"--dashboard-agent-listen-port={free_port()}",
-            f"--temp-dir={temp}/ray"]
-
-
-def worker_args(gcs: str, temp: str) -> list[str]:
-    """A one-CPU worker joining ``gcs``, with its own temp dir (a pod's /tmp/ray)."""
-    return [f"--address={gcs}", "--num-cpus=1", f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp}/ray"]
-
-
-def wait_file(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> str:
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
-        assert proc.poll() is None, f"ray start exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {path} after {timeout_s}s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
-    return path.read_text().strip()
 
 
 def assert_drained(client: Any, node_id: str, deadline_s: int, notice_time: str) -> None:
@@ -491,61 +428,3 @@ def test_notice_shorter_than_the_write_falls_back_to_the_previous_checkpoint(clu
     assert (notice.event.source, notice.event.drained, notice.event.node_id) == ("injector", True, node.node_id)
     drained_at = injector.actions("drain")[-1].wall_time
     assert notice.event.deadline_s == pytest.approx(drained_at + 6.0, abs=1.0) and notice.t < jit[0].t
-
-
-HOLDER = """
-import sys, time, ray
-ray.init(address=sys.argv[1], log_to_driver=False)
-
-@ray.remote(num_cpus=1)
-class Holder:
-    def ready(self):
-        return ray.get_runtime_context().get_node_id()
-
-h = Holder.remote()
-print(ray.get(h.ready.remote()), flush=True)
-time.sleep(600)
-"""
-
-
-def test_ray_start_drains_its_node_on_sigterm_for_the_configured_window(tmp_path):
-    """What a stock KubeRay pod gets with no agent: `ray start --block` (Ray 2.60) drains its node
-    on SIGTERM, reason PREEMPTION, deadline RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S ahead, and
-    keeps the node up for that window (busy workers: Ray Train's cue to checkpoint just in time)."""
-    from ray._raylet import GcsClient
-    from ray.core.generated import gcs_pb2
-
-    window_s = 12
-    head_tmp, pod_tmp = tempfile.mkdtemp(prefix="sfh-"), tempfile.mkdtemp(prefix="sfp-")
-    with ray_start(*head_args(head_tmp), log=tmp_path / "head.log") as head:
-        gcs = wait_file(Path(head_tmp, "ray", "ray_current_cluster"), head, tmp_path / "head.log")
-        drain_env = {"RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S": str(window_s)}
-        with ray_start(*worker_args(gcs, pod_tmp), log=tmp_path / "worker.log", env=drain_env) as worker:
-            wait_file(Path(pod_tmp, "ray", "ray_current_cluster"), worker, tmp_path / "worker.log")
-            # A driver whose actor holds the worker's CPU: a busy node stays draining until its deadline.
-            holder = subprocess.Popen([sys.executable, "-c", HOLDER, gcs], env=agent_env(RAY_AUTH_MODE="disabled"),
-                                      stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
-            try:
-                assert holder.stdout is not None
-                worker_id = holder.stdout.readline().strip()
-                assert len(worker_id) == 56, worker_id
-                client = GcsClient(address=gcs)
-                sigterm_at = time.time()
-                worker.send_signal(signal.SIGTERM)  # what the kubelet sends the Ray container
-                draining: dict[str, int] = {}
-                while worker_id not in draining and time.time() < sigterm_at + 10:
-                    draining = {k.hex() if isinstance(k, bytes) else k: v for k, v in client.get_draining_nodes().items()}
-                    time.sleep(0.1)
-                assert worker_id in draining, "Ray did not drain its node on SIGTERM"
-                assert abs(draining[worker_id] / 1000 - (sigterm_at + window_s)) < 3  # the window, as the deadline
-                time.sleep(window_s / 2)
-                assert worker.poll() is None  # the node stays up for the window: the workers' last checkpoint
-                worker.wait(window_s + 20)
-                info = {nid.hex(): i for nid, i in client.get_all_node_info(timeout=10).items()}[worker_id]
-                reasons = gcs_pb2.GcsNodeInfo.DESCRIPTOR.fields_by_name["death_info"].message_type.enum_types_by_name["Reason"]
-                assert reasons.values_by_number[info.death_info.reason].name == "AUTOSCALER_DRAIN_PREEMPTED"
-                assert "SIGTERM" in info.death_info.reason_message
-                assert time.time() - sigterm_at >= window_s - 1
-            finally:
-                holder.kill()
-                holder.wait(10)

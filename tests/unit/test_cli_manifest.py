@@ -48,7 +48,7 @@ def run(app: typer.Typer, *args: str | Path):
     return CliRunner().invoke(app, ["manifest", *map(str, args)])
 
 
-@pytest.mark.parametrize("cloud", ["eks-karpenter", "eks-managed", "aks", "gke"])
+@pytest.mark.parametrize("cloud", ["eks-karpenter", "eks-managed", "aks", "aks-nap", "gke"])
 @pytest.mark.parametrize("kind", ["rayjob", "raycluster"])
 def test_kuberay_writes_a_valid_file(app: typer.Typer, job_file: Path, tmp_path: Path, cloud: str, kind: str) -> None:
     out = tmp_path / "out.yaml"
@@ -130,7 +130,7 @@ NO_MARKET = JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: sp
         (["--cloud", "gke"], JOB.replace("market: spot", "market: reserved"), "job.yaml: tiers[0].market: 'reserved' has no node selection on gke"),
         (["--cloud", "gke", "--notice-agent"], JOB, "error: --notice-agent: the sidecar runs `spotfallback notice-agent` from the image"),
         (["--cloud", "gke", "--image", IMAGE, "--spot-grace", "0"], JOB, "error: --spot-grace: must be at least 6"),
-        (["--cloud", "eks-karpenter", "--image", IMAGE, "--spot-grace", "300"], JOB, "error: --spot-grace: 300 s is longer than the longest spot notice"),
+        (["--cloud", "eks-karpenter", "--image", IMAGE, "--spot-grace", "300"], JOB, "error: --spot-grace: 300 s is longer than the spot notice on eks-karpenter (120 s)"),
     ],
 )
 def test_bad_input_is_one_line_exit_2_and_no_file(app: typer.Typer, tmp_path: Path, args: list[str], job_text: str, message: str) -> None:
@@ -206,8 +206,18 @@ def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.
     assert run(app, "validate", out).exit_code == 0  # no version stated: the file alone is checked
     old = run(app, "validate", out, "--kuberay-version", "v1.4.2")
     assert old.exit_code == 1, old.stderr
-    assert "spec.submissionMode: SidecarMode: KubeRay 1.4.2 drops this field silently (it first appears in 1.5.0)" in old.stderr
-    assert "spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay 1.4.2 drops" in old.stderr
-    assert "spec.rayClusterSpec.headGroupSpec.resources: KubeRay 1.4.2 drops" in old.stderr
+    assert (
+        "spec.submissionMode: SidecarMode: KubeRay 1.4.2 does not know this mode and would never submit the job "
+        "(it first appears in 1.5.0; upgrade the operator to 1.5.0 or later)"
+    ) in old.stderr
+    assert (
+        "spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay 1.4.2 drops group labels silently: no node gets "
+        "ray.io/market-type, so no tier finds its workers (it first appears in 1.5.0; upgrade the operator to 1.5.0 or later)"
+    ) in old.stderr
+    assert "spec.rayClusterSpec.headGroupSpec.resources: KubeRay 1.4.2 drops this field silently" in old.stderr
+    # The file says what it needs, and validate reads it back.
+    assert (
+        'metadata.annotations["spotfallback/min-kuberay-version"]: the file needs KubeRay 1.5.0, the operator is 1.4.2'
+    ) in old.stderr
     bad = run(app, "validate", out, "--kuberay-version", "latest")
     assert bad.exit_code == 2 and "error: --kuberay-version: 'latest' is not a version such as 1.5.0" in bad.stderr

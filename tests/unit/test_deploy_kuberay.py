@@ -31,6 +31,13 @@ from spotfallback.deploy import (
     validate_text,
 )
 from spotfallback.deploy.common import k8s_name
+from spotfallback.deploy.kuberay import MIN_KUBERAY_VERSION
+from spotfallback.deploy.validate import (
+    KUBERAY_SINCE,
+    MIN_KUBERAY_ANNOTATION,
+    kuberay_needs,
+    parse_version,
+)
 from spotfallback.errors import ConfigError
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden"
@@ -142,6 +149,19 @@ def test_node_selection_is_exactly_the_clouds_documented_keys(cloud: K8sCloud) -
     assert _placement(head["template"]["spec"]) == on_demand
     assert head["labels"] == {"ray.io/market-type": "on-demand"}
     assert head["resources"] == {"CPU": "0"}
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_the_stated_minimum_kuberay_is_what_the_file_uses(cloud: K8sCloud, kind: Kind) -> None:
+    """Header and annotation name the oldest operator that keeps every field the file uses:
+    an older one would drop group labels (no ray.io/market-type on any node) without a word."""
+    text = render_kuberay(make_job(LADDERS[3]), KubeRayOptions(cloud=cloud, kind=kind, image="registry.example.com/t:1"))
+    manifest = yaml.safe_load(text)
+    needed = max((KUBERAY_SINCE[what] for _, what in kuberay_needs(manifest, manifest["kind"])), key=parse_version)
+    assert parse_version(needed) == parse_version(MIN_KUBERAY_VERSION) == (1, 5, 0)
+    assert manifest["metadata"]["annotations"][MIN_KUBERAY_ANNOTATION] == MIN_KUBERAY_VERSION
+    assert f"Needs KubeRay >= {MIN_KUBERAY_VERSION}" in text
 
 
 def test_worker_labels_satisfy_the_tier_selectors_and_pin_the_zone() -> None:

@@ -33,7 +33,7 @@ from spotfallback.deploy import (
     render_kuberay,
     validate_text,
 )
-from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_GRACE_S
+from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN
 from spotfallback.errors import ConfigError
 
 IMAGE = "registry.example.com/ml/churn-train:1.4"
@@ -112,7 +112,7 @@ def test_spot_pods_let_ray_drain_on_sigterm_inside_the_grace_period(cloud: K8sCl
     job = make_job(SPOT, ON_DEMAND)
     manifest = kuberay_manifest(job, KubeRayOptions(cloud=cloud, image=IMAGE if agent else None))
     spot, on_demand = pods(manifest)
-    grace = SPOT_GRACE_S[cloud]
+    grace = SPOT_SHUTDOWN[cloud].grace_s
     assert spot["terminationGracePeriodSeconds"] == grace
     env = {e["name"]: e["value"] for e in spot["containers"][0]["env"]}
     assert env["RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"] == str(grace - DRAIN_MARGIN_S)
@@ -165,6 +165,58 @@ def test_agent_is_a_native_sidecar_sharing_tmp_ray(cloud: K8sCloud, kind: Kind) 
     assert "initContainers" not in pods(manifest)[2]
 
 
+def _agent_errors(doc: dict[str, Any]) -> list[str]:
+    return [str(e) for e in validate_text(yaml.safe_dump(doc)).errors]
+
+
+def test_validate_refuses_an_agent_that_would_stay_dead_or_block_the_pod() -> None:
+    """Under autoscaler v2 every Ray pod has restartPolicy Never: a plain agent container that
+    exits stays dead and the pod's evictions go undrained without a word; an init container
+    without restartPolicy Always must exit before Ray starts, which the agent never does."""
+    text = render_kuberay(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=K8sCloud.EKS_KARPENTER, image=IMAGE))
+    at = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec"
+    plain = yaml.safe_load(text)
+    pod = pods(plain)[0]
+    agent = pod.pop("initContainers")[0]
+    del agent["restartPolicy"]
+    pod["containers"].append(agent)  # what the files had: a second plain container
+    assert _agent_errors(plain) == [
+        f"{at}.containers[1]: runs the notice agent as a plain container, which is never restarted in a pod with "
+        "restartPolicy Never (what autoscaler v2 and SidecarMode require): if it exits, this pod's evictions go "
+        "undrained; make it a native sidecar: an initContainers entry with restartPolicy: Always (Kubernetes >= 1.29)"
+    ]
+    blocking = yaml.safe_load(text)
+    del pods(blocking)[0]["initContainers"][0]["restartPolicy"]
+    assert _agent_errors(blocking) == [
+        f"{at}.initContainers[0].restartPolicy: the notice agent never exits, and an init container must exit before "
+        "the Ray container starts: the pod would never start; set restartPolicy: Always (a native sidecar, Kubernetes >= 1.29)"
+    ]
+
+
+def test_validate_refuses_an_agent_that_cannot_see_its_ray_node() -> None:
+    text = render_kuberay(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=K8sCloud.AKS, image=IMAGE))
+    lonely = yaml.safe_load(text)
+    agent = pods(lonely)[0]["initContainers"][0]
+    agent["volumeMounts"] = [m for m in agent["volumeMounts"] if m["mountPath"] != "/tmp/ray"]
+    assert _agent_errors(lonely) == [
+        "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.initContainers[0].volumeMounts: the agent finds its Ray "
+        "node through ray_current_cluster, which `ray start` writes in the Ray container's $RAY_TMPDIR/ray (/tmp/ray): "
+        "mount one volume (an emptyDir) at /tmp/ray in both containers"
+    ]
+    # One volume mounted above it (and RAY_TMPDIR pointing into it) is the same directory...
+    agent["volumeMounts"].append({"name": "ray-tmp", "mountPath": "/scratch"})
+    agent["env"].append({"name": "RAY_TMPDIR", "value": "/scratch"})
+    pods(lonely)[0]["containers"][0]["volumeMounts"] = [{"name": "ray-tmp", "mountPath": "/tmp"}]
+    pods(lonely)[0]["containers"][0]["env"].append({"name": "RAY_TMPDIR", "value": "/tmp/"})
+    assert _agent_errors(lonely) == [], "/scratch/ray on ray-tmp is /tmp/ray on ray-tmp"
+    # ...and an agent told the cluster's address needs no shared file.
+    told = yaml.safe_load(text)
+    agent = pods(told)[0]["initContainers"][0]
+    agent["volumeMounts"] = [m for m in agent["volumeMounts"] if m["mountPath"] != "/tmp/ray"]
+    agent["env"].append({"name": "RAY_ADDRESS", "value": "head-svc:6379"})
+    assert _agent_errors(told) == []
+
+
 def test_on_gke_gpu_on_demand_pods_get_the_agent_for_host_maintenance() -> None:
     gpu_od = {**ON_DEMAND, "use_gpu": True}
     for cloud, expected in ((K8sCloud.GKE, [["notice-agent"], ["notice-agent"]]), (K8sCloud.EKS_KARPENTER, [["notice-agent"], []])):
@@ -195,8 +247,19 @@ def test_sidecar_command_and_env_parse_as_the_real_agent(
 def test_grace_bounds() -> None:
     with pytest.raises(ConfigError, match="^spot_grace_seconds: must be at least 6"):
         KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=5)
-    with pytest.raises(ConfigError, match="^spot_grace_seconds: 121 s is longer than the longest spot notice"):
-        KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=121)
+    # Each cloud's own notice bounds the grace: AKS evicts 30 s after its Preempt event, AWS
+    # 2 minutes after its warning, GKE Standard can stretch a Spot VM's shutdown to 120 s.
+    with pytest.raises(ConfigError, match=r"^spot_grace_seconds: 45 s is longer than the spot notice on aks \(30 s\)"):
+        KubeRayOptions(cloud=K8sCloud.AKS, spot_grace_seconds=45)
+    with pytest.raises(ConfigError, match=r"^spot_grace_seconds: 121 s is longer than the spot notice on eks-managed \(120 s\)"):
+        KubeRayOptions(cloud=K8sCloud.EKS_MANAGED, spot_grace_seconds=121)
+    assert KubeRayOptions(cloud=K8sCloud.GKE, spot_grace_seconds=120).grace_seconds == 120
+
+
+def test_every_clouds_default_grace_fits_its_notice_and_leaves_ray_a_window() -> None:
+    for cloud, shutdown in SPOT_SHUTDOWN.items():
+        assert DRAIN_MARGIN_S < shutdown.grace_s <= shutdown.notice_s, cloud
+        KubeRayOptions(cloud=cloud, spot_grace_seconds=shutdown.grace_s)  # the default passes its own check
 
 
 # --- ray up --------------------------------------------------------------------------------------

@@ -280,3 +280,77 @@ def test_fixtures_and_shipped_schema_match_shared() -> None:
         loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are 40k lines
         regenerated = extract_crd_schema(yaml.load((SHARED / crds[kind]).read_text(), Loader=loader))
         assert shipped == regenerated, f"regenerate with scripts/vendor_kuberay_schema.py ({kind})"
+
+
+def test_gke_labels_kept_off_in_different_ored_terms_is_an_error() -> None:
+    """Node selector terms are ORed: one term off Spot VMs and another off preemptible VMs lets
+    the head onto either kind, each allowed by the other term."""
+    doc = sample(CLUSTER_SAMPLE)
+    pod = _head_pod(doc)
+    terms = [
+        {"matchExpressions": [{"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]}]},
+        {"matchExpressions": [{"key": "cloud.google.com/gke-preemptible", "operator": "NotIn", "values": ["true"]}]},
+    ]
+    pod["affinity"] = {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    found = errors(doc)
+    assert len(found) == 1 and found[0].startswith("spec.headGroupSpec.template.spec.affinity.nodeAffinity:"), found
+    assert "add that to every term of the node affinity" in found[0]
+    # Each term keeping off both labels (here: DoesNotExist for one of them) is what holds.
+    terms[0]["matchExpressions"].append({"key": "cloud.google.com/gke-preemptible", "operator": "DoesNotExist"})
+    terms[1]["matchExpressions"].append({"key": "cloud.google.com/gke-spot", "operator": "In", "values": ["false"]})
+    assert errors(doc) == []
+
+
+def test_a_spot_group_on_nap_regular_nodes_gets_a_market_warning() -> None:
+    # AKS node auto-provisioning labels its regular (on-demand) VMs scalesetpriority=regular.
+    doc = sample(CLUSTER_SAMPLE)
+    group = doc["spec"]["workerGroupSpecs"][2]
+    assert group["labels"]["ray.io/market-type"] == "spot"
+    group["template"]["spec"]["nodeSelector"] = {"kubernetes.azure.com/scalesetpriority": "regular"}
+    _, findings = validate_document(doc)
+    assert "spec.workerGroupSpecs[2].labels[\"ray.io/market-type\"]: says 'spot', but the pods select kubernetes.azure.com/scalesetpriority=regular" in [
+        str(f) for f in findings if f.warning
+    ]
+
+
+def _operator(doc: dict[str, Any], version: str | None) -> list[str]:
+    _, findings = validate_document(doc, version)
+    return [str(f) for f in findings if not f.warning]
+
+
+@pytest.mark.parametrize(
+    ("version", "first_missing"),
+    [
+        ("1.4.2", "spec.submissionMode: SidecarMode: KubeRay 1.4.2 does not know this mode"),
+        ("1.3.2", "spec.rayClusterSpec.autoscalerOptions.version: KubeRay 1.3.2 drops this field silently (it first appears in 1.4.0;"),
+        ("1.1.1", "spec.backoffLimit: KubeRay 1.1.1 drops this field silently (it first appears in 1.2.0;"),
+        ("1.0.0", "spec.activeDeadlineSeconds: KubeRay 1.0.0 drops this field silently (it first appears in 1.1.0;"),
+        ("0.6.0", "apiVersion: KubeRay 0.6.0 has no ray.io/v1 API (it first appears in 1.0.0;"),
+    ],
+)
+def test_each_stated_operator_refuses_the_fields_it_predates(version: str, first_missing: str) -> None:
+    """The field history, from the operator's own CRDs and types (ray-project/kuberay tags)."""
+    doc = sample(JOB_SAMPLE)
+    spec = doc["spec"]
+    spec.update(submissionMode="SidecarMode", backoffLimit=2, activeDeadlineSeconds=600)
+    spec["rayClusterSpec"]["autoscalerOptions"] = {"version": "v2"}
+    spec["rayClusterSpec"]["enableInTreeAutoscaling"] = True
+    spec["rayClusterSpec"]["workerGroupSpecs"][0]["labels"] = {"ray.io/market-type": "spot"}
+    assert _operator(doc, None) == [] and _operator(doc, "1.5.0") == []
+    found = _operator(doc, version)
+    assert any(f.startswith(first_missing) for f in found), found
+    assert any(f.startswith("spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay") for f in found)
+
+
+def test_the_min_kuberay_annotation_is_read_and_checked() -> None:
+    doc = sample(JOB_SAMPLE)
+    doc["spec"]["submissionMode"] = "SidecarMode"
+    annotations = doc["metadata"].setdefault("annotations", {})
+    where = 'metadata.annotations["spotfallback/min-kuberay-version"]'
+    annotations["spotfallback/min-kuberay-version"] = "1.4.0"  # understated: SidecarMode needs 1.5.0
+    assert _operator(doc, None) == [f"{where}: says 1.4.0, but spec.submissionMode (SidecarMode) needs KubeRay 1.5.0; set it to 1.5.0"]
+    annotations["spotfallback/min-kuberay-version"] = "soon"
+    assert _operator(doc, None) == [f"{where}: 'soon' is not a version such as 1.5.0; it says which KubeRay the file needs"]
+    annotations["spotfallback/min-kuberay-version"] = "1.6.0"  # more than the fields need: the file's own claim
+    assert _operator(doc, "1.5.1") == [f"{where}: the file needs KubeRay 1.6.0, the operator is 1.5.1; upgrade the operator to 1.6.0 or later"]
+    assert _operator(doc, "1.6.0") == []

@@ -16,7 +16,7 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 
 from spotfallback.config import JobConfig, run_name_error
-from spotfallback.deploy.clouds import K8sCloud, VmCloud
+from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
 from spotfallback.deploy.launcher import LauncherOptions, render_cluster_launcher
@@ -144,8 +144,9 @@ def kuberay_command(
         bool | None,
         typer.Option(
             "--notice-agent/--no-notice-agent",
-            help="Sidecar on spot workers that drains the Ray node on the pod's SIGTERM (just-in-time "
-            "checkpoints). Default: on with --image, off with the stock Ray image (no spotfallback in it).",
+            help="Native sidecar on spot workers (and GKE GPU workers) that drains the Ray node on the cloud's own "
+            "notice, earlier than the pod's SIGTERM (on which Ray drains by itself). Default: on with --image, "
+            "off with the stock Ray image (no spotfallback in it).",
             show_default=False,
         ),
     ] = None,
@@ -153,7 +154,9 @@ def kuberay_command(
         int | None,
         typer.Option(
             help="Spot pods' terminationGracePeriodSeconds, the warning their workers get (Ray drains the node "
-            "on SIGTERM for 5 s less); must fit in the cloud's notice (default: eks-* 90, aks 25, gke 15).",
+            f"on SIGTERM for {DRAIN_MARGIN_S} s less); must fit in the cloud's notice (default: "
+            + ", ".join(f"{target.value} {shutdown.grace_s}" for target, shutdown in SPOT_SHUTDOWN.items())
+            + ").",
         ),
     ] = None,
     out: OutOpt = None,

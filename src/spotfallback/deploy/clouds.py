@@ -4,8 +4,9 @@ instance settings. One table per target, so a reviewer can check the keys in one
 Kubernetes (node labels set by the cloud or its autoscaler):
 - EKS + Karpenter: ``karpenter.sh/capacity-type: spot | on-demand | reserved``
 - AKS node auto-provisioning (Karpenter on AKS): ``karpenter.sh/capacity-type: spot | on-demand``;
-  its spot nodes also carry AKS's ``kubernetes.azure.com/scalesetpriority: spot``, and the
-  NodePools ``manifest nodepools`` writes taint them as AKS spot pools are tainted.
+  its nodes also carry AKS's ``kubernetes.azure.com/scalesetpriority: spot | regular`` (the Azure
+  provider writes both), and the NodePools ``manifest nodepools`` writes taint the spot ones as
+  AKS spot pools are tainted.
 - EKS managed node groups: ``eks.amazonaws.com/capacityType: SPOT | ON_DEMAND``
 - AKS: spot pools carry the label *and* the taint ``kubernetes.azure.com/scalesetpriority=spot:NoSchedule``;
   regular pools carry neither, so on-demand means "not spot".
@@ -85,29 +86,51 @@ SPOT_NODE_LABELS: frozenset[tuple[str, str]] = frozenset(
         (GKE_PREEMPTIBLE_KEY, "true"),
     }
 )
+# AKS node auto-provisioning labels its regular nodes ``scalesetpriority: regular`` too.
 ON_DEMAND_NODE_LABELS: frozenset[tuple[str, str]] = frozenset(
-    {(KARPENTER_KEY, "on-demand"), (EKS_MANAGED_KEY, "ON_DEMAND")}
+    {(KARPENTER_KEY, "on-demand"), (EKS_MANAGED_KEY, "ON_DEMAND"), (AKS_KEY, "regular")}
 )
 SPOT_TAINT_KEYS: frozenset[str] = frozenset({AKS_KEY, GKE_KEY, GKE_PREEMPTIBLE_KEY})
 
 
-# terminationGracePeriodSeconds of spot worker pods: how long a pod lives after its SIGTERM,
-# which is the warning its workers get. Ray 2.60's `ray start --block` (KubeRay's command)
-# drains its node on SIGTERM (reason PREEMPTION, so Ray Train checkpoints just in time) for
-# RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S, then stops; that must end before the grace does, and the
-# grace must fit in the cloud's notice or the VM dies first. EKS: the spot notice is 2 minutes
-# and what drains the node on it (Karpenter's interruption queue, Capacity Rebalancing, the node
-# termination handler) does so at once, so 90 s leaves a margin. AKS: the eviction notice is at
-# least 30 s. GKE: graceful node shutdown of a Spot VM gives ordinary pods 15 s of its 30 s
-# (GKE Standard can extend it; pass --spot-grace-seconds then).
-SPOT_GRACE_S: dict[K8sCloud, int] = {
-    K8sCloud.EKS_KARPENTER: 90,
-    K8sCloud.EKS_MANAGED: 90,
-    K8sCloud.AKS: 25,
-    K8sCloud.AKS_NAP: 25,
-    K8sCloud.GKE: 15,
+@dataclass(frozen=True)
+class SpotShutdown:
+    """How one cloud takes a spot node away from its pods.
+
+    ``notice_s``: the longest warning the cloud gives before the VM stops; a pod's grace period
+    longer than that ends with the VM, not with the pod. ``grace_s``: the spot pods' default
+    ``terminationGracePeriodSeconds``. ``sigterm_from``: what sends the pods their SIGTERM.
+    """
+
+    notice_s: int
+    grace_s: int
+    sigterm_from: str
+
+
+# Spot pods' timing, per cloud. Whatever drains a spot node sends its pods SIGTERM; Ray 2.60's
+# `ray start --block` (KubeRay's command) then drains the Ray node for
+# RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S with reason PREEMPTION (Ray Train checkpoints just in time
+# and tears the workers down at that deadline) and stops. So the window is the grace less
+# DRAIN_MARGIN_S (the kubelet SIGKILLs at the grace; Ray's teardown after the window took 0.2 s
+# here, tests/e2e/test_sigterm_drain_e2e.py), and the grace fits the cloud's notice.
+#
+#   cloud         notice  grace  why this grace
+#   eks-*         120 s   90 s   AWS's 2-minute interruption notice less ~30 s for it to reach the pod
+#                                (EventBridge -> SQS -> Karpenter, or the ASG's lifecycle hook); a
+#                                longer window only delays the restart, 85 s is room for a checkpoint
+#   aks, aks-nap   30 s   25 s   Scheduled Events' Preempt comes 30 s before the eviction (NotBefore);
+#                                the drain starts a few seconds after it
+#   gke           120 s   15 s   graceful node shutdown gives ordinary pods 15 s of a Spot VM's 30 s;
+#                                GKE Standard (1.35.0-gke.1171000+) can extend it to 120 s per node
+#                                pool: pass --spot-grace to match
+SPOT_SHUTDOWN: dict[K8sCloud, SpotShutdown] = {
+    K8sCloud.EKS_KARPENTER: SpotShutdown(120, 90, "Karpenter, only with its interruption queue configured"),
+    K8sCloud.EKS_MANAGED: SpotShutdown(120, 90, "EKS, through the node group's Capacity Rebalancing"),
+    K8sCloud.AKS: SpotShutdown(30, 25, "AKS node auto-drain on the Preempt scheduled event"),
+    K8sCloud.AKS_NAP: SpotShutdown(30, 25, "Karpenter node repair at best (nothing documented drains these VMs on Preempt: keep the agent)"),
+    K8sCloud.GKE: SpotShutdown(120, 15, "GKE graceful node shutdown"),
 }
-# Ray stops its processes after the drain window: this much of the grace is left for that.
+# What Ray keeps of the grace for stopping its processes after the drain window.
 DRAIN_MARGIN_S = 5
 RAY_DRAIN_TIMEOUT_ENV = "RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S"
 # Ray's default drain window, used when a pod does not set RAY_GRACEFUL_SHUTDOWN_DRAIN_TIMEOUT_S.

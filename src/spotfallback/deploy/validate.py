@@ -315,11 +315,78 @@ def _drain_window(group: dict[str, Any], at: list[str | int]) -> Iterator[Findin
         )
 
 
+_NOTICE_AGENT = re.compile(r"(^|[\s/])spotfallback(\.cli)?\s+notice-agent(\s|$)")
+
+
+def _words(container: dict[str, Any]) -> list[str]:
+    return [w for key in ("command", "args") for w in (container.get(key) or []) if isinstance(w, str)]
+
+
+def _ray_tmp_mount(container: dict[str, Any]) -> tuple[str, str] | None:
+    """(volume, path inside it) of the directory where `ray start` writes ray_current_cluster
+    and the agent reads it: $RAY_TMPDIR/ray, /tmp/ray by default; None if no volume holds it."""
+    tmp = _env_value(container, "RAY_TMPDIR")
+    ray_dir = f"{(tmp[1] if tmp and isinstance(tmp[1], str) and tmp[1] else '/tmp').rstrip('/')}/ray"
+    best: tuple[int, str, str] | None = None
+    for mount in container.get("volumeMounts") or []:
+        path = _get(mount, "mountPath")
+        if not isinstance(path, str) or not (ray_dir == path.rstrip("/") or ray_dir.startswith(path.rstrip("/") + "/")):
+            continue
+        inside = f"{_get(mount, 'subPath') or ''}/{ray_dir[len(path.rstrip('/')):].strip('/')}"
+        if best is None or len(path) > best[0]:
+            best = (len(path), str(_get(mount, "name")), inside)
+    return (best[1], best[2]) if best else None
+
+
+def _notice_agent_findings(pod: dict[str, Any], at: list[str | int], restart_policy: str) -> Iterator[Finding]:
+    """The notice agent must run beside the Ray container for the pod's whole life.
+
+    A pod under autoscaler v2 (and SidecarMode) has restartPolicy Never, so an agent in
+    ``containers`` that exits stays dead and the pod's evictions go undrained; in
+    ``initContainers`` without ``restartPolicy: Always`` it would have to exit before the Ray
+    container starts, which it never does. A native sidecar (Kubernetes 1.29+) is restarted
+    whatever the pod's policy. It finds its Ray node through the file `ray start` writes in the
+    Ray container's $RAY_TMPDIR/ray, so both must mount that directory from one volume.
+    """
+    containers = [c for c in pod.get("containers") or [] if isinstance(c, dict)]
+    ray = containers[0] if containers else {}
+    sidecar_fix = "make it a native sidecar: an initContainers entry with restartPolicy: Always (Kubernetes >= 1.29)"
+    agents: list[tuple[list[str | int], dict[str, Any]]] = []
+    for key in ("containers", "initContainers"):
+        for i, container in enumerate(pod.get(key) or []):
+            if not isinstance(container, dict) or not _NOTICE_AGENT.search(" ".join(_words(container))):
+                continue
+            where = [*at, key, i]
+            agents.append((where, container))
+            if key == "containers" and restart_policy != "Always":
+                yield Finding(
+                    field_path(where),
+                    f"runs the notice agent as a plain container, which is never restarted in a pod with restartPolicy "
+                    f"{restart_policy} (what autoscaler v2 and SidecarMode require): if it exits, this pod's evictions go "
+                    f"undrained; {sidecar_fix}",
+                )
+            elif key == "initContainers" and container.get("restartPolicy") != "Always":
+                yield Finding(
+                    field_path([*where, "restartPolicy"]),
+                    "the notice agent never exits, and an init container must exit before the Ray container starts: the "
+                    "pod would never start; set restartPolicy: Always (a native sidecar, Kubernetes >= 1.29)",
+                )
+    for where, agent in agents:
+        if _env_value(agent, "RAY_ADDRESS") or any(w == "--address" or w.startswith("--address=") for w in _words(agent)):
+            continue  # told where the cluster is: no file to share
+        shared = _ray_tmp_mount(agent)
+        if shared is None or shared != _ray_tmp_mount(ray):
+            yield Finding(
+                field_path([*where, "volumeMounts"]),
+                "the agent finds its Ray node through ray_current_cluster, which `ray start` writes in the Ray "
+                "container's $RAY_TMPDIR/ray (/tmp/ray): mount one volume (an emptyDir) at /tmp/ray in both containers",
+            )
+
+
 def _selected_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
     """(label, value) pairs a pod requires of its node via nodeSelector or required node affinity."""
     pairs = {(k, v) for k, v in _dict(pod.get("nodeSelector")).items() if isinstance(v, str)}
-    terms = _get(pod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []
-    for term in terms:
+    for term in _required_terms(pod):
         for expr in _get(term, "matchExpressions") or []:
             if not isinstance(expr, dict) or expr.get("operator") != "In":
                 continue
@@ -329,18 +396,39 @@ def _selected_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
     return pairs
 
 
-def _excluded_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
-    """(label, value) pairs a pod's required node affinity keeps it away from (NotIn)."""
-    pairs: set[tuple[str, str]] = set()
-    terms = _get(pod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms") or []
-    for term in terms:
-        for expr in _get(term, "matchExpressions") or []:
-            if not isinstance(expr, dict) or expr.get("operator") != "NotIn":
-                continue
-            key, values = expr.get("key"), expr.get("values")
-            if isinstance(key, str) and isinstance(values, list):
-                pairs.update((key, v) for v in values if isinstance(v, str))
-    return pairs
+def _required_terms(pod: dict[str, Any]) -> list[Any]:
+    """The pod's required node affinity terms (ORed: a node matching any one will do)."""
+    terms = _get(pod, "affinity", "nodeAffinity", "requiredDuringSchedulingIgnoredDuringExecution", "nodeSelectorTerms")
+    return terms if isinstance(terms, list) else []
+
+
+def _term_keeps_off(term: Any, key: str, value: str) -> bool:
+    """Whether one node selector term rules out nodes labelled ``key=value``."""
+    for expr in _get(term, "matchExpressions") or []:
+        if not isinstance(expr, dict) or expr.get("key") != key:
+            continue
+        op, values = expr.get("operator"), expr.get("values")
+        listed = isinstance(values, list) and value in values
+        if op == "DoesNotExist" or (op == "NotIn" and listed) or (op == "In" and isinstance(values, list) and not listed):
+            return True
+    return False
+
+
+def _keeps_off(pod: dict[str, Any], key: str, value: str) -> bool:
+    """Whether no node labelled ``key=value`` can take the pod: its nodeSelector asks another
+    value, or every term of its required node affinity rules it out (terms are ORed, so one
+    term that allows the label lets the pod onto such a node)."""
+    selected = _dict(pod.get("nodeSelector")).get(key)
+    if isinstance(selected, str) and selected != value:
+        return True
+    terms = _required_terms(pod)
+    return bool(terms) and all(_term_keeps_off(t, key, value) for t in terms)
+
+
+def _avoids(pod: dict[str, Any], key: str, value: str) -> bool:
+    """Whether any part of the pod's node selection is written to rule ``key=value`` out."""
+    selected = _dict(pod.get("nodeSelector")).get(key)
+    return (isinstance(selected, str) and selected != value) or any(_term_keeps_off(t, key, value) for t in _required_terms(pod))
 
 
 def _half_excluded_spot(pod: dict[str, Any], at: list[str | int], why: str) -> Iterator[Finding]:
@@ -349,14 +437,16 @@ def _half_excluded_spot(pod: dict[str, Any], at: list[str | int], why: str) -> I
     GKE: Spot VMs carry ``gke-spot``, legacy preemptible VMs ``gke-preemptible``, untainted by
     default; excluding only the first sends the pod to the second, which is taken away as often.
     """
-    excluded = _excluded_pairs(pod)
     for family in SPOT_LABEL_FAMILIES:
-        missing = sorted(family - excluded)
-        if excluded & family and missing:
+        if not any(_avoids(pod, *pair) for pair in family):
+            continue  # not trying to keep off this cloud's spot nodes: the cloud is not known
+        missing = sorted(pair for pair in family if not _keeps_off(pod, *pair))
+        if missing:
             wanted = ", ".join(f"{k} NotIn [{v!r}]" for k, v in missing)
             yield Finding(
                 field_path([*at, "template", "spec", "affinity", "nodeAffinity"]),
-                f"keeps off some spot nodes but not those labelled {wanted}; add that to the node affinity: {why}",
+                f"keeps off some spot nodes but not those labelled {wanted}; add that to every term of the node "
+                f"affinity: {why}",
             )
 
 
@@ -435,6 +525,9 @@ def _cluster_findings(spec: Any, at: list[str | int], annotations: dict[str, Any
         policy = _get(group, "template", "spec", "restartPolicy")
         if v2 and policy not in (None, "Never"):
             yield Finding(field_path([*at, *sub, "template", "spec", "restartPolicy"]), f"must be Never or unset with autoscaler v2 (got {policy!r})")
+        # With autoscaler v2 the operator sets every pod's restartPolicy to Never.
+        effective = "Never" if v2 else policy if isinstance(policy, str) else "Always"
+        yield from _notice_agent_findings(_dict(_get(group, "template", "spec")), [*at, *sub, "template", "spec"], effective)
         if autoscaling and sub[0] == "workerGroupSpecs" and _get(group, "suspend") is True:
             yield Finding(field_path([*at, *sub, "suspend"]), "a worker group cannot be suspended while the autoscaler is enabled")
     if annotations.get("ray.io/ft-enabled") and spec.get("gcsFaultToleranceOptions") is not None:
@@ -545,8 +638,27 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
 
 # --- operator version ---------------------------------------------------------------------------
 
-# Fields an older KubeRay operator's API server drops without a word (they are not in its CRD).
-KUBERAY_FIELDS_SINCE = "1.5.0"
+# The KubeRay release that first knows each field these files may use, from the operator's CRDs
+# and Go types (ray-project/kuberay tags). An older operator's API server prunes a field its CRD
+# lacks without a word; an unknown submission mode is kept, but that operator never submits the job.
+#   ray.io/v1                                  1.0.0
+#   spec.submissionMode, activeDeadlineSeconds 1.1.0
+#   initContainers[].restartPolicy in pods     1.1.0  (CRD regenerated on Kubernetes 1.29 types)
+#   RayJob spec.backoffLimit                   1.2.0
+#   autoscalerOptions.version                  1.4.0
+#   group labels and resources, SidecarMode    1.5.0
+KUBERAY_SINCE: dict[str, str] = {
+    "ray.io/v1": "1.0.0",
+    "submissionMode": "1.1.0",
+    "activeDeadlineSeconds": "1.1.0",
+    "native sidecar": "1.1.0",
+    "backoffLimit": "1.2.0",
+    "autoscalerOptions.version": "1.4.0",
+    "group labels": "1.5.0",
+    "group resources": "1.5.0",
+    "SidecarMode": "1.5.0",
+}
+MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
 
 
 def parse_version(text: str, where: str = "--kuberay-version") -> tuple[int, ...]:
@@ -557,26 +669,67 @@ def parse_version(text: str, where: str = "--kuberay-version") -> tuple[int, ...
     return tuple(int(p) for p in parts) + (0,) * (3 - len(parts))
 
 
-def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...]) -> Iterator[Finding]:
-    """Fields the stated operator would drop: group ``labels``/``resources``, ``SidecarMode``."""
-    if version >= parse_version(KUBERAY_FIELDS_SINCE):
-        return
-    stated = ".".join(map(str, version))
-    why = f"KubeRay {stated} drops this field silently (it first appears in {KUBERAY_FIELDS_SINCE}); upgrade the operator to {KUBERAY_FIELDS_SINCE} or later"
+def _version_text(version: tuple[int, ...]) -> str:
+    return ".".join(map(str, version))
+
+
+def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
+    """(field path, ``KUBERAY_SINCE`` key) for each versioned field ``doc`` uses."""
     spec = _dict(doc.get("spec"))
+    needs: list[tuple[str, str]] = [("apiVersion", "ray.io/v1")]
+    at: list[str | int] = ["spec"]
     if kind == "RayJob":
-        if spec.get("submissionMode") == "SidecarMode":
-            yield Finding("spec.submissionMode", f"SidecarMode: {why}")
+        mode = spec.get("submissionMode")
+        if mode is not None:
+            needs.append(("spec.submissionMode", "SidecarMode" if mode == "SidecarMode" else "submissionMode"))
+        needs += [(f"spec.{key}", key) for key in ("activeDeadlineSeconds", "backoffLimit") if key in spec]
         spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
-    else:
-        at = ["spec"]
+    if _get(spec, "autoscalerOptions", "version") is not None:
+        needs.append((field_path([*at, "autoscalerOptions", "version"]), "autoscalerOptions.version"))
     groups: list[tuple[list[str | int], Any]] = [([*at, "headGroupSpec"], spec.get("headGroupSpec"))]
     listed = spec.get("workerGroupSpecs")
     groups += [([*at, "workerGroupSpecs", i], g) for i, g in enumerate(listed if isinstance(listed, list) else [])]
     for where, group in groups:
-        for key in ("labels", "resources"):
-            if _dict(group).get(key):
-                yield Finding(field_path([*where, key]), why)
+        needs += [(field_path([*where, key]), f"group {key}") for key in ("labels", "resources") if _dict(group).get(key)]
+        for i, init in enumerate(_get(group, "template", "spec", "initContainers") or []):
+            if isinstance(init, dict) and "restartPolicy" in init:
+                needs.append((field_path([*where, "template", "spec", "initContainers", i, "restartPolicy"]), "native sidecar"))
+    return needs
+
+
+def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] | None) -> Iterator[Finding]:
+    """What the stated operator (``--kuberay-version``) would drop or not know, and whether the
+    file's ``spotfallback/min-kuberay-version`` annotation still covers what it uses."""
+    needs = [(path, what, parse_version(KUBERAY_SINCE[what])) for path, what in kuberay_needs(doc, kind)]
+    stated = _get(doc, "metadata", "annotations", MIN_KUBERAY_ANNOTATION)
+    where = field_path(["metadata", "annotations", MIN_KUBERAY_ANNOTATION])
+    minimum: tuple[int, ...] | None = None
+    if stated is not None:
+        try:
+            minimum = parse_version(str(stated), where)
+        except ValueError as e:
+            yield Finding(where, f"{str(e).partition(': ')[2]}; it says which KubeRay the file needs")
+    if minimum is not None:
+        path, what, since = max(needs, key=lambda need: need[2])
+        if since > minimum:
+            yield Finding(where, f"says {stated}, but {path} ({what}) needs KubeRay {_version_text(since)}; set it to {_version_text(since)}")
+    if version is None:
+        return
+    running = _version_text(version)
+    consequences = {
+        "ray.io/v1": f"KubeRay {running} has no ray.io/v1 API",
+        "SidecarMode": f"SidecarMode: KubeRay {running} does not know this mode and would never submit the job",
+        "group labels": f"KubeRay {running} drops group labels silently: no node gets {MARKET_LABEL}, so no tier finds its workers",
+        "native sidecar": f"KubeRay {running} drops it silently: the sidecar becomes an ordinary init container, which must exit before Ray starts",
+    }
+    for path, what, since in needs:
+        if since > version:
+            first = _version_text(since)
+            consequence = consequences.get(what, f"KubeRay {running} drops this field silently")
+            yield Finding(path, f"{consequence} (it first appears in {first}; upgrade the operator to {first} or later)")
+    if minimum is not None and minimum > version:
+        needed = _version_text(minimum)
+        yield Finding(where, f"the file needs KubeRay {needed}, the operator is {running}; upgrade the operator to {needed} or later")
 
 
 # --- entry points ------------------------------------------------------------------------------
@@ -607,8 +760,7 @@ def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str
         findings += _job_findings(doc.get("spec"), annotations)
     else:
         findings += _cluster_findings(doc.get("spec"), ["spec"], annotations)
-    if version is not None:
-        findings += _operator_findings(doc, kind, version)
+    findings += _operator_findings(doc, kind, version)
     return kind, findings
 
 
