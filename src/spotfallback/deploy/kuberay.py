@@ -89,7 +89,15 @@ PREEMPTION_POLL_ENV = {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": 
 # Credentials each storage scheme reads from the environment: (variable, required).
 _STORAGE_ENV: dict[str, tuple[tuple[str, bool], ...]] = {
     "s3": (("AWS_ACCESS_KEY_ID", True), ("AWS_SECRET_ACCESS_KEY", True), ("AWS_SESSION_TOKEN", False), ("AWS_REGION", False)),
-    "abfs": (("AZURE_TENANT_ID", True), ("AZURE_CLIENT_ID", True), ("AZURE_CLIENT_SECRET", True)),
+    # Azure: whichever the Secret holds (store/location.py reads them in this order), a
+    # connection string, an account key or SAS, or a service principal.
+    "abfs": tuple(
+        (var, False)
+        for var in (
+            "AZURE_STORAGE_CONNECTION_STRING", "AZURE_STORAGE_ACCOUNT_NAME", "AZURE_STORAGE_ACCOUNT_KEY",
+            "AZURE_STORAGE_SAS_TOKEN", "AZURE_TENANT_ID", "AZURE_CLIENT_ID", "AZURE_CLIENT_SECRET",
+        )
+    ),  # fmt: skip
 }
 _STORAGE_ENV["abfss"] = _STORAGE_ENV["az"] = _STORAGE_ENV["abfs"]
 _GCS_SCHEMES = ("gs", "gcs")

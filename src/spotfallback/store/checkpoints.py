@@ -198,8 +198,8 @@ def _move_aside(fs: pafs.FileSystem, src: str, dst: str) -> None:
         try:
             fs.move(src, dst)
             return
-        except OSError:
-            pass  # S3/GCS: no directory rename
+        except (OSError, NotImplementedError):
+            pass  # S3/GCS/Azure Blob: no directory rename
         pafs.copy_files(src, dst, source_filesystem=fs, destination_filesystem=fs)
         fs.delete_dir(src)
 

@@ -39,7 +39,12 @@ WHOLE_READ_BYTES = 64 * 1024 * 1024  # Ray's copy chunk: larger objects are stre
 DEFAULT_RETRY_S = 120.0
 # Errors no wait can fix: retrying them would only delay the real message.
 PERMANENT_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
-PERMANENT_MARKS = ("ACCESS_DENIED", "NO_SUCH_BUCKET", "InvalidAccessKeyId", "SignatureDoesNotMatch")
+PERMANENT_MARKS = (
+    "ACCESS_DENIED", "NO_SUCH_BUCKET", "InvalidAccessKeyId", "SignatureDoesNotMatch",  # S3
+    # Azure Blob: a wrong key or SAS, an identity without a role on the container, no such container.
+    "AuthenticationFailed", "AuthorizationFailure", "AuthorizationPermissionMismatch", "ContainerNotFound",
+    "PERMISSION_DENIED", "UNAUTHENTICATED",  # GCS
+)  # fmt: skip
 
 
 def retry_limit_s() -> float:
@@ -269,10 +274,16 @@ def ray_run_config(run_config: Any, location: Any) -> Any:
     import dataclasses
     import posixpath
 
-    if retry_limit_s() <= 0 or isinstance(location.fs, pafs.LocalFileSystem):
+    if isinstance(location.fs, pafs.LocalFileSystem):
         # A local or NFS path stays Ray's own: Ray reads its checkpoints in place instead of
         # downloading them (and an NFS hard mount blocks through an outage rather than failing).
         return run_config
-    return dataclasses.replace(
-        run_config, storage_path=posixpath.dirname(location.run_dir), storage_filesystem=retrying(location.fs)
-    )
+    if retry_limit_s() > 0:
+        fs = retrying(location.fs)
+    elif run_config.storage_filesystem is not None:
+        return run_config  # retries off, and Ray already has the user's filesystem
+    else:
+        # Retries off, a URI: the filesystem resolve_run built, unwrapped (Azure's comes from the
+        # environment, which Ray's own reading of the URI would not do).
+        fs = location.fs
+    return dataclasses.replace(run_config, storage_path=posixpath.dirname(location.run_dir), storage_filesystem=fs)
