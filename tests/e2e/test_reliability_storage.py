@@ -11,10 +11,7 @@ starts so the controller and worker processes have it too).
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -24,10 +21,10 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
-    REPO,
     Background,
     checkpoints_since,
     local_cluster,
+    preempt_then_kill_the_driver,
     restoring_injector,
     unique_name,
     wait_for,
@@ -122,28 +119,7 @@ def test_s3_run_survives_a_preemption_and_a_driver_restart(cluster, s3, injector
     ledger = Ledger(location)
     command = [sys.executable, "-m", "tests.support.api_driver", json.dumps(spec)]
 
-    def start(tag: str) -> subprocess.Popen:
-        out = open(tmp_path / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen(command, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
-
-    first = start("first")
-    try:
-        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180)
-        injector.preempt_one("spot", notice_s=1.0)
-        # Killed as soon as the on-demand workers are up: plenty of steps are left to resume.
-        wait_for(ledger, lambda rs: rs[-1].event.kind == "workers_acquired" and rs[-1].tier == 1, 180)
-        os.kill(first.pid, signal.SIGKILL)
-        first.wait(30)
-    finally:
-        if first.poll() is None:
-            first.kill()
-    second = start("second")
-    try:
-        assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:]
-    finally:
-        if second.poll() is None:
-            second.kill()
-    final = final_result((tmp_path / "second.log").read_text())
+    final = final_result(preempt_then_kill_the_driver(command, ledger, injector, tmp_path))
     assert final["metrics"]["weights_sha256"] == reference
 
     records, problems, lost, dupes = check_run(location)

@@ -14,8 +14,6 @@ cannot rename: the ledger's whole-object writes go through a server-side copy th
 
 from __future__ import annotations
 
-import os
-import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -28,11 +26,10 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     REPO,
     Background,
-    checkpoints_since,
     local_cluster,
+    preempt_then_kill_the_driver,
     restoring_injector,
     unique_name,
-    wait_for,
 )
 from tests.support.reliability import (  # noqa: E402
     RUN_CONFIG,
@@ -123,29 +120,10 @@ def test_job_file_run_survives_a_preemption_and_a_driver_restart_and_status_read
     location = resolve_run(store.uri("runs"), name)  # the URI, as status and report read it
     ledger = Ledger(location)
 
-    def start(tag: str) -> subprocess.Popen:
-        out = open(tmp_path / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen([sys.executable, "-m", "spotfallback.cli", "run", str(job_file)], cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
-
+    command = [sys.executable, "-m", "spotfallback.cli", "run", str(job_file)]
     with restoring_injector(cluster) as injector:
-        first = start("first")
-        try:
-            wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180)
-            injector.preempt_one("spot", notice_s=1.0)
-            # Killed as soon as the on-demand workers are up: plenty of steps are left to resume.
-            wait_for(ledger, lambda rs: rs[-1].event.kind == "workers_acquired" and rs[-1].tier == 1, 180)
-            os.kill(first.pid, signal.SIGKILL)
-            first.wait(30)
-        finally:
-            if first.poll() is None:
-                first.kill()
-    second = start("second")
-    try:
-        assert second.wait(300) == 0, (tmp_path / "second.log").read_text()[-3000:]
-    finally:
-        if second.poll() is None:
-            second.kill()
-    assert final_result((tmp_path / "second.log").read_text())["metrics"]["weights_sha256"] == reference
+        log = preempt_then_kill_the_driver(command, ledger, injector, tmp_path)
+    assert final_result(log)["metrics"]["weights_sha256"] == reference
 
     records, problems, lost, dupes = check_run(location)
     assert problems == [] and lost == [] and dupes == 0

@@ -139,3 +139,34 @@ def checkpoints_since(records: list[Any], kind: str, tier: int | None = None) ->
 
 def kinds(records: list[Any]) -> list[str]:
     return [r.event.kind for r in records if r.event.kind != "checkpoint_committed"]
+
+
+def preempt_then_kill_the_driver(command: Sequence[str], ledger: Any, injector: Injector, logs: Path) -> str:
+    """Run a driver ``command`` on a spot-then-on-demand ladder through the storage suite's core
+    fault: once it has checkpointed on spot, preempt a spot node; SIGKILL the driver as soon as
+    the on-demand workers are up (plenty of steps left to resume); launch it again to the end.
+    The second launch's log (it must exit 0)."""
+    import signal
+    import subprocess
+
+    def start(tag: str) -> subprocess.Popen[str]:
+        out = open(logs / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
+        return subprocess.Popen(list(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+
+    first = start("first")
+    try:
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180)
+        injector.preempt_one("spot", notice_s=1.0)
+        wait_for(ledger, lambda rs: rs[-1].event.kind == "workers_acquired" and rs[-1].tier == 1, 180)
+        os.kill(first.pid, signal.SIGKILL)
+        first.wait(30)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    second = start("second")
+    try:
+        assert second.wait(300) == 0, (logs / "second.log").read_text()[-3000:]
+    finally:
+        if second.poll() is None:
+            second.kill()
+    return (logs / "second.log").read_text()
