@@ -109,6 +109,55 @@ class DeadlineGuard(BaseModel):
     )
 
 
+class Toleration(BaseModel):
+    """A Kubernetes toleration for a tier's pods (the core/v1 fields, as written in a pod spec)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    key: str = Field(min_length=1, description="The taint's key, e.g. 'nvidia.com/gpu'.")
+    operator: Literal["Exists", "Equal"] = "Exists"
+    value: str | None = Field(default=None, description="With operator Equal: the taint's value.")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        default=None, description="The taint effect tolerated; None = all."
+    )
+
+    @model_validator(mode="after")
+    def _value_fits_operator(self) -> Toleration:
+        if self.operator == "Exists" and self.value is not None:
+            raise ValueError("value: an Exists toleration takes no value; use operator: Equal")
+        if self.operator == "Equal" and self.value is None:
+            raise ValueError("value: an Equal toleration needs the taint's value")
+        return self
+
+    def as_pod_field(self) -> dict[str, str]:
+        return self.model_dump(exclude_none=True)
+
+
+class TierPlacement(BaseModel):
+    """Which machines a tier's pool is on a real cluster, beyond its market and zone.
+
+    Only the deployment files read it (``spotfallback manifest``): Ray finds a tier's workers by
+    its ``label_selector``, Kubernetes and the cluster launcher by these. A GPU type named in the
+    label selector (``ray.io/accelerator-type``) is mapped to each cloud's own node label where the
+    cloud has one; elsewhere name the machines here.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    instance_type: str | None = Field(
+        default=None,
+        min_length=1,
+        description="Instance type / VM size / machine type of the pool, e.g. 'p4d.24xlarge', 'Standard_NC24ads_A100_v4'.",
+    )
+    node_selector: dict[str, str] = Field(
+        default_factory=dict,
+        description="Kubernetes node labels the tier's pods require, e.g. {'cloud.google.com/gke-nodepool': 'a100-spot'}.",
+    )
+    tolerations: list[Toleration] = Field(
+        default_factory=list, description="Extra Kubernetes tolerations (taints of the pool's own making)."
+    )
+
+
 _BEYOND_DEFAULTS: dict[str, Any] = {
     "min_workers": None,
     "climb_back": False,
@@ -158,6 +207,10 @@ class Tier(BaseModel):
         description="Longest wait for this tier's workers (at start and after each failure); null = forever.",
     )
     price_per_worker_hour: float = Field(default=0.0, ge=0, description="Price of one worker for one hour.")
+    placement: TierPlacement = Field(
+        default_factory=TierPlacement,
+        description="The pool's machines on a real cluster (instance type, node labels, tolerations); deployment files only.",
+    )
     # -- beyond one-way fallback: climbing back, elastic tiers, guards; the defaults keep a ladder one-way and rigid --
     min_workers: int | None = Field(
         default=None,

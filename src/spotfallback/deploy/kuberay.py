@@ -63,6 +63,7 @@ from spotfallback.deploy.common import (
     with_run_name,
     worker_shape,
 )
+from spotfallback.deploy.pools import k8s_pool
 from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -366,7 +367,17 @@ def _worker_group(
     labels = tier_labels(tier, index)
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
-    placement = replace(placement, node_selector={**placement.node_selector, **topology})
+    pool = k8s_pool(opts.cloud, tier, index, gpu > 0)
+    selector = dict(placement.node_selector)
+    for key, value in {**topology, **pool.node_selector}.items():
+        if selector.get(key, value) != value:
+            raise ConfigError(
+                f"tiers[{index}].placement.node_selector.{key}: {value!r} contradicts {selector[key]!r}, which the "
+                f"tier's market or zone requires on {opts.cloud.value}; drop it"
+            )
+        selector[key] = value
+    tolerations = [*placement.tolerations, *(t for t in pool.tolerations if t not in placement.tolerations)]
+    placement = replace(placement, node_selector=selector, tolerations=tolerations)
     group: dict[str, Any] = {
         "groupName": tier.name,
         "replicas": tier.num_workers if index == 0 else 0,

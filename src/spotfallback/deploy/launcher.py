@@ -40,6 +40,7 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
+from spotfallback.deploy.pools import vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -123,10 +124,19 @@ def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
     )
 
 
-def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> str:
-    if tier.name in opts.instance_types:
-        return opts.instance_types[tier.name]
+def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, dict[str, Any]]:
+    """The tier's machine type (``--instance-type`` first, then the tier's pool, then the
+    default fit) and any extra ``node_config`` its GPU type needs."""
     cpu, gpu, _ = worker_shape(tier, index)
+    pooled, extra = vm_pool(opts.cloud, tier, index, cpu, gpu)
+    if tier.name in opts.instance_types:
+        return opts.instance_types[tier.name], extra
+    if pooled:
+        return pooled, extra
+    return _default_fit(tier, index, opts, cpu, gpu), extra
+
+
+def _default_fit(tier: Tier, index: int, opts: LauncherOptions, cpu: float, gpu: int) -> str:
     gcp = opts.cloud is VmCloud.GCP
     table = (_GCP_GPU_TYPES if gcp else _AWS_GPU_TYPES) if gpu else (_GCP_TYPES if gcp else _AWS_TYPES)
     for name, vcpus, gpus in table:
@@ -225,6 +235,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     agents = opts.notice_agent and any(_has_agent(t, opts.cloud) for t in job.tiers)
     for i, tier in enumerate(job.tiers):
         labels = tier_labels(tier, i)
+        instance_type, accelerators = _instance_type(tier, i, opts)
         if agents and _has_agent(tier, opts.cloud):
             labels[AGENT_LABEL] = "true"
         node_types[tier.name] = {
@@ -232,7 +243,10 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
             "max_workers": tier.num_workers,
             "resources": _node_resources(tier, i),
             "labels": labels,
-            "node_config": _node_config(_instance_type(tier, i, opts), tier.market, tier.use_gpu, f"tiers[{i}].market", opts),
+            "node_config": {
+                **_node_config(instance_type, tier.market, tier.use_gpu, f"tiers[{i}].market", opts),
+                **accelerators,
+            },
         }
     config: dict[str, Any] = {
         "cluster_name": k8s_name(job.name, 32),

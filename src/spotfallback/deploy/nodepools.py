@@ -41,6 +41,7 @@ from spotfallback.deploy.common import (
     with_run_name,
     worker_shape,
 )
+from spotfallback.deploy.pools import GPU_NODE_TAINT, k8s_pool
 from spotfallback.deploy.schema import KubernetesValidator, extract_crd_schema, make_strict
 from spotfallback.errors import ConfigError, ManifestInvalid
 
@@ -101,14 +102,21 @@ def _market(tier: Tier, index: int) -> str:
     return tier.market
 
 
-def _requirements(tiers: list[tuple[int, Tier]], market: str, provider: _Provider) -> list[dict[str, Any]]:
+def _pool_selector(cloud: KarpenterCloud, tier: Tier, index: int) -> dict[str, str]:
+    """The node labels the tier's pods require beyond market and zone (its GPU type, instance
+    type, own selector): what its NodePool must offer (``pools.k8s_pool``)."""
+    return k8s_pool(K8sCloud(cloud.value), tier, index, worker_shape(tier, index)[1] > 0).node_selector
+
+
+def _requirements(tiers: list[tuple[int, Tier]], market: str, provider: _Provider, pool: dict[str, str]) -> list[dict[str, Any]]:
     reqs: list[dict[str, Any]] = [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[market]]}]
     # The zone a tier's worker group pins (tier_labels: exact label values only).
     zones = [tier_labels(t, i).get(ZONE_LABEL) for i, t in tiers]
-    if all(zones):  # every tier of this market is pinned: keep the pool to those zones
+    if all(zones):  # every tier of this pool is pinned: keep the pool to those zones
         reqs.append({"key": ZONE_KEY, "operator": "In", "values": sorted({z for z in zones if z})})
     if all(worker_shape(t, i)[1] > 0 for i, t in tiers):
         reqs.append({"key": provider.gpu_count_key, "operator": "Gt", "values": ["0"]})
+    reqs += [{"key": key, "operator": "In", "values": [value]} for key, value in sorted(pool.items())]
     return reqs
 
 
@@ -117,24 +125,35 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
     provider = PROVIDERS[opts.cloud]
     job = with_run_name(job, opts.run_name)
     name = job.name
-    by_market: dict[str, list[tuple[int, Tier]]] = {}
+    # One pool per market and machine pool: tiers of one market on different GPU types or
+    # instance types need their own, or Karpenter may give either tier the other's machines.
+    by_pool: dict[tuple[str, tuple[tuple[str, str], ...], bool], list[tuple[int, Tier]]] = {}
     for i, tier in enumerate(job.tiers):
-        by_market.setdefault(_market(tier, i), []).append((i, tier))
+        gpu = worker_shape(tier, i)[1] > 0
+        key = (_market(tier, i), tuple(sorted(_pool_selector(opts.cloud, tier, i).items())), gpu)
+        by_pool.setdefault(key, []).append((i, tier))
+    per_market: dict[str, int] = {}
+    for market, _, _ in by_pool:
+        per_market[market] = per_market.get(market, 0) + 1
     pools = []
-    for market, tiers in by_market.items():
+    for (market, selector, gpu), tiers in by_pool.items():
         node_spec: dict[str, Any] = {
             "nodeClassRef": {"group": provider.node_class_group, "kind": provider.node_class_kind, "name": opts.node_class},
-            "requirements": _requirements(tiers, market, provider),
+            "requirements": _requirements(tiers, market, provider, dict(selector)),
             "expireAfter": "Never",
         }
-        if market == SPOT and provider.spot_taints:
-            node_spec["taints"] = [dict(t) for t in provider.spot_taints]
+        taints = [dict(t) for t in provider.spot_taints] if market == SPOT else []
+        if gpu:  # keep CPU pods off GPU nodes; the GPU tiers' pods tolerate it (pools.GPU_TOLERATIONS)
+            taints.append(dict(GPU_NODE_TAINT))
+        if taints:
+            node_spec["taints"] = taints
+        suffix = CAPACITY_TYPES[market] if per_market[market] == 1 else tiers[0][1].name
         pools.append(
             {
                 "apiVersion": API_VERSION,
                 "kind": "NodePool",
                 "metadata": {
-                    "name": k8s_name(f"{name}-{CAPACITY_TYPES[market]}", 63),
+                    "name": k8s_name(f"{name}-{suffix}", 63),
                     "labels": {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(name, 63)},
                 },
                 "spec": {
@@ -195,6 +214,7 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
     capacity timeout) and whether AKS spot pools taint their nodes as the pods expect."""
     validator = _validator(cloud)
     allowed: set[str] = set()
+    valid_pools: list[dict[str, Any]] = []
     for i, doc in enumerate(docs):
         where = f"NodePool[{i}]"
         if not isinstance(doc, dict) or doc.get("kind") != "NodePool":
@@ -204,6 +224,7 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
             yield f"{where}.{_path(error)}: {error.message}"
         types = _capacity_types(doc)
         allowed |= types if types is not None else set(CAPACITY_TYPES.values())
+        valid_pools.append(doc)
         taints = doc.get("spec", {}).get("template", {}).get("spec", {}).get("taints") or []
         if cloud is KarpenterCloud.AKS_NAP and types == {"spot"} and not any(
             isinstance(t, dict) and t.get("key") == AKS_SPOT_TAINT["key"] for t in taints
@@ -219,6 +240,25 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
                 f"tiers[{i}] ({tier.name!r}, {tier.market}): no NodePool allows {KARPENTER_KEY} {wanted!r}; its pods "
                 f"would stay pending until the tier's capacity timeout. Add {wanted!r} to a pool's requirements"
             )
+            continue
+        needs = {KARPENTER_KEY: wanted, **_pool_selector(cloud, tier, i)} if wanted else {}
+        if needs and not any(all(_allows(pool, key, value) for key, value in needs.items()) for pool in valid_pools):
+            pairs = ", ".join(f"{k}={v}" for k, v in needs.items())
+            yield (
+                f"tiers[{i}] ({tier.name!r}): no NodePool allows nodes labelled {pairs}; its pods would stay pending "
+                "until the tier's capacity timeout. Add a pool whose requirements allow them"
+            )
+
+
+def _allows(pool: dict[str, Any], key: str, value: str) -> bool:
+    """Whether a NodePool's requirements let it make a node labelled ``key=value``."""
+    for req in pool.get("spec", {}).get("template", {}).get("spec", {}).get("requirements", []) or []:
+        if not isinstance(req, dict) or req.get("key") != key:
+            continue
+        op, values = req.get("operator"), req.get("values") or []
+        if (op == "In" and value not in values) or (op == "NotIn" and value in values) or op == "DoesNotExist":
+            return False
+    return True
 
 
 def render_nodepools(job: JobConfig, opts: NodePoolOptions) -> str:

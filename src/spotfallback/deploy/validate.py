@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import datetime as _dt
 import difflib
+import json
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -487,6 +488,34 @@ def _market_mismatch(group: dict[str, Any], at: list[str | int]) -> Iterator[Fin
         )
 
 
+def _node_selection(pod: dict[str, Any]) -> str:
+    """A pod's whole node selection (selector, required affinity, tolerations), canonical: two
+    pods with the same one can land on the same nodes."""
+    tolerations = pod.get("tolerations") if isinstance(pod.get("tolerations"), list) else []
+    chosen = {"selector": _dict(pod.get("nodeSelector")), "terms": _required_terms(pod), "tolerations": tolerations}
+    return json.dumps(chosen, sort_keys=True, default=str)
+
+
+def _indistinguishable_pools(workers: list[Any], at: list[str | int]) -> Iterator[Finding]:
+    """Worker groups Ray tells apart (different node labels: another GPU type, pool or market)
+    but Kubernetes cannot (the same node selection): either's pods may land on the other's
+    nodes, and then the Ray labels on those nodes are false, so a tier runs on another tier's pool."""
+    seen: dict[str, tuple[int, Any, Any]] = {}
+    for i, group in enumerate(workers):
+        if not isinstance(group, dict):
+            continue
+        key = _node_selection(_dict(_get(group, "template", "spec")))
+        if key in seen and seen[key][2] != group.get("labels"):
+            first, name, _ = seen[key]
+            yield Finding(
+                field_path([*at, "workerGroupSpecs", i, "template", "spec", "nodeSelector"]),
+                f"selects the same nodes as workerGroupSpecs[{first}] ({name!r}) but carries other Ray labels, so "
+                "either group's pods may land on the other's pool; tell the pools apart by a node label (the tier's "
+                "ray.io/accelerator-type, placement.instance_type or placement.node_selector)",
+            )
+        seen.setdefault(key, (i, group.get("groupName"), group.get("labels")))
+
+
 def _cluster_findings(spec: Any, at: list[str | int], annotations: dict[str, Any]) -> Iterator[Finding]:
     if not isinstance(spec, dict):
         return
@@ -510,6 +539,7 @@ def _cluster_findings(spec: Any, at: list[str | int], annotations: dict[str, Any
             yield Finding(where, f"{name!r} is already the name of workerGroupSpecs[{first_with[name]}]")
         else:
             first_with[name] = i
+    yield from _indistinguishable_pools(workers, at)
     head_container = _get(head, "template", "spec", "containers", 0)
     head_env_at = [*at, "headGroupSpec", "template", "spec", "containers", 0, "env"]
     autoscaling = spec.get("enableInTreeAutoscaling") is True

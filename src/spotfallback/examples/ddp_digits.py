@@ -1,4 +1,4 @@
-"""Data-parallel PyTorch (DDP, gloo, CPU) on scikit-learn's bundled digits, resumable bit for bit.
+"""Data-parallel PyTorch (DDP) on scikit-learn's bundled digits, resumable bit for bit.
 
 Run it with Ray Train V2 (``TorchTrainer`` or ``spotfallback.FallbackTrainer``) as
 ``spotfallback.examples.ddp_digits:train_fn``. A run that is killed and resumed from any checkpoint ends
@@ -19,6 +19,12 @@ with exactly the same weights as one that never stopped, because the checkpoint 
 - ``_spotfallback_manifest.json``: size and SHA-256 of each file above
   (``spotfallback.store.checkpoints.write_manifest``), so a resume can tell a whole checkpoint
   from a truncated one and fall back to the newest whole checkpoint.
+
+Devices: a tier with ``use_gpu`` gets NCCL (Ray Train picks it for workers with GPUs) and each
+worker its CUDA device (``ray.train.torch.get_device``); CPU tiers get gloo. Checkpoints are
+loaded onto the CPU first, so a run moves between GPU and CPU tiers; dropout masks are drawn on
+the CPU from the rank's generator either way. Bit-for-bit resumes are promised on one kind of
+device: CUDA kernels sum in another order than the CPU.
 
 Determinism on CPU also needs one intra-op thread (``torch.set_num_threads(1)``: reduction
 order stays fixed) and ``torch.use_deterministic_algorithms(True)``. All randomness goes
@@ -124,7 +130,7 @@ def _dropout(x: torch.Tensor, generator: torch.Generator | None, training: bool)
     # its state, saved in the checkpoint, fully determines the masks.
     if not training or generator is None:
         return x
-    keep = torch.rand(x.shape, generator=generator) >= DROPOUT
+    keep = (torch.rand(x.shape, generator=generator) >= DROPOUT).to(x.device)
     return x * keep / (1.0 - DROPOUT)
 
 
@@ -164,7 +170,7 @@ def state_hash(model_or_state: nn.Module | dict[str, torch.Tensor]) -> str:
 def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor) -> float:
     model.eval()
     with torch.no_grad():
-        pred = model(x).argmax(dim=1)
+        pred = model(x.to(next(model.parameters()).device)).argmax(dim=1).cpu()
     model.train()
     return float((pred == y).float().mean())
 
@@ -179,7 +185,9 @@ def _gather(obj: Any) -> list[Any]:
 
 def _mean(value: float) -> float:
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        t = torch.tensor([value], dtype=torch.float64)
+        # NCCL reduces only tensors on the rank's GPU.
+        device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else None
+        t = torch.tensor([value], dtype=torch.float64, device=device)
         dist.all_reduce(t)
         return float(t.item()) / dist.get_world_size()
     return value
@@ -252,6 +260,18 @@ def _save(
     (directory / "progress.json").write_text(json.dumps(progress, indent=1))
 
 
+def _device() -> torch.device:
+    """The worker's device: its CUDA device on a ``use_gpu`` tier, else the CPU."""
+    import ray.train.torch
+
+    device = ray.train.torch.get_device()
+    if device.type == "cuda":
+        # Deterministic cuBLAS needs a fixed workspace, set before the first CUDA call.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.cuda.set_device(device)
+    return device
+
+
 def _wait_for_gate(gate: str | None) -> None:
     """Hold the step until the ``step_gate`` file exists (every rank waits, so the step stays collective)."""
     while gate is not None and not os.path.exists(gate):
@@ -269,8 +289,9 @@ def train_fn(config: dict[str, Any]) -> None:
     rank, world = ctx.get_world_rank(), ctx.get_world_size()
     batch_size = rank_batch_size(cfg, world)  # before any work: a bad size fails at once
 
+    device = _device()
     x_train, y_train, x_test, y_test = load_digits_split(seed=cfg["seed"])
-    model = make_model(cfg["hidden"], cfg["seed"])
+    model = make_model(cfg["hidden"], cfg["seed"]).to(device)
     optimizer = torch.optim.Adam(model.parameters(), lr=cfg["lr"])
     scheduler = torch.optim.lr_scheduler.StepLR(optimizer, step_size=10, gamma=0.7)
     stream = _Rank(len(y_train), rank, world, cfg["seed"], batch_size)
@@ -280,10 +301,10 @@ def train_fn(config: dict[str, Any]) -> None:
     if checkpoint is not None:
         with checkpoint.as_directory() as d:
             ckpt = Path(d)
-            model.load_state_dict(torch.load(ckpt / "model.pt", weights_only=True))
-            optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", weights_only=True))
-            scheduler.load_state_dict(torch.load(ckpt / "lr_scheduler.pt", weights_only=True))
-            rank_states = torch.load(ckpt / "rank_states.pt", weights_only=True)
+            model.load_state_dict(torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True))
+            optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
+            scheduler.load_state_dict(torch.load(ckpt / "lr_scheduler.pt", map_location="cpu", weights_only=True))
+            rank_states = torch.load(ckpt / "rank_states.pt", map_location="cpu", weights_only=True)
             start = json.loads((ckpt / "progress.json").read_text())["step"] + 1
         if len(rank_states) == world:
             stream.load(rank_states[rank])
@@ -294,7 +315,7 @@ def train_fn(config: dict[str, Any]) -> None:
 
     ddp: nn.Module = model
     if dist.is_available() and dist.is_initialized() and dist.get_world_size() > 1:
-        ddp = nn.parallel.DistributedDataParallel(model)
+        ddp = nn.parallel.DistributedDataParallel(model, device_ids=[device] if device.type == "cuda" else None)
     model.train()
 
     watch = _preemption_watch(cfg)
@@ -304,7 +325,7 @@ def train_fn(config: dict[str, Any]) -> None:
         _maybe_raise(cfg, step, rank)
         idx = stream.next_batch()
         optimizer.zero_grad(set_to_none=True)
-        loss = F.cross_entropy(ddp(x_train[idx], generator=stream.generator), y_train[idx])
+        loss = F.cross_entropy(ddp(x_train[idx].to(device), generator=stream.generator), y_train[idx].to(device))
         loss.backward()
         optimizer.step()
         scheduler.step()

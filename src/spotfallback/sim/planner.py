@@ -271,6 +271,8 @@ def ladder_yaml(ladder: Ladder, tau_h: float | None = None) -> str:
         d = t.model_dump(mode="json")
         if d.get("resources_per_worker") is None:
             d.pop("resources_per_worker", None)
+        if "placement" not in t.model_fields_set:  # deployment detail; left out unless the ladder set it
+            d.pop("placement", None)
         tiers.append(d)
     text = yaml.safe_dump({"tiers": tiers}, sort_keys=False)
     if tau_h is not None:

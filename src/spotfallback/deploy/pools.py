@@ -1,0 +1,174 @@
+"""Which machines each tier's pool is, in the words of each cloud and the cluster launcher.
+
+A ladder of GPU pools (A100 spot in one zone, then L4 spot elsewhere, then A100 on-demand) only
+works if each tier's pods can land on its own pool and nowhere else. The market and zone say too
+little: two spot tiers in one zone are the same tier to Kubernetes. So each tier's pool is pinned
+by what the cloud labels its nodes with:
+
+- the GPU type, when the tier's Ray label selector names one (``ray.io/accelerator-type``, Ray's
+  own names: ``A100``, ``L4``, ...), where the cloud labels nodes by GPU type: GKE's
+  ``cloud.google.com/gke-accelerator``, Karpenter on EKS's ``karpenter.k8s.aws/instance-gpu-name``;
+- the instance type (``placement.instance_type``), by the well-known
+  ``node.kubernetes.io/instance-type``: the way on EKS managed node groups and AKS, which label
+  no GPU type;
+- whatever else the tier asks for (``placement.node_selector``, ``placement.tolerations``).
+
+GPU pods tolerate the taints GPU pools commonly carry: ``nvidia.com/gpu`` (EKS GPU node groups
+and NodePools, GKE's own GPU taint) and AKS's documented ``sku=gpu:NoSchedule``. For ``ray up``
+the GPU type picks the instance family (``p4d``, ``g6``, ``a2-highgpu``, ...), sized like the
+CPU tiers by the worker's CPUs and GPUs.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from spotfallback.config import Tier
+from spotfallback.deploy.clouds import K8sCloud, VmCloud
+from spotfallback.errors import ConfigError
+
+ACCELERATOR_LABEL = "ray.io/accelerator-type"
+INSTANCE_TYPE_KEY = "node.kubernetes.io/instance-type"
+GKE_ACCELERATOR_KEY = "cloud.google.com/gke-accelerator"
+KARPENTER_GPU_NAME_KEY = "karpenter.k8s.aws/instance-gpu-name"
+KARPENTER_GPU_MEMORY_KEY = "karpenter.k8s.aws/instance-gpu-memory"  # MiB per GPU
+GPU_TAINT_KEY = "nvidia.com/gpu"
+# Pods that use GPUs tolerate the taints GPU pools carry; a toleration without its taint is inert.
+GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
+    {"key": GPU_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"},
+    {"key": "sku", "operator": "Equal", "value": "gpu", "effect": "NoSchedule"},
+)
+# The taint ``manifest nodepools`` puts on GPU NodePools, so CPU pods keep off GPU nodes.
+GPU_NODE_TAINT = {"key": GPU_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+
+
+@dataclass(frozen=True)
+class Gpu:
+    """One GPU type (Ray's name) as each target knows it; None where the target has none.
+
+    ``aws`` / ``gcp``: (machine type, vCPUs, GPUs), smallest first, for ``ray up``'s default fit.
+    ``gcp_guest``: GCP's accelerator type where GPUs are attached to an N1 VM instead.
+    """
+
+    gke: str | None
+    karpenter: str | None
+    aws: tuple[tuple[str, int, int], ...]
+    gcp: tuple[tuple[str, int, int], ...] = ()
+    gcp_guest: str | None = None
+    karpenter_memory_mib: int | None = None
+
+
+def _sizes(family: str, sizes: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int, int], ...]:
+    return tuple((f"{family}{size}", cpus, gpus) for size, cpus, gpus in sizes)
+
+
+_G_SIZES = (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4),
+            ("24xlarge", 96, 4), ("48xlarge", 192, 8))  # fmt: skip
+_A2_SIZES = (("1g", 12, 1), ("2g", 24, 2), ("4g", 48, 4), ("8g", 96, 8))
+_N1_GUEST = tuple((f"n1-standard-{c}", c, 8) for c in (4, 8, 16, 32, 64, 96))
+
+# Ray's accelerator names (ray.util.accelerators) -> each target's. GKE: its accelerator names;
+# Karpenter on EKS: instance-gpu-name, lowercase; AWS and GCP: the instance families with that GPU.
+GPUS: dict[str, Gpu] = {
+    "A100": Gpu("nvidia-tesla-a100", "a100", (("p4d.24xlarge", 96, 8),), _sizes("a2-highgpu-", _A2_SIZES)),
+    "A100-80G": Gpu(
+        "nvidia-a100-80gb", "a100", (("p4de.24xlarge", 96, 8),), _sizes("a2-ultragpu-", _A2_SIZES), karpenter_memory_mib=81920
+    ),
+    "H100": Gpu("nvidia-h100-80gb", "h100", (("p5.48xlarge", 192, 8),), (("a3-highgpu-8g", 208, 8),)),
+    "L4": Gpu(
+        "nvidia-l4",
+        "l4",
+        _sizes("g6.", _G_SIZES),
+        tuple((f"g2-standard-{c}", c, g) for c, g in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))),
+    ),
+    "A10G": Gpu(None, "a10g", _sizes("g5.", _G_SIZES)),
+    "L40S": Gpu(None, "l40s", _sizes("g6e.", _G_SIZES)),
+    "T4": Gpu(
+        "nvidia-tesla-t4",
+        "t4",
+        _sizes("g4dn.", (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4))),
+        _N1_GUEST,
+        "nvidia-tesla-t4",
+    ),
+    "V100": Gpu(
+        "nvidia-tesla-v100", "v100", _sizes("p3.", (("2xlarge", 8, 1), ("8xlarge", 32, 4), ("16xlarge", 64, 8))), _N1_GUEST,
+        "nvidia-tesla-v100",
+    ),  # fmt: skip
+}
+
+
+def tier_gpu(tier: Tier, index: int) -> tuple[str, Gpu] | None:
+    """(Ray's name, its table entry) of the GPU type the tier's label selector names, if any."""
+    name = tier.label_selector.get(ACCELERATOR_LABEL)
+    if name is None:
+        return None
+    if name not in GPUS:
+        raise ConfigError(
+            f"tiers[{index}].label_selector.{ACCELERATOR_LABEL}: {name!r} is not a GPU type spotfallback can place; "
+            f"use one of {', '.join(GPUS)} (Ray's names), or drop it and name the machines in tiers[{index}].placement"
+        )
+    return name, GPUS[name]
+
+
+@dataclass(frozen=True)
+class PoolSelection:
+    """What pins a tier's pods to its pool on one Kubernetes cloud."""
+
+    node_selector: dict[str, str]
+    tolerations: list[dict[str, str]]
+
+
+def k8s_pool(cloud: K8sCloud, tier: Tier, index: int, gpu: bool) -> PoolSelection:
+    """The node labels and tolerations of the tier's pool on ``cloud`` (beyond market and zone)."""
+    selector: dict[str, str] = {}
+    named = tier_gpu(tier, index)
+    if named is not None:
+        name, kind = named
+        if cloud is K8sCloud.GKE and kind.gke:
+            selector[GKE_ACCELERATOR_KEY] = kind.gke
+        elif cloud is K8sCloud.EKS_KARPENTER and kind.karpenter:
+            selector[KARPENTER_GPU_NAME_KEY] = kind.karpenter
+            if kind.karpenter_memory_mib:
+                selector[KARPENTER_GPU_MEMORY_KEY] = str(kind.karpenter_memory_mib)
+        elif not tier.placement.instance_type and not tier.placement.node_selector:
+            raise ConfigError(
+                f"tiers[{index}].placement: {cloud.value} nodes carry no label for the GPU type {name!r}, so its pods "
+                f"could land on any GPU pool; name the pool's machines with placement.instance_type (e.g. the node "
+                "group's instance type or VM size) or placement.node_selector"
+            )
+    if tier.placement.instance_type:
+        selector[INSTANCE_TYPE_KEY] = tier.placement.instance_type
+    for key, value in tier.placement.node_selector.items():
+        if selector.get(key, value) != value:
+            raise ConfigError(
+                f"tiers[{index}].placement.node_selector.{key}: {value!r} contradicts {selector[key]!r}, which the "
+                "tier's GPU type or instance type already requires; drop one"
+            )
+        selector[key] = value
+    tolerations = [dict(t) for t in GPU_TOLERATIONS] if gpu else []
+    tolerations += [t.as_pod_field() for t in tier.placement.tolerations if t.as_pod_field() not in tolerations]
+    return PoolSelection(selector, tolerations)
+
+
+def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int) -> tuple[str | None, dict[str, Any]]:
+    """(``ray up`` instance/machine type, extra ``node_config``) of the tier's pool: its own
+    ``placement.instance_type``, else the smallest machine of its GPU type that fits the worker.
+    (None, {}) when neither is named: the launcher's CPU/GPU default fit applies."""
+    named = tier_gpu(tier, index)
+    if named is None:
+        return tier.placement.instance_type, {}
+    name, kind = named
+    table = kind.aws if cloud is VmCloud.AWS else kind.gcp
+    extra: dict[str, Any] = {}
+    if cloud is VmCloud.GCP and kind.gcp_guest:
+        extra["guestAccelerators"] = [{"acceleratorType": kind.gcp_guest, "acceleratorCount": max(1, gpus)}]
+    if tier.placement.instance_type:
+        return tier.placement.instance_type, extra
+    for machine, vcpus, count in table:
+        if vcpus >= cpu and count >= gpus:
+            return machine, extra
+    raise ConfigError(
+        f"tiers[{index}].placement.instance_type: no {cloud.value} machine with {name} GPUs fits {cpu:g} CPUs and "
+        f"{gpus} GPUs per worker{'' if table else f' ({cloud.value} has no {name})'}; name one"
+    )

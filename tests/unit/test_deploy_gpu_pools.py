@@ -1,0 +1,201 @@
+"""A ladder of GPU pools in every deployment file: each tier's pods land on its own pool only.
+
+The ladder: A100 spot -> T4 spot (same zone, another GPU) -> A100 on-demand. Per Kubernetes
+cloud the RayJob / RayCluster (checked against the vendored KubeRay CRDs when rendered) must give
+each tier a node selection no other tier's nodes satisfy, GPU pods must tolerate GPU pool taints,
+and on Karpenter each tier must have a NodePool that makes exactly its machines.
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import pytest
+import yaml
+from pydantic import ValidationError
+
+from spotfallback.config import JobConfig, Tier
+from spotfallback.deploy import K8sCloud, KubeRayOptions, kuberay_manifest
+from spotfallback.deploy.clouds import VmCloud
+from spotfallback.deploy.kuberay import Kind, render_kuberay
+from spotfallback.deploy.launcher import (
+    LauncherOptions,
+    cluster_launcher_config,
+    render_cluster_launcher,
+)
+from spotfallback.deploy.nodepools import (
+    KarpenterCloud,
+    NodePoolOptions,
+    nodepool_findings,
+    nodepools_for,
+)
+from spotfallback.deploy.pools import (
+    GKE_ACCELERATOR_KEY,
+    GPU_NODE_TAINT,
+    INSTANCE_TYPE_KEY,
+    KARPENTER_GPU_NAME_KEY,
+    k8s_pool,
+)
+from spotfallback.deploy.validate import validate_document
+from spotfallback.errors import ConfigError
+
+# Clouds whose nodes carry no GPU-type label: the job names each pool's machines.
+INSTANCE_TYPES: dict[K8sCloud, dict[str, str]] = {
+    K8sCloud.EKS_MANAGED: {"A100": "p4d.24xlarge", "T4": "g4dn.12xlarge"},
+    K8sCloud.AKS: {"A100": "Standard_NC24ads_A100_v4", "T4": "Standard_NC4as_T4_v3"},
+    K8sCloud.AKS_NAP: {"A100": "Standard_NC24ads_A100_v4", "T4": "Standard_NC4as_T4_v3"},
+}
+
+
+def gpu_tier(name: str, market: str, gpu: str, workers: int, cloud: K8sCloud | None = None) -> dict[str, Any]:
+    tier: dict[str, Any] = {
+        "name": name,
+        "market": market,
+        "num_workers": workers,
+        "use_gpu": True,
+        "resources_per_worker": {"CPU": 8, "GPU": 1},
+        "label_selector": {"ray.io/market-type": market, "ray.io/accelerator-type": gpu},
+    }
+    if cloud in INSTANCE_TYPES:
+        tier["placement"] = {"instance_type": INSTANCE_TYPES[cloud][gpu]}
+    return tier
+
+
+def gpu_ladder(cloud: K8sCloud | None = None) -> JobConfig:
+    tiers = [
+        gpu_tier("a100-spot", "spot", "A100", 4, cloud),
+        gpu_tier("t4-spot", "spot", "T4", 8, cloud),
+        gpu_tier("a100-on-demand", "on-demand", "A100", 4, cloud),
+    ]
+    return JobConfig.model_validate(
+        {"name": "llm-ft", "storage_path": "s3://ml-runs/spotfallback", "entrypoint": "ft.train:train_func", "tiers": tiers}
+    )
+
+
+def pod_specs(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    spec = manifest["spec"]
+    return [g["template"]["spec"] for g in spec.get("rayClusterSpec", spec)["workerGroupSpecs"]]
+
+
+def required_pairs(pod: dict[str, Any]) -> set[tuple[str, str]]:
+    return set(pod.get("nodeSelector", {}).items())
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_each_gpu_tier_selects_its_own_pool_and_tolerates_gpu_taints(cloud: K8sCloud, kind: Kind) -> None:
+    job = gpu_ladder(cloud)
+    text = render_kuberay(job, KubeRayOptions(cloud=cloud, kind=kind, image="ghcr.io/acme/train:1"))  # validated
+    pods = pod_specs(yaml.safe_load(text))
+    selections = [required_pairs(p) for p in pods]
+    # The two spot tiers (same market, same zone) differ by the GPU type or the machines.
+    assert selections[0] != selections[1] and selections[0] - selections[1] and selections[1] - selections[0]
+    pin = {K8sCloud.GKE: GKE_ACCELERATOR_KEY, K8sCloud.EKS_KARPENTER: KARPENTER_GPU_NAME_KEY}.get(cloud, INSTANCE_TYPE_KEY)
+    assert [dict(s).get(pin) is not None for s in selections] == [True, True, True]
+    assert dict(selections[0])[pin] == dict(selections[2])[pin]  # A100 spot and on-demand: one machine, two markets
+    for pod in pods:
+        assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in pod["tolerations"]
+        assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == "1"
+
+
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_validate_refuses_two_groups_kubernetes_cannot_tell_apart(cloud: K8sCloud) -> None:
+    manifest = kuberay_manifest(gpu_ladder(cloud), KubeRayOptions(cloud=cloud, image="ghcr.io/acme/train:1"))
+    _, findings = validate_document(manifest)
+    assert not [f for f in findings if not f.warning]
+    broken = copy.deepcopy(manifest)
+    pods = pod_specs(broken)
+    pods[1]["nodeSelector"] = dict(pods[0]["nodeSelector"])  # the T4 tier's pods now fit the A100 pool
+    _, findings = validate_document(broken)
+    errors = [f for f in findings if not f.warning]
+    assert len(errors) == 1 and "workerGroupSpecs[1]" in errors[0].path
+    assert "same nodes as workerGroupSpecs[0] ('a100-spot')" in errors[0].message
+
+
+@pytest.mark.parametrize("cloud", [K8sCloud.EKS_MANAGED, K8sCloud.AKS, K8sCloud.AKS_NAP])
+def test_a_gpu_type_without_a_node_label_needs_the_pool_named(cloud: K8sCloud) -> None:
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.placement: .* placement\.instance_type"):
+        kuberay_manifest(gpu_ladder(None), KubeRayOptions(cloud=cloud, image="ghcr.io/acme/train:1"))
+
+
+def test_an_unknown_gpu_type_names_the_field_and_ray_names() -> None:
+    tier = Tier.model_validate(gpu_tier("x", "spot", "A1000", 1))
+    with pytest.raises(ConfigError, match=r"tiers\[2\]\.label_selector\.ray\.io/accelerator-type: 'A1000' .* A100, A100-80G"):
+        k8s_pool(K8sCloud.GKE, tier, 2, gpu=True)
+
+
+def test_placement_node_selector_and_tolerations_reach_the_pods_and_contradictions_are_refused() -> None:
+    tier = Tier.model_validate(
+        {
+            **gpu_tier("a100-spot", "spot", "A100", 2),
+            "placement": {
+                "node_selector": {"cloud.google.com/gke-nodepool": "a100-spot"},
+                "tolerations": [{"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"}],
+            },
+        }
+    )
+    pool = k8s_pool(K8sCloud.GKE, tier, 0, gpu=True)
+    assert pool.node_selector == {GKE_ACCELERATOR_KEY: "nvidia-tesla-a100", "cloud.google.com/gke-nodepool": "a100-spot"}
+    assert {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pool.tolerations
+    clash = tier.model_copy(update={"placement": tier.placement.model_copy(update={"node_selector": {GKE_ACCELERATOR_KEY: "nvidia-l4"}})})
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.placement\.node_selector\.cloud\.google\.com/gke-accelerator"):
+        k8s_pool(K8sCloud.GKE, clash, 0, gpu=True)
+
+
+@pytest.mark.parametrize(
+    ("toleration", "field"),
+    [({"key": "a", "operator": "Exists", "value": "x"}, "value"), ({"key": "a", "operator": "Equal"}, "value"), ({"key": ""}, "key")],
+)
+def test_a_malformed_toleration_is_refused_naming_the_field(toleration: dict[str, Any], field: str) -> None:
+    with pytest.raises(ValidationError, match=field):
+        Tier.model_validate({**gpu_tier("a", "spot", "A100", 1), "placement": {"tolerations": [toleration]}})
+
+
+@pytest.mark.parametrize("cloud", list(KarpenterCloud))
+def test_nodepools_one_per_gpu_pool_each_making_only_its_tiers_machines(cloud: KarpenterCloud) -> None:
+    k8s = K8sCloud(cloud.value)
+    job = gpu_ladder(k8s)
+    pools = nodepools_for(job, NodePoolOptions(cloud=cloud))
+    assert list(nodepool_findings(pools, job, cloud)) == []  # the vendored CRD schema, and every tier served
+    assert [p["metadata"]["name"] for p in pools] == ["llm-ft-a100-spot", "llm-ft-t4-spot", "llm-ft-on-demand"]
+    for pool in pools:
+        assert GPU_NODE_TAINT in pool["spec"]["template"]["spec"]["taints"]
+    pods = pod_specs(kuberay_manifest(job, KubeRayOptions(cloud=k8s, image="ghcr.io/acme/train:1")))
+
+    def makes(pool: dict[str, Any], pod: dict[str, Any]) -> bool:
+        reqs = {r["key"]: r for r in pool["spec"]["template"]["spec"]["requirements"]}
+        return all(k not in reqs or reqs[k]["operator"] != "In" or v in reqs[k]["values"] for k, v in required_pairs(pod))
+
+    for i, pod in enumerate(pods):
+        assert [makes(pool, pod) for pool in pools] == [j == i for j in range(3)], f"tier {i}"
+    # A pool that no longer makes a tier's machines is caught.
+    broken = copy.deepcopy(pools)
+    broken[1]["spec"]["template"]["spec"]["requirements"] = [
+        r for r in broken[1]["spec"]["template"]["spec"]["requirements"] if r["key"] not in (KARPENTER_GPU_NAME_KEY, INSTANCE_TYPE_KEY)
+    ] + [{"key": INSTANCE_TYPE_KEY if cloud is KarpenterCloud.AKS_NAP else KARPENTER_GPU_NAME_KEY, "operator": "In", "values": ["other"]}]
+    assert any("tiers[1] ('t4-spot'): no NodePool allows nodes labelled" in f for f in nodepool_findings(broken, job, cloud))
+
+
+@pytest.mark.parametrize(
+    ("cloud", "where", "types"),
+    [
+        (VmCloud.AWS, {"region": "us-east-1"}, ["p4d.24xlarge", "g4dn.2xlarge", "p4d.24xlarge"]),
+        (VmCloud.GCP, {"zone": "us-central1-a", "project_id": "ml", "source_image": "img"}, ["a2-highgpu-1g", "n1-standard-8", "a2-highgpu-1g"]),
+    ],
+)
+def test_ray_up_node_types_are_the_gpu_types_machines(cloud: VmCloud, where: dict[str, str], types: list[str]) -> None:
+    job = gpu_ladder()
+    opts = LauncherOptions(cloud=cloud, **where)  # type: ignore[arg-type]
+    render_cluster_launcher(job, opts)  # validated against Ray's launcher schema
+    node_types = cluster_launcher_config(job, opts)["available_node_types"]
+    configs = [node_types[t.name]["node_config"] for t in job.tiers]
+    key = "InstanceType" if cloud is VmCloud.AWS else "machineType"
+    assert [c[key] for c in configs] == types
+    if cloud is VmCloud.GCP:  # a T4 is attached to an N1 VM; A100 machine types come with theirs
+        assert configs[1]["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
+        assert "guestAccelerators" not in configs[0]
+    pinned = JobConfig.model_validate(
+        {**job.model_dump(), "tiers": [{**job.tiers[0].model_dump(), "placement": {"instance_type": "p4de.24xlarge"}}]}
+    )
+    assert cluster_launcher_config(pinned, opts)["available_node_types"]["a100-spot"]["node_config"][key] == "p4de.24xlarge"
