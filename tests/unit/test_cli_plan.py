@@ -131,3 +131,27 @@ def test_preempted_counting_traces_are_complemented(app):
         return next(ln for ln in out.splitlines() if "Gang MTBF" in ln)
 
     assert mtbf_line(a.output) != mtbf_line(b.output)
+
+
+def test_plan_shows_every_policy_as_a_multiple_of_the_hindsight_optimum(app):
+    import json
+
+    args = ["--hours", "10", "--workers", "1", "--deadline-h", "15", "--spot-price", "0.3", "--on-demand-price", "1",
+            "--trace", TRACE, "--runs", "40"]
+    r = invoke(app, *args)
+    assert r.exit_code == 0, r.output
+    assert "x opt" in r.output and "Hindsight optimum" in r.output
+    r = invoke(app, *args, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    opt = doc["optimum_mean_spend"]
+    assert opt > 0
+    rows = {row["policy"]: row for row in doc["policies"]}
+    assert set(rows) >= {"recommended", "on-demand only", "spot forever", "seed M=5", "uniform progress"}
+    for row in rows.values():
+        assert row["x_optimum"] == pytest.approx(row["mean_spend"] / opt)
+        if row["p_deadline"] == 1.0:  # every run on time: none can beat the optimum
+            assert row["x_optimum"] >= 1 - 1e-9
+    # A rate model has no hindsight: no column.
+    r = invoke(app, "--hours", "10", "--rate", "0.02", "--deadline-h", "15", "--runs", "20")
+    assert r.exit_code == 0 and "x opt" not in r.output

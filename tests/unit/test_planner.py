@@ -121,8 +121,8 @@ def test_spot_no_cheaper_than_on_demand_recommends_on_demand_only():
 def test_infeasible_deadline_is_reported():
     with pytest.raises(ValueError, match="shorter than the work"):
         request(deadline_h=40)
-    # Feasible only on on-demand, and even that needs the deadline probability relaxed.
-    p = plan(request(deadline_h=48.1, deadline_probability=1.0), RateModel(preemptions_per_node_hour=0.05), climb=False)
+    # Feasible only on on-demand (48 h of work + R + provisioning = 48.15 h, the first start included).
+    p = plan(request(deadline_h=48.2, deadline_probability=1.0), RateModel(preemptions_per_node_hour=0.05), climb=False)
     assert p.recommended.label == "on-demand only" and p.feasible
     tight = plan(request(deadline_h=48.01, provisioning_delay_h=0.5),
                  RateModel(preemptions_per_node_hour=0.05), climb=False)

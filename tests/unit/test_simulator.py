@@ -66,24 +66,27 @@ def two_tier(m: int, workers: int = 1, timeout: float | None = 600.0, spot_price
 
 
 def test_seed_worked_example_replayed_exactly():
-    # 3 h of the 5 h on spot over 5 preemptions, 0.2 h restart each: the seed's example.
+    # 3 h of the 5 h on spot over 5 preemptions, 0.2 h restart each: the seed's example, plus
+    # the first start, which pays the 0.2 h like every restart (the seed leaves it out).
     ladder = two_tier(m=4)  # the 5th preemption leaves spot
-    world = [ScriptedModel(uptimes_h=(0.6, 0.8, 0.8, 0.8, 0.8)), RateModel()]
+    world = [ScriptedModel(uptimes_h=(0.8, 0.8, 0.8, 0.8, 0.8)), RateModel()]
     job = JobSpec(work_h=5, restart_overhead_h=0.2)
     res = simulate(ladder, job, world, runs=1, engine="policy")
     out = res.outcome(0)
     assert out["status"] == "finished"
     assert out["preemptions"] == 5 and out["switches"] == 1
-    assert out["wall_h"] == pytest.approx(5 + 5 * 0.2)
+    assert out["wall_h"] == pytest.approx(5 + 6 * 0.2)
     assert out["work_on_spot_h"] == pytest.approx(3.0)
     assert out["lost_work_h"] == 0
-    exact = exact_accounting(5, 0.6, 5, 0.2)
-    assert out["spend"] == pytest.approx(exact.cost)  # 2.58
+    # Six overheads: the first start and four restarts on spot, the fallback's on on-demand.
+    exact = exact_accounting(5, 0.6, 6, 0.2, restarts_on_spot=5)
+    assert out["spend"] == pytest.approx(exact.cost)  # 2.60: the seed's 2.58 plus the first start on spot
+    assert exact.cost == pytest.approx(exact_accounting(5, 0.6, 5, 0.2).cost + 0.2 * 0.1)
     assert out["spot_h"] == pytest.approx(exact.spot_hours)
     alpha_time = float(res.alpha[0])
-    assert seed_closed_form(5, alpha_time, 5, 0.2).cost_new == pytest.approx(out["spend"], rel=1e-9)
-    # The seed's formula with alpha as the share of *work* overstates the spend by ~7%.
-    assert seed_closed_form(5, 0.6, 5, 0.2).cost_new / out["spend"] == pytest.approx(2.76 / 2.58)
+    assert seed_closed_form(5, alpha_time, 6, 0.2).cost_new == pytest.approx(out["spend"], rel=1e-9)
+    # The seed's formula with alpha as the share of *work* overstates the spend by ~10%.
+    assert seed_closed_form(5, 0.6, 6, 0.2).cost_new / out["spend"] == pytest.approx(2.852 / 2.6)
 
 
 @pytest.mark.parametrize("m_failures", [1, 3, 6])
@@ -100,16 +103,17 @@ def test_monte_carlo_matches_closed_form_within_one_percent(m_failures):
     res = simulate(ladder, job, world, runs=4000, seed=7)
     assert (res.status == FINISHED).all() and (res.preemptions == m_failures).all()
     assert res.lost_work_h.max() == 0
-    regime = np.isclose(res.wall_h, work + m_failures * dt)
+    # The first start pays dt too: M + 1 overheads, all but the fallback's on spot.
+    regime = np.isclose(res.wall_h, work + (m_failures + 1) * dt)
     assert regime.mean() > 0.7
-    assert (res.wall_h[~regime] < work + m_failures * dt).all()
+    assert (res.wall_h[~regime] < work + (m_failures + 1) * dt).all()
     c_o = 4.0  # on-demand price of the gang
     spend = float(res.spend[regime].mean())
     alpha = float(res.alpha[regime].mean())
-    closed = seed_closed_form(work, alpha, m_failures, dt, on_demand_price=c_o)
+    closed = seed_closed_form(work, alpha, m_failures + 1, dt, on_demand_price=c_o)
     assert spend == pytest.approx(closed.cost_new, rel=0.01)
     alpha_work = float(res.work_on_spot_h[regime].mean()) / work
-    exact = exact_accounting(work, alpha_work, m_failures, dt, on_demand_price=c_o)
+    exact = exact_accounting(work, alpha_work, m_failures + 1, dt, on_demand_price=c_o, restarts_on_spot=m_failures)
     assert spend == pytest.approx(exact.cost, rel=0.01)
 
 
@@ -312,11 +316,12 @@ def test_capacity_timeout_switches_tier_and_waiting_is_free():
     world = [ScriptedModel(uptimes_h=(1.0,), waits_h=(0.0, 2.0)), RateModel()]
     job = JobSpec(work_h=3.0, restart_overhead_h=0.1)
     out = simulate(ladder, job, world, runs=1, engine="policy").outcome(0)
-    # 1 h on spot, preempted, 0.5 h waiting in vain, then on-demand: 0.1 h restart + 2 h work.
+    # 1 h on spot (0.1 h first start + 0.9 h work), preempted, 0.5 h waiting in vain, then
+    # on-demand: 0.1 h restart + 2.1 h work.
     assert out["capacity_timeouts"] == 1 and out["switches"] == 1 and out["final_tier"] == 1
-    assert out["wall_h"] == pytest.approx(1.0 + 0.5 + 0.1 + 2.0)
-    assert out["billed_h"] == pytest.approx(1.0 + 2.1)
-    assert out["spend"] == pytest.approx(1.0 * 0.1 + 2.1 * 1.0)
+    assert out["wall_h"] == pytest.approx(1.0 + 0.5 + 0.1 + 2.1)
+    assert out["billed_h"] == pytest.approx(1.0 + 2.2)
+    assert out["spend"] == pytest.approx(1.0 * 0.1 + 2.2 * 1.0)
 
 
 # ---------------------------------------------------------------------------------------

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.markup import escape
 
 from spotfallback.config import Ladder
-from spotfallback.errors import EXIT_BAD_INPUT, ConfigError, LedgerError
+from spotfallback.errors import EXIT_BAD_INPUT, ConfigError, LedgerError, UsageError
 from spotfallback.events import LedgerRecord
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import STATE_DIR, RunLocation, resolve_run, split_run_uri
@@ -33,6 +33,11 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+def usage_error(option: str, message: str) -> UsageError:
+    """Bad input to ``option``, printed as one ``Error:`` line; a path or value with a newline is shown escaped."""
+    return UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
+
+
 def setup_logging(verbose: bool) -> None:
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s spotfallback %(message)s", "%H:%M:%S"))
@@ -44,12 +49,20 @@ def setup_logging(verbose: bool) -> None:
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 
+def output_problem(path: Path, suffix: str) -> str | None:
+    """What is wrong with a file the command will write (the suffix, a missing directory), or None."""
+    if path.suffix.lower() != suffix:
+        return f"{str(path)!r} must end in {suffix}"
+    if not path.parent.is_dir():
+        return f"directory {str(path.parent)!r} does not exist"
+    return None
+
+
 def check_output(option: str, path: Path, suffix: str) -> None:
     """A file the command will write: the right suffix, in a directory that exists."""
-    if path.suffix.lower() != suffix:
-        raise fail(f"{option}: {str(path)!r} must end in {suffix}")
-    if not path.parent.is_dir():
-        raise fail(f"{option}: directory {str(path.parent)!r} does not exist")
+    problem = output_problem(path, suffix)
+    if problem is not None:
+        raise fail(f"{option}: {problem}")
 
 
 def open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:

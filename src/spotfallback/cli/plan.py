@@ -13,17 +13,15 @@ from pydantic import ValidationError
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.config import JobConfig, format_validation_error
+from spotfallback.cli.common import usage_error
+from spotfallback.config import JobConfig, Ladder, format_validation_error
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
+from spotfallback.sim.draws import run_offsets
+from spotfallback.sim.optimum import optimum_for
 from spotfallback.sim.planner import Candidate, Plan, PlanRequest, load_process, plan
-from spotfallback.sim.traces import SpotTrace
-from spotfallback.sim.world import Process, RateModel, complement_trace
-
-
-def _fail(option: str, message: str) -> UsageError:
-    """Bad input, printed as one ``Error:`` line; a path or value with a newline is shown escaped."""
-    return UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
+from spotfallback.sim.traces import NodeTrace, SpotTrace
+from spotfallback.sim.world import Process, RateModel, compile_process, complement_trace
 
 
 def seed_table(discount: float = DEFAULT_DISCOUNT) -> Table:
@@ -56,21 +54,42 @@ def _fmt_timeout(s: float | None) -> str:
     return "none" if s is None else f"{s:g}"
 
 
-def _comparison_table(p: Plan) -> Table:
+def plan_optimum(p: Plan, spots: list[Process]) -> float | None:
+    """Mean hindsight-optimal spend over the plan's own trace starts; None without a deadline or with a rate model.
+
+    The same start ticks as the simulated runs (``run_offsets``), so every policy's mean spend
+    divided by it says how much that policy leaves on the table on those replays.
+    """
+    req = p.request
+    if req.deadline_h is None or not all(isinstance(s, SpotTrace | NodeTrace) for s in spots):
+        return None
+    ladder = Ladder(tiers=(*[req.spot_tier(i) for i in range(len(spots))], req.on_demand_tier()))
+    offsets = run_offsets([compile_process(spots[0], req.num_workers)], req.runs, req.seed)
+    optima = optimum_for(ladder, req.job(None), [*spots, RateModel()], offsets)
+    spends = np.array([o.spend for o in optima])
+    return float(spends.mean()) if np.isfinite(spends).all() else None
+
+
+def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
     d = p.request.deadline_h
     title = "Recommended policy (first row) vs baselines, on the same random draws"
     if d is not None:
         title += f"; deadline {d:g} h, required P >= {p.request.deadline_probability:g}"
     table = Table(title=title)
     table.add_column("policy", no_wrap=True, min_width=16)
-    for col in ("spend", "p90", "wall h", "p90", "P(<=D)", "alpha", "intr", "sw"):
+    cols = ["spend", "x opt", "p90", "wall h", "p90", "P(<=D)", "alpha", "intr", "sw"]
+    if optimum is None:
+        cols.remove("x opt")
+    for col in cols:
         table.add_column(col, justify="right")
     for i, c in enumerate(p.comparison()):
         r = c.result
         ok = c.meets(p.request.deadline_probability)
+        x_opt = [] if optimum is None else [f"{c.mean_spend / optimum:.3f}"]
         table.add_row(
             "recommended" if i == 0 else c.label,
             f"{c.mean_spend:,.1f}",
+            *x_opt,
             f"{np.percentile(r.spend, 90):,.1f}",
             f"{c.mean_wall_h:.1f}",
             f"{np.percentile(r.wall_h, 90):.1f}",
@@ -80,6 +99,31 @@ def _comparison_table(p: Plan) -> Table:
             f"{float(r.switches.mean()):.2f}",
         )
     return table
+
+
+def _as_json(p: Plan, optimum: float | None) -> dict[str, Any]:
+    """What ``--json`` prints: every compared policy with its spend as a multiple of the optimum."""
+    rows = []
+    for i, c in enumerate(p.comparison()):
+        rows.append({
+            "policy": "recommended" if i == 0 else c.label,
+            "label": c.label,
+            "mean_spend": c.mean_spend,
+            "p90_spend": float(np.percentile(c.result.spend, 90)),
+            "mean_wall_h": c.mean_wall_h,
+            "p_deadline": c.p_deadline,
+            "x_optimum": None if optimum is None else c.mean_spend / optimum,
+        })
+    rec = p.recommended
+    return {
+        "request": p.request.model_dump(mode="json"),
+        "feasible": p.feasible,
+        "optimum_mean_spend": optimum,
+        "policies": rows,
+        "recommended_tiers": [] if rec.ladder is None else [t.model_dump(mode="json") for t in rec.ladder.tiers],
+        "checkpoint_interval_h": rec.tau_h,
+        "notes": p.notes,
+    }
 
 
 def _distribution_table(c: Candidate) -> Table:
@@ -160,29 +204,29 @@ def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str
                     failure_rate: float, outage_prob: float, outage_h: float) -> list[Process]:
     procs: list[Process] = []
     if trace_counts not in ("available", "preempted"):
-        raise _fail("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
+        raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
     for path in trace:
         try:
             proc = load_process(str(path), "spot")
         except TraceError as e:
-            raise _fail("--trace", str(e)) from None
+            raise usage_error("--trace", str(e)) from None
         assert isinstance(proc, SpotTrace)
         procs.append(complement_trace(proc) if trace_counts == "preempted" else proc)
     for path in node_trace:
         try:
             procs.append(load_process(str(path), "node"))
         except TraceError as e:
-            raise _fail("--node-trace", str(e)) from None
+            raise usage_error("--node-trace", str(e)) from None
     if rate is not None:
         for opt, v in (("--rate", rate), ("--failure-rate", failure_rate), ("--outage-h", outage_h)):
             if v < 0 or not math.isfinite(v):
-                raise _fail(opt, f"must be a non-negative number, got {v:g}")
+                raise usage_error(opt, f"must be a non-negative number, got {v:g}")
         if not 0 <= outage_prob <= 1:
-            raise _fail("--outage-prob", f"must be between 0 and 1, got {outage_prob:g}")
+            raise usage_error("--outage-prob", f"must be between 0 and 1, got {outage_prob:g}")
         procs.append(RateModel(preemptions_per_node_hour=rate, failures_per_node_hour=failure_rate,
                                outage_probability=outage_prob, mean_outage_h=outage_h))
     if not procs:
-        raise _fail("--trace", "give a spot trace (--trace / --node-trace) or a preemption rate (--rate)")
+        raise usage_error("--trace", "give a spot trace (--trace / --node-trace) or a preemption rate (--rate)")
     return procs
 
 
@@ -205,7 +249,7 @@ def _request(**kw: object) -> PlanRequest:
         message = format_validation_error(e).splitlines()[0].split(": ", 1)[-1]
         if loc:
             message += f" (got {first['input']!r})"
-        raise _fail(option, message) from None
+        raise usage_error(option, message) from None
 
 
 _JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoint": "--entrypoint",
@@ -218,14 +262,14 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
     if write_yaml is None:
         return None
     if not entrypoint:
-        raise _fail("--entrypoint", "required with --write-yaml: the training function as "
+        raise usage_error("--entrypoint", "required with --write-yaml: the training function as "
                                     "'package.module:function' or 'path/file.py:function'")
     try:
         loop_config = json.loads(train_loop_config)
     except json.JSONDecodeError as e:
-        raise _fail("--train-loop-config", f"not valid JSON: {e.msg} at character {e.pos}") from None
+        raise usage_error("--train-loop-config", f"not valid JSON: {e.msg} at character {e.pos}") from None
     if not isinstance(loop_config, dict):
-        raise _fail("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
+        raise usage_error("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
     fields: dict[str, Any] = {
         "name": name or f"job-{hours:g}h-{workers}w",
         "storage_path": storage_path,
@@ -238,7 +282,7 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
     except ValidationError as e:
         first = e.errors()[0]
         option = _JOB_OPTION_OF.get(str(first["loc"][0]) if first["loc"] else "", "--write-yaml")
-        raise _fail(option, format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
+        raise usage_error(option, format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
     return fields
 
 
@@ -285,20 +329,23 @@ def register(app: typer.Typer) -> None:
             help="Training function, 'package.module:function' or 'file.py:function'; required with --write-yaml.",
         ),
         train_loop_config: str = typer.Option("{}", "--train-loop-config", help="JSON object handed to the training function."),
+        as_json: bool = typer.Option(False, "--json", help="Print the comparison, the recommended ladder and the optimum as JSON."),
     ) -> None:
         """Recommend max_preemptions, capacity_timeout_s, a deadline guard, climb back and the checkpoint interval.
 
         Simulates every candidate ladder on the same random draws of the given trace or rate
         model and recommends the cheapest that meets --deadline-h with --deadline-prob, next
         to four baselines: on-demand only, spot forever, the seed's fixed M (--seed-m), and
-        Uniform Progress (Can't Be Late, NSDI '24). --no-jit: no just-in-time checkpoint on a
-        preemption notice (every preemption then loses the work since the last checkpoint).
+        Uniform Progress (Can't Be Late, NSDI '24). On traces with a deadline, "x opt" is each
+        policy's spend as a multiple of the hindsight optimum (the cheapest schedule that knew
+        the trace, on the same starts). --no-jit: no just-in-time checkpoint on a preemption
+        notice (every preemption then loses the work since the last checkpoint).
         """
         console = Console()
         try:
             if seed_table_only:
                 if not 0 <= discount <= 1:
-                    raise _fail("--discount", f"must be between 0 and 1, got {discount:g}")
+                    raise usage_error("--discount", f"must be between 0 and 1, got {discount:g}")
                 console.print(seed_table(discount))
                 console.print(
                     "The break-even runtime ratio is 1/(1 - d*alpha). The seed's last row says "
@@ -306,14 +353,14 @@ def register(app: typer.Typer) -> None:
                 )
                 return
             if hours is None:
-                raise _fail("--hours", "required: training hours of the job (or use --seed-table)")
+                raise usage_error("--hours", "required: training hours of the job (or use --seed-table)")
             for opt, v in (("--checkpoint-cost-s", checkpoint_cost_s), ("--restart-overhead-s", restart_overhead_s),
                            ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
                 if v < 0 or not math.isfinite(v):
-                    raise _fail(opt, f"must be a non-negative number of seconds, got {v:g}")
+                    raise usage_error(opt, f"must be a non-negative number of seconds, got {v:g}")
             for opt, path in [("--plot", plot), ("--write-yaml", write_yaml)]:
                 if path is not None and not path.parent.exists():
-                    raise _fail(opt, f"directory {str(path.parent)!r} does not exist")
+                    raise usage_error(opt, f"directory {str(path.parent)!r} does not exist")
             job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config)
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
@@ -326,11 +373,15 @@ def register(app: typer.Typer) -> None:
             try:
                 result = plan(req, spots)
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
-                raise _fail("--workers", str(e)) from None
+                raise usage_error("--workers", str(e)) from None
         except UsageError as e:
             typer.echo(f"Error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
 
+        optimum = plan_optimum(result, spots)
+        if as_json:
+            typer.echo(json.dumps(_as_json(result, optimum), indent=2))
+            return
         mtbf = "inf" if not math.isfinite(result.gang_mtbf_h) else f"{result.gang_mtbf_h:.2f} h"
         young = "n/a" if result.tau_young_h is None else _fmt_h(result.tau_young_h)
         daly = "n/a" if result.tau_daly_h is None else _fmt_h(result.tau_daly_h)
@@ -342,7 +393,9 @@ def register(app: typer.Typer) -> None:
         )
         if result.recommended.ladder is not None:
             console.print(_ladder_table(result))
-        console.print(_comparison_table(result))
+        console.print(_comparison_table(result, optimum))
+        if optimum is not None:
+            console.print(f"Hindsight optimum (knew the trace, met the deadline) on the same starts: {optimum:,.1f} mean spend.")
         console.print(_distribution_table(result.recommended))
         if result.seed_check is not None:
             sc = result.seed_check
@@ -360,7 +413,7 @@ def register(app: typer.Typer) -> None:
             try:
                 text = result.job_yaml(**job_fields)
             except ConfigError as e:
-                typer.echo(f"Error: {_fail('--write-yaml', '; '.join(str(e).splitlines()))}", err=True)
+                typer.echo(f"Error: {usage_error('--write-yaml', '; '.join(str(e).splitlines()))}", err=True)
                 raise typer.Exit(e.exit_code) from None
             write_yaml.write_text(text)
             console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")

@@ -137,7 +137,7 @@ def simulate_uniform_progress(
         entering = change & (target != IDLE)
         out.switches[entering & started & (last_kind != target)] += 1
         wait_left = np.where(entering, prov + np.where(leaving, delta, 0.0), wait_left)
-        over_left = np.where(entering, np.where(started, R, 0.0), over_left)
+        over_left = np.where(entering, R, over_left)  # every start pays R, the first included
         base = np.where(change, np.where(leaving, base, comm), base)
         x = np.where(change, 0.0, x)
         last_kind = np.where(entering, target, last_kind)

@@ -22,9 +22,9 @@ one run by run, on the same random draws.
 
 The world, per run (hours internally, seconds in the events handed to the policy): a gang
 of N workers, losing any node stops all; after every ``tau`` hours of work a checkpoint
-that takes ``delta``; a restart after an interruption or a move costs ``R`` (billed, no
-progress) and every acquisition waits ``provisioning_delay_h`` (not billed, matching the
-run ledger). A preemption comes with ``notice_s`` of warning: when the notice covers a
+that takes ``delta``; every start costs ``R`` (billed, no progress), the first one too, as
+a real first start pays it, and every acquisition waits ``provisioning_delay_h`` (not
+billed, matching the run ledger). A preemption comes with ``notice_s`` of warning: when the notice covers a
 checkpoint write the workers checkpoint just in time and hold, so no work is lost; a node
 failure (no notice) loses the work since the last committed checkpoint.
 """
@@ -71,14 +71,14 @@ def moves_while_running(ladder: Ladder) -> bool:
 
 
 def simulate_policy(policy: FallbackPolicy, job: JobSpec, world: Sequence[Process], runs: int, seed: int,
-                    horizon_h: float, label: str = "", start_h: float | None = None) -> SimResult:
-    """``runs`` runs of ``job`` under ``policy``; ``start_h``: every run starts there in the traces."""
+                    horizon_h: float, label: str = "", start_h: float | np.ndarray | None = None) -> SimResult:
+    """``runs`` runs of ``job`` under ``policy``; ``start_h``: where they start in the traces (one, or one per run)."""
     caps = compile_tiers(policy.ladder, world)
     draws = Draws(runs, seed)
     if start_h is None:
         offsets = run_offsets([c[min(c)] for c in caps], runs, seed)
     else:
-        offsets = np.full(runs, float(start_h))
+        offsets = np.broadcast_to(np.asarray(start_h, dtype=float), (runs,))
     engine = _Engine(policy, job, caps, draws, horizon_h, moves_while_running(policy.ladder))
     out = SimResult.empty(label, runs, job.deadline_h)
     for r in range(runs):
@@ -115,7 +115,6 @@ class _Run:
     acquisitions: list[int]  # per tier, for a ScriptedModel's i-th acquisition
     t: float = 0.0
     committed: float = 0.0
-    started: bool = False
     col: int = 0  # the wait-and-run cycle: the column of the random draws
     status: int = 0
     spend: float = 0.0
@@ -231,8 +230,7 @@ class _Engine:
             c = np.array([run.col])
             ti, ip = interrupt(proc, self.draws, run.row, c, np.array([acq + offset]), np.array([float(size)]))
             t_int, is_pre = float(ti[0]) - offset, bool(ip[0])
-        overhead = job.restart_overhead_h if run.started else 0.0
-        run.started = True
+        overhead = job.restart_overhead_h  # every start pays it, the first included
         f = size / tier.num_workers  # share of the full gang's speed
         tau_w = job.tau_h / f
         start = acq + overhead

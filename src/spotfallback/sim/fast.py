@@ -57,14 +57,16 @@ def uses_default_rules(policy: FallbackPolicy) -> bool:
 
 
 def simulate_fast(configs: Sequence[tuple[Ladder, JobSpec]], procs: Sequence[RateModel | TraceCapacity], runs: int,
-                  seed: int, horizon_h: float, labels: Sequence[str]) -> list[SimResult]:
+                  seed: int, horizon_h: float, labels: Sequence[str], starts_h: np.ndarray | None = None) -> list[SimResult]:
     """``runs`` runs of every (ladder, job) candidate, paired on the same draws; one result each.
 
     The candidates share the tier count and each tier's gang size: ``procs`` is the world
-    compiled for them.
+    compiled for them. ``starts_h``: where run ``r`` starts in the traces (default: a random
+    tick each), for replays from chosen points such as backtest windows.
     """
     cfg = _Rows.of(configs, runs)
-    world = _World(procs, Draws(runs, seed), run_offsets(procs, runs, seed)[cfg.row], horizon_h)
+    offsets = run_offsets(procs, runs, seed) if starts_h is None else np.asarray(starts_h, dtype=float)
+    world = _World(procs, Draws(runs, seed), offsets[cfg.row], horizon_h)
     s = _State.start(cfg.n, cfg.K)
     while True:
         act = np.flatnonzero(s.status == 0)
@@ -175,7 +177,6 @@ class _State:
     committed: np.ndarray
     tier: np.ndarray
     wait_from: np.ndarray
-    started: np.ndarray
     col: np.ndarray
     cnt_pre: np.ndarray  # (n, K): the tiers' preemptions and failures, as TierStats
     cnt_fail: np.ndarray
@@ -203,7 +204,7 @@ class _State:
         def zi() -> np.ndarray:
             return np.zeros(n, dtype=np.int64)
 
-        return cls(t=z(), committed=z(), tier=zi(), wait_from=z(), started=np.zeros(n, dtype=bool), col=zi(),
+        return cls(t=z(), committed=z(), tier=zi(), wait_from=z(), col=zi(),
                    cnt_pre=np.zeros((n, K)), cnt_fail=np.zeros((n, K)), run_s=np.zeros((n, K)),
                    reported_s=np.full(n, np.nan), reported_gang=z(), climbs_to=np.zeros((n, K)), tier_since=z(),
                    status=zi(), spend=z(), lost=z(), billed=z(), spot_h=z(), work_spot=z(),
@@ -324,8 +325,7 @@ def _run_attempts(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, t_acq: n
         ti_k, ip_k = interrupt(world.procs[k], world.draws, cfg.row[idx], s.col[idx], t_acq[m] + off[idx],
                                cfg.workers[idx, k])
         t_int[m], is_pre[m] = ti_k - off[idx], ip_k
-    overhead = np.where(s.started[gi], cfg.R[gi], 0.0)
-    s.started[gi] = True
+    overhead = cfg.R[gi].copy()  # every start pays R, the first included (as in the policy engine)
     rem = cfg.W[gi] - s.committed[gi]
     t_fin = t_acq + overhead + wall_to_finish(rem, cfg.tau[gi], cfg.delta[gi])
     fin = t_fin <= t_int

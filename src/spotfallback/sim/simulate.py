@@ -35,23 +35,29 @@ def simulate(
     engine: Engine = "auto",
     horizon_h: float | None = None,
     label: str = "",
-    start_h: float | None = None,
+    start_h: float | Sequence[float] | np.ndarray | None = None,
 ) -> SimResult:
     """Simulate ``runs`` independent runs of ``job`` under the ladder's fallback policy.
 
     ``engine="policy"`` drives ``FallbackPolicy.decide`` event by event (the reference: every
     rule, custom leave rules, elastic tiers and climbing back included); ``"fast"`` is the
     vectorised equivalent for the rules it implements (``fast_supports``, default leave
-    rules); ``"auto"`` picks it whenever it applies. ``start_h``: start every run this many
-    hours into the traces instead of at a random tick, to predict one recorded replay (the
-    benchmarks compare such a prediction with a run on the local cluster); it uses the
-    policy engine.
+    rules); ``"auto"`` picks it whenever it applies. ``start_h``: start the runs this many
+    hours into the traces instead of at a random tick, one value for all or one per run: to
+    predict one recorded replay (the benchmarks compare such a prediction with a run on the
+    local cluster) or to backtest a ladder on windows of a trace. Both engines take it, for
+    every ladder they run, climbing ones included.
     """
     if runs <= 0:
         raise ValueError(f"runs must be > 0, got {runs}")
     policy = ladder if isinstance(ladder, FallbackPolicy) else FallbackPolicy(make_ladder(ladder))
-    if start_h is not None and engine == "fast":
-        raise ValueError("start_h needs engine='policy'")
+    starts = None if start_h is None else np.asarray(start_h, dtype=float)
+    if starts is not None:
+        if starts.ndim > 1 or (starts.ndim == 1 and len(starts) != runs):
+            raise ValueError(f"start_h must be one number or one per run ({runs}), got shape {starts.shape}")
+        if not np.isfinite(starts).all() or (starts < 0).any():
+            raise ValueError("start_h must be finite and >= 0")
+        starts = np.broadcast_to(starts, (runs,)).copy()
     fast_ok = (
         uses_default_rules(policy)
         and fast_supports(policy.ladder)
@@ -63,10 +69,10 @@ def simulate(
             "expected_cost_exit, and no ScriptedModel; use engine='policy'"
         )
     horizon = default_horizon_h(job) if horizon_h is None else horizon_h
-    if engine != "policy" and fast_ok and start_h is None:
+    if engine != "policy" and fast_ok:
         procs = compile_world(policy.ladder, world)
-        return simulate_fast([(policy.ladder, job)], procs, runs, seed, horizon, [label])[0]  # type: ignore[arg-type]
-    return simulate_policy(policy, job, world, runs, seed, horizon, label, start_h)
+        return simulate_fast([(policy.ladder, job)], procs, runs, seed, horizon, [label], starts)[0]  # type: ignore[arg-type]
+    return simulate_policy(policy, job, world, runs, seed, horizon, label, starts)
 
 
 def simulate_many(

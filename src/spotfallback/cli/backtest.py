@@ -1,0 +1,133 @@
+"""`spotfallback backtest`: a job file's ladder, unchanged, on every window of recorded traces."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from spotfallback.cli.common import output_problem, usage_error
+from spotfallback.config import JobConfig
+from spotfallback.errors import ConfigError, TraceError, UsageError
+from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
+from spotfallback.sim.job import JobSpec
+from spotfallback.sim.planner import load_process
+from spotfallback.sim.traces import NodeTrace, SpotTrace
+
+
+def _table(res: BacktestResult, label: str) -> Table:
+    table = Table(title=f"{label}: {res.windows} windows of {res.window_h:g} h, deadline {res.deadline_h:g} h")
+    for col in ("", "mean", "median", "p95"):
+        table.add_column(col, justify="left" if not col else "right")
+
+    def row(name: str, s: Spread, fmt: str) -> None:
+        table.add_row(name, *(format(v, fmt) for v in (s.mean, s.median, s.p95)))
+
+    row("spend", Spread.of(res.spend), ",.2f")
+    row("spend / on-demand only", res.vs_on_demand, ".3f")
+    row("spend / hindsight optimum", res.vs_optimum, ".3f")
+    return table
+
+
+
+def register(app: typer.Typer) -> None:
+    """Add the ``backtest`` command to the spotfallback CLI."""
+
+    @app.command("backtest")
+    def backtest_command(
+        job_file: Path = typer.Argument(..., metavar="JOB.yaml", help="Job file whose ladder is replayed unchanged."),
+        trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more."),
+        window_h: float = typer.Option(24.0, "--window-h", help="Hours between window starts; every window starts the job afresh."),
+        hours: float | None = typer.Option(None, "--hours", help="Training hours of the job on an uninterrupted gang."),
+        deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from each window's start. Default: the job file's plan."),
+        checkpoint_interval_h: float | None = typer.Option(
+            None, "--checkpoint-interval-h", help="Work between periodic checkpoints, hours. Default: the job file's plan, else none."),
+        checkpoint_cost_s: float = typer.Option(300.0, "--checkpoint-cost-s", help="Seconds to write one checkpoint."),
+        restart_overhead_s: float = typer.Option(360.0, "--restart-overhead-s", help="Billed seconds of every start before training moves."),
+        provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
+        notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
+        no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
+        csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per window to this CSV file."),
+        as_json: bool = typer.Option(False, "--json", help="Print the summary and every window as JSON instead of tables."),
+    ) -> None:
+        """Replay JOB.yaml's ladder from the start of every window of the traces; set it against on-demand and the optimum.
+
+        Prints the mean, median and 95th percentile of the spend relative to on-demand only
+        (the ladder's last non-spot tier) and to the hindsight optimum (the cheapest schedule
+        that knew the trace and met the deadline), the windows that cost more than on-demand
+        only, and the share that finished by the deadline.
+        """
+        console = Console()
+        try:
+            try:
+                job = JobConfig.from_yaml(job_file)
+            except (ConfigError, OSError) as e:
+                raise usage_error("JOB.yaml", "; ".join(str(e).splitlines())) from None
+            if not trace:
+                raise usage_error("--trace", "give at least one recorded trace (SkyPilot .json or node .csv)")
+            if not (window_h > 0 and math.isfinite(window_h)):
+                raise usage_error("--window-h", f"must be a positive number of hours, e.g. --window-h 24; got {window_h:g}")
+            if hours is None:
+                raise usage_error("--hours", "required: training hours of the job on an uninterrupted gang")
+            plan = job.plan
+            guards = [t.deadline_guard for t in job.tiers if t.deadline_guard is not None]
+            deadline = deadline_h if deadline_h is not None else (plan.deadline_h if plan and plan.deadline_h else
+                                                                 guards[0].deadline_h if guards else None)
+            if deadline is None:
+                raise usage_error("--deadline-h", "required: the job file's plan: gives none")
+            tau = checkpoint_interval_h if checkpoint_interval_h is not None else (plan.checkpoint_interval_h if plan else None)
+            for opt, v in (("--checkpoint-cost-s", checkpoint_cost_s), ("--restart-overhead-s", restart_overhead_s),
+                           ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
+                if v < 0 or not math.isfinite(v):
+                    raise usage_error(opt, f"must be a non-negative number of seconds, got {v:g}")
+            for opt, v2 in (("--hours", hours), ("--deadline-h", deadline), ("--checkpoint-interval-h", tau)):
+                if v2 is not None and not (v2 > 0 and math.isfinite(v2)):
+                    raise usage_error(opt, f"must be a positive number of hours, got {v2:g}")
+            if deadline < hours:
+                raise usage_error("--deadline-h", f"{deadline:g} h is shorter than the work itself ({hours:g} h)")
+            if csv_path is not None and (problem := output_problem(csv_path, ".csv")) is not None:
+                raise usage_error("--csv", problem)
+            try:
+                on_demand_tier(job.ladder)
+            except ValueError as e:
+                raise usage_error("JOB.yaml", str(e)) from None
+            spec = JobSpec(work_h=hours, checkpoint_interval_h=tau, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
+                           restart_overhead_h=restart_overhead_s / 3600.0,
+                           provisioning_delay_h=provisioning_delay_s / 3600.0, notice_s=notice_s,
+                           jit_checkpoint=not no_jit, deadline_h=deadline)
+            traces: list[SpotTrace | NodeTrace] = []
+            for path in trace:
+                try:
+                    traces.append(load_process(str(path)))
+                except TraceError as e:
+                    raise usage_error("--trace", str(e)) from None
+            try:
+                res = backtest(job.ladder, traces, spec, window_h=window_h)
+            except ValueError as e:  # e.g. a gang larger than a node trace's cluster
+                raise usage_error("--trace", str(e)) from None
+        except UsageError as e:
+            typer.echo(f"Error: {e}", err=True)
+            raise typer.Exit(e.exit_code) from None
+
+        if csv_path is not None:
+            with csv_path.open("w", newline="") as f:
+                rows = res.rows()
+                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
+                writer.writeheader()
+                writer.writerows(rows)
+        if as_json:
+            typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace], **res.summary(),
+                                   "windows_detail": res.rows()}, indent=2))
+            return
+        console.print(_table(res, job.name))
+        console.print(
+            f"On-demand only: {res.on_demand_spend:,.2f} per window. Costlier than on-demand only: "
+            f"{res.costlier_than_on_demand} of {res.windows} windows. Finished by the deadline: {res.on_time_share:.1%}."
+        )
+        if csv_path is not None:
+            console.print(f"Wrote {res.windows} windows to {csv_path}")

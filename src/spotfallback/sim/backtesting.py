@@ -1,0 +1,167 @@
+"""Backtesting: a fixed ladder replayed from the start of every window of recorded traces.
+
+Why: a plan's promise is made on random starts of the traces it was given; a user wants to
+know how a job file's ladder, unchanged, would have done on capacity it never saw, window by
+window, against on-demand alone and against the hindsight optimum (``sim.optimum``). Any
+ladder the simulator runs can be backtested, ladders that climb back included; every
+window runs the same job from its first moment, on the same engines as ``simulate``.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from spotfallback.config import Ladder, Tier, make_ladder
+from spotfallback.policy import FallbackPolicy
+from spotfallback.sim.job import JobSpec
+from spotfallback.sim.optimum import optimum_for
+from spotfallback.sim.simulate import simulate
+from spotfallback.sim.traces import NodeTrace, SpotTrace
+from spotfallback.sim.world import Process, RateModel, compile_process, world_for
+
+
+@dataclass(frozen=True)
+class Spread:
+    """Mean, median and 95th percentile of a per-window ratio."""
+
+    mean: float
+    median: float
+    p95: float
+
+    @classmethod
+    def of(cls, values: np.ndarray) -> Spread:
+        v = np.asarray(values, dtype=float)
+        v = v[np.isfinite(v)]
+        if v.size == 0:
+            return cls(math.nan, math.nan, math.nan)
+        return cls(float(v.mean()), float(np.median(v)), float(np.percentile(v, 95)))
+
+
+@dataclass(frozen=True)
+class BacktestResult:
+    """Per-window outcomes (arrays, one entry per window) and their summary."""
+
+    trace: np.ndarray  # name of the trace each window comes from
+    start_h: np.ndarray  # window start, hours into its trace
+    spend: np.ndarray
+    wall_h: np.ndarray
+    on_time: np.ndarray  # finished by the deadline
+    switches: np.ndarray
+    on_demand_spend: float  # the same job on the ladder's on-demand tier alone
+    optimum: np.ndarray  # hindsight optimum of each window (inf: no schedule in time)
+    deadline_h: float
+    window_h: float
+
+    @property
+    def windows(self) -> int:
+        return len(self.spend)
+
+    @property
+    def vs_on_demand(self) -> Spread:
+        return Spread.of(self.spend / self.on_demand_spend)
+
+    @property
+    def vs_optimum(self) -> Spread:
+        with np.errstate(divide="ignore", invalid="ignore"):
+            return Spread.of(self.spend / self.optimum)
+
+    @property
+    def costlier_than_on_demand(self) -> int:
+        return int((self.spend > self.on_demand_spend * (1 + 1e-9)).sum())
+
+    @property
+    def on_time_share(self) -> float:
+        return float(self.on_time.mean()) if self.windows else math.nan
+
+    def rows(self) -> list[dict[str, float | str | bool | int]]:
+        """One dict per window, for CSV and JSON."""
+        return [
+            {"trace": str(self.trace[i]), "start_h": float(self.start_h[i]), "spend": float(self.spend[i]),
+             "wall_h": float(self.wall_h[i]), "on_time": bool(self.on_time[i]), "switches": int(self.switches[i]),
+             "on_demand_spend": self.on_demand_spend, "optimum": float(self.optimum[i])}
+            for i in range(self.windows)
+        ]
+
+    def summary(self) -> dict[str, object]:
+        """The figures ``spotfallback backtest`` prints, as plain data."""
+        return {
+            "windows": self.windows,
+            "window_h": self.window_h,
+            "deadline_h": self.deadline_h,
+            "on_demand_spend": self.on_demand_spend,
+            "spend": Spread.of(self.spend).__dict__,
+            "vs_on_demand": self.vs_on_demand.__dict__,
+            "vs_optimum": self.vs_optimum.__dict__,
+            "costlier_than_on_demand": self.costlier_than_on_demand,
+            "on_time_share": self.on_time_share,
+        }
+
+
+def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: int = 1) -> np.ndarray:
+    """Starts of the whole windows of ``window_h`` in the trace; one at 0 when the trace is shorter.
+
+    A run that outlasts its window goes on into the trace that follows it, and past the end
+    of the trace into its beginning again, as the simulator replays every trace.
+    """
+    if not (window_h > 0 and math.isfinite(window_h)):
+        raise ValueError(f"window_h must be a positive number of hours, got {window_h}")
+    cap = compile_process(trace, num_workers)
+    assert not isinstance(cap, RateModel)
+    length_h = cap.period_h  # type: ignore[union-attr]
+    n = max(1, int(math.floor(length_h / window_h + 1e-9)))
+    return np.arange(n) * window_h
+
+
+def on_demand_tier(ladder: Ladder) -> Tier:
+    """The tier a backtest sets the ladder against: its last tier that is not on the spot market."""
+    for t in reversed(ladder.tiers):
+        if not t.is_spot:
+            return t
+    raise ValueError("the ladder has no tier off the spot market to compare with; add an on-demand tier")
+
+
+def backtest(
+    ladder: Ladder | Sequence[Tier] | FallbackPolicy,
+    traces: Sequence[SpotTrace | NodeTrace],
+    job: JobSpec,
+    window_h: float = 24.0,
+    on_demand: Process | None = None,
+) -> BacktestResult:
+    """Replay the ladder, unchanged, from the start of every ``window_h`` window of each trace.
+
+    Every spot tier runs on the trace (``world_for``), the others on ``on_demand`` (default:
+    always there). ``job.deadline_h`` is required: windows are judged by it, and the optimum
+    is the cheapest schedule that meets it.
+    """
+    if job.deadline_h is None:
+        raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
+    if not traces:
+        raise ValueError("give at least one trace")
+    lad = ladder.ladder if isinstance(ladder, FallbackPolicy) else make_ladder(ladder)
+    od_tier = on_demand_tier(lad)
+    od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
+    od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
+    spot_workers = min((t.num_workers for t in lad.tiers if t.is_spot), default=1)
+    names, starts, spend, wall, on_time, switches, opt = [], [], [], [], [], [], []
+    for trace in traces:
+        world = world_for(lad, trace, on_demand)
+        ws = window_starts(trace, window_h, spot_workers)
+        res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
+        optima = optimum_for(lad, job, world, ws)
+        names += [trace.name] * len(ws)
+        starts.append(ws)
+        spend.append(res.spend)
+        wall.append(res.wall_h)
+        on_time.append(res.met_deadline())
+        switches.append(res.switches)
+        opt.append(np.array([o.spend for o in optima]))
+    return BacktestResult(np.array(names), np.concatenate(starts), np.concatenate(spend), np.concatenate(wall),
+                          np.concatenate(on_time), np.concatenate(switches), od_spend, np.concatenate(opt),
+                          float(job.deadline_h), float(window_h))
+
+
+__all__ = ["BacktestResult", "Spread", "backtest", "on_demand_tier", "window_starts"]

@@ -1,0 +1,132 @@
+"""`spotfallback backtest` through typer's test runner, and the backtest API behind it."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from spotfallback.cli import backtest as cli_backtest
+from spotfallback.config import Ladder, Tier
+from spotfallback.sim import backtest
+from spotfallback.sim.job import JobSpec
+from spotfallback.sim.simulate import simulate
+from spotfallback.sim.traces import load_node_trace, load_spot_trace
+from spotfallback.sim.world import world_for
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+TRACE = str(FIXTURES / "us-west-2a_v100_1.json")
+NODES = str(FIXTURES / "aws-p3-trace.csv")
+GUARD = {"deadline_h": 15, "work_h": 10, "pace": 1.0, "margin_h": 0.3}
+JOB = """name: bt-job
+storage_path: ./runs
+entrypoint: m:f
+tiers:
+  - {name: spot, market: spot, num_workers: 1, max_preemptions: -1, capacity_timeout_s: null, price_per_worker_hour: 0.3,
+     climb_back: true, min_dwell_s: 0, deadline_guard: {deadline_h: 15, work_h: 10, pace: 1.0, margin_h: 0.3}}
+  - {name: on-demand, market: on-demand, num_workers: 1, price_per_worker_hour: 1.0}
+"""
+
+
+@pytest.fixture(scope="module")
+def app() -> typer.Typer:
+    app = typer.Typer(add_completion=False, pretty_exceptions_enable=False)
+    cli_backtest.register(app)
+
+    @app.command()
+    def other() -> None:  # a second command keeps `backtest` a subcommand, as in the real CLI
+        pass
+
+    return app
+
+
+@pytest.fixture
+def job_file(tmp_path) -> Path:
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB)
+    return path
+
+
+def invoke(app, *args: str):
+    return CliRunner().invoke(app, ["backtest", *args], env={"COLUMNS": "160"})
+
+
+def test_backtest_prints_spend_against_on_demand_and_the_optimum_and_writes_csv(app, job_file, tmp_path):
+    out = tmp_path / "windows.csv"
+    r = invoke(app, str(job_file), "--trace", TRACE, "--trace", NODES, "--hours", "10", "--restart-overhead-s", "360",
+               "--csv", str(out))
+    assert r.exit_code == 0, r.output
+    for text in ("28 windows of 24 h", "spend / on-demand only", "spend / hindsight optimum", "p95",
+                 "Costlier than on-demand only", "Finished by the deadline"):
+        assert text in r.output
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 28 and rows[-1]["trace"] == "aws-p3-trace"  # 27 windows of the 649 h trace, 1 of the 11 h one
+    assert all(float(row["optimum"]) <= float(row["spend"]) + 1e-9 for row in rows if row["on_time"] == "True")
+    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--window-h", "100", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["windows"] == 6 and doc["deadline_h"] == 15 and len(doc["windows_detail"]) == 6
+    assert doc["vs_optimum"]["mean"] >= 1.0 and 0 <= doc["on_time_share"] <= 1
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--trace", TRACE], "--hours: required"),
+        (["--hours", "10"], "--trace: give at least one"),
+        (["--hours", "10", "--trace", "/no/such/trace.json"], "--trace: /no/such/trace.json: no such file"),
+        (["--hours", "10", "--trace", TRACE, "--window-h", "0"], "--window-h: must be a positive number"),
+        (["--hours", "10", "--trace", TRACE, "--window-h", "-3"], "--window-h: must be a positive number"),
+        (["--hours", "20", "--trace", TRACE], "--deadline-h: 15 h is shorter than the work"),
+        (["--hours", "10", "--trace", TRACE, "--csv", "/no/such/dir/out.csv"], "--csv: directory"),
+        (["--hours", "10", "--trace", TRACE, "--csv", "out.txt"], "--csv: 'out.txt' must end in .csv"),
+        (["--hours", "10", "--trace", NODES, "--deadline-h", "12", "--restart-overhead-s", "-1"], "--restart-overhead-s:"),
+    ],
+)
+def test_bad_input_is_one_line_naming_the_option(app, job_file, args, needle):
+    r = invoke(app, str(job_file), *args)
+    assert r.exit_code == 2, r.output
+    lines = [ln for ln in r.output.splitlines() if ln.strip()]
+    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], r.output
+    assert "Traceback" not in r.output
+
+
+def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_path):
+    r = invoke(app, str(tmp_path / "missing.yaml"), "--trace", TRACE, "--hours", "10")
+    assert r.exit_code == 2 and "Error: JOB.yaml:" in r.output
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(JOB.replace(", deadline_guard: {deadline_h: 15, work_h: 10, pace: 1.0, margin_h: 0.3}", ""))
+    r = invoke(app, str(plain), "--trace", TRACE, "--hours", "10")
+    assert r.exit_code == 2 and "--deadline-h: required" in r.output
+
+
+def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
+    trace = load_spot_trace(TRACE)
+    job = JobSpec(work_h=10, restart_overhead_h=0.1, provisioning_delay_h=0.05, notice_s=120, deadline_h=15,
+                  checkpoint_interval_h=0.5, checkpoint_cost_h=0.02)  # checkpoints: the moments it may climb back
+    ladder = Ladder(tiers=(Tier.spot(1, max_preemptions=-1, capacity_timeout_s=None, price_per_worker_hour=0.3,
+                                     deadline_guard=GUARD, climb_back=True, min_dwell_s=0),
+                           Tier.on_demand(1, price_per_worker_hour=1.0)))
+    res = backtest(ladder, [trace, load_node_trace(NODES)], job, window_h=48)
+    assert res.windows == 13 + 1
+    starts = np.arange(13) * 48.0
+    # Both engines take per-run starts for a ladder that climbs back, and agree.
+    ref = simulate(ladder, job, world_for(ladder, trace), runs=13, start_h=starts, engine="policy")
+    np.testing.assert_allclose(res.spend[:13], ref.spend, rtol=1e-9, atol=1e-9)
+    np.testing.assert_allclose(res.start_h[:13], starts)
+    assert res.switches.max() > 1  # it came back from on-demand
+    assert res.on_demand_spend == pytest.approx(0.1 + 10 + 19 * 0.02)  # the first start pays R too
+    assert (res.optimum <= res.spend + 1e-9)[res.on_time].all()
+    assert res.vs_optimum.mean >= 1.0 and res.vs_optimum.median <= res.vs_optimum.p95
+    assert res.costlier_than_on_demand == int((res.spend > res.on_demand_spend * (1 + 1e-9)).sum())
+    with pytest.raises(ValueError, match="window_h"):
+        backtest(ladder, [trace], job, window_h=0)
+    with pytest.raises(ValueError, match="deadline"):
+        backtest(ladder, [trace], job.model_copy(update={"deadline_h": None}))
+    with pytest.raises(ValueError, match="on-demand tier"):
+        backtest(Ladder(tiers=(Tier.spot(1),)), [trace], job)

@@ -1,0 +1,189 @@
+"""The hindsight optimum: no policy beats it, it matches a brute-force search, it finishes in time."""
+
+from __future__ import annotations
+
+import functools
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from spotfallback.config import Ladder, Tier
+from spotfallback.sim.baselines import simulate_uniform_progress
+from spotfallback.sim.draws import run_offsets
+from spotfallback.sim.job import JobSpec, wall_to_finish
+from spotfallback.sim.optimum import Markets, hindsight_optimum, optimum_for
+from spotfallback.sim.simulate import simulate
+from spotfallback.sim.traces import SpotTrace, load_node_trace, load_spot_trace
+from spotfallback.sim.world import RateModel, compile_spot_trace, world_for
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+
+
+def ladders(spot_price: float, od_price: float, deadline_h: float, work_h: float) -> list[Ladder]:
+    """The kinds of ladder the planner and users write: one-way, guarded, climbing back, spot forever."""
+    od = Tier.on_demand(1, price_per_worker_hour=od_price)
+    guard = {"deadline_h": deadline_h, "work_h": work_h, "pace": 1.0, "margin_h": 0.3}
+    spots = [
+        Tier.spot(1, max_preemptions=-1, capacity_timeout_s=None, price_per_worker_hour=spot_price),
+        Tier.spot(1, max_preemptions=1, capacity_timeout_s=1800, price_per_worker_hour=spot_price),
+        Tier.spot(1, max_preemptions=-1, capacity_timeout_s=None, price_per_worker_hour=spot_price,
+                  deadline_guard=guard),
+        Tier.spot(1, max_preemptions=-1, capacity_timeout_s=None, price_per_worker_hour=spot_price,
+                  deadline_guard=guard, climb_back=True, min_dwell_s=0),
+        Tier.spot(1, max_preemptions=3, capacity_timeout_s=3600, price_per_worker_hour=spot_price, climb_back=True,
+                  min_dwell_s=600),
+    ]
+    return [Ladder(tiers=(s, od)) for s in spots] + [Ladder(tiers=(od,))]
+
+
+@st.composite
+def worlds(draw):
+    n = draw(st.integers(4, 40))
+    avail = draw(st.lists(st.sampled_from([0, 1, 1]), min_size=n, max_size=n))
+    trace = SpotTrace("random", draw(st.sampled_from([300.0, 600.0, 1800.0])), np.array(avail, dtype=np.int64))
+    work = draw(st.sampled_from([1.0, 3.0, 6.0]))
+    job = JobSpec(
+        work_h=work,
+        checkpoint_interval_h=draw(st.sampled_from([None, 0.5, 1.0])),
+        checkpoint_cost_h=draw(st.sampled_from([0.0, 0.02, 0.1])),
+        restart_overhead_h=draw(st.sampled_from([0.0, 0.1, 0.25])),
+        provisioning_delay_h=draw(st.sampled_from([0.0, 0.05, 0.2])),
+        notice_s=draw(st.sampled_from([0.0, 120.0, 600.0])),
+        jit_checkpoint=draw(st.booleans()),
+        deadline_h=work * draw(st.sampled_from([1.1, 1.5, 2.5])),
+    )
+    return trace, job, draw(st.sampled_from([0.1, 0.3, 0.9])), draw(st.integers(0, 1000))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds())
+def test_no_policy_spends_less_than_the_optimum_on_random_traces(world):
+    """Every ladder kind, both engines' outcome (one engine runs each), and Uniform Progress, run by run."""
+    trace, job, spot_price, seed = world
+    assert job.deadline_h is not None
+    starts = np.arange(0, trace.duration_s / 3600, trace.gap_seconds / 3600)[:12]
+    for ladder in ladders(spot_price, 1.0, job.deadline_h, job.work_h):
+        w = world_for(ladder, trace)
+        res = simulate(ladder, job, w, runs=len(starts), start_h=starts)
+        opt = np.array([o.spend for o in optimum_for(ladder, job, w, starts)])
+        on_time = res.met_deadline()
+        assert (opt[on_time] <= res.spend[on_time] + 1e-9).all(), (ladder.tiers[0], res.spend, opt)
+    for same_job in (False, True):
+        up = simulate_uniform_progress(job, Tier.spot(1, price_per_worker_hour=spot_price),
+                                       Tier.on_demand(1, price_per_worker_hour=1.0), trace, runs=10, seed=seed,
+                                       checkpoint_on_demand=same_job)
+        offsets = run_offsets([compile_spot_trace(trace, 1)], 10, seed)
+        opt = np.array([o.spend for o in optimum_for(ladders(spot_price, 1.0, 1, 1)[0], job,
+                                                     [trace, RateModel()], offsets)])
+        on_time = up.met_deadline()
+        assert (opt[on_time] <= up.spend[on_time] + 1e-9).all()
+
+
+# ---------------------------------------------------------------------------------------
+# Brute force: every schedule on a fine grid
+
+
+def brute_force(avail: list[int], gap_h: float, job: JobSpec, p_spot: float, p_od: float, step: float) -> float:
+    """Least spend over every schedule whose starts and stops lie on a ``step`` grid.
+
+    A session is looked for at a grid moment (with capacity, for spot), acquired ``prov``
+    later (spot: if capacity is there then), runs ``R`` without progress, then works until it
+    stops (spot: at the latest where the trace stops that gang) with one checkpoint write, or
+    finishes. Nothing here knows the optimum's structure: on-demand sessions may stop
+    anywhere, spot sessions early, and idling is free.
+    """
+    cap = compile_spot_trace(SpotTrace("t", gap_h * 3600, np.array(avail, dtype=np.int64)), 1)
+    W, D, R, d, prov = job.work_h, job.deadline_h, job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
+    assert D is not None
+    n = round(D / step)
+    grid = [k * step for k in range(n + 1)]
+
+    def ok(t: float) -> bool:
+        return bool(cap.is_ok(np.array([t]))[0])
+
+    def hit(t: float) -> float:
+        return float(cap.hit(np.array([t]))[0])
+
+    @functools.cache
+    def best(k: int, pk: int) -> float:  # idle at grid k with pk steps of progress
+        rem = W - pk * step
+        out = math.inf
+        for look in grid[k:]:
+            for market, price in (("od", p_od), ("spot", p_spot)):
+                a = look + prov
+                if market == "spot" and not (ok(look) and ok(a)):
+                    continue
+                stop = min(hit(a), D) if market == "spot" else D
+                if a + R + rem <= stop + 1e-9:
+                    out = min(out, price * (R + rem))
+                for e in grid:
+                    if e <= a + R + d + 1e-9 or e > stop + 1e-9 or e >= D:
+                        continue
+                    gain = e - a - R - d
+                    if gain >= rem - 1e-9:
+                        continue
+                    out = min(out, price * (e - a) + best(round(e / step), pk + round(gain / step)))
+        return out
+
+    return best(0, 0)
+
+
+@pytest.mark.parametrize(
+    ("avail", "work", "deadline", "R", "d", "prov"),
+    [
+        ([1, 1, 0, 1, 1, 1], 2.0, 3.0, 0.25, 0.0, 0.0),
+        ([1, 0, 0, 1, 1, 1], 2.0, 2.75, 0.25, 0.25, 0.0),
+        ([0, 1, 1, 0, 1, 1], 1.5, 2.75, 0.25, 0.0, 0.25),
+        ([1, 1, 0, 0, 0, 1, 1, 1], 2.5, 3.5, 0.25, 0.25, 0.25),
+        ([1, 0, 1, 0, 1, 1, 0, 1], 2.0, 4.0, 0.0, 0.25, 0.0),
+        ([0, 0, 0, 0], 1.0, 1.5, 0.25, 0.0, 0.25),
+    ],
+)
+@pytest.mark.parametrize("p_spot", [0.3, 0.7])
+def test_the_optimum_equals_a_brute_force_search_on_tiny_traces(avail, work, deadline, R, d, prov, p_spot):
+    gap_h, step = 0.5, 0.25
+    job = JobSpec(work_h=work, restart_overhead_h=R, checkpoint_cost_h=d, provisioning_delay_h=prov, deadline_h=deadline)
+    trace = SpotTrace("t", gap_h * 3600, np.array(avail, dtype=np.int64))
+    markets = Markets(((compile_spot_trace(trace, 1), p_spot),), 1.0)
+    opt = hindsight_optimum(job, markets)
+    assert opt.spend == pytest.approx(brute_force(avail, gap_h, job, p_spot, 1.0, step), abs=1e-9)
+
+
+@pytest.mark.parametrize("path", ["us-west-2a_v100_1.json", "us-east-1f_v100_4node.json", "aws-p3-trace.csv"])
+def test_the_optimum_finishes_by_the_deadline_and_adds_up(path):
+    trace = load_node_trace(FIXTURES / path) if path.endswith(".csv") else load_spot_trace(FIXTURES / path)
+    job = JobSpec(work_h=10, restart_overhead_h=0.1, checkpoint_cost_h=0.05, provisioning_delay_h=0.05, deadline_h=15)
+    ladder = Ladder(tiers=(Tier.spot(4, price_per_worker_hour=0.3), Tier.on_demand(4, price_per_worker_hour=1.0)))
+    od_only = 4 * (job.restart_overhead_h + job.work_h)
+    for o in optimum_for(ladder, job, world_for(ladder, trace), np.arange(0.0, 200.0, 10.0)):
+        assert o.feasible and o.finish_h <= 15 + 1e-9
+        assert o.spend <= od_only + 1e-9  # on-demand alone is one of its schedules
+        assert o.spend == pytest.approx(1.2 * o.spot_h + 4.0 * o.on_demand_h)
+        # Billed hours are the work plus R per start and one write per start but the last.
+        assert o.spot_h + o.on_demand_h == pytest.approx(10 + o.sessions * 0.1 + (o.sessions - 1) * 0.05)
+
+
+def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline():
+    job = JobSpec(work_h=2, restart_overhead_h=0.1, deadline_h=3)
+    never = SpotTrace("never", 600.0, np.zeros(30, dtype=np.int64))
+    always = SpotTrace("always", 600.0, np.ones(30, dtype=np.int64))
+    od = 1.0
+    for trace, spend in ((never, od * 2.1), (always, 0.3 * 2.1)):
+        o = hindsight_optimum(job, Markets(((compile_spot_trace(trace, 1), 0.3),), od))
+        assert o.spend == pytest.approx(spend) and o.sessions == 1
+    # No time for even on-demand: no schedule.
+    assert not hindsight_optimum(job.model_copy(update={"deadline_h": 2.05}), Markets((), od)).feasible
+    with pytest.raises(ValueError, match="deadline"):
+        hindsight_optimum(job.model_copy(update={"deadline_h": None}), Markets((), od))
+    with pytest.raises(ValueError, match="rate model|random interruptions"):
+        ladder = Ladder(tiers=(Tier.spot(1), Tier.on_demand(1)))
+        optimum_for(ladder, job, [RateModel(preemptions_per_node_hour=0.1), RateModel()], [0.0])
+    # A periodic checkpoint interval does not change it: it writes only before it stops.
+    tau = job.model_copy(update={"checkpoint_interval_h": 0.3, "checkpoint_cost_h": 0.05})
+    assert float(wall_to_finish(2, 0.3, 0.05)) > 2
+    o = hindsight_optimum(tau, Markets(((compile_spot_trace(always, 1), 0.3),), od))
+    assert o.spend == pytest.approx(0.3 * 2.1)
