@@ -422,7 +422,10 @@ def test_notice_shorter_than_the_write_falls_back_to_the_previous_checkpoint(clu
     committed_before = [r.event.step for r in records if r.event.kind == "checkpoint_committed" and r.t < jit[0].t]
     assert cost.resumed_at == committed_before[-1] + 1  # the previous checkpoint
     assert f"from the checkpoint of step {committed_before[-1]}" in missed.detail
-    assert started.step not in [r.event.step for r in records if r.event.kind == "checkpoint_committed"]
+    # The just-in-time write never committed (a periodic checkpoint of the same step, redone after
+    # the resume, may commit later: under load the notice can land on a checkpoint step).
+    during = records[records.index(jit[0]):records.index(jit[1])]
+    assert started.step not in [r.event.step for r in during if r.event.kind == "checkpoint_committed"]
     assert records.index(jit[1]) > records.index(events(records, "preempted")[0])
     (notice,) = events(records, "preemption_notice")
     assert (notice.event.source, notice.event.drained, notice.event.node_id) == ("injector", True, node.node_id)
