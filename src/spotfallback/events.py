@@ -196,17 +196,27 @@ def event_from_json(data: dict[str, Any]) -> Event:
     cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
     if cls is None:
         raise ValueError(f"unknown event kind {kind!r}; expected one of {sorted(EVENT_TYPES)}")
-    allowed = {f.name for f in fields(cls)}
+    allowed, hints = _schema(cls)
     extra = set(data) - allowed - {"kind"}
     if extra:
         raise ValueError(f"{kind}: unexpected field(s) {sorted(extra)}")
     if not isinstance(data.get("t"), int | float) or isinstance(data.get("t"), bool):
         raise ValueError(f"{kind}: field 't' must be a number")
-    hints = typing.get_type_hints(cls)
     for name, value in data.items():
         if name != "kind" and not _has_type(value, hints[name]):
             raise ValueError(f"{kind}: field {name!r} must be {_type_name(hints[name])}, got {value!r}")
     return cls(**{k: v for k, v in data.items() if k != "kind"})
+
+
+_SCHEMAS: dict[type[Event], tuple[frozenset[str], dict[str, Any]]] = {}
+
+
+def _schema(cls: type[Event]) -> tuple[frozenset[str], dict[str, Any]]:
+    """An event class's field names and resolved annotations, resolved once: that costs far more
+    than checking one record, and a long run's ledger holds tens of thousands."""
+    if cls not in _SCHEMAS:
+        _SCHEMAS[cls] = frozenset(f.name for f in fields(cls)), typing.get_type_hints(cls)
+    return _SCHEMAS[cls]
 
 
 def _has_type(value: Any, annotation: Any) -> bool:

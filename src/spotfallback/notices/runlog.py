@@ -25,7 +25,8 @@ class RunLog:
 
     def __init__(self, location: RunLocation, writer: str | None = None) -> None:
         self.location = location
-        self.ledger = Ledger(location, writer=writer)
+        # Compacting is the run's writers' job: a record from a node must stay quick.
+        self.ledger = Ledger(location, writer=writer, compact_every=0)
         self._dirs_ready = False
 
     def is_spotfallback_run(self) -> bool:

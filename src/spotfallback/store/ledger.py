@@ -1,12 +1,18 @@
-"""The run ledger: an append-only record of every event, one JSON object per event.
+"""The run ledger: an append-only record of every event, one JSON object per event, compacted.
 
-Object stores (S3, GCS) cannot append, so each event is its own object, named so that a
+Object stores (S3, GCS) cannot append, so each event is first its own object, named so that a
 lexical sort is the order of events (``{time_ns}-{writer}-{kind}.json``). Each object is
 written under a temporary name and moved into place, so a crash never leaves a torn event
 that replay would read. Replaying the events through the pure policy rebuilds the run's
 state exactly; ``accounting.summarize`` turns them into hours and spend. ``Ledger.read`` reads
 it whole (the driver, the controller); ``LedgerTail`` reads only what is new at each poll (a
 watcher on a growing run).
+
+A run lasts weeks, so the writer compacts as it goes: every ``compact_every`` loose events it
+knows of, full chunks of them move into segments (``store.segments``: the segment is written
+whole first, the loose objects deleted after). A read then lists two short directories and
+fetches the segments and the loose tail in parallel (``store.reads``), however long the run;
+a ledger written before segments existed is all loose events, and reads as it always did.
 
 Every storage call goes through ``store.retry.call_with_retry``: an outage shorter than the
 limit only pauses, and an error no wait can fix is a ``LedgerError`` naming what was tried.
@@ -16,7 +22,9 @@ from __future__ import annotations
 
 import json
 import logging
+import posixpath
 import uuid
+from collections.abc import Iterable
 from functools import partial
 from typing import Any
 
@@ -26,17 +34,24 @@ from spotfallback.config import Ladder
 from spotfallback.errors import LedgerError
 from spotfallback.events import FORMAT_VERSION, Event, LedgerRecord
 from spotfallback.store.location import TMP_PREFIX, RunLocation, list_dir, write_atomically
+from spotfallback.store.reads import delete_objects, read_objects
 from spotfallback.store.retry import call_with_retry
+from spotfallback.store.segments import (
+    SEGMENTS_DIR,
+    chunks_to_compact,
+    decode_segment,
+    encode_segment,
+    segment_name,
+)
 
 logger = logging.getLogger(__name__)
 
 LEDGER_DIR = "ledger"
 RUN_META = "run.json"
-
-
-def _read_all(fs: pafs.FileSystem, path: str) -> bytes:
-    with fs.open_input_stream(path) as stream:
-        return stream.readall()
+# Loose events per segment: a 20,000-event run reads 40 segments, and a loose tail under 500.
+COMPACT_EVERY = 500
+# A read whose loose events keep moving into segments under it lists again, this many times.
+_READ_ATTEMPTS = 5
 
 
 def parse_record(raw: bytes, path: str) -> LedgerRecord:
@@ -51,17 +66,59 @@ def parse_record(raw: bytes, path: str) -> LedgerRecord:
         raise LedgerError(f"{path}: {e}") from None
 
 
-class Ledger:
-    """Reads and appends a run's ledger. Safe to use from the driver and the Train controller."""
+def _json_object(raw: bytes, path: str) -> dict[str, Any]:
+    try:
+        data = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise LedgerError(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(data, dict):
+        raise LedgerError(f"{path}: a ledger record must be a JSON object")
+    return data
 
-    def __init__(self, location: RunLocation, writer: str | None = None):
+
+def _files(infos: Iterable[pafs.FileInfo]) -> list[pafs.FileInfo]:
+    return sorted((i for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)),
+                  key=lambda i: i.path)
+
+
+def _in_order(by_name: dict[str, LedgerRecord]) -> list[LedgerRecord]:
+    """Records in event order (their object names), each id once."""
+    out: list[LedgerRecord] = []
+    seen: set[str] = set()
+    for name in sorted(by_name):
+        record = by_name[name]
+        if record.id not in seen:
+            seen.add(record.id)
+            out.append(record)
+    return out
+
+
+class Ledger:
+    """Reads and appends a run's ledger. Safe to use from the driver and the Train controller.
+
+    ``compact_every`` (0: never) is how many loose events this writer lets gather before it
+    compacts them, counted from its own reads and appends; compaction runs after an append,
+    once the event is durable, and a failed one is logged and tried again later.
+    """
+
+    def __init__(self, location: RunLocation, writer: str | None = None, *, compact_every: int = COMPACT_EVERY):
+        if compact_every < 0:
+            raise ValueError(f"compact_every must be 0 (never) or more, got {compact_every}")
         self.location = location
         self.writer = writer or uuid.uuid4().hex[:8]
+        self.compact_every = compact_every
         self._last_ns = 0
+        # Loose events this instance has read or written, by object path: compaction need not fetch them again.
+        self._loose: dict[str, bytes] = {}
+        self._loose_count = 0
 
     @property
     def directory(self) -> str:
         return self.location.path(LEDGER_DIR)
+
+    @property
+    def segments_directory(self) -> str:
+        return self.location.path(LEDGER_DIR, SEGMENTS_DIR)
 
     def ensure_dirs(self) -> None:
         call_with_retry(
@@ -88,31 +145,103 @@ class Ledger:
         call_with_retry(
             lambda: write_atomically(self.location.fs, path, payload), f"write ledger event {name}", permanent=LedgerError
         )
+        self._loose[path] = payload
+        self._loose_count += 1
+        if self.compact_every and self._loose_count >= self.compact_every:
+            try:
+                self.compact()
+            except LedgerError as e:  # the event is durable; the loose tail only grows until the next try
+                logger.warning("could not compact the ledger (tried again after %d more events): %s", self.compact_every, e)
+                self._loose_count = 0
         return record
+
+    # -- reading ------------------------------------------------------------------------
+
+    def _list(self, *, strict: bool, limit_s: float | None = None) -> tuple[list[str], list[str]]:
+        """(loose event paths, segment paths), sorted. Loose events are listed first: an event
+        compacted after that listing is in a segment the second listing sees."""
+        fs = self.location.fs
+        loose = _files(call_with_retry(partial(list_dir, fs, self.directory), "list the ledger", limit_s,
+                                       permanent=LedgerError))
+        segments = _files(call_with_retry(partial(list_dir, fs, self.segments_directory), "list the ledger segments",
+                                          limit_s, permanent=LedgerError))
+        if strict:
+            for info in (*loose, *segments):
+                if not info.path.endswith(".json"):
+                    raise LedgerError(
+                        f"{info.path}: unexpected object in the ledger directory (only *.json events belong there)"
+                    )
+        else:
+            loose = [i for i in loose if i.path.endswith(".json")]
+            segments = [i for i in segments if i.path.endswith(".json")]
+        return [i.path for i in loose], [i.path for i in segments]
+
+    def _read_named(self) -> dict[str, LedgerRecord]:
+        """Every record by its event object name, read from one consistent listing."""
+        fs = self.location.fs
+        for _ in range(_READ_ATTEMPTS):
+            loose, segments = self._list(strict=True)
+            raws = read_objects(fs, segments + loose)
+            if any(raw is None for raw in raws):
+                continue  # compacted (or merged) while it was read: list again
+            by_name: dict[str, LedgerRecord] = {}
+            for path, raw in zip(segments, raws, strict=False):
+                assert raw is not None
+                for name, record in decode_segment(raw, path):
+                    by_name.setdefault(name, record)
+            self._loose = {}
+            for path, raw in zip(loose, raws[len(segments) :], strict=True):
+                assert raw is not None
+                by_name.setdefault(posixpath.basename(path), parse_record(raw, path))
+                self._loose[path] = raw
+            self._loose_count = len(loose)
+            return by_name
+        raise LedgerError(f"{self.directory}: the ledger kept changing while it was read ({_READ_ATTEMPTS} tries)")
 
     def read(self) -> list[LedgerRecord]:
         """All records in order. Duplicates (same id) are dropped; damaged objects are errors."""
+        return _in_order(self._read_named())
+
+    # -- compaction ---------------------------------------------------------------------
+
+    def compact(self) -> int:
+        """Move full chunks of loose events into segments now; how many events were moved.
+
+        Chunks are ``compact_every`` events long (with 0: all loose events, into one segment).
+
+        Safe beside other writers and readers: the segment is durable before any loose event
+        is deleted, and a chunk another compactor already moved is left alone.
+        """
         fs = self.location.fs
-
-        def listing() -> list[pafs.FileInfo]:
-            return list_dir(fs, self.directory)
-
-        infos = call_with_retry(listing, "list the ledger", permanent=LedgerError)
-        names = sorted(
-            i.path for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)
-        )
-        records: list[LedgerRecord] = []
-        seen: set[str] = set()
-        for path in names:
-            if not path.endswith(".json"):
-                raise LedgerError(f"{path}: unexpected object in the ledger directory (only *.json events belong there)")
-            raw = call_with_retry(partial(_read_all, fs, path), f"read {path}", permanent=LedgerError)
-            record = parse_record(raw, path)
-            if record.id in seen:
-                continue
-            seen.add(record.id)
-            records.append(record)
-        return records
+        loose, _ = self._list(strict=False)
+        listed = set(loose)
+        self._loose = {p: raw for p, raw in self._loose.items() if p in listed}  # others moved the rest
+        moved = 0
+        chunks = chunks_to_compact(loose, self.compact_every or len(loose) or 1)
+        if chunks:
+            call_with_retry(partial(fs.create_dir, self.segments_directory, recursive=True),
+                            "create the ledger segments directory", permanent=LedgerError)
+        for chunk in chunks:
+            unknown = [p for p in chunk if p not in self._loose]
+            fetched = dict(zip(unknown, read_objects(fs, unknown), strict=True))
+            if any(raw is None for raw in fetched.values()):
+                break  # another compactor is moving these: its segment holds them
+            entries: list[tuple[str, dict[str, Any]]] = []
+            for path in chunk:
+                raw = self._loose.get(path) or fetched[path]
+                assert raw is not None
+                # Moved as stored (a reader checks each record as it always did), so compacting
+                # costs the writer no parsing beyond JSON's.
+                entries.append((posixpath.basename(path), _json_object(raw, path)))
+            target = f"{self.segments_directory}/{segment_name(entries, f'{self.writer}-{uuid.uuid4().hex[:6]}')}"
+            call_with_retry(partial(write_atomically, fs, target, encode_segment(entries)),
+                            f"write ledger segment {target}", permanent=LedgerError)
+            delete_objects(fs, chunk)
+            for path in chunk:
+                self._loose.pop(path, None)
+            moved += len(chunk)
+        self._loose_count = len(loose) - moved
+        return moved
 
     # -- run metadata -------------------------------------------------------------------
 
@@ -159,34 +288,32 @@ class Ledger:
 
 
 class LedgerTail:
-    """Reads a ledger incrementally: each poll lists the directory and reads only new objects.
+    """Reads a ledger incrementally: each poll lists it and reads only new segments and events.
 
     Unlike ``Ledger.read`` it does not wait out an outage (a watcher polls again anyway, and
-    says so), and it skips objects that are not events rather than refusing them.
+    says so), and it skips objects that are not events rather than refusing them. An event
+    compacted between listing and reading is skipped: its segment is read at the next poll.
     """
 
     def __init__(self, location: RunLocation):
         self.location = location
-        self._records: dict[str, LedgerRecord] = {}
+        self._ledger = Ledger(location, compact_every=0)
+        self._by_name: dict[str, LedgerRecord] = {}
+        self._segments_read: set[str] = set()
 
     def poll(self) -> list[LedgerRecord]:
         fs = self.location.fs
-        for info in sorted(list_dir(fs, self.location.path(LEDGER_DIR)), key=lambda i: i.path):
-            name = info.base_name
-            if info.type != pafs.FileType.File or name.startswith(TMP_PREFIX) or not name.endswith(".json"):
+        loose, segments = self._ledger._list(strict=False, limit_s=0)
+        new_segments = [p for p in segments if p not in self._segments_read]
+        new_loose = [p for p in loose if posixpath.basename(p) not in self._by_name]
+        raws = read_objects(fs, new_segments + new_loose, limit_s=0)
+        for path, raw in zip(new_segments, raws, strict=False):
+            if raw is None:
                 continue
-            if info.path in self._records:
-                continue
-            try:
-                raw = fs.open_input_stream(info.path).readall()
-            except OSError as e:
-                raise LedgerError(f"{info.path}: cannot read ledger event ({e})") from None
-            self._records[info.path] = parse_record(raw, info.path)
-        out: list[LedgerRecord] = []
-        seen: set[str] = set()
-        for path in sorted(self._records):
-            rec = self._records[path]
-            if rec.id not in seen:
-                seen.add(rec.id)
-                out.append(rec)
-        return out
+            for name, record in decode_segment(raw, path):
+                self._by_name.setdefault(name, record)
+            self._segments_read.add(path)
+        for path, raw in zip(new_loose, raws[len(new_segments) :], strict=True):
+            if raw is not None:
+                self._by_name.setdefault(posixpath.basename(path), parse_record(raw, path))
+        return _in_order(self._by_name)
