@@ -93,6 +93,12 @@ class DeadlineGuard(BaseModel):
     with more than ``margin_h`` slack left. ``pace=0`` keeps the slack rule alone (wait for
     this tier as long as the deadline allows). Progress comes from the ``remaining_work_s``
     metric reported with checkpoints; until one arrives the whole ``work_h`` is left.
+
+    A new gang's progress is safe only once it commits, so while waiting for capacity the
+    guard gives up ``first_commit_h`` earlier than it would leave, and climbs back only with
+    that much more ahead: a gang that comes up at the cut-off and is lost just before its
+    first commit, or one lost just before any later commit, still leaves ``margin_h`` of slack
+    for the move to the next tier (which ``margin_h`` must cover: its provisioning and restore).
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -106,6 +112,12 @@ class DeadlineGuard(BaseModel):
     )
     margin_h: float = Field(
         default=0.5, ge=0, description="Hours behind schedule tolerated, and slack kept for the move to the next tier."
+    )
+    first_commit_h: float = Field(
+        default=0.0,
+        ge=0,
+        description="Hours a new gang risks before its progress is safe: restore + interval + write (restore + notice "
+        "when the notice holds a checkpoint). Waiting for capacity stops this much earlier; a climb needs it ahead.",
     )
 
 

@@ -198,6 +198,11 @@ def latest_start(started_at, deadline_h, remaining_s, margin_s):
     return started_at + deadline_h * 3600.0 - remaining_s - margin_s
 
 
+def waiting_cutoff(leave_at, lead_s):
+    """When a guard stops waiting for capacity: ``lead_s`` before it would leave, so a gang started then can commit first."""
+    return leave_at - lead_s
+
+
 def on_gang(work, workers_from, workers_to):
     """Work measured on a gang of ``workers_from``, in time on one of ``workers_to`` (data parallel)."""
     return work * workers_from / workers_to
@@ -270,7 +275,14 @@ class FallbackPolicy:
         if state.waiting_since is None:
             return None
         limits = self.guard_limits(state, state.tier)
-        return None if limits is None else max(state.waiting_since, min(limits))
+        if limits is None:
+            return None
+        return max(state.waiting_since, waiting_cutoff(min(limits), self.guard_lead_s(state.tier)))
+
+    def guard_lead_s(self, tier: int) -> float:
+        """How much earlier than its leave time the guard of ``tier`` stops waiting: a new gang's time to its first commit."""
+        guard = self.tiers[tier].deadline_guard
+        return 0.0 if guard is None else guard.first_commit_h * 3600.0
 
     def replay(self, events: Iterable[Event], state: PolicyState | None = None) -> PolicyState:
         state = state or self.initial_state()
@@ -328,7 +340,10 @@ class FallbackPolicy:
                 timeout = self.tiers[state.tier].capacity_timeout_s
                 timeout_at = None if timeout is None or state.waiting_since is None else state.waiting_since + timeout
                 if guard_at is not None and (timeout_at is None or guard_at <= timeout_at):
-                    why = self.guard_reason(state, max(t, guard_at)) or "deadline guard"
+                    lead = self.guard_lead_s(state.tier)
+                    why = self.guard_reason(state, max(t, guard_at) + lead) or "deadline guard"
+                    if lead:
+                        why += f", less a new gang's time to its first commit ({lead / 3600.0:.2f} h)"
                     return self._leave(state, t, f"{why} while waiting for capacity (waited {waited:.1f}s)")
                 within = f"within capacity_timeout_s={timeout:g}" if timeout is not None else "(the cluster cannot fit this tier)"
                 return self._leave(state, t, f"no capacity {within} (waited {waited:.1f}s)")
@@ -502,10 +517,12 @@ class FallbackPolicy:
         return None
 
     def guard_allows_climb(self, state: PolicyState, event: CapacityObserved) -> tuple[bool, str]:
-        """Climb back to a guarded tier only when ahead of schedule by two restarts, with slack to spare.
+        """Climb back to a guarded tier only when ahead of schedule by two restarts and the guard's lead.
 
         Uniform Progress's hysteresis: the run leaves when behind schedule and returns when
-        ahead of it at ``t + 2 * restart``, so capacity that comes and goes cannot make it flap.
+        ahead of it at ``t + 2 * restart``, so capacity that comes and goes cannot make it flap;
+        the lead (``guard_lead_s``) lets the climbed gang reach its first commit before the
+        guard would stop waiting for it.
         """
         cur, to = state.tier, event.tier
         w_cur = state.workers or self.tiers[cur].num_workers
@@ -518,9 +535,9 @@ class FallbackPolicy:
         assert guard is not None
         behind, must_go = limits
         ahead_until = min(behind - guard.margin_h * 3600.0, must_go)
-        need = event.t + 2.0 * event.restart_s
+        need = event.t + 2.0 * event.restart_s + self.guard_lead_s(to)
         if ahead_until < need:
-            return False, f"not ahead of schedule by two restarts ({(ahead_until - event.t) / 3600.0:.2f} h)"
+            return False, f"not ahead of schedule by two restarts and the lead ({(ahead_until - event.t) / 3600.0:.2f} h)"
         return True, f"{(ahead_until - event.t) / 3600.0:.2f} h ahead of schedule"
 
     # -- expected-cost exit -----------------------------------------------------------------

@@ -155,3 +155,13 @@ def test_plan_shows_every_policy_as_a_multiple_of_the_hindsight_optimum(app):
     # A rate model has no hindsight: no column.
     r = invoke(app, "--hours", "10", "--rate", "0.02", "--deadline-h", "15", "--runs", "20")
     assert r.exit_code == 0 and "x opt" not in r.output
+
+
+def test_plan_on_several_samples_of_one_market_holds_on_each(app):
+    other = str(FIXTURES / "us-east-1f_v100_4node.json")
+    r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--sample", other, "--deadline-h", "15",
+               "--runs", "40", "--spot-price", "0.3", "--on-demand-price", "1")
+    assert r.exit_code == 0, r.output
+    assert "x opt" in r.output
+    r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--trace", TRACE, "--sample", other)
+    assert r.exit_code == 2 and "--sample" in r.output and "one spot tier" in r.output

@@ -413,6 +413,43 @@ def test_slack_rule_alone_waits_as_long_as_the_deadline_allows():
     assert isinstance(decisions[-1], SwitchTier) and "slack" in decisions[-1].reason
 
 
+def test_guard_stops_waiting_a_first_commit_early_so_a_gang_lost_before_it_commits_keeps_the_margin():
+    policy = guarded(pace=0.0)
+    lead = FallbackPolicy([policy.tiers[0].model_copy(update={"deadline_guard": policy.tiers[0].deadline_guard
+                                                            .model_copy(update={"first_commit_h": 1.0})}),
+                           policy.tiers[1]])
+    state, _ = run(lead, [*one_hour_done(), Preempted(2 * H)])
+    assert lead.capacity_deadline(state) == pytest.approx(4.5 * H)  # 10 - 4 left - 0.5 margin - 1 lead
+    step = lead.decide(state, CapacityTimedOut(4.5 * H, waited_s=2.5 * H))
+    assert isinstance(step.decision, SwitchTier) and "first commit (1.00 h)" in step.decision.reason
+    # A gang up just before the cut-off, lost just before its first commit: the margin is still there.
+    lost_at = 5.5 * H - 2  # its first commit was due at 4.5 h - 1 s + 1 h
+    state, decisions = run(lead, [*one_hour_done(), Preempted(2 * H), WorkersAcquired(4.5 * H - 1, 2),
+                                  Preempted(lost_at)])
+    assert 10 * H - lost_at - state.remaining_work_s >= 0.5 * H
+    assert lead.capacity_deadline(state) == lost_at  # no new gang: it leaves with the margin intact
+    # The lead is only for starting a gang: one that runs is left where the slack alone says.
+    state, decisions = run(lead, [*one_hour_done(), Preempted(5.4 * H)])
+    assert isinstance(decisions[-1], Retry) and lead.capacity_deadline(state) == 5.4 * H
+
+
+def test_climbing_back_to_a_guarded_tier_needs_the_lead_ahead_too():
+    def policy(first_commit_h: float) -> FallbackPolicy:
+        base = guarded(climb=True)
+        g = base.tiers[0].deadline_guard
+        assert g is not None
+        spot = base.tiers[0].model_copy(update={"deadline_guard": g.model_copy(update={"first_commit_h": first_commit_h})})
+        return FallbackPolicy([spot, base.tiers[1]])
+
+    events = [*one_hour_done(), Preempted(2.6 * H), WorkersAcquired(2.7 * H, 2)]
+    # Schedule 5 h for 2.5 h left at 4 h: ahead by 1 h, more than two restarts (20 min) ...
+    for lead, climbs in ((0.0, True), (0.6, True), (0.7, False)):  # ... and than a lead of 0.6 h, not 0.7 h
+        p = policy(lead)
+        state, _ = run(p, events)
+        step = p.decide(state, seen(4 * H, remaining=2.5 * H, restart=600))
+        assert isinstance(step.decision, ClimbBack) is climbs, lead
+
+
 def test_guard_without_progress_reports_assumes_nothing_was_done():
     policy = guarded()
     state, _ = run(policy, [RunStarted(0), WorkersAcquired(60, 2), Preempted(0.4 * H)])

@@ -146,6 +146,7 @@ def scenarios(draw):
                 work_h=work_h * draw(st.sampled_from([1.0, 1.2])),
                 pace=draw(st.sampled_from([0.0, 0.5, 1.0])),
                 margin_h=draw(st.sampled_from([0.0, 0.25, 0.7])),
+                first_commit_h=draw(st.sampled_from([0.0, 0.0, 0.4, 1.25])),
             )
         if i < n_tiers - 1 and draw(st.booleans()):
             kw.update(climb_back=True, min_dwell_s=draw(st.sampled_from([0.0, 600.0, 3600.0])),
@@ -204,13 +205,16 @@ def assert_same_runs(fast, ref) -> None:
 
 
 @pytest.mark.parametrize("world_name", ["spot", "spot4", "nodes", "rate"])
-@pytest.mark.parametrize(("pace", "climb", "m", "budgets"), [(1.0, True, -1, "carry"), (0.0, True, 3, "carry"),
-                                                              (0.5, True, 2, "fresh"), (1.0, False, -1, "carry")])
-def test_fast_engine_matches_policy_engine_on_guarded_climbing_ladders(world_name, pace, climb, m, budgets):
+@pytest.mark.parametrize(("pace", "climb", "m", "budgets", "lead"),
+                         [(1.0, True, -1, "carry", 0.0), (0.0, True, 3, "carry", 0.0), (0.5, True, 2, "fresh", 0.0),
+                          (1.0, False, -1, "carry", 0.0), (1.0, True, -1, "carry", 0.1 + 0.7 + 5 / 60),
+                          (1.0, False, -1, "carry", 0.1 + 0.7 + 5 / 60)])
+def test_fast_engine_matches_policy_engine_on_guarded_climbing_ladders(world_name, pace, climb, m, budgets, lead):
     """The planner's ladders, which the random scenarios above rarely reach: many climbs."""
     job = JobSpec(work_h=24, checkpoint_interval_h=0.7, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
                   provisioning_delay_h=0.05, notice_s=120, deadline_h=36)
-    guard = {"deadline_h": 36, "work_h": float(wall_to_finish(24, 0.7, 5 / 60)), "pace": pace, "margin_h": 0.4}
+    guard = {"deadline_h": 36, "work_h": float(wall_to_finish(24, 0.7, 5 / 60)), "pace": pace, "margin_h": 0.4,
+             "first_commit_h": lead}
     spot = Tier.spot(4, max_preemptions=m, capacity_timeout_s=None if m == -1 else 1800, price_per_worker_hour=0.9,
                      climb_back=climb, min_dwell_s=0 if pace else 600, climb_budgets=budgets, deadline_guard=guard)
     ladder = [spot, Tier.on_demand(4, price_per_worker_hour=3.06)]

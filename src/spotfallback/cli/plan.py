@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -54,20 +55,25 @@ def _fmt_timeout(s: float | None) -> str:
     return "none" if s is None else f"{s:g}"
 
 
-def plan_optimum(p: Plan, spots: list[Process]) -> float | None:
+def plan_optimum(p: Plan, spots: list[Process], more: Sequence[Process] = ()) -> float | None:
     """Mean hindsight-optimal spend over the plan's own trace starts; None without a deadline or with a rate model.
 
-    The same start ticks as the simulated runs (``run_offsets``), so every policy's mean spend
-    divided by it says how much that policy leaves on the table on those replays.
+    The same start ticks as the simulated runs (``run_offsets``, per sample when ``more``
+    traces of a single spot tier were planned on too), so every policy's mean spend divided by
+    it says how much that policy leaves on the table on those replays.
     """
     req = p.request
-    if req.deadline_h is None or not all(isinstance(s, SpotTrace | NodeTrace) for s in spots):
+    samples = [spots, *([m] for m in more)]
+    if req.deadline_h is None or not all(isinstance(s, SpotTrace | NodeTrace) for sample in samples for s in sample):
         return None
     ladder = Ladder(tiers=(*[req.spot_tier(i) for i in range(len(spots))], req.on_demand_tier()))
-    offsets = run_offsets([compile_process(spots[0], req.num_workers)], req.runs, req.seed)
-    optima = optimum_for(ladder, req.job(None), [*spots, RateModel()], offsets)
-    spends = np.array([o.spend for o in optima])
-    return float(spends.mean()) if np.isfinite(spends).all() else None
+    runs = math.ceil(req.runs / len(samples))
+    spends = []
+    for sample in samples:
+        offsets = run_offsets([compile_process(sample[0], req.num_workers)], runs, req.seed)
+        spends += [o.spend for o in optimum_for(ladder, req.job(None), [*sample, RateModel()], offsets)]
+    arr = np.array(spends)
+    return float(arr.mean()) if np.isfinite(arr).all() else None
 
 
 def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
@@ -230,6 +236,19 @@ def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str
     return procs
 
 
+def _samples(paths: list[Path], n_spot: int) -> list[Process]:
+    """``--sample`` traces, each another sample of the one spot tier's market."""
+    if paths and n_spot != 1:
+        raise usage_error("--sample", f"samples are for a ladder with one spot tier, this one has {n_spot}")
+    out: list[Process] = []
+    for path in paths:
+        try:
+            out.append(load_process(str(path)))
+        except TraceError as e:
+            raise usage_error("--sample", str(e)) from None
+    return out
+
+
 _OPTION_OF = {
     "work_h": "--hours", "num_workers": "--workers", "checkpoint_cost_h": "--checkpoint-cost-s",
     "restart_overhead_h": "--restart-overhead-s", "provisioning_delay_h": "--provisioning-delay-s",
@@ -307,6 +326,11 @@ def register(app: typer.Typer) -> None:
         trace: list[Path] = typer.Option([], "--trace", help="SkyPilot JSON spot trace; repeat for more spot pools, tried in order."),
         trace_counts: str = typer.Option("available", "--trace-counts", help="What trace ticks count: 'available' or 'preempted' instances."),
         node_trace: list[Path] = typer.Option([], "--node-trace", help="Node add/remove CSV trace (time_ms,add|remove,node)."),
+        sample: list[Path] = typer.Option(
+            [], "--sample",
+            help="Another recorded trace of the same spot market (.json spot, .csv node trace), one spot tier only: "
+            "the runs are split between the traces and the deadline must hold on the worst of them.",
+        ),
         rate: float | None = typer.Option(None, "--rate", help="Spot preemptions per node-hour (rate model)."),
         failure_rate: float = typer.Option(0.0, "--failure-rate", help="Node failures without notice per node-hour."),
         outage_prob: float = typer.Option(0.0, "--outage-prob", help="Chance an acquisition finds spot capacity gone."),
@@ -370,15 +394,16 @@ def register(app: typer.Typer) -> None:
                 runs=runs, seed=seed,
             )
             spots = _spot_processes(trace, node_trace, trace_counts, rate, failure_rate, outage_prob, outage_h)
+            more = _samples(sample, len(spots))
             try:
-                result = plan(req, spots)
+                result = plan(req, spots, more=more)
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise usage_error("--workers", str(e)) from None
         except UsageError as e:
             typer.echo(f"Error: {e}", err=True)
             raise typer.Exit(e.exit_code) from None
 
-        optimum = plan_optimum(result, spots)
+        optimum = plan_optimum(result, spots, more)
         if as_json:
             typer.echo(json.dumps(_as_json(result, optimum), indent=2))
             return

@@ -13,6 +13,7 @@ import math
 import numpy as np
 
 from spotfallback.config import Tier
+from spotfallback.sim.costmodel import daly_interval
 from spotfallback.sim.draws import run_offsets
 from spotfallback.sim.job import (
     EPS,
@@ -23,7 +24,14 @@ from spotfallback.sim.job import (
     wall_to_finish,
 )
 from spotfallback.sim.results import FINISHED, STUCK, SimResult
-from spotfallback.sim.world import Process, RateModel, ScriptedModel, TraceCapacity, compile_process
+from spotfallback.sim.world import (
+    Process,
+    RateModel,
+    ScriptedModel,
+    TraceCapacity,
+    compile_process,
+    observed_mtbf_h,
+)
 
 IDLE, ON_SPOT, ON_OD = 0, 1, 2
 
@@ -54,7 +62,14 @@ def simulate_uniform_progress(
     writes in the time still needed: the same job as a ladder's, which is how the planner
     compares. Node failures without notice are not modelled here: only the spot process's
     preemptions and outages.
+
+    Its progress is what has been committed, as in the paper, so it checkpoints periodically:
+    every ``job.tau_h``, or, for a job without an interval whose preemptions lose work (no
+    notice long enough for a checkpoint), every Daly interval for the spot gang's observed
+    mean time between interruptions. Without one, the safety net would see no progress for
+    the whole of a long spot session and send the run to on-demand for good.
     """
+    job = job.with_interval(uniform_progress_interval(job, spot, spot_tier.num_workers))
     if job.deadline_h is None:
         raise ValueError("Uniform Progress needs a deadline (JobSpec.deadline_h)")
     proc = compile_process(spot, spot_tier.num_workers)
@@ -209,4 +224,14 @@ def simulate_uniform_progress(
     return out
 
 
-__all__ = ["simulate_uniform_progress"]
+def uniform_progress_interval(job: JobSpec, spot: Process, num_workers: int) -> float | None:
+    """The checkpoint interval Uniform Progress runs with: the job's, else Daly's where work can be lost."""
+    if job.checkpoint_interval_h is not None or job.jit_saves or job.checkpoint_cost_h <= 0:
+        return job.checkpoint_interval_h
+    mtbf, _ = observed_mtbf_h(spot, num_workers)
+    if not math.isfinite(mtbf):
+        return None
+    return min(daly_interval(job.checkpoint_cost_h, mtbf), job.work_h)
+
+
+__all__ = ["simulate_uniform_progress", "uniform_progress_interval"]

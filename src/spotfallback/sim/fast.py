@@ -35,6 +35,7 @@ from spotfallback.policy import (
     on_gang,
     repreemption_cost,
     schedule_line,
+    waiting_cutoff,
 )
 from spotfallback.sim.draws import Draws, acquire, interrupt, run_offsets
 from spotfallback.sim.job import EPS, JobSpec, cycle_progress, wall_to_finish
@@ -102,6 +103,7 @@ class _Rows:
     g_deadline: np.ndarray
     g_margin: np.ndarray
     g_pace: np.ndarray
+    g_lead_s: np.ndarray  # FallbackPolicy.guard_lead_s
     climbable: np.ndarray
     dwell_s: np.ndarray
     fresh: np.ndarray
@@ -145,6 +147,7 @@ class _Rows:
             g_deadline=per_tier(lambda t: t.deadline_guard.deadline_h if t.deadline_guard else 1.0),
             g_margin=per_tier(lambda t: t.deadline_guard.margin_h if t.deadline_guard else 0.0),
             g_pace=per_tier(lambda t: t.deadline_guard.pace if t.deadline_guard else 0.0),
+            g_lead_s=per_tier(lambda t: t.deadline_guard.first_commit_h * 3600.0 if t.deadline_guard else 0.0),
             climbable=climbable,
             dwell_s=per_tier(lambda t: t.min_dwell_s),
             fresh=flag(lambda t: t.climb_budgets == "fresh"),
@@ -291,7 +294,8 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     acq = np.empty(act.size)
     # FallbackPolicy.capacity_deadline, in its own units (seconds), so ties break alike.
     since_s = s.wait_from[act] * 3600.0
-    cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, _guard_at_s(cfg, s, act, k_act))) / 3600.0
+    guard_s = waiting_cutoff(_guard_at_s(cfg, s, act, k_act), cfg.g_lead_s[act, k_act])
+    cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, guard_s)) / 3600.0
     off = world.offset
     for k in np.unique(k_act):
         m = k_act == k
@@ -465,13 +469,13 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
     per_pre = per_pre + np.where(trips, restart_s / 3600.0 * rate_cur, 0.0)  # the next preemption sends it down
     lam = observed_rate(s.cnt_pre[idx, j], s.run_s[idx, j])
     g, gw, gd = cfg.guarded[idx, j], cfg.g_work[idx, j], cfg.g_deadline[idx, j]
-    gm, gp = cfg.g_margin[idx, j], cfg.g_pace[idx, j]
+    gm, gp, lead = cfg.g_margin[idx, j], cfg.g_pace[idx, j], cfg.g_lead_s[idx, j]
     # Jump to about the first checkpoint end ahead of schedule (remaining falls a cycle per end).
     rem0 = on_gang(wall_to_finish(np.maximum(cfg.W[idx] - s.committed[idx], 0.0), cfg.tau[idx], cfg.delta[idx]), w_cur, w_to)
     with np.errstate(divide="ignore", invalid="ignore"):
         kappa = np.where(gp > 0, gd / np.where(gp > 0, gp * gw, 1.0), 0.0)  # schedule hours per hour of work
         gaining = kappa * w_cur / w_to > 1.0
-        n_ahead = (st + 2.0 * (cfg.R[idx] + cfg.prov[idx]) - (gw - rem0) * kappa) / (cyc * (kappa * w_cur / w_to - 1.0))
+        n_ahead = (st + 2.0 * (cfg.R[idx] + cfg.prov[idx]) + lead / 3600.0 - (gw - rem0) * kappa) / (cyc * (kappa * w_cur / w_to - 1.0))
     kk = np.where(g & gaining & np.isfinite(n_ahead), np.maximum(kk, np.ceil(n_ahead) - 2.0), kk)
     proc = world.procs[j]
     todo = np.ones(idx.size, dtype=bool)
@@ -500,7 +504,7 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         pays = saving > restart + expected
         # FallbackPolicy.guard_allows_climb
         behind, must_go = _guard_limits_s(on_gang(rem_s, w_cur[q], w_to[q]), gw[q], gd[q], gm[q], gp[q])
-        need = t_s + 2.0 * restart_s[q]
+        need = t_s + 2.0 * restart_s[q] + lead[q]
         on_line = behind - gm[q] * 3600.0 >= need
         slack_ok = must_go >= need
         ahead = ~g[q] | (on_line & slack_ok)

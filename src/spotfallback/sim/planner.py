@@ -12,7 +12,9 @@ tiers with a ``deadline_guard`` (Uniform Progress's line at several paces and ma
 and without climbing back), then climb-back ladders without a guard; finally the first
 tier's budget and tau are swept around the best. It contains the three ladder baselines
 (on-demand only, spot forever, the seed's fixed-M fallback), so on the sample it is
-evaluated on the recommendation never costs more than any of them that meets the deadline.
+evaluated on the recommendation never costs more than any of them that meets the deadline,
+except that with a deadline a guarded ladder is preferred to an unguarded one (``_better``).
+Given further samples of the market (``more``), every candidate must hold on each.
 The fourth baseline, Uniform Progress (simulated as in the paper on the same job), is not a
 ladder; ``tests/unit/test_planner.py`` checks on every shared trace that the recommendation costs
 no more than it either.
@@ -41,7 +43,7 @@ from spotfallback.sim.job import NEVER_H, JobSpec, wall_to_finish
 from spotfallback.sim.results import SimResult
 from spotfallback.sim.simulate import simulate_many
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import Process, RateModel, TraceCapacity, compile_process
+from spotfallback.sim.world import Process, RateModel, observed_mtbf_h
 
 M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
 TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
@@ -127,10 +129,21 @@ class PlanRequest(BaseModel):
         return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price)
 
     def guard(self, tau_h: float | None, pace: float, margin_h: float) -> DeadlineGuard:
-        """A deadline guard for this job: its work in wall hours includes the checkpoint writes."""
+        """A deadline guard for this job: its work in wall hours includes the checkpoint writes.
+
+        Its lead (``first_commit_h``) is what a new gang risks before its progress is safe: the
+        restore, plus a whole interval and its write, or only the notice when the notice holds
+        a checkpoint (without periodic checkpoints nothing bounds the risk: the restore alone).
+        """
         assert self.deadline_h is not None
         work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
-        return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9))
+        first = self.restart_overhead_h
+        if self.job(tau_h).jit_saves:
+            first += self.notice_s / 3600.0
+        elif tau_h is not None:
+            first += tau_h + self.checkpoint_cost_h
+        return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9),
+                             first_commit_h=round(first, 9))
 
 
 @dataclass
@@ -142,6 +155,7 @@ class Candidate:
     tau_h: float | None
     result: SimResult
     deadline_h: float | None
+    by_trace: tuple[SimResult, ...] = ()  # one per sample of the spot markets, when several were given
 
     @property
     def mean_spend(self) -> float:
@@ -149,6 +163,9 @@ class Candidate:
 
     @property
     def p_deadline(self) -> float:
+        """Share of runs on time; with several samples, on the worst of them (what a new trace may be like)."""
+        if self.by_trace:
+            return min(r.deadline_probability(self.deadline_h) for r in self.by_trace)
         return self.result.deadline_probability(self.deadline_h)
 
     @property
@@ -283,32 +300,6 @@ def ladder_yaml(ladder: Ladder, tau_h: float | None = None) -> str:
 # ---------------------------------------------------------------------------------------
 
 
-def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
-    """(mean time between interruptions of a gang, same for failures without notice only)."""
-    proc = compile_process(process, num_workers)
-    if isinstance(proc, RateModel):
-        pre = proc.preemptions_per_node_hour * num_workers
-        fail = proc.failures_per_node_hour * num_workers
-        total = pre + fail
-        return (math.inf if total == 0 else 1.0 / total), (math.inf if fail == 0 else 1.0 / fail)
-    if isinstance(proc, TraceCapacity):
-        # Run a gang that restarts at once through one period; mean uptime between hits.
-        t, run_h, hits = 0.0, 0.0, 0
-        end = proc.period_h
-        while True:
-            start = float(proc.next_available(np.array([t]))[0])
-            if not math.isfinite(start) or start >= end:
-                break
-            hit = float(proc.hit(np.array([start]))[0])
-            run_h += min(hit, end) - start
-            if hit >= end:
-                break
-            hits += 1
-            t = hit
-        return (math.inf if hits == 0 else run_h / hits), math.inf
-    raise ValueError(f"cannot plan on {type(process).__name__}")
-
-
 def _between_neighbours(m: int, grid: Sequence[int], per_side: int = 3) -> list[int]:
     """Integer budgets between ``m`` and its neighbours on the grid (-1, forever, is last)."""
     finite = sorted(g for g in grid if g != -1)
@@ -394,13 +385,26 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
     ]
 
 
+def guarded(c: Candidate) -> bool:
+    """Whether the ladder keeps the deadline by its own rules: every spot tier guarded (or no spot tier)."""
+    return c.ladder is not None and all(t.deadline_guard is not None for t in c.ladder.tiers if t.is_spot)
+
+
 def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
-    """Is ``a`` a better recommendation than ``b``: feasible first, then cheaper, then faster."""
+    """Is ``a`` a better recommendation than ``b``: feasible first, then guarded, then cheaper, then faster.
+
+    With a deadline, a feasible ladder whose spot tiers carry a deadline guard beats one that
+    met it on the sample by its budgets and timeouts alone: the guard watches the slack on
+    any trace, budgets and timeouts only fit the one they were tuned on (even ladders with
+    every sampled run on time were late on other traces).
+    """
     if b is None:
         return True
     fa, fb = a.meets(probability), b.meets(probability)
     if fa != fb:
         return fa
+    if fa and a.deadline_h is not None and guarded(a) != guarded(b):
+        return guarded(a)
     if not fa and not math.isclose(a.p_deadline, b.p_deadline):
         return a.p_deadline > b.p_deadline
     if not math.isclose(a.mean_spend, b.mean_spend, rel_tol=1e-12):
@@ -424,22 +428,35 @@ def plan(
     m_grid: Sequence[int] = M_GRID,
     timeout_grid_s: Sequence[float | None] = TIMEOUT_GRID_S,
     climb: bool = True,
+    more: Sequence[Process | Sequence[Process]] = (),
 ) -> Plan:
     """Recommend budgets, capacity timeouts, a deadline guard and climb back per spot tier, and tau.
 
     ``spot`` is one process per spot tier (several = several spot pools, tried in order);
     the ladder always ends on a reliable on-demand tier. ``climb=False`` searches one-way
-    ladders without guards only (the seed's kind of ladder).
+    ladders without guards only (the seed's kind of ladder). ``more`` are further samples of
+    the same markets (other zones or dates: one process, or one per spot tier, each): every
+    candidate runs on each sample (``runs`` split between them), spends their mean, and must
+    meet the deadline on the worst of them. Settings that hold on every sample are the ones
+    likely to hold on a trace none of them is; the best on one trace often is not.
     """
     spots: list[Process] = list(spot) if isinstance(spot, Sequence) else [spot]
     if not spots:
         raise ValueError("give at least one spot process")
     req = request
     n_spot = len(spots)
-    world: list[Process] = [*spots, RateModel()]
+    samples: list[list[Process]] = [spots]
+    for other in more:
+        sample = list(other) if isinstance(other, Sequence) else [other]
+        if len(sample) != n_spot:
+            raise ValueError(f"each further sample needs {n_spot} spot process(es), one per spot tier")
+        samples.append(sample)
+    worlds: list[list[Process]] = [[*s, RateModel()] for s in samples]
+    runs_each = max(1, math.ceil(req.runs / len(samples)))
     prob = req.deadline_probability
 
-    mtbfs = [observed_mtbf_h(p, req.num_workers) for p in spots]
+    # The interval is sized for the most interrupted sample of each tier.
+    mtbfs = [observed_mtbf_h(p, req.num_workers) for sample in samples for p in sample]
     gang_mtbf = min(m for m, _ in mtbfs)
     jit_covers = req.jit_checkpoint and req.notice_s / 3600.0 >= req.checkpoint_cost_h
     lossy = min(f for _, f in mtbfs) if jit_covers else gang_mtbf
@@ -461,9 +478,12 @@ def plan(
     def evaluate(settings: list[tuple[tuple[Rung, ...], float | None]]) -> list[Candidate]:
         todo = list(dict.fromkeys((s, tau) for s, tau in settings if (s, tau) not in cache))
         configs = [(_ladder(req, s, tau), req.job(tau)) for s, tau in todo]
-        results = simulate_many(configs, world, runs=req.runs, seed=req.seed, labels=[_label(s) for s, _ in todo])
-        for (s, tau), (lad, _), res in zip(todo, configs, results, strict=True):
-            cand = Candidate(_label(s), lad, tau, res, req.deadline_h)
+        labels = [_label(s) for s, _ in todo]
+        per_world = [simulate_many(configs, w, runs=runs_each, seed=req.seed, labels=labels) for w in worlds]
+        for i, ((s, tau), (lad, _)) in enumerate(zip(todo, configs, strict=True)):
+            parts = tuple(results[i] for results in per_world)
+            cand = Candidate(_label(s), lad, tau, SimResult.concat(parts), req.deadline_h,
+                             parts if len(parts) > 1 else ())
             cache[(s, tau)] = cand
             candidates.append(cand)
         return [cache[k] for k in settings]
@@ -538,11 +558,13 @@ def plan(
         Candidate(f"seed M={req.seed_max_preemptions}", seed_m.ladder, seed_m.tau_h, seed_m.result, req.deadline_h),
     ]
     if req.deadline_h is not None:
-        up = simulate_uniform_progress(
-            req.job(tau0), req.spot_tier(), req.on_demand_tier(), spots[0], runs=req.runs, seed=req.seed,
-            checkpoint_on_demand=True,
+        ups = tuple(
+            simulate_uniform_progress(req.job(tau0), req.spot_tier(), req.on_demand_tier(), s[0], runs=runs_each,
+                                      seed=req.seed, checkpoint_on_demand=True)
+            for s in samples
         )
-        baselines.append(Candidate("uniform progress", None, tau0, up, req.deadline_h))
+        baselines.append(Candidate("uniform progress", None, tau0, SimResult.concat(ups), req.deadline_h,
+                                   ups if len(ups) > 1 else ()))
     else:
         notes.append("no deadline given: the Uniform Progress baseline and deadline guards need one and are left out")
 
@@ -566,7 +588,7 @@ def plan(
             t_eff, min(alpha_work, 1.0), max(round(m_mean), 0), per_failure,
             req.on_demand_price * req.num_workers, min(max(discount, 0.0), 1.0), lost,
         )
-    made_with = (f"{'; '.join(describe_process(p) for p in spots)}; {req.work_h:g} h on {req.num_workers} workers; "
+    made_with = (f"{'; '.join(describe_process(p) for s in samples for p in s)}; {req.work_h:g} h on {req.num_workers} workers; "
                  f"{req.runs} runs, seed {req.seed}")
     return Plan(req, best, feasible, baselines, candidates + [od], gang_mtbf, lossy, tau_young, tau_daly, seed_check,
                 notes, made_with)

@@ -8,7 +8,8 @@ benchmarks read them without caring which engine ran.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from collections.abc import Sequence
+from dataclasses import dataclass, fields
 
 import numpy as np
 
@@ -101,6 +102,14 @@ class SimResult:
 
     def summary(self) -> dict[str, Distribution]:
         return {m: Distribution.of(getattr(self, m)) for m in METRICS}
+
+    @classmethod
+    def concat(cls, parts: Sequence[SimResult], label: str | None = None) -> SimResult:
+        """The runs of several results as one (e.g. one policy on several traces)."""
+        first = parts[0]
+        arrays = {f.name: np.concatenate([getattr(p, f.name) for p in parts]) for f in fields(cls)
+                  if f.name not in ("label", "deadline_h")}
+        return cls(label=first.label if label is None else label, deadline_h=first.deadline_h, **arrays)
 
     def outcome(self, i: int) -> dict[str, float | int | str]:
         """One run's outcome, for comparisons and debugging."""

@@ -202,7 +202,34 @@ def compile_world(ladder: Ladder, world: Sequence[Process]) -> list[RateModel | 
     return [compile_process(p, t.num_workers) for p, t in zip(world, ladder.tiers, strict=True)]
 
 
+def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
+    """(mean time between interruptions of a gang, same for failures without notice only)."""
+    proc = compile_process(process, num_workers)
+    if isinstance(proc, RateModel):
+        pre = proc.preemptions_per_node_hour * num_workers
+        fail = proc.failures_per_node_hour * num_workers
+        total = pre + fail
+        return (math.inf if total == 0 else 1.0 / total), (math.inf if fail == 0 else 1.0 / fail)
+    if isinstance(proc, TraceCapacity):
+        # Run a gang that restarts at once through one period; mean uptime between hits.
+        t, run_h, hits = 0.0, 0.0, 0
+        end = proc.period_h
+        while True:
+            start = float(proc.next_available(np.array([t]))[0])
+            if not math.isfinite(start) or start >= end:
+                break
+            hit = float(proc.hit(np.array([start]))[0])
+            run_h += min(hit, end) - start
+            if hit >= end:
+                break
+            hits += 1
+            t = hit
+        return (math.inf if hits == 0 else run_h / hits), math.inf
+    raise ValueError(f"cannot plan on {type(process).__name__}")
+
+
 __all__ = [
+    "observed_mtbf_h",
     "Process",
     "RateModel",
     "ScriptedModel",
