@@ -12,10 +12,9 @@ import argparse
 import os
 import platform
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-from bench.harness import cpu_model
+from bench.harness import best_of, cpu_model
 from spotfallback.cli.plan import plan_optimum
 from spotfallback.sim.backtesting import BacktestResult, backtest
 from spotfallback.sim.planner import Plan, PlanRequest, load_process, plan
@@ -32,14 +31,6 @@ SMALL = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=5 / 60, restart_
 LARGE = PlanRequest(work_h=100, num_workers=8, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
                     provisioning_delay_h=0.05, spot_price=0.9, on_demand_price=3.06, deadline_h=150, runs=400)
 
-
-def best_of(repeat: int, fn: Callable[[], object]) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main() -> None:

@@ -10,11 +10,9 @@ from __future__ import annotations
 import argparse
 import os
 import platform
-import time
-from collections.abc import Callable
 from pathlib import Path
 
-from bench.harness import cpu_model
+from bench.harness import best_of, cpu_model
 from spotfallback.config import Ladder, Tier
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import PlanRequest, load_process, plan
@@ -45,14 +43,6 @@ def ladder(max_preemptions: int, timeout_s: float | None) -> Ladder:
         )
     )
 
-
-def best_of(repeat: int, fn: Callable[[], SimResult | object]) -> tuple[float, object]:
-    best, out = float("inf"), None
-    for _ in range(repeat):
-        t0 = time.perf_counter()
-        out = fn()
-        best = min(best, time.perf_counter() - t0)
-    return best, out
 
 
 def main() -> None:
