@@ -165,3 +165,17 @@ def test_plan_on_several_samples_of_one_market_holds_on_each(app):
     assert "x opt" in r.output
     r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--trace", TRACE, "--sample", other)
     assert r.exit_code == 2 and "--sample" in r.output and "one spot tier" in r.output
+
+
+def test_each_spot_pool_is_priced_on_its_own(app, tmp_path):
+    """Two spot pools (say A100 spot, then L4 spot): one --spot-price each, in --trace order."""
+    yaml_path = tmp_path / "job.yaml"
+    r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--trace", TRACE, "--deadline-h", "30",
+               "--runs", "40", "--spot-price", "1.2", "--spot-price", "0.4", "--on-demand-price", "3.0",
+               "--write-yaml", str(yaml_path), "--entrypoint", "m:f")
+    assert r.exit_code == 0, r.output
+    assert "spot 1.2/0.4 vs on-demand 3" in r.output
+    tiers = JobConfig.from_yaml(yaml_path).tiers
+    assert {t.name: t.price_per_worker_hour for t in tiers} == {"spot": 1.2, "spot-2": 0.4, "on-demand": 3.0}
+    r = invoke(app, "--hours", "10", "--trace", TRACE, "--spot-price", "1.2", "--spot-price", "0.4")
+    assert r.exit_code == 2 and "--spot-price: 2 prices for 1 spot pools" in r.output and "Traceback" not in r.output

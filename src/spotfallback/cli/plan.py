@@ -252,7 +252,7 @@ def _samples(paths: list[Path], n_spot: int) -> list[Process]:
 _OPTION_OF = {
     "work_h": "--hours", "num_workers": "--workers", "checkpoint_cost_h": "--checkpoint-cost-s",
     "restart_overhead_h": "--restart-overhead-s", "provisioning_delay_h": "--provisioning-delay-s",
-    "notice_s": "--notice-s", "spot_price": "--spot-price", "on_demand_price": "--on-demand-price",
+    "notice_s": "--notice-s", "spot_price": "--spot-price", "pool_prices": "--spot-price", "on_demand_price": "--on-demand-price",
     "deadline_h": "--deadline-h", "deadline_probability": "--deadline-prob", "seed_max_preemptions": "--seed-m",
     "runs": "--runs",
 }
@@ -319,7 +319,10 @@ def register(app: typer.Typer) -> None:
         provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
         notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
         no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
-        spot_price: float = typer.Option(0.9, "--spot-price", help="Spot price per worker-hour."),
+        spot_price: list[float] = typer.Option(
+            [0.9], "--spot-price",
+            help="Spot price per worker-hour; repeat to price each spot pool (--trace / --node-trace, in order) on its own.",
+        ),
         on_demand_price: float = typer.Option(3.06, "--on-demand-price", help="On-demand price per worker-hour."),
         deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from the start."),
         deadline_prob: float = typer.Option(0.95, "--deadline-prob", help="Required probability of meeting the deadline."),
@@ -389,11 +392,15 @@ def register(app: typer.Typer) -> None:
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                 restart_overhead_h=restart_overhead_s / 3600.0, provisioning_delay_h=provisioning_delay_s / 3600.0,
-                notice_s=notice_s, jit_checkpoint=not no_jit, spot_price=spot_price, on_demand_price=on_demand_price,
+                notice_s=notice_s, jit_checkpoint=not no_jit, spot_price=spot_price[0],
+                pool_prices=tuple(spot_price) if len(spot_price) > 1 else (), on_demand_price=on_demand_price,
                 deadline_h=deadline_h, deadline_probability=deadline_prob, seed_max_preemptions=seed_m,
                 runs=runs, seed=seed,
             )
             spots = _spot_processes(trace, node_trace, trace_counts, rate, failure_rate, outage_prob, outage_h)
+            if req.pool_prices and len(req.pool_prices) != len(spots):
+                raise usage_error("--spot-price", f"{len(req.pool_prices)} prices for {len(spots)} spot pools; give one "
+                                  "for all, or one per --trace / --node-trace in order")
             more = _samples(sample, len(spots))
             try:
                 result = plan(req, spots, more=more)
@@ -411,7 +418,7 @@ def register(app: typer.Typer) -> None:
         young = "n/a" if result.tau_young_h is None else _fmt_h(result.tau_young_h)
         daly = "n/a" if result.tau_daly_h is None else _fmt_h(result.tau_daly_h)
         console.print(
-            f"Job: {req.work_h:g} h on {req.num_workers} workers; spot {req.spot_price:g} vs on-demand "
+            f"Job: {req.work_h:g} h on {req.num_workers} workers; spot {'/'.join(f'{p:g}' for p in req.pool_prices) or f'{req.spot_price:g}'} vs on-demand "
             f"{req.on_demand_price:g} per worker-hour; {req.runs} runs per candidate, seed {req.seed}.\n"
             f"Gang MTBF on spot: {mtbf}; checkpoint interval Young {young}, Daly {daly} "
             f"(for interruptions that lose work, MTBF {_fmt_h(result.lossy_mtbf_h)})."

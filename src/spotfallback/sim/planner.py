@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Literal, NamedTuple
+from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 import yaml
@@ -87,6 +87,11 @@ class PlanRequest(BaseModel):
     notice_s: float = Field(default=120.0, ge=0)
     jit_checkpoint: bool = True
     spot_price: float = Field(ge=0, description="Spot price per worker-hour.")
+    pool_prices: tuple[Annotated[float, Field(ge=0)], ...] = Field(
+        default=(),
+        description="Spot price per worker-hour of each spot pool, in ladder order (pools differ: another GPU, "
+        "zone or region); empty: spot_price for every pool.",
+    )
     on_demand_price: float = Field(gt=0, description="On-demand price per worker-hour.")
     deadline_h: float | None = Field(default=None, gt=0)
     deadline_probability: float = Field(default=0.95, gt=0, le=1)
@@ -121,9 +126,13 @@ class PlanRequest(BaseModel):
             num_workers=self.num_workers,
             max_preemptions=max_preemptions,
             capacity_timeout_s=capacity_timeout_s,
-            price_per_worker_hour=self.spot_price,
+            price_per_worker_hour=self.pool_price(i),
             **beyond,  # type: ignore[arg-type]
         )
+
+    def pool_price(self, i: int) -> float:
+        """Spot price per worker-hour of spot pool ``i``."""
+        return self.pool_prices[i] if self.pool_prices else self.spot_price
 
     def on_demand_tier(self) -> Tier:
         return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price)
@@ -445,6 +454,8 @@ def plan(
         raise ValueError("give at least one spot process")
     req = request
     n_spot = len(spots)
+    if req.pool_prices and len(req.pool_prices) != n_spot:
+        raise ValueError(f"pool_prices gives {len(req.pool_prices)} prices for {n_spot} spot pool(s); give one per pool")
     samples: list[list[Process]] = [spots]
     for other in more:
         sample = list(other) if isinstance(other, Sequence) else [other]
@@ -582,7 +593,7 @@ def plan(
         m_mean = float(res.interruptions.mean())
         per_failure = req.restart_overhead_h + req.provisioning_delay_h
         lost = float(res.lost_work_h.mean() / m_mean) if m_mean > 0 else 0.0
-        discount = 1.0 - req.spot_price / req.on_demand_price
+        discount = 1.0 - req.pool_price(0) / req.on_demand_price
         t_eff = float(wall_to_finish(req.work_h, best.tau_h or NEVER_H, req.checkpoint_cost_h))
         seed_check = compare_seed_with_exact(
             t_eff, min(alpha_work, 1.0), max(round(m_mean), 0), per_failure,
