@@ -121,6 +121,34 @@ class DeadlineGuard(BaseModel):
     )
 
 
+class CostCap(BaseModel):
+    """Use a cheaper tier only while the run can still cost no more than the last tier alone.
+
+    Spot spend is worth it only for the progress it buys. The run stays on this tier while
+    its spend so far, one more lost attempt here (``first_commit_h`` of this tier's gang) and
+    the rest of the work on the last tier (with one restart) stay within ``factor`` times the
+    last tier running the whole job (``work_h`` plus ``restart_h``); otherwise it moves
+    straight to the last tier, and climbs back here only while that still holds. Checked where
+    the run decides anyway (after a failure, on leaving a tier, before a climb), with the
+    ``remaining_work_s`` reported with checkpoints; until one arrives it does nothing.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    work_h: float = Field(
+        gt=0, description="Wall hours the last tier's gang needs for the whole job uninterrupted, checkpoints included."
+    )
+    restart_h: float = Field(default=0.0, ge=0, description="Billed hours of a start before training resumes (restore).")
+    first_commit_h: float = Field(
+        default=0.0,
+        ge=0,
+        description="Billed hours a gang on this tier can lose in one interruption: restore + interval + write.",
+    )
+    factor: float = Field(
+        default=1.0, ge=1.0, description="Multiple of the last tier's cost allowed; below 1 the run could never start here."
+    )
+
+
 class Toleration(BaseModel):
     """A Kubernetes toleration for a tier's pods (the core/v1 fields, as written in a pod spec)."""
 
@@ -178,6 +206,7 @@ _BEYOND_DEFAULTS: dict[str, Any] = {
     "max_preemption_rate": None,
     "deadline_guard": None,
     "expected_cost_exit": False,
+    "cost_cap": None,
 }
 
 
@@ -255,6 +284,14 @@ class Tier(BaseModel):
         description=(
             "After a failure, leave when staying for the remaining work is expected to cost more than the next "
             "tier (observed interruption rate, measured restart time and checkpoint interval)."
+        ),
+    )
+    cost_cap: CostCap | None = Field(
+        default=None,
+        description=(
+            "Leave for the last tier once this tier's spend could make the run cost more than the last tier alone: "
+            "a bound on spot waste that never delays the run but gives up on spot that might still have paid, so it "
+            "raises the mean spend (docs/planner.md); None = off."
         ),
     )
 
@@ -394,7 +431,7 @@ class Ladder(BaseModel):
 
 def _models() -> dict[str, type[BaseModel]]:
     """The configuration models by name (a ValidationError's ``title``), for field suggestions."""
-    found = [globals().get(n) for n in ("Tier", "Ladder", "PreemptionRate", "DeadlineGuard", "PlanPrediction", "JobConfig")]
+    found = [globals().get(n) for n in ("Tier", "Ladder", "PreemptionRate", "DeadlineGuard", "CostCap", "PlanPrediction", "JobConfig")]
     return {m.__name__: m for m in found if isinstance(m, type) and issubclass(m, BaseModel)}
 
 

@@ -12,6 +12,8 @@ need the run's own measurements, which the state keeps from the events' timestam
 ``remaining_work_s`` the shell passes with each commit: a tier's ``deadline_guard`` (leave
 when behind the start-to-deadline line, climb back when ahead of it: Uniform Progress) and
 its ``expected_cost_exit`` (leave when staying is expected to cost more than moving down).
+A tier's ``cost_cap`` bounds the waste instead of estimating it: the run drops to the last
+tier once its spend could otherwise exceed what the last tier alone costs.
 """
 
 from __future__ import annotations
@@ -89,6 +91,7 @@ class PolicyState:
     restore_s: float | None = None  # billed restart: first commit of a gang less one interval
     lost_s: float = 0.0  # work lost to interruptions: time since the gang's last commit, summed
     interruptions: int = 0  # interruptions of a running gang, counted for lost_s
+    spent: float = 0.0  # billed so far (gangs from their workers' arrival to their end), for cost caps
 
     @property
     def current(self) -> TierStats:
@@ -224,6 +227,20 @@ def climb_balance(rem_now_h, rem_to_h, rate_now, rate_to, restart_h, preemptions
     return saving, restart_h * rate_to, preemptions_per_h * rem_to_h * per_preemption
 
 
+def capped_spend(spent, risk, rate_last, remaining_last_h, restart_h):
+    """The most a run can cost if it stays on a cheaper tier for one more attempt and then finishes on the last.
+
+    ``spent`` so far, ``risk`` (one attempt lost on the cheaper tier) and the rest on the
+    last tier's gang billed ``rate_last``, with one restart.
+    """
+    return spent + risk + rate_last * (remaining_last_h + restart_h)
+
+
+def spend_cap(factor, rate_last, work_h, restart_h):
+    """``factor`` times the cost of the whole job on the last tier alone (one start)."""
+    return factor * (rate_last * (work_h + restart_h))
+
+
 def expected_cost(work_h: float, rate_per_h: float, loss_h: float, price_per_h: float) -> float:
     """Billed cost of ``work_h`` hours of work with ``rate_per_h`` interruptions each losing ``loss_h``."""
     useful = 1.0 - rate_per_h * loss_h
@@ -304,6 +321,7 @@ class FallbackPolicy:
                 checkpoints=state.checkpoints,
                 started_at=state.started_at if state.started_at is not None else event.t,
                 remaining_work_s=state.remaining_work_s,
+                spent=state.spent,
             )
             return Step(fresh, Continue())
         if state.is_terminal:
@@ -401,7 +419,8 @@ class FallbackPolicy:
         )
         if state.running_since is not None:  # the work since the gang's last commit is lost
             since = state.last_checkpoint_t if state.last_checkpoint_t is not None else state.running_since
-            state = replace(state, lost_s=state.lost_s + max(0.0, t - since), interruptions=state.interruptions + 1)
+            state = replace(state, lost_s=state.lost_s + max(0.0, t - since), interruptions=state.interruptions + 1,
+                            running_since=None)  # billed up to t already (_ran)
         rate = self.tiers[state.tier].max_preemption_rate
         if preemptions and rate is not None:
             stats = replace(stats, preemption_times=(*stats.preemption_times, t)[-rate.count :])
@@ -409,12 +428,20 @@ class FallbackPolicy:
         why = self.rules[state.tier].reason(stats) or self.guard_reason(state, t) or self.expected_cost_reason(state)
         if why:
             return self._leave(state, t, why)
+        why = self.cost_cap_reason(state, state.tier, t)
+        if why:
+            return self._leave(state, t, why, to=len(self.tiers) - 1)
         return Step(replace(state, waiting_since=t, running_since=None), Retry(tier=state.tier))
 
-    def _leave(self, state: PolicyState, t: float, why: str) -> Step:
+    def _leave(self, state: PolicyState, t: float, why: str, to: int | None = None) -> Step:
+        """Down to the next tier (or ``to``), or straight to the last one when the next one's cost cap says so."""
+        nxt = state.tier + 1 if to is None else to
+        if nxt < len(self.tiers) - 1:
+            capped = self.cost_cap_reason(state, nxt, t)
+            if capped:
+                nxt, why = len(self.tiers) - 1, f"{why}; skipping {self.tiers[nxt].name!r}: {capped}"
         stats = replace(state.current, left_reason=why)
         state = self._with_stats(state, stats)
-        nxt = state.tier + 1
         if nxt >= len(self.tiers):
             return self._give_up(state, "exhausted", self.exhausted_message(state))
         step_state = replace(
@@ -445,7 +472,14 @@ class FallbackPolicy:
             return state
         running = list(state.tier_running_s) or [0.0] * len(self.tiers)
         running[state.tier] += max(0.0, t - state.running_since)
-        return replace(state, tier_running_s=tuple(running))
+        return replace(state, tier_running_s=tuple(running), spent=self.spent_at(state, t))
+
+    def spent_at(self, state: PolicyState, t: float) -> float:
+        """Billed by ``t``: the gangs that ended and the one running, from its workers' arrival."""
+        if state.running_since is None:
+            return state.spent
+        hours = max(0.0, t - state.running_since) / 3600.0
+        return state.spent + hours * self.gang_rate(state.tier, state.workers or self.tiers[state.tier].num_workers)
 
     def climb_dwell_s(self, state: PolicyState, to: int) -> float:
         """``min_dwell_s``, doubled for each earlier climb back to ``to`` (``CLIMB_DWELL_DOUBLINGS`` times at most).
@@ -574,6 +608,33 @@ class FallbackPolicy:
             return f"expected cost of staying {stay:.2f} exceeds {move:.2f} on {self.tiers[k + 1].name!r} (expected_cost_exit)"
         return None
 
+    # -- cost cap -----------------------------------------------------------------------------
+
+    def cost_cap_reason(self, state: PolicyState, tier: int, t: float, remaining_s: float | None = None,
+                        gang: int | None = None) -> str | None:
+        """Why running on ``tier`` from ``t`` could make the run cost more than its ``cost_cap`` allows, or None.
+
+        The bound holds if the run moves to the last tier as soon as one more lost attempt on
+        ``tier`` could break it: each check keeps that attempt's spend in hand, so the move,
+        when it comes, still fits. ``remaining_s`` (measured on a gang of ``gang`` workers)
+        defaults to the latest reported; unknown remaining work never trips the cap.
+        """
+        cap, last = self.tiers[tier].cost_cap, len(self.tiers) - 1
+        rem = remaining_s if remaining_s is not None else state.remaining_work_s
+        if cap is None or tier >= last or rem is None:
+            return None
+        reported = gang if remaining_s is not None else state.remaining_gang
+        w_last = self.tiers[last].num_workers
+        rem_last = rem if reported in (None, 0, w_last) else on_gang(rem, reported, w_last)
+        rate_last = self.gang_rate(last, w_last)
+        risk = self.gang_rate(tier, self.tiers[tier].num_workers) * cap.first_commit_h
+        most = capped_spend(self.spent_at(state, t), risk, rate_last, max(rem_last, 0.0) / 3600.0, cap.restart_h)
+        limit = spend_cap(cap.factor, rate_last, cap.work_h, cap.restart_h)
+        if most > limit:
+            return (f"spend {most:.2f} if one more attempt on {self.tiers[tier].name!r} is lost would exceed "
+                    f"{limit:.2f} (cost_cap: {cap.factor:g} x {self.tiers[last].name!r} alone)")
+        return None
+
     def climb_pays(self, state: PolicyState, event: CapacityObserved) -> tuple[bool, str]:
         """Remaining work x price difference against one restart + expected re-preemption cost."""
         cur, to = state.tier, event.tier
@@ -638,6 +699,9 @@ class FallbackPolicy:
         else:
             pays, why = self.climb_pays(state, event)
         if not pays:
+            return Step(state, Continue())
+        rem, gang = (event.remaining_work_s, state.workers) if event.remaining_work_s is not None else (None, None)
+        if self.cost_cap_reason(state, to, t, rem, gang):
             return Step(state, Continue())
         reason = f"capacity back on {tier.name!r} ({event.available_workers} workers): {why}"
         state = self._ran(state, t)

@@ -5,15 +5,16 @@ each, which the policy engine (one ``decide`` call per event) cannot do in secon
 advances every live run by one wait-and-run cycle per loop. Each rule mirrors a line of
 ``FallbackPolicy`` and calls the policy's own formulas and constants (``schedule_line``,
 ``latest_start``, ``on_gang``, ``observed_rate``, ``repreemption_cost``, ``climb_balance``,
-``CLIMB_DWELL_DOUBLINGS``), in the policy's units and order of operations, so ties break
-alike: the capacity deadline (timeout or deadline guard), the budgets and the guard after an
-interruption, and the climb back at the first checkpoint end where the policy would say so,
-with the remaining work a shell would report. ``tests/unit/test_simulator.py`` checks it
-against the policy engine run by run, on the same draws.
+``CLIMB_DWELL_DOUBLINGS``, ``capped_spend``, ``spend_cap``), in the policy's units and order
+of operations, so ties break alike: the capacity deadline (timeout or deadline guard), the
+budgets, the guard and the cost cap after an interruption, and the climb back at the first
+checkpoint end where the policy would say so, with the remaining work a shell would report.
+``tests/unit/test_simulator.py`` and ``tests/unit/test_fast_cost_cap.py`` check it against
+the policy engine run by run, on the same draws.
 
-It covers the default leave rules (budgets), capacity timeouts, deadline guards and climbing
-back (``fast_supports``); elastic tiers, the preemption-rate rule and the expected-cost exit
-need the policy engine.
+It covers the default leave rules (budgets), capacity timeouts, deadline guards, cost caps
+and climbing back (``fast_supports``); elastic tiers, the preemption-rate rule and the
+expected-cost exit need the policy engine.
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from spotfallback.config import Ladder, Tier
 from spotfallback.policy import (
     CLIMB_DWELL_DOUBLINGS,
     FallbackPolicy,
+    capped_spend,
     climb_balance,
     latest_start,
     leave_rule_for,
@@ -35,6 +37,7 @@ from spotfallback.policy import (
     on_gang,
     repreemption_cost,
     schedule_line,
+    spend_cap,
     waiting_cutoff,
 )
 from spotfallback.sim.draws import Draws, acquire, interrupt, run_offsets
@@ -46,8 +49,8 @@ from spotfallback.sim.world import RateModel, TraceCapacity
 def fast_supports(ladder: Ladder) -> bool:
     """Whether the vectorised engine implements every rule of the ladder.
 
-    It does the budgets, capacity timeouts, deadline guards and climbing back; elastic tiers,
-    the preemption-rate rule and the expected-cost exit need the policy engine.
+    It does the budgets, capacity timeouts, deadline guards, cost caps and climbing back;
+    elastic tiers, the preemption-rate rule and the expected-cost exit need the policy engine.
     """
     return not any(t.is_elastic or t.max_preemption_rate is not None or t.expected_cost_exit for t in ladder.tiers)
 
@@ -115,6 +118,10 @@ class _Rows:
     notice: np.ndarray
     jit: np.ndarray
     any_climb: bool
+    cap_on: np.ndarray  # (n, K): the tier has a cost_cap
+    cap_risk: np.ndarray  # ... one lost attempt on the tier's gang: price x first_commit_h
+    cap_restart_h: np.ndarray
+    cap_limit: np.ndarray  # ... policy.spend_cap
 
     @classmethod
     def of(cls, configs: Sequence[tuple[Ladder, JobSpec]], runs: int) -> _Rows:
@@ -132,6 +139,9 @@ class _Rows:
 
         climbable = flag(lambda t: t.climb_back)
         delta, notice = per_job(lambda j: j.checkpoint_cost_h), per_job(lambda j: j.notice_s / 3600.0)
+        price = per_tier(lambda t: t.num_workers * t.price_per_worker_hour)
+        rate_last = price[:, -1:]
+        cap_restart_h = per_tier(lambda t: t.cost_cap.restart_h if t.cost_cap else 0.0)
         return cls(
             n=C * runs,
             K=K,
@@ -139,7 +149,7 @@ class _Rows:
             maxpre=per_tier(lambda t: t.max_preemptions),
             maxfail=per_tier(lambda t: t.max_failures),
             timeout_s=per_tier(lambda t: math.inf if t.capacity_timeout_s is None else t.capacity_timeout_s),
-            price=per_tier(lambda t: t.num_workers * t.price_per_worker_hour),
+            price=price,
             workers=per_tier(lambda t: t.num_workers),
             is_spot=flag(lambda t: t.is_spot),
             guarded=flag(lambda t: t.deadline_guard is not None),
@@ -159,6 +169,11 @@ class _Rows:
             notice=notice,
             jit=per_job(lambda j: float(j.jit_checkpoint)).astype(bool) & (notice >= delta),
             any_climb=bool(climbable[:, :-1].any()) if K > 1 else False,
+            cap_on=flag(lambda t: t.cost_cap is not None),
+            cap_risk=price * per_tier(lambda t: t.cost_cap.first_commit_h if t.cost_cap else 0.0),
+            cap_restart_h=cap_restart_h,
+            cap_limit=spend_cap(per_tier(lambda t: t.cost_cap.factor if t.cost_cap else 1.0), rate_last,
+                                per_tier(lambda t: t.cost_cap.work_h if t.cost_cap else 0.0), cap_restart_h),
         )
 
 
@@ -223,6 +238,12 @@ class _State:
         self.tier_since[moved] = self.t[moved]
         self.switches[moved] += 1
 
+    def to_last(self, idx: np.ndarray, moved: np.ndarray) -> None:
+        """``FallbackPolicy._leave(to=last)``, or its skip to the last tier: ``moved`` rows already count the switch."""
+        self.tier[idx] = self.cnt_pre.shape[1] - 1
+        self.tier_since[idx] = self.t[idx]
+        self.switches[idx[~moved]] += 1
+
     def stuck_past(self, idx: np.ndarray, horizon_h: float) -> None:
         late = idx[(self.status[idx] == 0) & (self.t[idx] > horizon_h)]
         self.status[late], self.t[late] = STUCK, horizon_h
@@ -281,6 +302,26 @@ def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray) -> np.nda
     return out
 
 
+def _cap_breaks(cfg: _Rows, idx: np.ndarray, k: np.ndarray, spent: np.ndarray, rem_s: np.ndarray,
+                gang: np.ndarray) -> np.ndarray:
+    """``FallbackPolicy.cost_cap_reason``: rows ``idx`` would break tier k's cost cap (``rem_s`` left on ``gang`` workers)."""
+    last = cfg.K - 1
+    w_last = cfg.workers[idx, last]
+    rem_last = np.where((gang == 0) | (gang == w_last), rem_s, on_gang(rem_s, np.where(gang == 0, 1.0, gang), w_last))
+    most = capped_spend(spent, cfg.cap_risk[idx, k], cfg.price[idx, last], np.maximum(rem_last, 0.0) / 3600.0,
+                        cfg.cap_restart_h[idx, k])
+    known = ~np.isnan(rem_s)
+    return cfg.cap_on[idx, k] & (k < last) & known & (np.where(known, most, 0.0) > cfg.cap_limit[idx, k])
+
+
+def _cap_moves(cfg: _Rows, s: _State, idx: np.ndarray, moved: np.ndarray) -> None:
+    """Rows ``idx`` about to wait on their tier go straight to the last one where its cost cap says so."""
+    live = s.status[idx] == 0
+    i = idx[live]
+    jump = _cap_breaks(cfg, i, s.tier[i], s.spend[i], s.reported_s[i], s.reported_gang[i])
+    s.to_last(i[jump], moved[live][jump])
+
+
 # ---------------------------------------------------------------------------------------
 # One cycle: wait for capacity, then run
 
@@ -312,6 +353,7 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     s.t[ti] = cap_dl[timed & ~stuck]
     s.timeouts[ti] += 1
     s.leave(ti)
+    _cap_moves(cfg, s, ti, np.ones(ti.size, dtype=bool))
     s.wait_from[ti] = s.t[ti]
     go = ~timed & ~stuck
     return act[go], acq[go]
@@ -381,6 +423,7 @@ def _interrupted(cfg: _Rows, s: _State, world: _World, ni: np.ndarray, t_acq: np
     over = ((lim_p != -1) & (s.cnt_pre[ni, kn] > lim_p)) | ((lim_f != -1) & (s.cnt_fail[ni, kn] > lim_f))
     over |= s.t[ni] * 3600.0 >= _guard_at_s(cfg, s, ni, kn)
     s.leave(ni[over])
+    _cap_moves(cfg, s, ni, over)
     s.stuck_past(ni, world.horizon_h)
 
 
@@ -391,7 +434,7 @@ def _interrupted(cfg: _Rows, s: _State, world: _World, ni: np.ndarray, t_acq: np
 def _climb(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray, t_acq: np.ndarray,
            overhead: np.ndarray, end: np.ndarray) -> np.ndarray:
     """Rows ``gi`` that climb back before ``end``, moved up; a mask of them over ``gi``."""
-    at, to, obs_s = _climb_candidates(cfg, s, world, gi, kg, t_acq + overhead, end)
+    at, to, obs_s = _climb_candidates(cfg, s, world, gi, kg, t_acq, t_acq + overhead, end)
     climbed = np.isfinite(at)
     if not climbed.any():
         return climbed
@@ -421,14 +464,14 @@ def _climb(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray,
     return climbed
 
 
-def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray, start: np.ndarray,
-                      end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray, t_acq: np.ndarray,
+                      start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """For rows ``gi`` running on tiers ``kg`` from ``start`` to ``end``: (time, tier, remaining_work_s) of a climb.
 
     The first checkpoint end at which ``FallbackPolicy._observed`` says ``ClimbBack``, with
     the observation the policy engine would feed: capacity of a higher climb-back tier fits,
     the dwell has passed, the deadline guard (if any) is ahead of schedule by two restarts
-    with slack to spare, and ``climb_pays``. Over the checkpoint ends of one attempt the
+    with slack to spare, ``climb_pays`` and the tier's cost cap. Over the checkpoint ends of one attempt the
     remaining work falls by a cycle each, so ``climb_pays`` only gets worse, the slack stays
     and the schedule gets further ahead: the search jumps to the first end ahead of schedule
     and stops where paying ends. inf where there is no climb before ``end``.
@@ -440,7 +483,7 @@ def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: 
         sel = np.flatnonzero((kg > j) & cfg.climbable[gi, j])
         if sel.size == 0:
             continue
-        found_at, found_rem = _first_climb_to(cfg, s, world, j, gi[sel], kg[sel], start[sel], end[sel])
+        found_at, found_rem = _first_climb_to(cfg, s, world, j, gi[sel], kg[sel], t_acq[sel], start[sel], end[sel])
         better = found_at < best_at[sel]
         best_at[sel[better]] = found_at[better]
         best_to[sel[better]] = j
@@ -448,8 +491,8 @@ def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: 
     return best_at, best_to, best_rem
 
 
-def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarray, k: np.ndarray, st: np.ndarray,
-                    e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarray, k: np.ndarray, acq: np.ndarray,
+                    st: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """(time, remaining_work_s) of the first checkpoint end at which rows ``idx`` on tiers ``k`` climb to ``j``."""
     cyc = cfg.tau[idx] + cfg.delta[idx]
     since_s = s.tier_since[idx] * 3600.0
@@ -508,13 +551,18 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         on_line = behind - gm[q] * 3600.0 >= need
         slack_ok = must_go >= need
         ahead = ~g[q] | (on_line & slack_ok)
-        yes = ok & ahead & pays
+        # FallbackPolicy.cost_cap_reason for tier j, the running gang billed up to the end
+        capped = _cap_breaks(cfg, iq, np.full(q.size, j), s.spend[iq] + (at - acq[q]) * rate_cur[q], rem_s,
+                             w_cur[q])
+        yes = ok & ahead & pays & ~capped
         found_at[q[yes]] = at[yes]
         found_rem[q[yes]] = rem_s[yes]
         # The slack is the same at every end of the attempt (up to rounding: stop only when
         # it is short by more than a millisecond), the line is never reached when not gaining.
         short = must_go - need < -1e-3
         never = ~pays | (g[q] & short & (w_cur[q] == w_to[q])) | (g[q] & ~on_line & ~gaining[q])
+        # The cap's slack grows only while this gang's hour costs less than the hour of work it saves on the last tier.
+        never |= capped & (rate_cur[q] >= on_gang(cfg.price[iq, cfg.K - 1], w_cur[q], cfg.workers[iq, cfg.K - 1]))
         stop = yes | past | never
         todo[q[stop]] = False
         cont = q[~stop]

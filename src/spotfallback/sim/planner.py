@@ -31,7 +31,7 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-from spotfallback.config import DeadlineGuard, Ladder, PlanPrediction, Tier
+from spotfallback.config import CostCap, DeadlineGuard, Ladder, PlanPrediction, Tier
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
     SeedComparison,
@@ -96,6 +96,13 @@ class PlanRequest(BaseModel):
     deadline_h: float | None = Field(default=None, gt=0)
     deadline_probability: float = Field(default=0.95, gt=0, le=1)
     seed_max_preemptions: int = Field(default=5, ge=0, description="M of the seed's fixed-M baseline.")
+    cost_cap_factor: float | None = Field(
+        default=None,
+        ge=1.0,
+        description="Put a cost_cap on the spot tiers of every candidate, the spot-forever and seed baselines "
+        "included: leave for on-demand before a run can cost more than this multiple of on-demand alone. Off by "
+        "default: it bounds the worst windows but raises the mean spend (docs/planner.md); None = no cap.",
+    )
     runs: int = Field(default=400, gt=0)
     seed: int = 0
 
@@ -153,6 +160,20 @@ class PlanRequest(BaseModel):
             first += tau_h + self.checkpoint_cost_h
         return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9),
                              first_commit_h=round(first, 9))
+
+
+    def cost_cap(self, tau_h: float | None) -> CostCap | None:
+        """The spot tiers' cost cap for this job: on-demand alone runs its work and one restart.
+
+        A lost attempt risks the restore and a whole interval with its write, the notice
+        notwithstanding (a node failure gives none); without periodic checkpoints, all the work.
+        """
+        if self.cost_cap_factor is None:
+            return None
+        work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
+        risk = self.restart_overhead_h + (work if tau_h is None else tau_h + self.checkpoint_cost_h)
+        return CostCap(work_h=round(work, 9), restart_h=self.restart_overhead_h, first_commit_h=round(risk, 9),
+                       factor=self.cost_cap_factor)
 
 
 @dataclass
@@ -273,9 +294,12 @@ class Plan:
         )
         if tau is not None:
             head += f"# Checkpoint every {tau * 60:.1f} min of training (tau, chosen by the plan).\n"
-        if any(t.deadline_guard is not None for t in self.recommended.ladder.tiers):
-            head += ("# deadline_guard reads the `remaining_work_s` metric (wall seconds left, checkpoints included)\n"
-                     "# that the training function reports with each checkpoint.\n")
+        readers = [f for f in ("deadline_guard", "cost_cap")
+                   if any(getattr(t, f) is not None for t in self.recommended.ladder.tiers)]
+        if readers:
+            head += (f"# {' and '.join(readers)} read{'s' if len(readers) == 1 else ''} the `remaining_work_s` metric "
+                     "(wall seconds left, checkpoints included)\n# that the training function reports with each "
+                     "checkpoint.\n")
         return head + yaml.safe_dump(data, sort_keys=False)
 
 
@@ -340,6 +364,9 @@ def _spot_tier(req: PlanRequest, i: int, rung: Rung, tau_h: float | None) -> Tie
         beyond.update(climb_back=True, min_dwell_s=rung.dwell_s, climb_budgets=rung.budgets)
     if rung.guard is not None:
         beyond["deadline_guard"] = req.guard(tau_h, *rung.guard)
+    cap = req.cost_cap(tau_h)
+    if cap is not None:
+        beyond["cost_cap"] = cap
     return req.spot_tier(i, rung.max_preemptions, rung.timeout_s, **beyond)
 
 
