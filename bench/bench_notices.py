@@ -54,6 +54,8 @@ class Row:
     weights_ok: bool
     failure_s: float | None = None  # kill -> the failure decided (spotfallback's ledger)
     workers_s: float | None = None  # kill -> the next worker group up (spotfallback's ledger)
+    held_s: float | None = None  # just-in-time checkpoint reported -> the gang stopped (spotfallback's ledger)
+    moved: bool = False  # the gang left before its node went (spotfallback's ledger)
 
 
 def read_steps(path: Path) -> list[dict[str, Any]]:
@@ -102,7 +104,7 @@ def run_scenario(
 ) -> Row:
     kind, *variants = scenario.split("+")
     log = storage / f"{scenario}-{uuid.uuid4().hex[:6]}.steps"
-    config = {**CONFIG, "step_log": str(log), **(JIT if "jit" in variants else {})}
+    config = {**CONFIG, "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants}
     fit = make_fit(kind, storage, f"bench-{uuid.uuid4().hex[:8]}", config, relax="relax" in variants)
     out: dict[str, Any] = {}
 
@@ -135,9 +137,15 @@ def run_scenario(
     last = first[-1]
     new = next(s for s in after if s["step"] > last["step"])
     injector.replenish("spot")
-    failure_s = workers_s = None
+    failure_s = workers_s = held_s = None
+    moved = False
     ledger = getattr(getattr(fit, "__self__", None), "ledger", None)
     if ledger is not None:  # spotfallback: when the failure was decided, when workers were back
+        from spotfallback.view.intervals import announced_evictions
+
+        evictions = announced_evictions(ledger.read())
+        if evictions:
+            held_s, moved = round(evictions[0].held_s, 2), evictions[0].moved
         later = [r for r in ledger.read() if r.t >= kill_t - 1.0]
         failed = next((r for r in later if r.event.kind in ("preempted", "node_failed", "application_failed")), None)
         if failed is not None:
@@ -155,6 +163,8 @@ def run_scenario(
         weights_ok=out["result"].metrics.get("weights_sha256") == reference,
         failure_s=failure_s,
         workers_s=workers_s,
+        held_s=held_s,
+        moved=moved,
     )
 
 
@@ -162,8 +172,8 @@ def parse_scenario(spec: str) -> tuple[str, float | None]:
     """``NAME:EVICTION`` -> (name, notice seconds or None for a kill)."""
     name, sep, eviction = spec.partition(":")
     kind, *variants = name.split("+")
-    if not sep or kind not in ("spotfallback", "ray") or not set(variants) <= {"jit", "relax"}:
-        raise SystemExit(f"--scenario {spec!r}: expected (spotfallback|ray)[+jit][+relax]:(SECONDS|kill)")
+    if not sep or kind not in ("spotfallback", "ray") or not set(variants) <= {"jit", "relax", "hold"}:
+        raise SystemExit(f"--scenario {spec!r}: expected (spotfallback|ray)[+jit][+relax][+hold]:(SECONDS|kill)")
     if eviction == "kill":
         return name, None
     try:

@@ -26,13 +26,16 @@ from typing import Any
 
 from bench.harness import REPO, Measurement, Results, figure_rows, machine, render
 
-# Registry order is run order: the simulator first, on an idle machine, before the cluster starts.
+# Registry order is run order: the CPU-bound ones first (simulator, planner, ledger reads), before the Ray jobs load the machine.
 MODULES = {
     "simulator": "bench.bench_throughput",
+    "backtest": "bench.bench_backtest",
+    "ledger": "bench.bench_ledger",
     "overhead": "bench.bench_overhead",
     "recovery": "bench.bench_recovery",
     "timeout": "bench.bench_timeout",
     "notices": "bench.bench_eviction",
+    "move": "bench.bench_move",
     "checkpoint": "bench.bench_checkpoint",
     "predict": "bench.bench_predict",
 }

@@ -103,6 +103,19 @@ class RunFatalError(SpotfallbackError):
     exit_code = EXIT_FATAL
 
 
+class GangMovedError(SpotfallbackError):
+    """Rank 0 ends the attempt on purpose: its just-in-time checkpoint is committed and the
+    next gang can be placed off the draining node(s), so waiting for the node to go is idle.
+
+    spotfallback's failure policy counts it as the preemption it is (the tier's preemption
+    budget, not ``max_failures``) and Ray Train restarts the gang at once; plain Ray Train
+    runs never see it (``PreemptionWatch`` only moves in spotfallback runs).
+    """
+
+    exit_code = EXIT_USER_CODE
+    retryable = True
+
+
 class JitHoldExpiredError(SpotfallbackError):
     """The node outlived its preemption deadline by far: Ray never tore the workers down.
 

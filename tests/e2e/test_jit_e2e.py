@@ -366,7 +366,11 @@ def test_notices_from_the_agent_on_either_rank_lose_no_step_and_resume_bit_ident
     assert notices == [("aws", True, float(deadline1), node1.node_id), ("aws", True, float(deadline0), node0.node_id)]
     assert all(r.decision == {"action": "continue"} for r in events(records, "preemption_notice"))
     jit = [(r.event.outcome, r.event.step) for r in events(records, "jit_checkpoint")]
-    assert jit == [(o, c.last_before) for c in costs for o in ("started", "reported")], timeline(records)
+    # A spare spot node was up each time: the gang left once its checkpoint was committed.
+    assert jit == [(o, c.last_before) for c in costs for o in ("started", "reported", "moved")], timeline(records)
+    moved = [r.t for r in events(records, "jit_checkpoint") if r.event.outcome == "moved"]
+    assert all(t < deadline for t, deadline in zip(moved, (deadline1, deadline0), strict=True))
+    print(f"node killed -> first new step: {[round(c.kill_to_new_s, 1) for c in costs]} s (negative: before the node went)")
     committed = [r.event.step for r in events(records, "checkpoint_committed")]
     assert all(c.last_before in committed for c in costs)
     kinds = [r.event.kind for r in records if r.event.kind in ("preempted", "node_failed", "workers_acquired")]

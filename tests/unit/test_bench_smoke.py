@@ -1,10 +1,11 @@
 """The benchmark harness cannot silently rot: its arguments, pure parts and renderer, in seconds.
 
 No Ray cluster here (`python -m bench --quick` is the real thing): every measurement's
-figures and description are computed from rows shaped like the ones its ``run`` records,
-the page is rendered from a results JSON, the simulator benchmark and the cost
-predictor run at tiny sizes, and the call into ``bench/bench_notices.py`` is checked
-against that module's signature.
+figures and description are computed from fixed rows shaped like the ones its ``run``
+records (never from a timing taken here: under a loaded test run a timing can miss its
+target, and the page would change with it), the page is rendered from a results JSON, the
+simulator, ledger and cost-predictor benchmarks run at tiny sizes, and the call into
+``bench/bench_notices.py`` is checked against that module's signature.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ import math
 from pathlib import Path
 
 import pytest
-from bench import bench_checkpoint, bench_eviction, bench_predict, bench_recovery, bench_throughput
+from bench import (
+    bench_checkpoint,
+    bench_eviction,
+    bench_ledger,
+    bench_move,
+    bench_predict,
+    bench_recovery,
+    bench_throughput,
+)
 from bench.cli import MODULES, main, parser, registry, selected
 from bench.harness import Figure, Results, Stat, Target, ratio_pairs, render
 from bench.runs import step_intervals
@@ -24,7 +33,7 @@ FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
 
 def rows_like_a_run() -> dict[str, list[dict]]:
-    """Rows of every measurement, shaped as each ``run`` records them (values from a real quick run)."""
+    """Rows of every measurement, shaped as each ``run`` records them, every target met (most values from real runs)."""
     overhead = []
     for rep, (ray_wall, sf_wall) in enumerate([(34.7, 31.4), (29.9, 31.3)]):
         for variant, wall in (("ray", ray_wall), ("spotfallback", sf_wall)):
@@ -61,16 +70,57 @@ def rows_like_a_run() -> dict[str, list[dict]]:
          "predicted_events": "2 preemptions", "measured_per_tier": {}}
         for s in bench_predict.SCENARIOS
     ]
-    simulator = bench_throughput.measure(1, rate_runs=200, trace_runs=20, policy_runs=20,
-                                         trace_files=[FIXTURES / "us-west-2a_v100_1.json"])
-    return {"simulator": simulator, "overhead": overhead, "recovery": recovery, "timeout": timeout, "notices": notices,
-            "checkpoint": checkpoint, "predict": predict}
+    simulator = [
+        {"kind": kind, "case": case, "rep": rep, "runs": runs, "seconds": runs / rate, "runs_per_s": rate}
+        for rep in range(2)
+        for kind, case, runs, rate in (
+            ("rate", "rate model, M=3, timeout 1 h", 10_000, 21_000.0 + rep),
+            ("rate", "rate model, spot forever", 10_000, 30_000.0),
+            ("trace", "us-west-2a_v100_1.json", 1_000, 1_900.0),
+            ("policy", "reference engine (FallbackPolicy.decide per event), rate model, M=3", 200, 310.0),
+        )
+    ]
+    backtest = [
+        {"kind": "plan", "case": "10 h job, 15 h deadline, 1 worker", "runs": 400, "seconds": 0.64, "optimum_s": 0.1,
+         "x_optimum": 1.2},
+        {"kind": "plan", "case": "100 h job, 150 h deadline, 8 workers", "runs": 400, "seconds": 4.1, "optimum_s": 3.0,
+         "x_optimum": 1.1},
+        {"kind": "backtest", "case": "us-west-2a_v100_1, every 1.6 h", "windows": 405, "seconds": 0.38},
+    ] + [
+        {"kind": "held_out", "case": case, "windows": 27, "x_optimum_mean": mean, "x_optimum_p95": 1.25,
+         "costlier_than_on_demand": 0, "on_time_pct": 100.0, "plan_s": 1.3, "recommended": "M = 8, timeout 30 min"}
+        for case, mean in (("availability/a.json", 1.05), ("availability/b.json", 1.08))
+    ]
+    ledger = [
+        {"kind": "layout", "store": store, "events": n, "objects": 100 if n == 100 else 40, "parse_s": n * 8e-6,
+         "write_local_s": 3.0 if store == "local" else None}
+        for n in (100, 20_000) for store in ("local", "s3")
+    ] + [
+        {"kind": "read", "store": store, "events": n, "variant": str(n), "rep": rep, "status_s": base * scale,
+         "report_s": base * scale, "resume_s": base * scale * 0.8, "read_s": base * scale * 0.7}
+        for rep in range(2)
+        for store, base in (("local", 0.015), ("s3", 0.45))
+        for n, scale in ((100, 1.0), (20_000, 1.2 + 0.1 * rep))
+    ] + [
+        {"kind": "requests", "variant": mode, "events": 1000, "per_event": {"DELETE": d, "POST": 2.0, "PUT": 3.0, "total": 5.0 + d}}
+        for mode, d in (("compacting", 1.0), ("not compacting", 0.0))
+    ]
+    move = [
+        {"scenario": f"{v} (x)", "variant": v, "notice_s": n, "rep": 0, "evicted_rank": 1, "last_before": 9,
+         "resumed_at": 10 if "jit" in v else 6, "redone": 0 if "jit" in v else 4, "weights_ok": True,
+         "held_s": {"spotfallback+jit": 0.5, "spotfallback+jit+hold": n - 1.5}.get(v),
+         "moved": v == "spotfallback+jit", "stall_s": {"spotfallback+jit": 11.0}.get(v, n + 9.0),
+         "kill_to_new_s": 9.0 - n if v == "spotfallback+jit" else 9.0}
+        for v, n in bench_move.SCENARIOS
+    ]
+    return {"simulator": simulator, "backtest": backtest, "ledger": ledger, "overhead": overhead, "recovery": recovery,
+            "timeout": timeout, "notices": notices, "move": move, "checkpoint": checkpoint, "predict": predict}
 
 
 def test_every_measurement_is_registered_and_parsed():
     reg = registry()
     assert list(reg) == list(MODULES)
-    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 9))  # the issue's eight figures
+    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 12))  # the eight figures, then 9, 10 and 11
     for name in MODULES:
         assert parser().parse_args(["--quick", "--only", name]).only == [name]
     # The predictor calibrates from the overhead and recovery runs: asking for it runs them first.
@@ -86,7 +136,7 @@ def test_figures_and_page_from_a_results_json(tmp_path):
     results = Results.from_json(json.loads(json.dumps(results.to_json())))  # what --render reads back
     page = render(reg, results)
     figures = [f for m in reg.values() for f in m.figures(results.rows[m.name])]
-    assert {f.item for f in figures} == set(range(1, 9))
+    assert {f.item for f in figures} == set(range(1, 12))
     summary = page.split("\n## ")[0]
     table = [line for line in summary.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert len(table) == len(figures)
@@ -100,6 +150,11 @@ def test_figures_and_page_from_a_results_json(tmp_path):
     assert sync.stat.median == pytest.approx((0.9 - 0.5) / 8)
     notice = next(f for n, f in by_name.items() if f"with an {bench_eviction.NOTICE_S:g} s notice" in n and "just-in-time" in n)
     assert notice.met is True and notice.stat.median == 0
+    # Ledger ratios pair the two sizes within each repetition: (0.015 * 1.2) / 0.015 and 1.3.
+    local = by_name["Long run on local disk: `spotfallback status`, 20,000 events / 100 events"]
+    assert local.stat.median == pytest.approx(1.25) and local.stat.n == 2
+    held = next(f for n, f in by_name.items() if n.endswith("spend / optimum, mean"))
+    assert held.worst and held.stat.hi == pytest.approx(1.08)
     assert "**no**" not in page.split("## ")[0]  # every target in these rows is met
     # --render rebuilds the page from the JSON alone.
     (tmp_path / "benchmarks.json").write_text(json.dumps(results.to_json()))
@@ -124,13 +179,40 @@ def test_a_missed_target_is_said_on_the_page_with_why():
         if r["variant"] in bench_predict.SCENARIOS:
             r["wall_error_pct"] = 14.0
     rows["predict"][0]["spread"] = {"switch_wait_s": [4.5, 9.0]}
+    rows["backtest"][-1]["x_optimum_mean"] = 1.9  # one held-out trace is enough to miss
+    for r in rows["ledger"]:
+        if r["kind"] == "read" and r["store"] == "local" and r["events"] == 20_000:
+            r.update(status_s=0.45, read_s=0.28, resume_s=0.37)
     page = render(reg, Results(command="c", machine={}, rows=rows, notes={"timeout": "profiling failed: x"}))
     summary = page.split("\n## ")[0]
-    for item in (1, 2, 3, 4, 5, 7):
+    for item in (1, 2, 3, 4, 5, 7, 9, 10):
         assert any(line.startswith(f"| {item} |") and line.endswith("| **no** |") for line in summary.splitlines()), item
-    assert page.count("**Target missed:**") == 5  # items 2 and 3 share a section
+    assert page.count("**Target missed:**") == 7  # items 2 and 3 share a section
+    assert "`Ledger.read` of the long run takes 0.280 s on local disk" in page and "replay 0.090 s more" in page
+    assert "is 30.0x on local disk and 1.2x on the S3 server" in page
     assert "`DriverLease.acquire`" in page and "phase by phase" in page and "not yet committed" in page
     assert "switch_wait_s 4.5–9.0 s" in page and "profiling failed: x" in page
+
+
+def test_the_simulator_benchmark_at_tiny_size():
+    """Its rows have the shape its figures read; the speed itself is the full run's to judge, not a loaded test's."""
+    rows = bench_throughput.measure(1, rate_runs=200, trace_runs=20, policy_runs=20,
+                                    trace_files=[FIXTURES / "us-west-2a_v100_1.json"])
+    assert {r["kind"] for r in rows} == {"rate", "trace", "policy"}
+    for f in bench_throughput.figures(rows):
+        assert f.stat.n > 0 and math.isfinite(f.stat.median) and f.stat.median > 0, f.name
+    assert "runs/s (median)" in bench_throughput.describe(rows)
+
+
+def test_the_ledger_benchmark_at_tiny_size():
+    """Both sizes on both stores, alternated within each repetition, and the S3 writes counted."""
+    rows = bench_ledger.measure((3, 40), reps=2, request_events=2, calls=1, log=lambda _: None)
+    reads = [(r["rep"], r["store"], r["events"]) for r in rows if r["kind"] == "read"]
+    assert reads == [(rep, store, n) for rep in range(2) for n in (3, 40) for store in ("local", "s3")]
+    assert {r["variant"] for r in rows if r["kind"] == "requests"} == {"compacting", "not compacting"}
+    figures = bench_ledger.figures(rows)
+    assert len(figures) == 9 and all(f.stat.n > 0 and math.isfinite(f.stat.median) for f in figures)
+    assert "Requests per event written" in bench_ledger.describe(rows)
 
 
 def test_stats_targets_and_pairs():

@@ -12,6 +12,7 @@ from ray.train.v2._internal.exceptions import (
 )
 from ray.train.v2.api.exceptions import ControllerError, PreemptionError, WorkerGroupError
 
+from spotfallback.errors import GangMovedError
 from spotfallback.runtime.classify import classify, looks_collateral, unwrap_user_error
 
 
@@ -49,3 +50,11 @@ def test_preemptions_capacity_and_fatal_errors():
     assert classify(ControllerError(ActorDiedError())).kind == "node_failed"
     fatal = classify(ControllerError(PermissionError("no access to bucket")))
     assert fatal.kind == "fatal" and "PermissionError" in fatal.detail
+
+
+def test_a_gang_that_left_a_draining_node_on_purpose_is_a_preemption_not_a_bug():
+    moved = GangMovedError("the just-in-time checkpoint of step 12 is committed: restarting now")
+    wrapped = UserExceptionWithTraceback(moved, "Traceback ...\nGangMovedError: ...")
+    for failure in (classify(wg(r0=moved)), classify(wg(r0=wrapped), lambda: set())):
+        assert failure.kind == "preempted" and failure.user_error is None
+        assert "moved off the draining node(s) early" in failure.detail

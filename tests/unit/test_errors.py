@@ -41,6 +41,7 @@ EXPECTED = {
     "LadderExhaustedError": (EXIT_LADDER_EXHAUSTED, True),
     "RunFatalError": (EXIT_FATAL, False),
     "JitHoldExpiredError": (EXIT_USER_CODE, True),
+    "GangMovedError": (EXIT_USER_CODE, True),
     "LedgerError": (EXIT_ERROR, False),
     "StorageUnavailableError": (EXIT_ERROR, True),
     "ManifestInvalid": (EXIT_ERROR, False),

@@ -167,7 +167,7 @@ def _append(run_log: RunLog, event: Any, tier: int) -> None:
 def test_save_and_hold_reports_records_and_never_returns(run_log):
     group = Group(1)
     session = FakeSession(group, 0, run_log)
-    watch = PreemptionWatch(every_steps=1, max_hold_s=0.3, session=session)
+    watch = PreemptionWatch(every_steps=1, max_hold_s=0.3, session=session, move=False)
     session.watch = watch
     group.notice = Info(deadline_ms=int((time.time() + 0.2) * 1000))
     assert watch.check() is group.notice
@@ -188,8 +188,9 @@ def test_save_and_hold_reports_records_and_never_returns(run_log):
 
 def test_save_and_hold_needs_a_notice():
     watch = PreemptionWatch(every_steps=1, session=FakeSession(Group(1), 0))
-    with pytest.raises(RuntimeError, match="needs the notice"):
-        watch.save_and_hold(lambda: None)
+    for leave in (watch.save_and_hold, watch.save_and_move):
+        with pytest.raises(RuntimeError, match="need the notice"):
+            leave(lambda: None)
 
 
 def test_next_attempt_records_a_missed_jit_checkpoint_once(run_log):

@@ -406,6 +406,19 @@ def test_local_cluster_contract():
     assert callable(GlobalState.get_draining_nodes) and "actor_state_name" in names(GlobalState.actor_table)
 
 
+def test_the_replacement_request_joins_ray_trains_own_autoscaling_coordinator():
+    """``notices.placement.request_gang`` finds the coordinator Ray Train creates by name and adds a request."""
+    from ray.data._internal.cluster_autoscaler import default_autoscaling_coordinator as coord
+
+    from spotfallback.notices.placement import COORDINATOR_NAME
+
+    source = inspect.getsource(coord.get_or_create_autoscaling_coordinator)
+    assert f'name="{COORDINATOR_NAME}"' in source and f'namespace="{COORDINATOR_NAME}"' in source
+    params = inspect.signature(coord._AutoscalingCoordinatorActor.request_resources).parameters
+    assert {"requester_id", "resources", "expire_after_s", "priority", "label_selectors"} <= set(params)
+    assert coord.ResourceRequestPriority.HIGH in coord.ResourceRequestPriority
+
+
 def test_nothing_ray_private_is_imported_without_a_pin_here():
     """A new private Ray import anywhere in the package must come with a pin in this file."""
     pinned = {
@@ -414,7 +427,7 @@ def test_nothing_ray_private_is_imported_without_a_pin_here():
         "ray.train.v2._internal.constants", "ray.train.v2._internal.exceptions",
         "ray.train.v2._internal.execution.callback", "ray.train.v2._internal.execution.failure_handling",
         "ray.train.v2._internal.execution.scaling_policy", "ray.train.v2._internal.execution.worker_group.poll",
-        "ray.train.v2._internal.util",
+        "ray.train.v2._internal.util", "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator",
     }
     private = set()
     for path in SRC.rglob("*.py"):

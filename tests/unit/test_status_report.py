@@ -549,3 +549,29 @@ def test_snapshot_shows_each_notice_agent_and_flags_the_stale_ones(tmp_path):
     assert "STALE" not in rows["pod-a"] + rows["pod-f"]
     data = snap.to_json()
     assert [a["state"] for a in data["agents"]][:2] == ["watching", "waiting-for-ray"] and data["agents"][4]["stale"] is True
+
+
+def test_each_announced_eviction_shows_its_hold_and_idle_time_and_whether_it_moved(tmp_path):
+    # The beyond run held 1204 -> 1230 (the node went) and its next gang started at 1300.
+    _, records = write_beyond(tmp_path)
+    r = cost_report(BEYOND, records)
+    assert (r.held_per_eviction_s, r.idle_per_eviction_s, r.evictions_moved) == (26.0, 96.0, 0)
+    text = " ".join(table_text(r).split())
+    assert "per announced eviction: held 26.0 s after the checkpoint, idle 96.0 s until the next gang started; 0 of 1 moved" in text
+    # The same eviction, moved: the gang left 1 s after its checkpoint instead of holding 26 s.
+    moved = [e for e in beyond_events() if not isinstance(e, Preempted)]
+    at = next(i for i, e in enumerate(moved) if isinstance(e, CheckpointCommitted) and e.step == 19) + 1
+    moved[at:at] = [JitCheckpoint(T0 + 1205, outcome="moved", step=19, attempt="a1", detail="left 25.0s before the deadline"),
+                    Preempted(T0 + 1205, detail="moved off the draining node(s) early")]
+    _, ledger = write_ledger(tmp_path, moved, "moved", ladder=BEYOND)
+    records = ledger.read()
+    r = cost_report(BEYOND, records)
+    assert (r.held_per_eviction_s, r.evictions_moved) == (1.0, 1) and r.tiers[0].held_h == pytest.approx(1 / 3600)
+    snap = build_snapshot(BEYOND, records, now=T0 + 3300)
+    assert [(e.held_s, e.idle_s, e.moved) for e in snap.evictions] == [(1.0, 96.0, True)]
+    console = Console(width=220, record=True, file=io.StringIO())
+    console.print(snapshot_renderable(snap))
+    row = " ".join(console.export_text().split())
+    assert "1 announced, 1 moved before the node went; per eviction held 1.0s, idle 1m36s until the next gang" in row
+    line = describe_event(next(r for r in records if getattr(r.event, "outcome", "") == "moved"), T0, BEYOND)
+    assert line is not None and "gang moved off the draining node(s)" in line

@@ -36,9 +36,10 @@ can inject a fault mid-run), ``report_every`` (1: metrics every N steps; Ray Tra
 each report until its controller polls, every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S`` = 2 s by
 default, so per-step reports want a shorter interval), ``preemption_check_every_s`` /
 ``preemption_check_every`` (0 = off: ask Ray about a preemption notice about every so many
-seconds / every N steps and, on one, checkpoint just in time and hold until the node goes,
-through ``spotfallback.notices.PreemptionWatch``), ``preemption_hold_s`` (60: how long past
-the deadline the hold lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a just-in-time
+seconds / every N steps and, on one, checkpoint just in time and restart off the draining
+node, through ``spotfallback.notices.PreemptionWatch``), ``preemption_move`` (True: False holds
+until the node goes instead), ``preemption_hold_s`` (60: how long past the deadline a hold
+lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a just-in-time
 checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
 where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to measure lost work),
 ``step_gate`` (None: a file that must exist before each step starts; a test removes it to hold
@@ -90,6 +91,7 @@ DEFAULTS: dict[str, Any] = {
     "preemption_check_every": 0,
     "preemption_check_every_s": 0.0,
     "preemption_hold_s": 60.0,
+    "preemption_move": True,
     "jit_checkpoint_delay_s": 0.0,
     "step_log": None,
     "step_gate": None,
@@ -349,9 +351,9 @@ def train_fn(config: dict[str, Any]) -> None:
             metrics["accuracy"] = accuracy(model, x_test, y_test)
             metrics["weights_sha256"] = state_hash(model)
         # Every rank reaches check() at the same steps (it is a collective); on a notice the
-        # full state is checkpointed at once and the worker holds until the node goes.
+        # full state is checkpointed at once and the gang restarts off the draining node.
         if watch is not None and not last and watch.check():
-            watch.save_and_hold(
+            watch.save_and_move(
                 functools.partial(
                     _report_checkpoint,
                     model, optimizer, scheduler, stream, step, metrics, rank, cfg["jit_checkpoint_delay_s"],
@@ -372,7 +374,10 @@ def _preemption_watch(cfg: dict[str, Any]) -> Any:
     from spotfallback.notices.jit import PreemptionWatch
 
     return PreemptionWatch(
-        every_s=every_s, every_steps=every_steps or None, max_hold_s=float(cfg["preemption_hold_s"])
+        every_s=every_s,
+        every_steps=every_steps or None,
+        max_hold_s=float(cfg["preemption_hold_s"]),
+        move=bool(cfg["preemption_move"]),
     )
 
 

@@ -226,7 +226,7 @@ def train_fn(config: dict[str, Any]) -> None:
             metrics["accuracy"] = float(np.mean(pred == y_test))
             metrics["weights_sha256"] = weights_sha256(model)
         if watch is not None and not last and watch.check():
-            watch.save_and_hold(partial(state.report, step, metrics), step=step)  # never returns
+            watch.save_and_move(partial(state.report, step, metrics), step=step)  # never returns
         if last or step % cfg["checkpoint_every"] == 0:
             state.report(step, metrics)
         elif step % cfg["report_every"] == 0:

@@ -24,7 +24,7 @@ The just-in-time checkpoint on a preemption notice is the same call, made from
 ``spotfallback.notices.jit.PreemptionWatch``::
 
     if watch.check():
-        watch.save_and_hold(lambda: state.report(step, metrics), step=step)
+        watch.save_and_move(lambda: state.report(step, metrics), step=step)
 
 Build the model and the optimizer (``optimizer.build(model.trainable_variables)``) inside
 the strategy's scope before ``restore``: restoring into unbuilt Keras objects would defer

@@ -1,4 +1,4 @@
-"""Just-in-time checkpoints: when Ray Train reports a preemption notice, save, report, hold.
+"""Just-in-time checkpoints: when Ray Train reports a preemption notice, save, report, move.
 
 Use it in a Ray Train V2 training function::
 
@@ -7,7 +7,7 @@ Use it in a Ray Train V2 training function::
         train_one_step()
         ...periodic checkpoints as usual...
         if watch.check():
-            watch.save_and_hold(lambda: report_checkpoint(step), step=step)
+            watch.save_and_move(lambda: report_checkpoint(step), step=step)
 
 Why each rule (checked against Ray 2.60):
 
@@ -17,12 +17,16 @@ Why each rule (checked against Ray 2.60):
   between asks is measured by rank 0 and agreed through ``broadcast_from_rank_zero``, at
   fixed call counts every rank reaches.
 - After the checkpoint the function must neither train on (those steps die with the node)
-  nor return (Ray would treat the run as *finished*): ``save_and_hold`` never returns; the
-  controller tears the workers down at the deadline and restarts from that checkpoint.
+  nor return (Ray would treat the run as *finished*): ``save_and_move`` never returns. In a
+  spotfallback run it asks the autoscaler for the replacement at the notice, and once the
+  checkpoint is committed and the next gang fits on nodes that are not draining, rank 0 ends
+  the attempt at once (``notices/move.py``); otherwise, and in plain Ray Train runs
+  (``save_and_hold``), the workers hold until the controller tears them down at the deadline.
 - What happened is written to the run's ledger (spotfallback runs only) as
   ``JitCheckpoint`` records: ``started`` and ``reported`` by rank 0 of the warned attempt,
-  ``missed`` by rank 0 of the next attempt when no checkpoint of that step was committed
-  (the notice was shorter than the write: the run resumed from the previous checkpoint).
+  ``moved`` by rank 0 when it ends the attempt before the node goes, ``missed`` by rank 0 of
+  the next attempt when no checkpoint of that step was committed (the notice was shorter
+  than the write: the run resumed from the previous checkpoint).
 
 ``jit_failure_config`` sets the ``FailureConfig`` preemption switches on purpose (see there
 why relaxed collectives stay off: they break the lockstep this helper relies on).
@@ -37,8 +41,9 @@ import uuid
 from collections.abc import Callable
 from typing import Any, NoReturn, Protocol
 
-from spotfallback.errors import JitHoldExpiredError
+from spotfallback.errors import GangMovedError, JitHoldExpiredError
 from spotfallback.events import CheckpointCommitted, JitCheckpoint, LedgerRecord
+from spotfallback.notices.move import Move, Placement
 from spotfallback.notices.runlog import RunLog
 
 logger = logging.getLogger("spotfallback")
@@ -108,6 +113,8 @@ class PreemptionWatch:
     and re-agreed every ``resync_every`` asks); ``every_steps``: ask every N calls instead,
     no calibration. ``max_hold_s``: how long after the deadline ``save_and_hold`` gives up
     waiting for the teardown and raises. ``record``: write ``JitCheckpoint`` ledger records.
+    ``move``: in a spotfallback run, ask for the replacement at the notice and leave as soon as
+    the next gang can be placed (``save_and_move``); ``placement`` replaces Ray's GCS in tests.
     """
 
     def __init__(
@@ -121,6 +128,9 @@ class PreemptionWatch:
         max_interval: int = 100_000,
         session: TrainSession | None = None,
         clock: Callable[[], float] = time.monotonic,
+        move: bool = True,
+        placement: Placement | None = None,
+        move_poll_s: float = 0.25,
     ) -> None:
         if every_steps is not None and every_steps < 1:
             raise ValueError("every_steps must be >= 1")
@@ -140,6 +150,10 @@ class PreemptionWatch:
         self._last_ask: tuple[float, int] | None = None  # (clock, calls) at the previous ask
         self._log: RunLog | None = None
         self._tier = 0
+        self.move = move
+        self._placement = placement
+        self.move_poll_s = move_poll_s
+        self._move: Move | None = None
         if record and self.rank == 0:
             self._log = self.session.run_log()
             if self._log is not None:
@@ -171,7 +185,17 @@ class PreemptionWatch:
                     getattr(info, "preempted_ranks", []),
                     "no deadline" if left is None else f"{left - time.time():.1f}s left",
                 )
+                self._prepare_move(info)
         return info
+
+    def _prepare_move(self, info: Any) -> None:
+        """Rank 0 of a spotfallback run: work out the next gang and ask for it while the notice runs."""
+        if not self.move or self._log is None:
+            return
+        try:
+            self._move = Move.at_notice(self._log, info, deadline_s_of(info), self._placement or Placement())
+        except Exception as e:  # moving early is an optimisation: holding is always safe
+            logger.warning("will hold until the node goes: could not prepare the move (%s)", e)
 
     def _proposed_interval(self, now: float) -> int:
         """Rank 0's measure: calls per ``every_s`` at the recent pace (others' values are ignored)."""
@@ -185,14 +209,32 @@ class PreemptionWatch:
 
     # -- acting ---------------------------------------------------------------------------
 
+    def save_and_move(self, report: Callable[[], Any], *, step: int | None = None) -> NoReturn:
+        """Run ``report`` (every rank: it writes and reports the full checkpoint), then leave.
+
+        Never returns: returning would finish the run. Rank 0 of a spotfallback run ends the
+        attempt (``GangMovedError``) as soon as the checkpoint is committed and the next gang
+        fits off the draining nodes; until then, and on the other ranks, the workers hold, and
+        Ray tears them down at the deadline at the latest.
+        """
+        since = time.time()
+        attempt = self._save(report, step)
+        self._move_when_ready(since, step, attempt)
+        self.hold()
+
     def save_and_hold(self, report: Callable[[], Any], *, step: int | None = None) -> NoReturn:
-        """Run ``report`` (every rank: it writes and reports the full checkpoint), then hold.
+        """Run ``report`` (every rank), then hold until the node goes: for plain Ray Train runs.
 
         Never returns: returning would finish the run. Ray tears the workers down when the
         deadline passes and resumes from this checkpoint.
         """
+        self._save(report, step)
+        self.hold()
+
+    def _save(self, report: Callable[[], Any], step: int | None) -> str:
+        """Record ``started``, run ``report``, record ``reported``; returns the attempt id."""
         if self.notice is None:
-            raise RuntimeError("save_and_hold() needs the notice check() returned")
+            raise RuntimeError("save_and_move() and save_and_hold() need the notice check() returned")
         deadline = deadline_s_of(self.notice)
         attempt = uuid.uuid4().hex[:12]
         info = {
@@ -231,7 +273,38 @@ class PreemptionWatch:
                     detail=f"written and reported in {write_s:.2f}s",
                 )
                 self._log.append_soon(reported, {**info, "write_s": round(write_s, 3), "margin_s": margin})
-        self.hold()
+        return attempt
+
+    def _move_when_ready(self, since: float, step: int | None, attempt: str) -> None:
+        """Rank 0: raise ``GangMovedError`` once the move is ready, or return at the deadline to hold."""
+        move = self._move
+        if move is None or self.rank != 0 or self._log is None:
+            return
+        deadline = deadline_s_of(self.notice) or time.time() + NO_DEADLINE_WAIT_S
+        while time.time() < deadline:
+            try:
+                ready = move.ready(since, step)
+            except Exception as e:  # a failed look is no reason to stop: hold instead
+                logger.warning("will hold until the node goes: %s", e)
+                return
+            if ready:
+                left = deadline - time.time()
+                moved = JitCheckpoint(
+                    t=time.time(),
+                    outcome="moved",
+                    step=step,
+                    deadline_s=deadline_s_of(self.notice),
+                    attempt=attempt,
+                    detail=f"left {left:.1f}s before the deadline for tier {move.tier.name!r}",
+                )
+                self._log.append_soon(moved, {"tier": move.gang.tier, "workers": move.gang.num_workers})
+                raise GangMovedError(
+                    f"the just-in-time checkpoint of step {step} is committed and {move.gang.num_workers} "
+                    f"worker(s) of tier {move.tier.name!r} fit off the draining node(s): restarting now, "
+                    f"{left:.1f}s before the deadline"
+                )
+            time.sleep(self.move_poll_s)
+        logger.warning("nothing could be placed off the draining node(s) before the deadline: holding")
 
     def hold(self) -> NoReturn:
         """Wait for the node to go (neither train on nor return); raise if it never does."""

@@ -30,6 +30,8 @@ from ray.train.v2.api.exceptions import (
     WorkerGroupError,
 )
 
+from spotfallback.errors import GangMovedError
+
 # Surviving ranks of a gang fail with errors like these when a peer's node disappears.
 _COLLATERAL = re.compile(
     r"gloo|nccl|connection (closed|reset)|broken pipe|socket|timed out|ProcessGroup|collective",
@@ -111,6 +113,9 @@ def classify(
         if infra:
             return Failure("node_failed", _first_line(str(infra[0])))
         users = user_exceptions(error)
+        moved = [unwrap_user_error(e) for e in users if isinstance(unwrap_user_error(e), GangMovedError)]
+        if moved:  # left a draining node on purpose, after its just-in-time checkpoint
+            return Failure("preempted", f"moved off the draining node(s) early: {_first_line(str(moved[0]))}")
         if users:
             troubles = set(dead_or_draining())
             first = users[0]

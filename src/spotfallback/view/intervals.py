@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from spotfallback.events import LedgerRecord
 
@@ -78,3 +79,47 @@ def run_intervals(records: Sequence[LedgerRecord], end: float) -> tuple[list[Int
     if wait:
         waiting.append((wait[0], wait[1], end))
     return waiting, [r for r in redone if r[2] > r[1]], [h for h in held if h[2] > h[1]]
+
+
+@dataclass(frozen=True)
+class AnnouncedEviction:
+    """One eviction with a just-in-time checkpoint, from the gang's side.
+
+    ``held_s``: from the checkpoint reported to the attempt's end (the gang kept, idle);
+    ``idle_s``: from the checkpoint reported to the next gang's start (None: none started);
+    ``moved``: the gang left before its node went instead of holding to the deadline.
+    """
+
+    tier: int
+    reported_t: float
+    held_s: float
+    idle_s: float | None
+    moved: bool
+
+
+def announced_evictions(records: Sequence[LedgerRecord]) -> list[AnnouncedEviction]:
+    """Every just-in-time checkpoint reported, with what the gang did until it trained again."""
+    out: list[AnnouncedEviction] = []
+    for i, rec in enumerate(records):
+        if rec.event.kind != "jit_checkpoint" or getattr(rec.event, "outcome", "") != "reported":
+            continue
+        attempt = getattr(rec.event, "attempt", "")
+        moved, ended, started = False, None, None
+        for later in records[i + 1 :]:
+            kind = later.event.kind
+            if kind == "jit_checkpoint" and getattr(later.event, "outcome", "") == "moved":
+                moved = moved or getattr(later.event, "attempt", "") == attempt
+            elif ended is None and (kind in INTERRUPTIONS or kind in ("finished", "fatal")):
+                ended = later.t
+            elif ended is not None and kind == "workers_acquired":
+                started = later.t
+                break
+        if ended is None:
+            continue  # the attempt is still going: nothing to count yet
+        out.append(AnnouncedEviction(rec.tier, rec.t, max(0.0, ended - rec.t),
+                                     None if started is None else max(0.0, started - rec.t), moved))
+    return out
+
+
+def mean_or_none(values: Sequence[float]) -> float | None:
+    return sum(values) / len(values) if values else None

@@ -23,7 +23,12 @@ from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import SPOT, Ladder, PlanPrediction
 from spotfallback.events import LedgerRecord
 from spotfallback.sim.costmodel import SeedEstimate, seed_closed_form
-from spotfallback.view.intervals import INTERRUPTIONS, run_intervals
+from spotfallback.view.intervals import (
+    INTERRUPTIONS,
+    announced_evictions,
+    mean_or_none,
+    run_intervals,
+)
 from spotfallback.view.text import duration, money
 
 
@@ -121,6 +126,9 @@ class CostReport:
     jit_checkpoints: int = 0  # just-in-time checkpoints reported before the node went
     jit_missed: int = 0  # ... and those that did not make it (the notice was shorter than the write)
     plan: PlanCheck | None = None
+    evictions_moved: int = 0  # announced evictions whose gang left before its node went
+    held_per_eviction_s: float | None = None  # mean, checkpoint reported -> attempt ended
+    idle_per_eviction_s: float | None = None  # mean, checkpoint reported -> next gang started
 
     @property
     def savings(self) -> float | None:
@@ -178,6 +186,7 @@ def cost_report(
         for u, t, h in zip(summary.tiers, ladder.tiers, held_s, strict=True)
     ]
     interruptions = sum(1 for r in records if r.event.kind in INTERRUPTIONS)
+    evictions = announced_evictions(records)
     switches = sum(1 for r in records if r.decision and r.decision.get("action") == "switch_tier")
     climbs, resizes = len(summary.climbs), len(summary.resizes)
     restarts = interruptions + climbs + resizes  # each one stops the gang and restarts it from a checkpoint
@@ -209,6 +218,9 @@ def cost_report(
         give_up_reason=summary.give_up_reason, climbs=climbs, resizes=resizes,
         notices=sum(1 for r in records if r.event.kind == "preemption_notice"),
         jit_checkpoints=_jit(records, "reported"), jit_missed=_jit(records, "missed"), plan=plan_check,
+        evictions_moved=sum(1 for e in evictions if e.moved),
+        held_per_eviction_s=mean_or_none([e.held_s for e in evictions]),
+        idle_per_eviction_s=mean_or_none([e.idle_s for e in evictions if e.idle_s is not None]),
     )
 
 
@@ -292,6 +304,11 @@ def summary_lines(report: CostReport) -> list[str]:
     if report.notices or report.jit_checkpoints or report.jit_missed:
         lines.append(f"{report.notices} preemption notices; {report.jit_checkpoints} just-in-time checkpoints "
                      f"reported before the node went, {report.jit_missed} missed")
+    if report.held_per_eviction_s is not None:
+        idle = report.idle_per_eviction_s
+        lines.append(f"per announced eviction: held {report.held_per_eviction_s:.1f} s after the checkpoint, "
+                     f"idle {'-' if idle is None else f'{idle:.1f} s'} until the next gang started; "
+                     f"{report.evictions_moved} of {report.jit_checkpoints} moved before the node went")
     if report.savings is not None:
         lines.append(
             f"spend {money(report.spend)} vs all on-demand {money(report.on_demand_spend)} for the same useful work: "

@@ -20,6 +20,7 @@ from spotfallback.events import LedgerRecord
 from spotfallback.store.heartbeat import PROGRESS_KEYS
 from spotfallback.store.lease import DriverLease
 from spotfallback.store.location import RunLocation
+from spotfallback.view.intervals import AnnouncedEviction, announced_evictions
 
 
 @dataclass(frozen=True)
@@ -129,6 +130,7 @@ class Snapshot:
     events: int = 0
     agents: tuple[AgentInfo, ...] = ()  # notice agents, most recently heard from first
     agents_not_shown: int = 0  # older records beyond those read
+    evictions: tuple[AnnouncedEviction, ...] = ()  # announced ones: held and idle time after each checkpoint
 
     @property
     def elapsed_s(self) -> float:
@@ -276,6 +278,7 @@ def build_snapshot(
         events=len(records),
         agents=tuple(agents),
         agents_not_shown=agents_not_shown,
+        evictions=tuple(announced_evictions(records)),
     )
 
 

@@ -7,6 +7,7 @@ a run reads the same wherever it is shown. Lines carry rich markup; JSON objects
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
@@ -16,6 +17,7 @@ from rich.text import Text
 
 from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
+from spotfallback.view.intervals import AnnouncedEviction
 from spotfallback.view.snapshot import AgentInfo, Snapshot
 
 
@@ -98,6 +100,8 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
                 return f"{at}  [green]just-in-time checkpoint{at_step} reported[/] on [bold]{tier}[/] ({detail})"
             if outcome == "missed":
                 return f"{at}  [red]just-in-time checkpoint{at_step} missed[/] on [bold]{tier}[/]: {detail}"
+            if outcome == "moved":
+                return f"{at}  [green]gang moved off the draining node(s)[/] after the checkpoint{at_step} ({detail})"
     # Kinds added later (notices, observations...): named plainly with their set fields.
     fields = [f"{k}={v}" for k, v in ev.to_json().items() if k not in ("kind", "t") and v not in (None, "", False)]
     what = ev.kind.replace("_", " ") + (f" ({', '.join(fields[:2])})" if fields else "")
@@ -170,6 +174,8 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
     if snap.lost_s > 0:  # redone work, or the hold after a just-in-time checkpoint: billed, not progress
         cost += f"; {duration(snap.lost_s)} lost to interruptions"
     grid.add_row("spend", cost)
+    if snap.evictions:
+        grid.add_row("evictions", evictions_summary(snap.evictions))
     if snap.driver is not None:
         alive = "live" if snap.driver.live(snap.now) else "gone"
         grid.add_row("driver", f"{snap.driver.host} pid {snap.driver.pid}, {alive}, seen {duration(snap.now - snap.driver.renewed_at)} ago")
@@ -178,6 +184,15 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
     if snap.agents:
         grid.add_row("notice agents", agents_summary(snap))
     return grid
+
+
+def evictions_summary(evictions: Sequence[AnnouncedEviction]) -> str:
+    """Announced evictions: how many moved early, and the mean hold and idle time after the checkpoint."""
+    held = sum(e.held_s for e in evictions) / len(evictions)
+    idles = [e.idle_s for e in evictions if e.idle_s is not None]
+    idle = f", idle {duration(sum(idles) / len(idles))} until the next gang" if idles else ""
+    moved = sum(1 for e in evictions if e.moved)
+    return f"{len(evictions)} announced, {moved} moved before the node went; per eviction held {duration(held)}{idle}"
 
 
 _AGENT_STATES = {
