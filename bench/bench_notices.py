@@ -100,11 +100,13 @@ def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any], *, rel
 
 
 def run_scenario(
-    cluster: Any, injector: Any, storage: Path, scenario: str, notice_s: float | None, at_step: int, evicted_rank: int, reference: str
+    cluster: Any, injector: Any, storage: Path, scenario: str, notice_s: float | None, at_step: int, evicted_rank: int, reference: str,
+    base: dict[str, Any] | None = None,
 ) -> Row:
+    """One eviction of the example (``base``: its config, ``CONFIG`` by default) in ``scenario``."""
     kind, *variants = scenario.split("+")
     log = storage / f"{scenario}-{uuid.uuid4().hex[:6]}.steps"
-    config = {**CONFIG, "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants}
+    config = {**(base or CONFIG), "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants}
     fit = make_fit(kind, storage, f"bench-{uuid.uuid4().hex[:8]}", config, relax="relax" in variants)
     out: dict[str, Any] = {}
 

@@ -304,7 +304,7 @@ def test_capacity_observations_change_nothing_on_a_one_way_ladder_and_climbing_p
 
 
 def test_label_selector_matching_follows_ray_semantics():
-    from spotfallback.runtime.capacity import selector_matches, workers_on_node
+    from spotfallback.notices.placement import selector_matches, workers_on_node
 
     labels = {"ray.io/market-type": "spot", "ray.io/availability-zone": "us-east-1a"}
     assert selector_matches({"ray.io/market-type": "spot"}, labels)

@@ -1,18 +1,16 @@
-"""What the cluster could hold for a tier, and when to look: the measurements a climb or a resize needs.
+"""When to look at capacity, and what the run has measured: what a climb or a resize needs.
 
-Capacity is the number of workers the alive, non-draining nodes matching a tier's label
-selector could hold, counted from their total resources: the question is "could this tier's
-gang be placed", and the current gang's own nodes count for an elastic tier. Observations are
-made only shortly after a checkpoint commit (so a move loses little work) and at most every
-``SPOTFALLBACK_CAPACITY_POLL_S`` seconds.
+Capacity itself (``notices.placement.tier_capacity``) is the number of workers the alive,
+non-draining nodes matching a tier's label selector could hold, counted from their total
+resources: the question is "could this tier's gang be placed", and the current gang's own
+nodes count for an elastic tier. Observations are made only shortly after a checkpoint commit
+(so a move loses little work) and at most every ``SPOTFALLBACK_CAPACITY_POLL_S`` seconds.
 """
 
 from __future__ import annotations
 
 import logging
 import os
-
-import ray
 
 from spotfallback.config import Tier
 from spotfallback.events import (
@@ -25,7 +23,7 @@ from spotfallback.events import (
     SwitchTier,
     WorkersAcquired,
 )
-from spotfallback.notices.drain import gcs_client
+from spotfallback.notices.placement import tier_capacity
 
 logger = logging.getLogger("spotfallback")
 
@@ -37,45 +35,6 @@ def _env_float(name: str, default: float) -> float:
         return float(os.environ.get(name, default))
     except ValueError:
         return default
-
-
-def selector_matches(selector: dict[str, str], labels: dict[str, str]) -> bool:
-    """Ray's label selector semantics: ``v``, ``!v``, ``in(a,b)`` and ``!in(a,b)``."""
-    for key, want in selector.items():
-        have = labels.get(key)
-        negate = want.startswith("!")
-        body = want[1:] if negate else want
-        if body.startswith("in(") or body.startswith("("):
-            options = {v.strip() for v in body[body.index("(") + 1 : -1].split(",")}
-        else:
-            options = {body}
-        if (have in options) == negate:
-            return False
-    return True
-
-
-def workers_on_node(resources: dict[str, float], per_worker: dict[str, float]) -> int:
-    needs = [resources.get(k, 0.0) // v for k, v in per_worker.items() if v > 0]
-    return int(min(needs)) if needs else 0
-
-
-def tier_capacity(tier: Tier) -> int:
-    """How many of ``tier``'s workers its alive, non-draining matching nodes could hold (capped)."""
-    try:
-        gcs = gcs_client()
-        draining = set(gcs.get_draining_nodes())
-        nodes = ray.nodes()
-    except Exception:  # a refinement: no count means no climb, never a broken controller
-        logger.debug("could not count capacity", exc_info=True)
-        return 0
-    per_worker = tier.worker_resources()
-    total = 0
-    for node in nodes:
-        if not node.get("Alive") or node.get("NodeID") in draining:
-            continue
-        if selector_matches(tier.label_selector, node.get("Labels") or {}):
-            total += workers_on_node(node.get("Resources") or {}, per_worker)
-    return min(total, tier.num_workers)
 
 
 class CapacityWatch:

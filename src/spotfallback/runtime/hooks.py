@@ -52,6 +52,7 @@ from spotfallback.notices.drain import gcs_client
 from spotfallback.runtime.capacity import start_size
 from spotfallback.runtime.classify import classify, looks_collateral
 from spotfallback.runtime.ladder import LadderRuntime, RunSpec, runtime_for
+from spotfallback.runtime.probe import CapacityProbe, gang_scaling_config
 from spotfallback.store.heartbeat import scalar_metrics, write_heartbeat
 from spotfallback.store.retry import storage_failure
 
@@ -140,12 +141,18 @@ class TierFailurePolicy(FailurePolicy):
 
 
 class TierScalingPolicy(FixedScalingPolicy):
-    """Sizes each new worker group for the current tier and bounds its capacity wait."""
+    """Sizes each new worker group for the current tier and bounds its capacity wait.
+
+    While the run is below a tier it could climb back to, it also keeps the climb-back probe:
+    a second resource request, for that tier's gang, so an autoscaled pool that has scaled to
+    zero gets nodes again when its capacity returns (see ``runtime/probe.py``).
+    """
 
     def __init__(self, scaling_config: ScalingConfig, spec: RunSpec):
         super().__init__(scaling_config)
         self.spec = spec
         self._requested_tier: int | None = None
+        self._probe = CapacityProbe()
 
     def _runtime(self) -> LadderRuntime:
         return runtime_for(self.spec)
@@ -155,13 +162,7 @@ class TierScalingPolicy(FixedScalingPolicy):
 
     def tier_scaling_config(self) -> ScalingConfig:
         """The current tier's gang as the autoscaler should see it: size, resources, label selector."""
-        tier = self._runtime().tier
-        return ScalingConfig(
-            num_workers=tier.num_workers,  # an elastic tier's maximum: new capacity grows the gang
-            use_gpu=tier.use_gpu,
-            resources_per_worker=tier.resources_per_worker,
-            label_selector=dict(tier.label_selector) or None,
-        )
+        return gang_scaling_config(self._runtime().tier)
 
     def _send_resource_request(self) -> None:
         """Ask the autoscaler (through Ray's coordinator) for the current tier's gang on its nodes.
@@ -187,6 +188,7 @@ class TierScalingPolicy(FixedScalingPolicy):
         # created; ending the wait at the tier's capacity deadline makes the timeout precise.
         os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{rt.start_timeout_s(time.time()):.3f}"
         self._maybe_send_resource_request()
+        self._probe.follow(self._runtime(), self._coordinator_client)  # climbed or lost its gang: withdrawn
         tier = rt.tier
         if tier.is_elastic:  # wait in short rounds: each recounts what the tier can hold now
             os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{min(rt.start_timeout_s(time.time()), 15.0):.3f}"
@@ -195,6 +197,7 @@ class TierScalingPolicy(FixedScalingPolicy):
     def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> ScalingDecision:
         """Climb back or grow an elastic gang when the pure policy says it pays."""
         self._maybe_send_resource_request()  # the request expires unless renewed, as Ray's policies do
+        self._probe.follow(self._runtime(), self._coordinator_client)
         move = self._runtime().decide_while_running()
         if move is None:
             return NoopDecision()
@@ -204,6 +207,14 @@ class TierScalingPolicy(FixedScalingPolicy):
 
     def on_controller_start_worker_group(self, *, scaling_config: ScalingConfig, num_workers: int) -> dict[str, str] | None:
         return dict(self._runtime().tier.label_selector) or None
+
+    async def before_controller_shutdown(self) -> None:
+        self._probe.cancel()
+        await super().before_controller_shutdown()
+
+    def before_controller_abort(self) -> None:
+        self._probe.cancel()
+        super().before_controller_abort()
 
 
 class LedgerCallback(WorkerGroupCallback, ReportCallback, ControllerCallback):

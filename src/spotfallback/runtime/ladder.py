@@ -31,8 +31,9 @@ from ray.train.v2._internal.constants import (
 
 from spotfallback.config import Ladder, Tier
 from spotfallback.events import CapacityObserved, ClimbBack, Decision, Event, Resize, SwitchTier
+from spotfallback.notices.placement import tier_capacity
 from spotfallback.policy import FallbackPolicy, PolicyState
-from spotfallback.runtime.capacity import CapacityWatch, start_size, tier_capacity
+from spotfallback.runtime.capacity import CapacityWatch, start_size
 from spotfallback.store.heartbeat import HeartbeatThrottle
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import RunLocation

@@ -1,0 +1,215 @@
+"""Asking the autoscaler for a higher tier's nodes while the run waits below it: the climb-back probe.
+
+Why: the climb back is decided on capacity observed on existing nodes (``tier_capacity``). A
+tier whose node pool scales to zero when unused (spot, ``minReplicas: 0``) never has nodes
+unless someone asks for them, so without a request the run would stay on the dearer tier for
+good. While the run is down the ladder, the controller keeps a resource request for the gang
+of the best tier it could climb back to, under its own requester id beside the run's own
+request. When the cloud has capacity again the autoscaler adds those nodes, and the usual
+observation and the policy's climb rules (dwell, price, flapping) decide the climb itself.
+
+``probe_target`` is the pure rule (which tier, if any); ``CapacityProbe`` sends, renews and
+cancels the request. A probe costs money (the nodes come up before the run uses them), so only
+a tier the policy would climb to once its nodes are there is probed (the pure policy is asked,
+with a hypothetical observation of the tier's full gang), and only from ``lead_s`` before its
+climb dwell ends.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from ray.train.v2.api.config import ScalingConfig
+
+from spotfallback.config import Tier
+from spotfallback.events import CapacityObserved, ClimbBack
+from spotfallback.notices.placement import tier_capacity
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.runtime.ladder import LadderRuntime
+
+logger = logging.getLogger("spotfallback")
+
+# A new cloud VM takes about two minutes from request to a joined Ray node.
+DEFAULT_PROBE_LEAD_S = 120.0
+# Ray's coordinator drops a request after 180 s; renew well before, as Ray Train does (20 s).
+DEFAULT_PROBE_RENEW_S = 20.0
+# How often to look whether the probed tier's nodes are already there (a GCS node-table read).
+DEFAULT_PROBE_POLL_S = 5.0
+
+
+def _env_float(name: str, default: float) -> float:
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
+
+
+@dataclass(frozen=True)
+class RunEstimates:
+    """The run's own measurements a climb is weighed with (``CapacityWatch`` keeps them)."""
+
+    remaining_work_s: float | None = None
+    restart_s: float = 0.0
+    checkpoint_interval_s: float = 0.0
+
+
+def probe_target(
+    policy: FallbackPolicy, state: PolicyState, now: float, lead_s: float, estimates: RunEstimates = RunEstimates()
+) -> int | None:
+    """The tier to ask the autoscaler for while the run is below it, or None.
+
+    The policy itself answers: the first tier above the current one that it would climb back
+    to if that tier's full gang were placeable when its climb dwell ends (or now, if it has
+    ended), asked from ``lead_s`` before then so the nodes can be ready in time. Every climb
+    rule that does not depend on the capacity seen applies as it will to the real observation:
+    ``climb_back``, price against remaining work, re-preemption cost (a carried spent budget
+    included), deadline guards. Only while a gang runs: a run waiting for capacity or moving
+    has no climb to prepare.
+    """
+    if state.is_terminal or state.running_since is None:
+        return None
+    since = state.tier_since if state.tier_since is not None else state.running_since
+    for to in range(state.tier):
+        tier = policy.tiers[to]
+        dwell_ends = since + policy.climb_dwell_s(state, to)
+        if not tier.climb_back or now < dwell_ends - lead_s:
+            continue
+        observed = CapacityObserved(
+            t=max(now, dwell_ends),
+            tier=to,
+            available_workers=tier.num_workers,
+            remaining_work_s=estimates.remaining_work_s,
+            restart_s=estimates.restart_s,
+            checkpoint_interval_s=estimates.checkpoint_interval_s,
+        )
+        if isinstance(policy.decide(state, observed).decision, ClimbBack):
+            return to
+    return None
+
+
+def gang_scaling_config(tier: Tier) -> ScalingConfig:
+    """``tier``'s gang as the autoscaler should see it: size, resources per worker, label selector."""
+    return ScalingConfig(
+        num_workers=tier.num_workers,  # an elastic tier's maximum: new capacity grows the gang
+        use_gpu=tier.use_gpu,
+        resources_per_worker=tier.resources_per_worker,
+        label_selector=dict(tier.label_selector) or None,
+    )
+
+
+class RequestClient(Protocol):
+    """What the probe needs of Ray Train's ``TrainAutoscalingCoordinatorClient``.
+
+    One client per requester id: the probe's request sits beside the run's own, under
+    ``<run's requester id>-climb-probe``, so sending or cancelling one leaves the other.
+    """
+
+    _requester_id: str
+
+    def __init__(self, requester_id: str) -> None: ...
+
+    def send_resource_request(self, scaling_config: Any, num_workers: int) -> None: ...
+
+    def cancel_resource_request(self) -> None: ...
+
+
+class CapacityProbe:
+    """Keeps one resource request, for the tier ``probe_target`` names, in step with the run.
+
+    Sent when a tier becomes the target and has no room for its gang yet, renewed every
+    ``renew_s`` while it stays the target (also once its nodes are up: cancelled, the
+    autoscaler would remove them as idle before the climb), cancelled as soon as it is not
+    the target (the run climbed, fell further, stopped, or the tier is no longer wanted).
+    """
+
+    def __init__(
+        self,
+        client: RequestClient | None = None,
+        *,
+        lead_s: float | None = None,
+        renew_s: float | None = None,
+        poll_s: float | None = None,
+    ) -> None:
+        self.client = client
+        # Unset ones come from the environment where the probe runs: the Train controller.
+        self._lead_s, self._renew_s, self._poll_s = lead_s, renew_s, poll_s
+        self.tier: int | None = None  # the tier whose gang is requested now
+        self.sent_at = -math.inf
+        self.checked_at = -math.inf
+
+    @property
+    def lead_s(self) -> float:
+        """How long before a tier's climb dwell ends its nodes are asked for."""
+        return _env_float("SPOTFALLBACK_PROBE_LEAD_S", DEFAULT_PROBE_LEAD_S) if self._lead_s is None else self._lead_s
+
+    @property
+    def renew_s(self) -> float:
+        return _env_float("SPOTFALLBACK_PROBE_RENEW_S", DEFAULT_PROBE_RENEW_S) if self._renew_s is None else self._renew_s
+
+    @property
+    def poll_s(self) -> float:
+        return _env_float("SPOTFALLBACK_PROBE_POLL_S", DEFAULT_PROBE_POLL_S) if self._poll_s is None else self._poll_s
+
+    def follow(
+        self, rt: LadderRuntime, run_client: RequestClient | None, capacity: Callable[[Tier], int] = tier_capacity
+    ) -> None:
+        """``update`` for the run's state now, counting capacity on the live cluster.
+
+        ``run_client`` is the run's own coordinator client (None until the controller has
+        started, when no request is sent yet); the probe's client is one of the same class.
+        """
+        if run_client is None:
+            return
+        if self.client is None:
+            self.client = type(run_client)(f"{run_client._requester_id}-climb-probe")
+        with rt.lock:
+            state, watch = rt.state, rt.watch
+            estimates = RunEstimates(watch.remaining_work_s, watch.restart_s, watch.checkpoint_interval_s)
+        self.update(rt.policy, state, time.time(), capacity, estimates)
+
+    def update(
+        self,
+        policy: FallbackPolicy,
+        state: PolicyState,
+        now: float,
+        capacity: Callable[[Tier], int],
+        estimates: RunEstimates = RunEstimates(),
+    ) -> None:
+        """Send, renew or cancel the request for the run's state at ``now``."""
+        target = probe_target(policy, state, now, self.lead_s, estimates)
+        if self.tier is not None and target != self.tier:
+            self.cancel()
+        if target is None:
+            return
+        tier = policy.tiers[target]
+        if self.tier == target:
+            if now - self.sent_at >= self.renew_s:
+                self._send(target, tier, now)
+            return
+        if now - self.checked_at < self.poll_s:
+            return
+        self.checked_at = now
+        if capacity(tier) >= tier.fewest_workers:
+            return  # its nodes are there: the capacity observation decides the climb
+        logger.info("[spotfallback] asking the autoscaler for %r's gang to climb back onto", tier.name)
+        self._send(target, tier, now)
+
+    def _send(self, index: int, tier: Tier, now: float) -> None:
+        assert self.client is not None
+        self.client.send_resource_request(gang_scaling_config(tier), tier.num_workers)
+        self.tier, self.sent_at = index, now
+
+    def cancel(self) -> None:
+        """Withdraw the request, if one is out."""
+        if self.tier is None:
+            return
+        self.tier, self.sent_at = None, -math.inf
+        if self.client is not None:
+            self.client.cancel_resource_request()

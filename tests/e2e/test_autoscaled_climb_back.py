@@ -1,0 +1,245 @@
+"""Climbing back onto a tier that scaled to zero, on Ray's own autoscaler.
+
+One autoscaled local cluster for the module: spot nodes (none at first, launched only on
+request, after a provisioning delay, never beyond a capacity cap the test changes), two
+on-demand nodes kept up, and a "reserved" type the ladder never selects, for the cluster's own
+check. The run starts while spot has no capacity, times out onto on-demand, and must climb
+back once spot capacity returns: only the climb-back probe asks the autoscaler for spot nodes.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import pytest
+
+pytest.importorskip("torch")
+
+from tests.support.helpers_e2e import (  # noqa: E402
+    TRAIN_CONFIG,
+    Background,
+    apply_env,
+    checkpoints_since,
+    kinds,
+    unique_name,
+    wait_for,
+)
+
+pytestmark = pytest.mark.ray
+
+DELAY_S = 5.0  # spot's provisioning delay: from launch to a starting node
+DWELL_S = 10.0  # spot's min_dwell_s: the earliest climb after the run left it
+SPOT_TIMEOUT_S = 6.0
+# The controller's capacity look and probe throttles, shortened so the test measures the
+# autoscaler and the policy rather than polling intervals.
+ENV = {
+    "SPOTFALLBACK_CAPACITY_POLL_S": "1",
+    "SPOTFALLBACK_PROBE_POLL_S": "1",
+    "SPOTFALLBACK_PROBE_LEAD_S": "3600",  # probe as soon as the run is below spot
+}
+
+
+def ladder() -> list:
+    from spotfallback import Tier
+
+    return [
+        Tier.spot(
+            2,
+            capacity_timeout_s=SPOT_TIMEOUT_S,
+            climb_back=True,
+            min_dwell_s=DWELL_S,
+            price_per_worker_hour=1.0,
+        ),
+        Tier.on_demand(2, price_per_worker_hour=3.0),
+    ]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from spotfallback.local.autoscaling import AutoscaledGroup, LocalAutoscalingCluster
+    from spotfallback.local.cluster import NodeGroup
+
+    spot, on_demand = ladder()
+    apply_env()
+    saved = {k: os.environ.get(k) for k in ENV}
+    os.environ.update(ENV)
+    c = LocalAutoscalingCluster(
+        [
+            AutoscaledGroup.for_tier(spot, cap=0, delay_s=DELAY_S),
+            AutoscaledGroup.for_tier(on_demand, min_workers=2),
+            AutoscaledGroup(NodeGroup("reserved"), max_workers=2, cap=0, delay_s=DELAY_S),
+        ],
+        connect=True,
+    )
+    try:
+        c.start()
+        c.wait_for_nodes("on-demand", 2)
+        yield c
+    finally:
+        pids, temp_dir = c.pids(), c.temp_dir
+        c.shutdown()
+        left = [p for p in pids | mentioning(temp_dir) if running(p)]
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        assert not left, f"processes of the cluster still running: {left}"
+
+
+def mentioning(text: str | None) -> set[int]:
+    """Processes whose command line mentions ``text`` (the cluster's temp dir: its nodes' processes)."""
+    import psutil
+
+    out = set()
+    for proc in psutil.process_iter(["cmdline"]):
+        if text and any(text in part for part in proc.info["cmdline"] or ()):
+            out.add(proc.pid)
+    return out
+
+
+def running(pid: int) -> bool:
+    import psutil
+
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def test_a_resource_request_launches_nodes_after_the_delay_and_never_beyond_the_cap(cluster):
+    from ray.autoscaler.sdk import request_resources
+
+    from spotfallback.local.cluster import MARKET_LABEL
+
+    request_resources(bundles=[{"CPU": 1}] * 2, bundle_label_selectors=[{MARKET_LABEL: "reserved"}] * 2)
+    try:
+        time.sleep(DELAY_S + 3)
+        assert cluster.alive_nodes("reserved") == [], "no capacity: no node"
+        cluster.set_capacity("reserved", 1)
+        raised = time.monotonic()
+        cluster.wait_for_nodes("reserved", 1, timeout_s=60)
+        took = time.monotonic() - raised
+        assert took >= DELAY_S, took
+        time.sleep(DELAY_S + 3)  # a second launch would be up by now
+        nodes = cluster.alive_nodes("reserved")
+        assert len(nodes) == 1, "the cap holds while two nodes are requested"
+        assert nodes[0]["Labels"][MARKET_LABEL] == "reserved"
+    finally:
+        request_resources(bundles=[])
+
+
+def requested(cluster) -> dict[str, int]:
+    """Requested bundles by the market their label selector asks for."""
+    from spotfallback.local.cluster import MARKET_LABEL
+
+    counts: dict[str, int] = {}
+    for _resources, labels in cluster.requested_bundles():
+        market = ",".join(labels.get(MARKET_LABEL, ["any"]))
+        counts[market] = counts.get(market, 0) + 1
+    return counts
+
+
+def until(predicate, timeout_s: float, show) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout_s} s; last: {show()}")
+        time.sleep(0.5)
+
+
+def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_path):
+    import ray.train
+
+    from spotfallback import FallbackTrainer
+    from spotfallback.examples.ddp_digits import train_fn
+
+    # Long enough to climb (about step 20 on a loaded 2-core machine) with room to spare.
+    config = {**TRAIN_CONFIG, "total_steps": 120}
+    trainer = FallbackTrainer(
+        train_fn,
+        train_loop_config=config,
+        tiers=ladder(),
+        run_config=ray.train.RunConfig(storage_path=str(tmp_path), name=unique_name("climb")),
+    )
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 1, 180, driver)
+    # Below spot, the run asks for on-demand's gang and the probe for spot's, beside it.
+    until(lambda: requested(cluster) == {"spot": 2, "on-demand": 2}, 30, lambda: requested(cluster))
+    assert cluster.alive_nodes("spot") == [], "spot had no capacity: the autoscaler added no node"
+    cluster.set_capacity("spot", 2)
+    back = time.time()
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180, driver)
+    # Back on spot: the run's own request is spot's gang, and the probe is withdrawn.
+    assert requested(cluster) == {"spot": 2}
+    result = driver.join(300)
+    assert driver.error is None, driver.error
+    until(lambda: requested(cluster) == {}, 30, lambda: requested(cluster))  # the finished run asks for nothing
+
+    records = ledger.read()
+    assert kinds(records)[:3] == ["run_started", "capacity_timed_out", "workers_acquired"]
+    climbs = [r for r in records if r.decision and r.decision["action"] == "climb_back"]
+    assert len(climbs) == 1 and climbs[0].decision["to_tier"] == 0
+    moved_down = next(r.event.t for r in records if r.event.kind == "capacity_timed_out")
+    # The stated bound: the climb comes no later than the dwell or the provisioning delay after
+    # capacity returned (whichever ends later), plus 20 s for the autoscaler's launch retry, a
+    # node joining, and the next checkpoint-gated capacity look, on a loaded 2-core machine.
+    earliest = max(moved_down + DWELL_S, back + DELAY_S)
+    assert earliest - 0.5 <= climbs[0].event.t <= earliest + 20.0, (climbs[0].event.t - back, moved_down - back)
+    spot_gang = [r for r in records if r.event.kind == "workers_acquired" and r.tier == 0]
+    assert spot_gang and set(spot_gang[-1].info["nodes"]) <= {n["NodeID"] for n in cluster.alive_nodes("spot")}
+    assert result.metrics["step"] == config["total_steps"]
+
+
+NOTICE_S = 40.0  # a notice longer than a node's provisioning plus one restart, even on a loaded machine
+
+
+def test_a_notice_asks_for_the_replacement_and_the_gang_moves_before_the_node_goes(cluster, tmp_path):
+    """The replacement is asked for at the notice (no spare node is up), provisioning overlaps
+    the notice, and once the just-in-time checkpoint is committed and the new node is there the
+    gang restarts off the draining node: training again before the node's deadline."""
+    import ray.train
+
+    from spotfallback import FallbackTrainer, Tier
+    from spotfallback.examples.ddp_digits import train_fn
+    from spotfallback.notices.drain import drain_for_preemption, gcs_client
+    from spotfallback.notices.jit import jit_failure_config
+
+    cluster.set_capacity("spot", 3)
+    tiers = [Tier.spot(2, max_preemptions=2, capacity_timeout_s=120, price_per_worker_hour=1.0),
+             Tier.on_demand(2, price_per_worker_hour=3.0)]
+    config = {**TRAIN_CONFIG, "total_steps": 150, "preemption_check_every_s": 1.0, "preemption_hold_s": 60.0}
+    trainer = FallbackTrainer(
+        train_fn,
+        train_loop_config=config,
+        tiers=tiers,
+        run_config=ray.train.RunConfig(storage_path=str(tmp_path), name=unique_name("move"),
+                                       failure_config=jit_failure_config()),
+    )
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    records = wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 240, driver)
+    gang = [r for r in records if r.event.kind == "workers_acquired"][-1].info["nodes"]
+    spot_before = {n["NodeID"] for n in cluster.alive_nodes("spot")}
+    assert set(gang) == spot_before and len(gang) == 2, "the gang holds every spot node: no spare is up"
+    doomed = gang[-1]
+    deadline = time.time() + NOTICE_S
+    drain_for_preemption(gcs_client(), doomed, deadline, "a spot notice, from the test")
+
+    records = wait_for(ledger, lambda rs: sum(r.event.kind == "workers_acquired" for r in rs) >= 2, NOTICE_S + 60, driver)
+    jit = [r for r in records if r.event.kind == "jit_checkpoint"]
+    assert [r.event.outcome for r in jit] == ["started", "reported", "moved"], kinds(records)
+    new_gang = [r for r in records if r.event.kind == "workers_acquired"][-1]
+    assert new_gang.tier == 0 and doomed not in new_gang.info["nodes"]
+    assert set(new_gang.info["nodes"]) - spot_before, "the gang moved onto the replacement node"
+    preempted = next(r for r in records if r.event.kind == "preempted")
+    assert preempted.decision["action"] == "retry" and "moved off the draining node(s) early" in preempted.event.detail
+    assert new_gang.t < deadline, f"training again {new_gang.t - deadline:.1f} s after the node's deadline"
+    moved = next(r.t for r in jit if r.event.outcome == "moved")
+    print(f"\nnotice {NOTICE_S:g} s: moved {deadline - moved:.1f} s and the new gang started {deadline - new_gang.t:.1f} s "
+          "before the deadline")
+    result = driver.join(300)
+    assert driver.error is None, driver.error
+    assert result.metrics["step"] == config["total_steps"]

@@ -1,0 +1,208 @@
+"""The climb-back probe: which tier's nodes to ask the autoscaler for, and when to ask, renew, cancel."""
+
+from __future__ import annotations
+
+import threading
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from spotfallback import Tier
+from spotfallback.events import (
+    CapacityObserved,
+    CapacityTimedOut,
+    ClimbBack,
+    Preempted,
+    RunStarted,
+    WorkersAcquired,
+)
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.runtime.capacity import CapacityWatch
+from spotfallback.runtime.probe import (
+    CapacityProbe,
+    RunEstimates,
+    gang_scaling_config,
+    probe_target,
+)
+
+DWELL = 300.0
+T0 = 1000.0  # the run reaches on-demand (tier 1) at T0 + 10
+
+
+def ladder(**spot: Any) -> list[Tier]:
+    options: dict[str, Any] = {
+        "climb_back": True,
+        "min_dwell_s": DWELL,
+        "price_per_worker_hour": 1.0,
+        "capacity_timeout_s": 10,
+        **spot,
+    }
+    return [Tier.spot(2, **options), Tier.on_demand(2, price_per_worker_hour=3.0)]
+
+
+def on_demand_after_timeout(policy: FallbackPolicy) -> PolicyState:
+    """Spot had no capacity: the run timed out on it and now runs on on-demand."""
+    return policy.replay(
+        [
+            RunStarted(t=T0),
+            CapacityTimedOut(t=T0 + 10, waited_s=10),
+            WorkersAcquired(t=T0 + 12, num_workers=2),
+        ]
+    )
+
+
+def test_probes_the_spot_tier_once_its_dwell_is_within_the_lead() -> None:
+    policy = FallbackPolicy(ladder())
+    state = on_demand_after_timeout(policy)
+    assert state.tier == 1
+    moved = T0 + 10
+    assert probe_target(policy, state, moved + DWELL - 61, lead_s=60) is None
+    assert probe_target(policy, state, moved + DWELL - 59, lead_s=60) == 0
+    assert probe_target(policy, state, moved + 1, lead_s=DWELL) == 0
+
+
+def test_no_probe_for_a_tier_that_does_not_climb_back_or_costs_as_much() -> None:
+    for spot in ({"climb_back": False}, {"price_per_worker_hour": 3.0}):
+        policy = FallbackPolicy(ladder(**spot))
+        state = on_demand_after_timeout(policy)
+        assert probe_target(policy, state, T0 + 10 * DWELL, lead_s=0) is None, spot
+
+
+def test_no_probe_while_no_gang_runs_or_on_the_top_tier() -> None:
+    policy = FallbackPolicy(ladder())
+    waiting = policy.replay([RunStarted(t=T0), CapacityTimedOut(t=T0 + 10, waited_s=10)])
+    assert waiting.tier == 1 and waiting.running_since is None
+    assert probe_target(policy, waiting, T0 + 10 * DWELL, lead_s=0) is None
+    on_top = policy.replay([RunStarted(t=T0), WorkersAcquired(t=T0 + 1, num_workers=2)])
+    assert probe_target(policy, on_top, T0 + 10 * DWELL, lead_s=0) is None
+
+
+def test_no_probe_when_the_work_left_does_not_pay_for_the_climb() -> None:
+    policy = FallbackPolicy(ladder())
+    state = on_demand_after_timeout(policy)
+    now = T0 + 10 + DWELL
+    little = RunEstimates(remaining_work_s=5.0, restart_s=60.0, checkpoint_interval_s=10.0)
+    plenty = RunEstimates(remaining_work_s=3 * 3600.0, restart_s=60.0, checkpoint_interval_s=10.0)
+    assert probe_target(policy, state, now, 0, little) is None
+    assert probe_target(policy, state, now, 0, plenty) == 0
+
+
+def test_a_tier_left_for_its_spent_budget_is_probed_as_the_policy_still_climbs_to_it() -> None:
+    """With carried budgets the policy climbs back when it pays (the fall back down is costed)."""
+    policy = FallbackPolicy(ladder(max_preemptions=0))
+    state = policy.replay(
+        [
+            RunStarted(t=T0),
+            WorkersAcquired(t=T0 + 1, num_workers=2),
+            Preempted(t=T0 + 10),
+            WorkersAcquired(t=T0 + 12, num_workers=2),
+        ]
+    )
+    assert state.tier == 1 and state.stats[0].preemptions == 1
+    now = T0 + 10 + DWELL + 1
+    climb = policy.decide(state, CapacityObserved(t=now, tier=0, available_workers=2, restart_s=5.0))
+    assert isinstance(climb.decision, ClimbBack)
+    assert probe_target(policy, state, now, lead_s=0) == 0
+
+
+def test_an_elastic_tier_is_asked_for_its_full_gang() -> None:
+    tiers = [
+        Tier.spot((1, 4), climb_back=True, min_dwell_s=DWELL, price_per_worker_hour=1.0, capacity_timeout_s=10),
+        Tier.on_demand(2, price_per_worker_hour=3.0),
+    ]
+    policy = FallbackPolicy(tiers)
+    state = policy.replay(
+        [RunStarted(t=T0), CapacityTimedOut(t=T0 + 10, waited_s=10), WorkersAcquired(t=T0 + 12, num_workers=2)]
+    )
+    client = FakeClient()
+    CapacityProbe(client, lead_s=0, poll_s=0).update(policy, state, T0 + 10 + DWELL, lambda tier: 0)
+    assert client.calls == [("send", dict(tiers[0].label_selector), 4)]
+
+
+def test_a_climb_the_policy_makes_is_one_the_probe_prepared() -> None:
+    """With no lead, the probe asks for exactly the tier the policy climbs to once nodes show up."""
+    policy = FallbackPolicy(ladder())
+    state = on_demand_after_timeout(policy)
+    for dt in (DWELL / 2, DWELL + 1):
+        now = T0 + 10 + dt
+        step = policy.decide(state, CapacityObserved(t=now, tier=0, available_workers=2, restart_s=5.0))
+        climbs = isinstance(step.decision, ClimbBack)
+        assert climbs == (probe_target(policy, state, now, lead_s=0) == 0), dt
+
+
+class FakeClient:
+    def __init__(self, requester_id: str = "train-run") -> None:
+        self._requester_id = requester_id
+        self.calls: list[tuple[str, dict[str, str] | None, int]] = []
+
+    def send_resource_request(self, scaling_config: Any, num_workers: int) -> None:
+        self.calls.append(("send", scaling_config.label_selector, num_workers))
+
+    def cancel_resource_request(self) -> None:
+        self.calls.append(("cancel", None, 0))
+
+
+def test_probe_sends_when_empty_renews_while_wanted_and_cancels_on_climb() -> None:
+    policy = FallbackPolicy(ladder())
+    state = on_demand_after_timeout(policy)
+    client = FakeClient()
+    probe = CapacityProbe(client, lead_s=DWELL, renew_s=20, poll_s=5)
+    spot_selector = dict(policy.tiers[0].label_selector)
+    t = T0 + 20
+    probe.update(policy, state, t, lambda tier: 0)
+    assert client.calls == [("send", spot_selector, 2)]
+    probe.update(policy, state, t + 19, lambda tier: 0)
+    assert len(client.calls) == 1  # throttled
+    probe.update(policy, state, t + 21, lambda tier: 2)  # nodes up: keep them wanted
+    assert client.calls[-1] == ("send", spot_selector, 2) and len(client.calls) == 2
+    climbed = policy.decide(state, CapacityObserved(t=t + DWELL, tier=0, available_workers=2)).state
+    assert climbed.tier == 0
+    probe.update(policy, climbed, t + DWELL + 1, lambda tier: 2)
+    assert client.calls[-1] == ("cancel", None, 0) and probe.tier is None
+    probe.update(policy, climbed, t + DWELL + 2, lambda tier: 2)
+    assert len(client.calls) == 3  # nothing more to cancel
+
+
+def test_probe_follows_the_run_with_a_client_of_the_runs_class_under_its_own_requester_id() -> None:
+    policy = FallbackPolicy(ladder())
+    rt = SimpleNamespace(
+        policy=policy, state=on_demand_after_timeout(policy), lock=threading.RLock(), watch=CapacityWatch()
+    )
+    probe = CapacityProbe(lead_s=1e9, poll_s=0)
+    probe.follow(rt, None)  # type: ignore[arg-type]  # before the controller started: nothing
+    assert probe.client is None and probe.tier is None
+    run_client = FakeClient("train-run")
+    probe.follow(rt, run_client, lambda tier: 0)  # type: ignore[arg-type]
+    assert isinstance(probe.client, FakeClient) and probe.client is not run_client
+    assert probe.client._requester_id == "train-run-climb-probe"
+    assert probe.client.calls == [("send", dict(policy.tiers[0].label_selector), 2)] and run_client.calls == []
+
+
+def test_probe_is_not_sent_while_the_tier_already_has_room() -> None:
+    policy = FallbackPolicy(ladder())
+    state = on_demand_after_timeout(policy)
+    client = FakeClient()
+    probe = CapacityProbe(client, lead_s=DWELL, renew_s=20, poll_s=5)
+    looked: list[str] = []
+
+    def capacity(tier: Tier) -> int:
+        looked.append(tier.name)
+        return 2
+
+    probe.update(policy, state, T0 + 20, capacity)
+    probe.update(policy, state, T0 + 21, capacity)  # within poll_s: no second look
+    assert client.calls == [] and looked == ["spot"]
+
+
+def test_gang_scaling_config_carries_the_tiers_selector_and_size() -> None:
+    tier = Tier.spot(3, resources_per_worker={"CPU": 2})
+    config = gang_scaling_config(tier)
+    assert config.num_workers == 3 and config.label_selector == dict(tier.label_selector)
+    assert config.resources_per_worker == {"CPU": 2}
+
+
+@pytest.mark.parametrize("value", ["-1", "nan", "soon"])
+def test_unusable_probe_settings_fall_back_to_defaults(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("SPOTFALLBACK_PROBE_RENEW_S", value)
+    assert CapacityProbe(FakeClient()).renew_s == 20.0
