@@ -22,10 +22,21 @@ market price p, and progress plus the on-demand work that earlier on-demand sess
 still absorb; one on-demand session between two spot sessions runs from the first stop to the
 moment the next gang is looked for, and how much of it is used is decided at the end, once
 the deadline says how much must be done before the last session. Pure: arrays in, numbers out.
+
+What makes it fast (a 100-hour job's optimum in a few milliseconds per start) changes how
+much it looks at, never what it answers (``tests/unit/test_optimum_search.py`` holds it to
+the answers of the plain search it replaced, ties included): the moves of every point are
+worked out once for all points; the Pareto sets come from sorting and prefix minima, not a
+loop per level; a partial schedule whose lower bound (the rest of the work at the cheapest
+price, on-demand's premium on what spot capacity left cannot hold) cannot beat the best
+schedule so far is dropped as soon as it is made; and a few simple schedules tried first
+(the first gang that runs some hours, with or without an on-demand session before it) set
+that best early, with a margin that keeps every schedule that could tie with the answer.
 """
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -37,6 +48,14 @@ from spotfallback.sim.job import EPS, JobSpec
 from spotfallback.sim.world import Process, RateModel, TraceCapacity, compile_process
 
 _TOL = 1e-9
+_NO_BASE = np.zeros((1, 6))
+# Simple schedules for a first upper bound: spot on the first gang that runs this many hours,
+# with an on-demand session before it where that has this much room (inf: never).
+_WALK_HOURS, _WALK_ROOM = (0.0, 1.0, 3.0, 8.0), (math.inf, 1.0, 4.0)
+_UPPER_FROM = 8  # points; a smaller search is over before the bound would pay
+_SMALL = 96  # up to this many states, each pair is compared at once
+_TABLE = 1 << 15  # the largest levels x column-1 table ``_pareto3`` fills
+_STRONG = 24  # kept rows each block of ``_pareto`` meets first
 
 
 @dataclass(frozen=True)
@@ -151,6 +170,52 @@ def _groups(markets: Markets, t0: float, horizon: float) -> _Groups:
     return _Groups(*(c[order] for c in cols))
 
 
+@dataclass
+class _Moves:
+    """Every gang a run idle at a point can get next, for all points at once (``_Search._moves``).
+
+    Rows by point, then block (the gang straight away; after an on-demand session), then
+    group: point i's rows are ``lo[i]:hi[i]``, its second block from ``mid[i]``.
+    """
+
+    base: np.ndarray  # what the move adds to a state before the gang: an on-demand session's, or zeros
+    a: np.ndarray  # when the gang is acquired
+    hit: np.ndarray  # when the trace stops it
+    price: np.ndarray
+    group: np.ndarray
+    lo: list[int]
+    mid: list[int]
+    hi: list[int]
+
+
+@dataclass
+class _Tables:
+    """Everything the search does per point that does not depend on the states, worked out once."""
+
+    times: np.ndarray
+    moves: _Moves
+    # Finishing: the moves whose gang starts work before its stop and the deadline, point i's
+    # rows f_lo[i]:f_hi[i] (straight away up to f_mid[i]).
+    f_base: np.ndarray
+    f_a: np.ndarray
+    f_end: np.ndarray
+    f_price: np.ndarray
+    f_lo: list[int]
+    f_mid: list[int]
+    f_hi: list[int]
+    # Going on: the moves whose gang the trace stops before the deadline, sorted by point, then
+    # target point (each in move order): what each adds to a state, the spot hours left at its
+    # target; point i's rows o_lo[i]:o_lo[i + 1], and each run of one target o_cut[r]:o_cut[r + 1].
+    o_add: np.ndarray
+    o_left: np.ndarray
+    o_lo: list[int]
+    o_cut: list[int]
+    o_target: list[int]  # per run
+    on: np.ndarray  # per move: whether it goes on
+    add: np.ndarray  # per move
+    target: np.ndarray  # per move
+
+
 class _Search:
     """The dynamic programme for one start; see the module docstring."""
 
@@ -163,22 +228,26 @@ class _Search:
         self.groups = _groups(markets, t0, self.D)
         self.prices = sorted({float(p) for _, p in markets.gated} | ({self.p_od} if self.has_od else set()))
         self.best = Optimum(math.inf, math.nan, math.nan, math.nan, 0)
+        # The spend of a schedule known to exist (``_upper``): states that cannot come within a
+        # margin of it are dropped (``_limit``). Only ``best`` is ever reported, and the margin
+        # keeps every schedule that could still become it, so the answer is the same without.
+        self.upper = math.inf
 
     # -- where a gang can be had ------------------------------------------------------------
 
-    def _acquire(self, t: float) -> tuple[np.ndarray, np.ndarray]:
-        """(look time, acquisition time) per group for a run idle since ``t``; nan where it cannot get that group.
+    def _acquire(self, t: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(look time, acquisition time) per time in the column ``t`` and group; nan where it cannot get that group.
 
         As ``draws.acquire``: look from a moment with capacity, get the gang ``prov`` later if
         there is capacity then; the earliest look that lands in the group.
         """
         gr = self.groups
-        look = np.full(gr.s.size, np.nan)
+        look = np.full((t.shape[0], gr.s.size), np.nan)
         for m, (cap, _) in enumerate(self.markets.gated):
             sel = gr.market == m
             if sel.any():
                 x = np.maximum(t, gr.s[sel] - self.prov)
-                look[sel] = cap.next_available(self.t0 + x) - self.t0
+                look[:, sel] = cap.next_available(self.t0 + x) - self.t0
         acq = look + self.prov
         with np.errstate(invalid="ignore"):
             tick = np.floor((self.t0 + np.where(np.isfinite(acq), acq, 0.0)) / self._gap() + EPS)
@@ -189,74 +258,190 @@ class _Search:
         gaps = np.array([cap.gap_h for cap, _ in self.markets.gated])
         return gaps[self.groups.market]
 
+    def _moves(self, times: np.ndarray) -> _Moves:
+        """For each point, the gangs a run idle since then can get, straight away and after an on-demand session.
+
+        The on-demand session runs from the point to the moment the gang is looked for; it is
+        a move only where that leaves it room for work.
+        """
+        R, d, prov, gr = self.R, self.delta, self.prov, self.groups
+        look, acq = self._acquire(times[:, None])
+        usable = np.isfinite(acq)
+        blocks = [usable]
+        room = np.zeros_like(acq)
+        if self.has_od:
+            with np.errstate(invalid="ignore"):
+                room = look - (times[:, None] + prov) - R - d  # the on-demand session's room for work
+            blocks.append(usable & (room > _TOL))
+        point, block, g = np.nonzero(np.stack(blocks, axis=1))
+        base = np.zeros((point.size, 6))
+        od = block == 1
+        base[od, 1] = self.p_od * (R + d)
+        base[od, 2] = room[point[od], g[od]]
+        base[od, 4] = R + d
+        base[od, 5] = 1.0
+        each = np.arange(times.size)
+        lo = np.searchsorted(point, each)
+        mid = lo + np.bincount(point[~od], minlength=times.size)
+        hi = np.searchsorted(point, each, side="right")
+        return _Moves(base, acq[point, g], gr.hit[g], gr.price[g], g, lo.tolist(), mid.tolist(), hi.tolist())
+
+    def _tables(self, times: np.ndarray, spot_left: np.ndarray) -> _Tables:
+        """The moves of every point, split into those that can finish the job and those that go on to a point."""
+        D, R, d = self.D, self.R, self.delta
+        mv = self._moves(times)
+        end = np.minimum(mv.hit, D)
+        fits = mv.a + R < end - _TOL  # the gang starts work before its stop and the deadline
+        f = np.flatnonzero(fits)
+        f_at = np.concatenate([[0], np.cumsum(fits)]).tolist()  # move -> first finishing row at or after it
+        # Gangs stopped by the trace before the deadline, after more than their restart and write.
+        span = mv.hit - mv.a
+        on = np.isfinite(mv.hit) & (mv.hit < D) & (R + d + _TOL < span)
+        gain = span - R - d
+        add = mv.base.copy()
+        add[:, 0] += gain
+        add[:, 1] += mv.price * span
+        add[:, 2] += gain
+        add[:, 3] += span
+        add[:, 5] += 1
+        point = np.repeat(np.arange(times.size), np.subtract(mv.hi, mv.lo))
+        target = np.searchsorted(times, mv.hit)
+        order = np.lexsort((target, point))  # by point, then target, each in move order
+        o = order[on[order]]
+        o_point, o_target = point[o], target[o]
+        run = np.flatnonzero((np.diff(o_point) != 0) | (np.diff(o_target) != 0)) + 1
+        o_cut = np.concatenate([[0], run, [o.size]]).astype(np.int64) if o.size else np.zeros(1, dtype=np.int64)
+        return _Tables(
+            times, mv, mv.base[f], mv.a[f], end[f], mv.price[f],
+            [f_at[j] for j in mv.lo], [f_at[j] for j in mv.mid], [f_at[j] for j in mv.hi],
+            add[o], spot_left[o_target][:, None], np.searchsorted(o_point, np.arange(times.size + 1)).tolist(),
+            o_cut.tolist(), o_target[o_cut[:-1]].tolist(), on, add, target,
+        )
+
     # -- the programme ------------------------------------------------------------------------
 
     def run(self) -> Optimum:
-        W, D, R, d, prov = self.W, self.D, self.R, self.delta, self.prov
-        gr = self.groups
-        stops = gr.hit[np.isfinite(gr.hit) & (gr.hit < D)]
+        W, D = self.W, self.D
+        stops = self.groups.hit[np.isfinite(self.groups.hit) & (self.groups.hit < D)]
         times = np.unique(np.concatenate([[0.0], stops]))
+        spot_left = self._spot_left(times)
+        tb = self._tables(times, spot_left)
+        self._greedy(tb)  # a good schedule first, so that states that cannot beat it are dropped at once
+        if times.size >= _UPPER_FROM:
+            self.upper = min(self.upper, self._upper(tb))
         # Candidates per point: P, C, Q (progress plus what earlier on-demand could still absorb,
         # at most W), and the tallies spot_h, od_h, sessions.
         pending: list[list[np.ndarray]] = [[] for _ in times]
         pending[0].append(np.zeros((1, 6)))
-        self._greedy()  # a good schedule first, so that states that cannot beat it are dropped at once
-        spot_left = self._spot_left(times)
+        run_at = 0  # the first run of moves of one target not yet done (tb.o_cut)
         for i, t in enumerate(times.tolist()):
             if not pending[i]:
                 continue
-            st = np.concatenate(pending[i])
+            st = np.concatenate(pending[i]) if len(pending[i]) > 1 else pending[i][0]
             pending[i] = []
-            st = self._prune(st[self._bound(st, spot_left[i]) < self.best.spend - _TOL])
+            st = self._prune(st[self._bound(st, spot_left[i]) < self._limit() - _TOL])
             if len(st) == 0:
                 continue
             self._final_on_demand(t, st)
-            if gr.s.size == 0:
+            lo, mid, hi = tb.f_lo[i], tb.f_mid[i], tb.f_hi[i]
+            if hi > lo:
+                self._finals(st, tb.f_base[lo:hi], tb.f_a[lo:hi], tb.f_end[lo:hi], tb.f_price[lo:hi],
+                             (0, mid - lo, hi - lo))
+            lo, hi = tb.o_lo[i], tb.o_lo[i + 1]
+            if hi == lo:
                 continue
-            look, acq = self._acquire(t)
-            usable = np.isfinite(acq)
-            if not usable.any():
+            new = tb.o_add[lo:hi, None, :] + st[None, :, :]  # moves x states
+            new[..., 2] = np.minimum(new[..., 2], W)
+            # Finishing inside the group is a final; a state the bound already rules out is
+            # dropped here, as it would be at its point (the limit only falls).
+            live = new[..., 0] < W - _TOL
+            live &= self._bound(new, tb.o_left[lo:hi]) < self._limit() - _TOL
+            rows = new[live]  # by move, then state: the order they join their points in
+            if len(rows) == 0:
                 continue
-            g = np.flatnonzero(usable)
-            a, lk = acq[g], look[g]
-            hit, price = gr.hit[g], gr.price[g]
-            cap = lk - (t + prov) - R - d  # an on-demand session before the gang: its room for work
-            for with_od in (False, True) if self.has_od else (False,):
-                if with_od:
-                    keep = cap > _TOL
-                    if not keep.any():
-                        continue
-                    gg, aa, hh, pp, room = g[keep], a[keep], hit[keep], price[keep], cap[keep]
-                    base = np.stack([np.zeros(room.size), np.full(room.size, self.p_od * (R + d)), room,
-                                     np.zeros(room.size), np.full(room.size, R + d), np.ones(room.size)], axis=1)
-                else:
-                    gg, aa, hh, pp = g, a, hit, price
-                    base = np.zeros((gg.size, 6))
-                self._final_spot(st, base, aa, hh, pp)
-                # Gangs stopped by the trace before the deadline: a new point at the stop.
-                L = hh - aa
-                nf = np.isfinite(hh) & (hh < D) & (R + d + _TOL < L)
-                if not nf.any():
-                    continue
-                gain = (L - R - d)[nf]
-                add = base[nf].copy()
-                add[:, 0] += gain
-                add[:, 1] += pp[nf] * L[nf]
-                add[:, 2] += gain
-                add[:, 3] += L[nf]
-                add[:, 5] += 1
-                new = st[:, None, :] + add[None, :, :]  # states x groups
-                new[..., 2] = np.minimum(new[..., 2], W)
-                alive = new[..., 0] < W - _TOL  # finishing inside the group is a final
-                targets = np.searchsorted(times, hh[nf])
-                for col, k in enumerate(targets.tolist()):
-                    rows = new[alive[:, col], col]
-                    if rows.size:
-                        pending[k].append(rows)
+            ends = np.cumsum(np.count_nonzero(live, axis=1)).tolist()
+            while tb.o_cut[run_at] < lo:
+                run_at += 1
+            start = 0
+            while tb.o_cut[run_at] < hi:
+                stop = ends[tb.o_cut[run_at + 1] - lo - 1]
+                if stop > start:
+                    pending[tb.o_target[run_at]].append(rows[start:stop])
+                start = stop
+                run_at += 1
         return self.best
 
+    def _limit(self) -> float:
+        """States whose bound is not below this (less _TOL) cannot lead to the reported optimum."""
+        return min(self.best.spend, self.upper + 1e-6 * (1.0 + abs(self.upper)))
+
+    def _upper(self, tb: _Tables) -> float:
+        """The least spend of a few simple schedules: each time the first gang that runs some hours, with or without
+        an on-demand session before it, finishing wherever that is cheapest.
+
+        Each is one of the search's schedules, so the search cannot end above it; it only
+        lets the search drop states early (``_limit``).
+        """
+        W, mv, times = self.W, tb.moves, tb.times
+        n, T = mv.a.size, times.size
+        if n == 0:
+            return math.inf
+        point = np.repeat(np.arange(T), np.subtract(mv.hi, mv.lo))
+        second = np.arange(n) >= np.repeat(mv.mid, np.subtract(mv.hi, mv.lo))
+        # Per move without on-demand: the same gang after an on-demand session (-1: none), and its room.
+        key = point * (int(mv.group.max()) + 1) + mv.group
+        od = np.flatnonzero(second & tb.on)
+        at = np.minimum(np.searchsorted(key[od], key), od.size - 1)
+        with_od = np.where(key[od[at]] == key, od[at], -1) if od.size else np.full(n, -1)
+        room = np.where(with_od >= 0, mv.base[with_od, 2], -np.inf)
+        span = mv.hit - mv.a
+        target = tb.target.tolist()
+        walks: list[np.ndarray] = [np.zeros((1, 6))]
+        ends: list[np.ndarray] = [np.zeros(1, dtype=np.int64)]
+        for least in _WALK_HOURS:
+            cand = np.flatnonzero(~second & tb.on & (span >= least))
+            first = np.full(T, -1)
+            pts, pos = np.unique(point[cand], return_index=True)
+            first[pts] = cand[pos]
+            for min_room in _WALK_ROOM:
+                pick = np.where((first >= 0) & (room[first] >= min_room), with_od[first], first).tolist()
+                path, i = [], 0
+                while pick[i] >= 0:
+                    path.append(pick[i])
+                    i = target[pick[i]]
+                walks.append(np.cumsum(tb.add[path], axis=0))  # the state after each move
+                ends.append(tb.target[path])
+        sts = np.concatenate(walks)
+        pts = np.concatenate(ends)
+        sts[:, 2] = np.minimum(sts[:, 2], W)
+        # Up to the first move that would finish inside its gang (such a move is a final instead).
+        over = sts[:, 0] >= W - _TOL
+        sizes = [len(w) for w in walks]
+        before = np.repeat(np.concatenate([[0], np.cumsum(over)])[np.cumsum([0, *sizes[:-1]])], sizes)
+        keep = np.cumsum(over) - before == 0
+        sts, pts = sts[keep], pts[keep]
+        best = math.inf
+        if self.has_od:  # on-demand from the point
+            rem = W - sts[:, 0]
+            need = np.maximum(times[pts] + self.prov + self.R + rem - self.D, 0.0)
+            ok = (need <= sts[:, 2] - sts[:, 0] + _TOL) & (need <= rem + _TOL)
+            if ok.any():
+                best = float((sts[ok, 1] + self.p_od * (self.R + rem[ok])).min())
+        lo = np.asarray(tb.f_lo)[pts]
+        k = np.asarray(tb.f_hi)[pts] - lo
+        if k.sum():  # a gang from the point
+            which = np.repeat(np.arange(pts.size), k)
+            rows = np.repeat(lo - np.cumsum(k) + k, k) + np.arange(int(k.sum()))
+            cost = self._final_cost(sts[which], tb.f_base[rows], tb.f_a[rows], tb.f_end[rows], tb.f_price[rows])[0]
+            best = min(best, float(cost.min()))
+        return best
+
     def _spot_left(self, times: np.ndarray) -> np.ndarray:
-        """Hours of spot capacity a gang could still run on after each of ``times``, up to the deadline."""
+        """At most how much work spot gangs can still do after each of ``times``, before the deadline.
+
+        The hours with spot capacity, less in each stretch of them a restart and a checkpoint
+        write (one session's at least), but for one write (the last session's).
+        """
         gr = self.groups
         if gr.s.size == 0:
             return np.zeros(times.size)
@@ -268,68 +453,64 @@ class _Search:
             else:
                 merged.append([a, b])
         m = np.array(merged)
-        return np.maximum(m[None, :, 1] - np.maximum(m[None, :, 0], times[:, None]), 0.0).sum(1)
+        span = m[None, :, 1] - np.maximum(m[None, :, 0], times[:, None])
+        return np.maximum(span - self.R - self.delta, 0.0).sum(1) + np.where((span > self.R).any(1), self.delta, 0.0)
 
-    def _bound(self, st: np.ndarray, spot_left: float) -> np.ndarray:
+    def _bound(self, st: np.ndarray, spot_left: float | np.ndarray) -> np.ndarray:
         """The least any schedule from these states can spend: the rest of the work and one start at the
         cheapest price, and on-demand's premium on the work that spot capacity left cannot hold."""
-        rem = self.W - st[:, 0]
+        rem = self.W - st[..., 0]
         p_min = min(self.prices)
         short = np.maximum(rem - spot_left, 0.0)
         if not self.has_od:
-            return np.where(short > _TOL, np.inf, st[:, 1] + p_min * (self.R + rem))
-        return st[:, 1] + p_min * (self.R + rem) + (self.p_od - p_min) * short
+            return np.where(short > _TOL, np.inf, st[..., 1] + p_min * (self.R + rem))
+        return st[..., 1] + p_min * (self.R + rem) + (self.p_od - p_min) * short
 
-    def _greedy(self) -> None:
+    def _greedy(self, tb: _Tables) -> None:
         """Spot whenever a gang can be had, finishing on spot or on-demand wherever that is cheapest: an upper bound."""
-        W, D, R, d = self.W, self.D, self.R, self.delta
-        gr = self.groups
-        t, st = 0.0, np.zeros((1, 6))
+        W, D, R, d, mv = self.W, self.D, self.R, self.delta, tb.moves
+        i, st = 0, np.zeros((1, 6))
         while True:
-            self._final_on_demand(t, st)
-            if gr.s.size == 0:
+            self._final_on_demand(float(tb.times[i]), st)
+            if mv.lo[i] == mv.mid[i]:
                 return
-            _, acq = self._acquire(t)
-            g = np.flatnonzero(np.isfinite(acq))
-            if g.size == 0:
-                return
-            self._final_spot(st, np.zeros((g.size, 6)), acq[g], gr.hit[g], gr.price[g])
-            k = g[0]
-            L = gr.hit[k] - acq[k]
-            if not (np.isfinite(gr.hit[k]) and gr.hit[k] < D and R + d + _TOL < L):
+            lo, mid = tb.f_lo[i], tb.f_mid[i]
+            if mid > lo:
+                self._finals(st, tb.f_base[lo:mid], tb.f_a[lo:mid], tb.f_end[lo:mid], tb.f_price[lo:mid], (0, mid - lo))
+            k = mv.lo[i]
+            hit, L = mv.hit[k], mv.hit[k] - mv.a[k]
+            if not (np.isfinite(hit) and hit < D and R + d + _TOL < L):
                 return
             gain = L - R - d
             if st[0, 0] + gain >= W - _TOL:
                 return
-            st = st + np.array([[gain, gr.price[k] * L, gain, L, 0.0, 1.0]])
-            t = float(gr.hit[k])
+            st = st + np.array([[gain, mv.price[k] * L, gain, L, 0.0, 1.0]])
+            i = int(tb.target[k])
 
     def _prune(self, st: np.ndarray) -> np.ndarray:
-        """The states no other state beats on every future: spend − p·progress for each price, and Q."""
+        """The states no other state beats on every future: spend − p·progress for each price, and Q.
+
+        Rows equal to 9 decimals count once (the first); the rest come back in the order of
+        their criteria, lowest first.
+        """
         if len(st) <= 1:
             return st
         crit = np.stack([st[:, 1] - p * st[:, 0] for p in self.prices] + [-st[:, 2]], axis=1)
-        crit, first = np.unique(np.round(crit, 9), axis=0, return_index=True)  # sorted by column 0, then 1, ...
-        st = st[first]
-        if crit.shape[1] == 3:
-            return st[_pareto3(crit)]
-        kept = np.empty_like(crit)
-        n = 0
-        for i in range(len(crit)):  # sorted: only earlier rows can beat a row
-            if n == 0 or not (kept[:n] <= crit[i]).all(1).any():
-                kept[n] = crit[i]
-                first[n] = i
-                n += 1
-        return st[first[:n]]
+        crit, first = _distinct_rows(np.round(crit, 9))
+        small = len(crit) <= _SMALL
+        return st[first[_pareto3(crit) if crit.shape[1] == 3 and not small else _pareto(crit)]]
 
-    def _consider(self, cost: np.ndarray, finish: np.ndarray, rows: np.ndarray, extra_od: np.ndarray,
-                  last_spot: np.ndarray, last_od: np.ndarray) -> None:
-        if cost.size == 0:
-            return
-        i = int(np.argmin(cost))
-        if cost[i] < self.best.spend - _TOL:
-            self.best = Optimum(float(cost[i]), float(finish[i]), float(rows[i, 3] + last_spot[i]),
-                                float(rows[i, 4] + extra_od[i] + last_od[i]), int(rows[i, 5]) + 1)
+    def _consider(self, cost: np.ndarray, row: int, col: int, rows: np.ndarray, base: np.ndarray,
+                  finish: float, extra_od: float, last_spot: float, last_od: float) -> None:
+        """Take the schedule that ends at ``cost[row, col]``, the least (the first of equals) of ``cost``, if it is the best yet.
+
+        ``cost`` holds inf where a schedule does not finish in time; the tallies are those of
+        ``rows[row] + base[col]`` and the last session's hours.
+        """
+        if cost[row, col] < self.best.spend - _TOL:
+            r = rows[row] + base[col]
+            self.best = Optimum(float(cost[row, col]), float(finish), float(r[3] + last_spot),
+                                float(r[4] + extra_od + last_od), int(r[5]) + 1)
 
     def _final_on_demand(self, t: float, st: np.ndarray) -> None:
         """Finish on on-demand from ``t``; earlier on-demand sessions take what the deadline needs."""
@@ -339,65 +520,154 @@ class _Search:
         rem = W - st[:, 0]
         need = np.maximum(t + prov + R + rem - D, 0.0)
         ok = (need <= st[:, 2] - st[:, 0] + _TOL) & (need <= rem + _TOL)
-        if not ok.any():
-            return
-        s, rem, need = st[ok], rem[ok], need[ok]
-        cost = s[:, 1] + self.p_od * (R + rem)
-        self._consider(cost, t + prov + R + rem - need, s, need, np.zeros(len(s)), R + rem - need)
+        cost = np.where(ok, st[:, 1] + self.p_od * (R + rem), np.inf)
+        i = int(np.argmin(cost))
+        if ok[i]:
+            self._consider(cost[:, None], i, 0, st, _NO_BASE, t + prov + R + rem[i] - need[i], need[i], 0.0,
+                           R + rem[i] - need[i])
 
-    def _final_spot(self, st: np.ndarray, base: np.ndarray, a: np.ndarray, hit: np.ndarray, price: np.ndarray) -> None:
-        """Finish on a gang acquired at ``a`` (before its stop and the deadline), on-demand taking the rest in time."""
-        W, D, R = self.W, self.D, self.R
-        end = np.minimum(hit, D)
-        fits = a + R < end - _TOL
-        if not fits.any():
-            return
-        b, a, end, price = base[fits], a[fits], end[fits], price[fits]
-        P = st[:, 0][:, None] + b[None, :, 0]
-        C = st[:, 1][:, None] + b[None, :, 1]
-        Q = np.minimum(st[:, 2][:, None] + b[None, :, 2], W)
+    def _final_cost(self, st: np.ndarray, b: np.ndarray, a: np.ndarray, end: np.ndarray,
+                    price: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Finish on a gang acquired at ``a`` (it starts work before ``end``: its stop or the deadline), on-demand
+        sessions before it taking what the deadline needs; ``b`` is what the move adds before the gang.
+
+        The arguments broadcast together. Per schedule: its spend (inf where it cannot finish
+        in time), the work left at the move (``rem``) and the part on-demand does (``y``).
+        """
+        W, R = self.W, self.R
+        P = st[..., 0] + b[..., 0]
         rem = W - P
-        y = np.maximum(a[None, :] + R + rem - end[None, :], 0.0)  # work on-demand must do before
-        ok = (y <= Q - P + _TOL) & (y < rem) & (rem > 0)
+        y = np.maximum(a + R + rem - end, 0.0)
+        ok = (y <= np.minimum(st[..., 2] + b[..., 2], W) - P + _TOL) & (y < rem) & (rem > 0)
         if not self.has_od:
             ok &= y <= _TOL
-        if not ok.any():
-            return
         p_od = self.p_od if self.has_od else 0.0
-        cost = C + p_od * y + price[None, :] * (R + rem - y)
-        r, c = np.nonzero(ok)
-        rows = st[r] + b[c]
-        self._consider(cost[r, c], a[c] + R + rem[r, c] - y[r, c], rows, y[r, c], R + rem[r, c] - y[r, c],
-                       np.zeros(r.size))
+        return np.where(ok, st[..., 1] + b[..., 1] + p_od * y + price * (R + rem - y), np.inf), rem, y
+
+    def _finals(self, st: np.ndarray, b: np.ndarray, a: np.ndarray, end: np.ndarray, price: np.ndarray,
+                blocks: tuple[int, ...]) -> None:
+        """Every state finishing on every gang (``_final_cost``); the best of each block of gangs in turn."""
+        cost, rem, y = self._final_cost(st[:, None, :], b[None, :, :], a[None, :], end[None, :], price[None, :])
+        for c0, c1 in itertools.pairwise(blocks):
+            if c1 <= c0:
+                continue
+            r, c = divmod(int(np.argmin(cost[:, c0:c1])), c1 - c0)  # the first least, row by row
+            c += c0
+            if cost[r, c] < math.inf:
+                self._consider(cost, r, c, st, b, a[c] + self.R + rem[r, c] - y[r, c], y[r, c],
+                               self.R + rem[r, c] - y[r, c], 0.0)
+
+
+def _distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(x, axis=0, return_index=True)`` of a float matrix, without its slow row sort.
+
+    The rows sorted lexicographically (column 0 first), each once, and the index of its first
+    occurrence in ``x``.
+    """
+    order = np.lexsort(x.T[::-1])  # stable: equal rows keep their order, the first comes first
+    xs = x[order]
+    new = np.empty(len(xs), dtype=bool)
+    new[0] = True
+    new[1:] = (xs[1:] != xs[:-1]).any(axis=1)
+    return xs[new], order[new]
 
 
 def _pareto3(crit: np.ndarray) -> np.ndarray:
     """Rows of ``crit`` (distinct, sorted lexicographically) that no other row is <= in all three columns.
 
-    Level by level of column 0 (one spot price: it only counts sessions, so there are few
-    levels), each row is checked against the staircase of (column 1, column 2) of the rows
-    kept so far and of the rows before it in its level.
+    Only an earlier row can be <= a row. Level by level of column 0 (one spot price: it only
+    counts sessions, so there are few levels), a row is beaten inside its level when an
+    earlier row of the level has a column 2 no higher (the level is sorted by column 1), and
+    across levels when a row of a lower level has columns 1 and 2 no higher. Both are prefix
+    minima of column 2's rank, the first along the sorted rows, the second over a table of
+    levels x column 1's rank, so no loop runs per level.
     """
-    keep = np.zeros(len(crit), dtype=bool)
-    front_a = np.empty(0)
-    front_c = np.empty(0)
-    bounds = np.flatnonzero(np.diff(crit[:, 0])) + 1
-    for lo, hi in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(crit)]]), strict=True):
-        a, c = crit[lo:hi, 1], crit[lo:hi, 2]
-        ok = np.ones(hi - lo, dtype=bool)
-        if front_a.size:
-            j = np.searchsorted(front_a, a, side="right") - 1
-            ok &= ~((j >= 0) & (front_c[np.maximum(j, 0)] <= c))
-        prev = np.minimum.accumulate(np.concatenate([[np.inf], c[:-1]]))  # rows sorted by a, then c
-        ok &= ~(prev <= c)
-        keep[lo:hi] = ok
-        if ok.any():
-            fa, fc = np.concatenate([front_a, a[ok]]), np.concatenate([front_c, c[ok]])
-            order = np.lexsort((fc, fa))
-            fa, fc = fa[order], fc[order]
-            stair = fc < np.minimum.accumulate(np.concatenate([[np.inf], fc[:-1]]))
-            front_a, front_c = fa[stair], fc[stair]
+    n = len(crit)
+    level = np.zeros(n, dtype=np.int64)
+    np.cumsum(crit[1:, 0] != crit[:-1, 0], out=level[1:])
+    levels = int(level[-1]) + 1
+    rank2 = np.unique(crit[:, 2], return_inverse=True)[1].reshape(-1)
+    # Inside a level: a key that falls level by level, so a prefix minimum never reaches back.
+    key = rank2 - level * (int(rank2.max()) + 2)
+    keep = np.ones(n, dtype=bool)
+    keep[1:] = np.minimum.accumulate(key)[:-1] > key[1:]
+    rows = np.flatnonzero(keep)
+    if levels == 1:
+        return rows
+    # Across levels: each level's rows now have distinct column 1s (a tie has been beaten).
+    lv, r2 = level[rows], rank2[rows]
+    rank1 = np.unique(crit[rows, 1], return_inverse=True)[1].reshape(-1)
+    return rows[~_beaten_by_lower_levels(lv, rank1, r2, levels)]
+
+
+def _beaten_by_lower_levels(lv: np.ndarray, rank1: np.ndarray, rank2: np.ndarray, levels: int) -> np.ndarray:
+    """Whether a row of a lower level has both ranks no higher, for each row (levels ``lv`` in 0..levels-1)."""
+    width = int(rank1.max()) + 1
+    if levels * width <= _TABLE:
+        # low[l, r]: the least rank2 at level <= l and rank1 <= r.
+        low = np.full((levels, width), np.iinfo(np.int32).max, dtype=np.int32)
+        low[lv, rank1] = rank2
+        np.minimum.accumulate(low, axis=1, out=low)
+        np.minimum.accumulate(low, axis=0, out=low)
+        up = lv > 0
+        beaten = np.zeros(lv.size, dtype=bool)
+        beaten[up] = low[lv[up] - 1, rank1[up]] <= rank2[up]
+        return beaten
+    # Too large a table: halve the levels over and over. At each step a row in the upper half
+    # of its block of levels is checked against the rows of the lower half, by a prefix minimum
+    # of rank2 along the rows sorted by block, rank1, lower half first.
+    top = int(rank2.max()) + 2
+    beaten = np.zeros(lv.size, dtype=bool)
+    step = 0
+    while (1 << step) < levels:
+        block = lv >> (step + 1)
+        upper = ((lv >> step) & 1).astype(bool)
+        order = np.lexsort((upper, rank1, block))
+        shift = block[order] * top  # a key that falls block by block, so no minimum reaches back
+        q = upper[order]
+        low = np.minimum.accumulate(np.where(q, top - 1, rank2[order]) - shift)
+        beaten[order[q]] |= low[q] <= rank2[order][q] - shift[q]
+        step += 1
+    return beaten
+
+
+def _pareto(crit: np.ndarray, block: int = 512) -> np.ndarray:
+    """As ``_pareto3`` for any number of columns: block by block of rows, against the rows kept before.
+
+    Only an earlier row can be <= a row, and a row beaten by any row is beaten by a kept one
+    (the chain of rows beating it ends at one). So each block is checked against a few of the
+    rows kept so far (those lowest on all columns together, which beat many), then the rows
+    that survive against all of them, and last against each other, earlier against later.
+    """
+    n = len(crit)
+    keep = np.zeros(n, dtype=bool)
+    kept = crit[:0]
+    for lo in range(0, n, block):
+        rows = np.arange(lo, min(lo + block, n))
+        for beat in (kept[_lowest(kept, _STRONG)], kept) if len(kept) else ():
+            if len(rows):
+                rows = rows[~_le(beat, crit[rows]).any(axis=0)]
+        if len(rows):
+            rows = rows[~np.triu(_le(crit[rows], crit[rows]), 1).any(axis=0)]
+            keep[rows] = True
+            kept = np.concatenate([kept, crit[rows]])
     return np.flatnonzero(keep)
+
+
+def _le(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """``out[i, j]``: row i of ``a`` is <= row j of ``b`` in every column (column by column: no 3-d temporary)."""
+    out = a[:, None, 0] <= b[None, :, 0]
+    for c in range(1, a.shape[1]):
+        out &= a[:, None, c] <= b[None, :, c]
+    return out
+
+
+def _lowest(x: np.ndarray, m: int) -> np.ndarray:
+    """Indices of up to ``m`` rows of ``x`` with the least sum of their ranks in each column."""
+    if len(x) <= m:
+        return np.arange(len(x))
+    rank_sum = np.argsort(np.argsort(x, axis=0), axis=0).sum(axis=1)
+    return np.argpartition(rank_sum, m)[:m]
 
 
 __all__ = ["Markets", "Optimum", "hindsight_optimum", "optimum_for"]
