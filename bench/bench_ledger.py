@@ -102,7 +102,9 @@ def report(uri: str) -> None:
 
 
 def resume(location: RunLocation) -> None:
-    FallbackPolicy(LADDER).replay(r.event for r in Ledger(location).read())
+    """The driver's read: the ledger's stored snapshot, and the replay of the events after it."""
+    view = Ledger(location).read_view(LADDER)
+    FallbackPolicy(LADDER).replay((r.event for r in view.tail), view.snapshot.carry.summary.state if view.snapshot else None)
 
 
 def parse_share(location: RunLocation) -> float:
@@ -240,7 +242,7 @@ def main(argv: list[str] | None = None) -> None:
 
 READS = ("status_s", "report_s", "resume_s")
 READ_LABELS = {"status_s": "`spotfallback status`", "report_s": "`report` (its reads and the cost report)",
-               "resume_s": "the driver's resume (`Ledger.read` and the replay)"}
+               "resume_s": "the driver's resume (the ledger from its snapshot, and the replay)"}
 STORES = {"local": "local disk", "s3": "the S3 server"}
 
 

@@ -11,27 +11,26 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import RUN_HELP, fail, load_run
+from spotfallback.cli.common import RUN_HELP, fail
 from spotfallback.config import Ladder
-from spotfallback.events import LedgerRecord
 from spotfallback.view.text import print_wide
 
 if TYPE_CHECKING:
+    from spotfallback.accounting import RunSummary
+    from spotfallback.store.ledger import LedgerView
     from spotfallback.store.location import RunLocation
     from spotfallback.view.snapshot import AgentInfo
 
 
-def _tier_table(ladder: Ladder, records: list[LedgerRecord], now: float | None) -> Table:
-    from spotfallback.accounting import summarize
+def _tier_table(ladder: Ladder, summary: RunSummary) -> Table:
     from spotfallback.view.text import money
 
-    summary = summarize(ladder, records, now=now)
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("tier", "market", "workers", "preempted/max", "failed/max", "running", "spend"):
         table.add_column(col, justify="left" if col in ("tier", "market") else "right")
@@ -40,6 +39,28 @@ def _tier_table(ladder: Ladder, records: list[LedgerRecord], now: float | None) 
         table.add_row(mark + u.name, u.market, str(t.num_workers), f"{u.preemptions}/{t.max_preemptions if t.max_preemptions != -1 else '∞'}",
                       f"{u.failures}/{t.max_failures if t.max_failures != -1 else '∞'}", f"{u.running_s / 3600:.4f} h", money(u.spend))
     return table
+
+
+def _read_ledger(run: str, events: int) -> tuple[RunLocation, Ladder, LedgerView, dict[str, Any]]:
+    """The run's location, ladder, ledger (its stored snapshot and the records after it) and metadata.
+
+    The snapshot spares reading every record of a long run; only more latest events than it
+    keeps (``--events``) need them all.
+    """
+    from spotfallback.cli.common import open_run
+    from spotfallback.errors import ConfigError, LedgerError
+    from spotfallback.store.ledger import LedgerView
+
+    try:
+        location, ledger, ladder = open_run(run)
+        view = ledger.read_view(ladder)
+        if view.snapshot is not None and events > len(view.snapshot.recent) + len(view.tail):
+            view = LedgerView(None, ledger.read())
+        return location, ladder, view, ledger.read_meta() or {}
+    except ConfigError as e:
+        raise fail(str(e), e.exit_code) from None
+    except LedgerError as e:
+        raise fail(f"cannot read the run's ledger: {e}", e.exit_code) from None
 
 
 def _read_agents(location: RunLocation, now: float) -> tuple[list[AgentInfo], int]:
@@ -80,6 +101,7 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 shown, 2 bad input (not STORAGE_PATH/NAME, or no run there), 1 the ledger
         cannot be read.
         """
+        from spotfallback.accounting import summarize
         from spotfallback.store.heartbeat import read_heartbeat
         from spotfallback.view.snapshot import build_snapshot, charge_until, read_driver
         from spotfallback.view.text import (
@@ -91,15 +113,19 @@ def register(app: typer.Typer) -> None:
 
         if events < 0:
             raise fail(f"--events: must be 0 or more, got {events}")
-        location, ladder, records, meta = load_run(run)
+        location, ladder, view, meta = _read_ledger(run, events)
+        base, records = view.snapshot, view.tail
+        latest = [*base.recent, *records] if base is not None else records
         now = time.time()
         driver = read_driver(location)
         totals = meta.get("progress_totals") if isinstance(meta.get("progress_totals"), dict) else None
         agents, not_shown = _read_agents(location, now)
+        summary = summarize(ladder, records, now=charge_until(latest, driver, now), start=base.carry if base else None)
         snap = build_snapshot(ladder, records, run=location.uri(), now=now, heartbeat=read_heartbeat(location),
-                              driver=driver, config=totals, agents=agents, agents_not_shown=not_shown)
-        t0 = records[0].t if records else now
-        shown = records[-events:] if events else []
+                              driver=driver, config=totals, agents=agents, agents_not_shown=not_shown,
+                              summary=summary, base=base)
+        t0 = summary.started_at if summary.started_at is not None else now
+        shown = latest[-events:] if events else []
         if as_json:
             data = snap.to_json()
             data["events"] = [event_json(r, t0, ladder) for r in shown]
@@ -107,12 +133,12 @@ def register(app: typer.Typer) -> None:
             return
         console = Console(highlight=False)
         console.print(snapshot_renderable(snap))
-        print_wide(console, _tier_table(ladder, records, charge_until(records, driver, now)))
+        print_wide(console, _tier_table(ladder, summary))
         if snap.agents:
             console.print("[bold]notice agents[/]")
             print_wide(console, agents_table(snap))
         if shown:
-            console.print(f"[bold]latest events[/] ({len(shown)} of {len(records)})")
+            console.print(f"[bold]latest events[/] ({len(shown)} of {view.events})")
             for rec in shown:
                 line = describe_event(rec, t0, ladder)
                 if line:

@@ -250,10 +250,12 @@ class FallbackTrainer:
             )
 
     def _start_state(self, lease: DriverLease) -> PolicyState:
-        records = self.ledger.read()
-        state = self.policy.replay(r.event for r in records)
+        # The stored snapshot and the events after it: a long run resumes without replaying every event.
+        view = self.ledger.read_view(self.ladder)
+        records = view.tail
+        state = self.policy.replay((r.event for r in records), view.snapshot.carry.summary.state if view.snapshot else None)
         self._refuse_if_ended(state)
-        resume = prepare_resume(self.location, self.ledger, records, state.tier)
+        resume = prepare_resume(self.location, self.ledger, records, state.tier, snapshot=view.snapshot)
         state = self.policy.replay(resume.recorded, state)
         event = RunStarted(
             t=time.time(),
@@ -263,12 +265,12 @@ class FallbackTrainer:
         )
         step = self.policy.decide(state, event)
         self.ledger.append(event, state.tier, step.decision.to_json(), resume.info())
-        if records:
+        if view.events:
             logger.info(
                 "resuming run %s on tier %r (%d ledger events)",
                 self.location.uri(),
                 self.ladder[step.state.tier].name,
-                len(records),
+                view.events,
             )
         return step.state
 

@@ -37,6 +37,7 @@ import pyarrow.fs as pafs
 
 from spotfallback.errors import LedgerError
 from spotfallback.events import CheckpointCommitted, Event
+from spotfallback.store.ledger_snapshot import KEEP_COMMITTED, LedgerSnapshot
 from spotfallback.store.location import list_dir, write_atomically
 from spotfallback.store.retry import call_with_retry
 
@@ -412,12 +413,15 @@ def _committed_names(records: Iterable[LedgerRecord]) -> set[str]:
     }
 
 
-def prepare_resume(location: RunLocation, ledger: Ledger, records: Sequence[LedgerRecord], tier: int) -> Resume:
+def prepare_resume(location: RunLocation, ledger: Ledger, records: Sequence[LedgerRecord], tier: int, *,
+                   snapshot: LedgerSnapshot | None = None) -> Resume:
     """The driver's step before ``fit()``, under the lease: repair, then record missed commits.
 
     Ray writes its snapshot just before spotfallback's ledger callback runs; a driver killed
     between the two leaves a commit only Ray knows. It is recorded now, so the ledger counts
-    every checkpoint the run can resume from.
+    every checkpoint the run can resume from. ``records``: the ledger's records after
+    ``snapshot`` (the ledger's stored one, if read with it); a checkpoint neither they nor the
+    snapshot's latest commits name is looked for in the whole ledger before it is recorded.
     """
     resume = repair_run(location)
     snapshot_path = posixpath.join(location.run_dir, SNAPSHOT_NAME)
@@ -435,11 +439,15 @@ def prepare_resume(location: RunLocation, ledger: Ledger, records: Sequence[Ledg
         snap = None
     if not _is_known_snapshot(snap):
         return resume
-    known = _committed_names(records)
+    known = _committed_names(records) | set(snapshot.committed if snapshot else ())
+    read_all = snapshot is not None and len(snapshot.committed) >= KEEP_COMMITTED  # it may have kept fewer than there are
     moved = {d["checkpoint"] for d in resume.damaged}
     pairs = sorted(zip(snap["checkpoint_report_indices"], snap["checkpoint_results"], strict=True), key=lambda p: p[0])
     for _, result in pairs:
         name = result["checkpoint_dir_name"]
+        if name not in known and name not in moved and read_all:  # older than the snapshot keeps: look in every record
+            known |= _committed_names(ledger.read())
+            read_all = False
         if name in known or name in moved:
             continue
         metrics = result.get("metrics") or {}

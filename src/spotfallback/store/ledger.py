@@ -13,6 +13,10 @@ knows of, full chunks of them move into segments (``store.segments``: the segmen
 whole first, the loose objects deleted after). A read then lists two short directories and
 fetches the segments and the loose tail in parallel (``store.reads``), however long the run;
 a ledger written before segments existed is all loose events, and reads as it always did.
+After each compaction the writer also stores the ledger's snapshot (``store.ledger_snapshot``:
+the replay and accounting of every whole segment so far); ``read_view`` returns it and only the
+records after it, so `status` and the driver's resume cost the same on a long run as on a short
+one, and ``read`` still returns every record (``report``, the timeline).
 
 Every storage call goes through ``store.retry.call_with_retry``: an outage shorter than the
 limit only pauses, and an error no wait can fix is a ``LedgerError`` naming what was tried.
@@ -25,6 +29,7 @@ import logging
 import posixpath
 import uuid
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 from typing import Any
 
@@ -33,6 +38,15 @@ import pyarrow.fs as pafs
 from spotfallback.config import Ladder
 from spotfallback.errors import LedgerError
 from spotfallback.events import FORMAT_VERSION, Event, LedgerRecord
+from spotfallback.store.ledger_snapshot import (
+    SNAPSHOT_DIR,
+    SNAPSHOT_OBJECT,
+    LedgerSnapshot,
+    advance,
+    covered_prefix,
+    decode_snapshot,
+    encode_snapshot,
+)
 from spotfallback.store.location import TMP_PREFIX, RunLocation, list_dir, write_atomically
 from spotfallback.store.reads import delete_objects, read_objects
 from spotfallback.store.retry import call_with_retry
@@ -81,6 +95,30 @@ def _files(infos: Iterable[pafs.FileInfo]) -> list[pafs.FileInfo]:
                   key=lambda i: i.path)
 
 
+@dataclass(frozen=True)
+class LedgerView:
+    """A ledger read from its snapshot: the snapshot (None: none fits) and every record after it, in order."""
+
+    snapshot: LedgerSnapshot | None
+    tail: list[LedgerRecord]
+
+    @property
+    def events(self) -> int:
+        return (self.snapshot.events if self.snapshot else 0) + len(self.tail)
+
+
+def _sourced_in_order(by_name: dict[str, tuple[LedgerRecord, str | None]]) -> list[tuple[str, LedgerRecord, str | None]]:
+    """(name, record, segment) in event order, each record id once (as ``_in_order``)."""
+    out: list[tuple[str, LedgerRecord, str | None]] = []
+    seen: set[str] = set()
+    for name in sorted(by_name):
+        record, segment = by_name[name]
+        if record.id not in seen:
+            seen.add(record.id)
+            out.append((name, record, segment))
+    return out
+
+
 def _in_order(by_name: dict[str, LedgerRecord]) -> list[LedgerRecord]:
     """Records in event order (their object names), each id once."""
     out: list[LedgerRecord] = []
@@ -111,6 +149,7 @@ class Ledger:
         # Loose events this instance has read or written, by object path: compaction need not fetch them again.
         self._loose: dict[str, bytes] = {}
         self._loose_count = 0
+        self._ladder: Ladder | None = None
 
     @property
     def directory(self) -> str:
@@ -176,23 +215,32 @@ class Ledger:
             segments = [i for i in segments if i.path.endswith(".json")]
         return [i.path for i in loose], [i.path for i in segments]
 
-    def _read_named(self) -> dict[str, LedgerRecord]:
-        """Every record by its event object name, read from one consistent listing."""
+    def _read_sourced(self, covered: frozenset[str] = frozenset()) -> dict[str, tuple[LedgerRecord, str | None]] | None:
+        """Every record by its event object name, with the segment holding it (None: loose), read
+        from one consistent listing; the events of the segments named in ``covered`` are left out
+        (None: one of those is not listed)."""
         fs = self.location.fs
         for _ in range(_READ_ATTEMPTS):
             loose, segments = self._list(strict=True)
-            raws = read_objects(fs, segments + loose)
+            if covered - {posixpath.basename(s) for s in segments}:
+                return None
+            segments = [s for s in segments if posixpath.basename(s) not in covered]
+            unknown = [p for p in loose if p not in self._loose]
+            raws = read_objects(fs, segments + unknown)
             if any(raw is None for raw in raws):
                 continue  # compacted (or merged) while it was read: list again
-            by_name: dict[str, LedgerRecord] = {}
+            by_name: dict[str, tuple[LedgerRecord, str | None]] = {}
             for path, raw in zip(segments, raws, strict=False):
                 assert raw is not None
                 for name, record in decode_segment(raw, path):
-                    by_name.setdefault(name, record)
+                    by_name.setdefault(name, (record, path))
+            fetched = dict(zip(unknown, raws[len(segments) :], strict=True))
+            known = self._loose
             self._loose = {}
-            for path, raw in zip(loose, raws[len(segments) :], strict=True):
+            for path in loose:
+                raw = known.get(path) or fetched[path]
                 assert raw is not None
-                by_name.setdefault(posixpath.basename(path), parse_record(raw, path))
+                by_name.setdefault(posixpath.basename(path), (parse_record(raw, path), None))
                 self._loose[path] = raw
             self._loose_count = len(loose)
             return by_name
@@ -200,7 +248,65 @@ class Ledger:
 
     def read(self) -> list[LedgerRecord]:
         """All records in order. Duplicates (same id) are dropped; damaged objects are errors."""
-        return _in_order(self._read_named())
+        by_name = self._read_sourced()
+        assert by_name is not None  # nothing is covered
+        return _in_order({name: record for name, (record, _) in by_name.items()})
+
+    def read_snapshot(self, ladder: Ladder) -> LedgerSnapshot | None:
+        """The stored snapshot if it is one of this format and ladder (whether it fits the ledger is ``read_view``'s to check)."""
+        path = self.snapshot_path
+        fs = self.location.fs
+        [raw] = read_objects(fs, [path])
+        return None if raw is None else decode_snapshot(raw, ladder)
+
+    def read_view(self, ladder: Ladder) -> LedgerView:
+        """The stored snapshot where it fits the ledger, and the records after it, in order.
+
+        Without a fitting snapshot: no snapshot and every record, as ``read`` returns them. Either
+        way ``summarize(view.tail, start=view.snapshot.carry)`` is the replay of the whole ledger.
+        """
+        view, _ = self._read_view(ladder)
+        return view
+
+    def _read_view(self, ladder: Ladder) -> tuple[LedgerView, list[tuple[str, LedgerRecord, str | None]]]:
+        snapshot = self.read_snapshot(ladder)
+        if snapshot is not None:
+            by_name = self._read_sourced(snapshot.segments)
+            if by_name is not None and (not by_name or min(by_name) > snapshot.last):
+                items = _sourced_in_order(by_name)
+                return LedgerView(snapshot, [r for _, r, _ in items]), items
+            logger.debug("the ledger snapshot does not fit the ledger (a segment it covers is gone, or an event "
+                         "it does not cover is named before its last): reading everything")
+        whole = self._read_sourced()
+        assert whole is not None  # nothing is covered
+        items = _sourced_in_order(whole)
+        return LedgerView(None, [r for _, r, _ in items]), items
+
+    @property
+    def snapshot_path(self) -> str:
+        return self.location.path(LEDGER_DIR, SNAPSHOT_DIR, SNAPSHOT_OBJECT)
+
+    def write_snapshot(self) -> bool:
+        """Store a snapshot covering every whole segment it can (see ``store.ledger_snapshot``); whether one was written.
+
+        Nothing without the run's ladder (``run.json``): a carry is a replay with one ladder.
+        """
+        ladder = self._ladder or self.read_ladder()
+        if ladder is None:
+            return False
+        self._ladder = ladder
+        view, items = self._read_view(ladder)
+        cut = covered_prefix(items)
+        if cut == 0:
+            return False
+        covered = items[:cut]
+        segments = sorted({s for _, _, s in covered if s is not None})
+        snapshot = advance(ladder, view.snapshot, [(n, r) for n, r, _ in covered], segments)
+        call_with_retry(partial(self.location.fs.create_dir, posixpath.dirname(self.snapshot_path), recursive=True),
+                        "create the ledger snapshot directory", permanent=LedgerError)
+        call_with_retry(partial(write_atomically, self.location.fs, self.snapshot_path, encode_snapshot(snapshot, ladder)),
+                        "write the ledger snapshot", permanent=LedgerError)
+        return True
 
     # -- compaction ---------------------------------------------------------------------
 
@@ -241,6 +347,11 @@ class Ledger:
                 self._loose.pop(path, None)
             moved += len(chunk)
         self._loose_count = len(loose) - moved
+        if moved:
+            try:
+                self.write_snapshot()
+            except LedgerError as e:  # readers read everything meanwhile, as they did before snapshots
+                logger.warning("could not write the ledger snapshot (tried again at the next compaction): %s", e)
         return moved
 
     # -- run metadata -------------------------------------------------------------------

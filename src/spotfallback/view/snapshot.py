@@ -19,6 +19,7 @@ from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
 from spotfallback.store.heartbeat import PROGRESS_KEYS
 from spotfallback.store.lease import DriverLease
+from spotfallback.store.ledger_snapshot import LedgerSnapshot
 from spotfallback.store.location import RunLocation
 from spotfallback.view.intervals import AnnouncedEviction, announced_evictions
 
@@ -192,15 +193,19 @@ def build_snapshot(
     summary: RunSummary | None = None,
     agents: Sequence[AgentInfo] = (),
     agents_not_shown: int = 0,
+    base: LedgerSnapshot | None = None,
 ) -> Snapshot:
-    """The snapshot of a run from its records. Pure: the caller reads storage and the clock.
+    """The snapshot of a run from its records (those after ``base``, the ledger's stored snapshot,
+    when given). Pure: the caller reads storage and the clock.
 
     A run without a live driver that is neither finished nor failed is ``stalled``: its open
     segment is charged only up to the driver's last sign of life, not to ``now``.
     """
     now = time.time() if now is None else now
-    stalled = bool(records) and (driver is None or not driver.live(now))
-    summary = summary or summarize(ladder, records, now=charge_until(records, driver, now))
+    latest = [*base.recent, *records] if base is not None else records  # ends as the whole ledger ends
+    stalled = bool(latest) and (driver is None or not driver.live(now))
+    summary = summary or summarize(ladder, records, now=charge_until(latest, driver, now),
+                                   start=base.carry if base is not None else None)
     state = summary.state
     tier = ladder[min(state.tier, len(ladder) - 1)]
     stats = state.stats[state.tier]
@@ -208,12 +213,13 @@ def build_snapshot(
     workers_up = 0
     if state.running_since is not None and not stalled:  # a dead driver's workers are gone
         acquired = [r for r in records if r.event.kind == "workers_acquired"]
-        if acquired:
-            workers_up = int(getattr(acquired[-1].event, "num_workers", 0) or 0)
+        last_acquired = acquired[-1] if acquired else base.latest.get("workers_acquired") if base is not None else None
+        if last_acquired is not None:
+            workers_up = int(getattr(last_acquired.event, "num_workers", 0) or 0)
 
     progress = None
     candidates: list[TrainingProgress] = []
-    for rec in records:
+    for rec in ([base.progress] if base is not None and base.progress is not None else []) + list(records):
         if rec.event.kind == "checkpoint_committed":
             metrics = dict(rec.info.get("metrics") or {})
             step = getattr(rec.event, "step", None)
@@ -223,7 +229,9 @@ def build_snapshot(
             if found:
                 candidates.append(found)
     # A heartbeat from before the latest restart reports progress that was lost or committed since.
-    restarted = max((r.t for r in records if r.event.kind in _RESTARTS), default=-math.inf)
+    restarted = max([r.t for r in records if r.event.kind in _RESTARTS]
+                    + ([t for kind, t in base.latest_t.items() if kind in _RESTARTS] if base is not None else []),
+                    default=-math.inf)
     if heartbeat is not None and float(heartbeat["t"]) > restarted:
         found = find_progress(heartbeat.get("metrics") or {}, float(heartbeat["t"]), config)
         if found:
@@ -236,7 +244,7 @@ def build_snapshot(
         status = "finished"
     elif state.status == "failed":
         status = "failed"
-    elif not records:
+    elif not latest:
         status = "not started"
     elif stalled:
         status = "stalled"
@@ -266,7 +274,7 @@ def build_snapshot(
         progress=progress,
         last_checkpoint_t=ckpt_t,
         last_checkpoint_step=ckpt_step,
-        checkpoints=len(summary.checkpoints),
+        checkpoints=summary.checkpoint_count,
         spend=summary.spend,
         on_demand_spend=summary.on_demand_spend,
         running_s=summary.running_s,
@@ -275,10 +283,10 @@ def build_snapshot(
         ended_at=summary.ended_at,
         give_up_reason=summary.give_up_reason,
         driver=driver,
-        events=len(records),
+        events=len(records) + (base.events if base is not None else 0),
         agents=tuple(agents),
         agents_not_shown=agents_not_shown,
-        evictions=tuple(announced_evictions(records)),
+        evictions=tuple(announced_evictions([*base.eviction_records, *records] if base is not None else records)),
     )
 
 
