@@ -99,21 +99,22 @@ def make_fit(kind: str, storage: Path, name: str, config: dict[str, Any], *, rel
     return trainer.fit
 
 
-def run_scenario(
-    cluster: Any, injector: Any, storage: Path, scenario: str, notice_s: float | None, at_step: int, evicted_rank: int, reference: str,
-    base: dict[str, Any] | None = None,
-) -> Row:
-    """One eviction of the example (``base``: its config, ``CONFIG`` by default) in ``scenario``."""
+def start_until_step(
+    storage: Path, scenario: str, at_step: int, base: dict[str, Any]
+) -> tuple[Path, Callable[[], Any], threading.Thread, dict[str, Any]]:
+    """Start ``scenario``'s run of the example (config ``base``) on a thread, return once rank 0
+    has completed ``at_step``: (its step log, its ``fit``, the thread, where the thread puts
+    ``result`` or ``error``)."""
     kind, *variants = scenario.split("+")
     log = storage / f"{scenario}-{uuid.uuid4().hex[:6]}.steps"
-    config = {**(base or CONFIG), "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants}
+    config = {**base, "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants}
     fit = make_fit(kind, storage, f"bench-{uuid.uuid4().hex[:8]}", config, relax="relax" in variants)
     out: dict[str, Any] = {}
 
     def drive() -> None:
         try:
             out["result"] = fit()
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:  # noqa: BLE001 - reported by the caller
             out["error"] = e
 
     driver = threading.Thread(target=drive, daemon=True)
@@ -122,6 +123,15 @@ def run_scenario(
         if not driver.is_alive():
             raise RuntimeError(f"{scenario}: the run ended before step {at_step}: {out.get('error')!r}")
         time.sleep(0.1)
+    return log, fit, driver, out
+
+
+def run_scenario(
+    cluster: Any, injector: Any, storage: Path, scenario: str, notice_s: float | None, at_step: int, evicted_rank: int, reference: str,
+    base: dict[str, Any] | None = None,
+) -> Row:
+    """One eviction of the example (``base``: its config, ``CONFIG`` by default) in ``scenario``."""
+    log, fit, driver, out = start_until_step(storage, scenario, at_step, base or CONFIG)
     rank0 = read_steps(log)[-1]["node"]
     hosts = [n for n, c in cluster.train_workers_per_node().items() if c]
     target = rank0 if evicted_rank == 0 else next(n for n in hosts if n != rank0)

@@ -36,6 +36,7 @@ MODULES = {
     "timeout": "bench.bench_timeout",
     "notices": "bench.bench_eviction",
     "move": "bench.bench_move",
+    "move-autoscaled": "bench.bench_move_autoscaled",
     "checkpoint": "bench.bench_checkpoint",
     "predict": "bench.bench_predict",
 }

@@ -130,10 +130,16 @@ def test_job_file_run_survives_a_preemption_and_a_driver_restart_and_status_read
     kinds = [r.event.kind for r in records if r.event.kind != "checkpoint_committed"]
     assert kinds == ["run_started", "workers_acquired", "preempted", "workers_acquired", "run_started", "workers_acquired", "finished"]
     assert len(snapshot_names(location)) == sum(r.event.kind == "checkpoint_committed" for r in records) == 6
-    # Everything is in the container / bucket, and no half-written object was left behind.
+    # Everything is in the container / bucket.
     keys = [i.path for i in store.filesystem().get_file_info(FileSelector(location.run_dir, recursive=True))]
     assert any(k.endswith("/checkpoint_manager_snapshot.json") for k in keys)
-    assert any(k.endswith("/_spotfallback/run.json") for k in keys) and not any("/.tmp-" in k for k in keys)
+    assert any(k.endswith("/_spotfallback/run.json") for k in keys)
+    # Object stores cannot rename: a write is a temporary object, a copy and a delete, so the
+    # SIGKILLed driver (and the Train controller that died with it) may leave a temporary
+    # object of a record it was writing; readers skip those (``check_run`` found every event
+    # whole above). None may be left among the checkpoints, which Ray writes itself.
+    left = [k for k in keys if "/.tmp-" in k]
+    assert all("/_spotfallback/" in k for k in left), left
     status = cli("status", store.uri(f"runs/{name}"), "--json")
     assert status.returncode == 0 and '"finished"' in status.stdout, status.stderr
     report = cli("report", store.uri(f"runs/{name}"), "--out", str(tmp_path / "report.png"))

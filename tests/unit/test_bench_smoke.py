@@ -21,6 +21,7 @@ from bench import (
     bench_eviction,
     bench_ledger,
     bench_move,
+    bench_move_autoscaled,
     bench_predict,
     bench_recovery,
     bench_throughput,
@@ -113,14 +114,23 @@ def rows_like_a_run() -> dict[str, list[dict]]:
          "kill_to_new_s": 9.0 - n if v == "spotfallback+jit" else 9.0}
         for v, n in bench_move.SCENARIOS
     ]
+    stall = {("ray", 0.0): 9.0, ("spotfallback+jit", 5.0): 8.5, ("spotfallback+jit", 60.0): 38.0}
+    move_autoscaled = [
+        {"scenario": f"{v} (x)", "variant": v, "delay_s": d, "notice_s": bench_move_autoscaled.NOTICE_S, "rep": 0,
+         "last_before": 9, "resumed_at": 10, "redone": 0, "stall_s": stall.get((v, d), d + 25.0),
+         "kill_to_new_s": 5.0, "notice_to_kill_s": 15.0, "held_s": 0.5 if v == "spotfallback+jit" else None,
+         "moved": v == "spotfallback+jit" and d < 15, "weights_ok": True}
+        for v, d in bench_move_autoscaled.SCENARIOS
+    ]
     return {"simulator": simulator, "backtest": backtest, "ledger": ledger, "overhead": overhead, "recovery": recovery,
-            "timeout": timeout, "notices": notices, "move": move, "checkpoint": checkpoint, "predict": predict}
+            "timeout": timeout, "notices": notices, "move": move, "move-autoscaled": move_autoscaled,
+            "checkpoint": checkpoint, "predict": predict}
 
 
 def test_every_measurement_is_registered_and_parsed():
     reg = registry()
     assert list(reg) == list(MODULES)
-    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 12))  # the eight figures, then 9, 10 and 11
+    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 13))  # the eight figures, then 9 to 12
     for name in MODULES:
         assert parser().parse_args(["--quick", "--only", name]).only == [name]
     # The predictor calibrates from the overhead and recovery runs: asking for it runs them first.
@@ -136,7 +146,7 @@ def test_figures_and_page_from_a_results_json(tmp_path):
     results = Results.from_json(json.loads(json.dumps(results.to_json())))  # what --render reads back
     page = render(reg, results)
     figures = [f for m in reg.values() for f in m.figures(results.rows[m.name])]
-    assert {f.item for f in figures} == set(range(1, 12))
+    assert {f.item for f in figures} == set(range(1, 13))
     summary = page.split("\n## ")[0]
     table = [line for line in summary.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert len(table) == len(figures)

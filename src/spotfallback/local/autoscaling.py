@@ -36,6 +36,7 @@ from spotfallback.local.cluster import (
     _free_port,
     _keep_ray_address_file,
     _wait_gone,
+    connect_driver,
 )
 
 logger = logging.getLogger(__name__)
@@ -331,18 +332,9 @@ class LocalAutoscalingCluster:
 
     def connect(self) -> None:
         """Make this process the cluster's driver, keeping Ray's log noise out of the terminal."""
-        import ray
-
-        if self._connected:
-            return
-        ray.init(
-            address=self.address,
-            log_to_driver=self._verbose,
-            logging_level=logging.INFO if self._verbose else logging.WARNING,
-            include_dashboard=False,
-            configure_logging=True,
-        )
-        self._connected = True
+        if not self._connected:
+            connect_driver(self.address, self._verbose)
+            self._connected = True
 
     def pids(self) -> set[int]:
         """Every process of this cluster now running: the head's, and the autoscaler's nodes'.
@@ -401,6 +393,32 @@ class LocalAutoscalingCluster:
             if self._temp_dir is not None:
                 shutil.rmtree(self._temp_dir, ignore_errors=True)
                 self._temp_dir = None
+
+    def kill_node(self, node_id: str, timeout_s: float = 10.0) -> bool:
+        """The cloud takes ``node_id``'s VM: its raylet and every process of it, killed at once.
+
+        Found by the node id on the command lines of this cluster's processes (the raylet's
+        ``--node_id``, its workers'); the autoscaler sees the node die and may replace it.
+        False if the node was already gone (the autoscaler removes a drained node once idle).
+        """
+        import psutil
+
+        doomed: set[int] = set()
+        for pid in self.pids():
+            with contextlib.suppress(psutil.Error):
+                proc = psutil.Process(pid)
+                if any(node_id in part for part in proc.cmdline()):
+                    doomed.add(pid)
+                    doomed.update(c.pid for c in proc.children(recursive=True))
+        if not doomed:
+            if any(n["NodeID"] == node_id for n in self.alive_nodes()):
+                raise KeyError(f"no process of node {node_id[:12]} in this cluster")
+            return False
+        for pid in doomed:
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(pid).kill()
+        _wait_gone(doomed, timeout_s=timeout_s)
+        return True
 
     # ----------------------------------------------------------------- views
 

@@ -282,18 +282,9 @@ class LocalSpotCluster:
 
     def connect(self) -> None:
         """Make this process the cluster's driver, keeping Ray's log noise out of the terminal."""
-        import ray
-
-        if self._connected:
-            return
-        ray.init(
-            address=self.address,
-            log_to_driver=self._verbose,
-            logging_level=logging.INFO if self._verbose else logging.WARNING,
-            include_dashboard=False,
-            configure_logging=True,
-        )
-        self._connected = True
+        if not self._connected:
+            connect_driver(self.address, self._verbose)
+            self._connected = True
 
     def shutdown(self) -> None:
         """Disconnect the driver (if we connected it) and stop every process we started."""
@@ -584,6 +575,19 @@ def _remove_node(cluster: Any, node: Node, graceful: bool) -> None:
         for child in frozen:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+def connect_driver(address: str, verbose: bool) -> None:
+    """``ray.init`` this process as a local cluster's driver, Ray's log noise kept out unless ``verbose``."""
+    import ray
+
+    ray.init(
+        address=address,
+        log_to_driver=verbose,
+        logging_level=logging.INFO if verbose else logging.WARNING,
+        include_dashboard=False,
+        configure_logging=True,
+    )
 
 
 @contextlib.contextmanager

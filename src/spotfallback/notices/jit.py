@@ -114,7 +114,8 @@ class PreemptionWatch:
     no calibration. ``max_hold_s``: how long after the deadline ``save_and_hold`` gives up
     waiting for the teardown and raises. ``record``: write ``JitCheckpoint`` ledger records.
     ``move``: in a spotfallback run, ask for the replacement at the notice and leave as soon as
-    the next gang can be placed (``save_and_move``); ``placement`` replaces Ray's GCS in tests.
+    the next gang can be placed (``save_and_move``; it needs ``record``, since the commit is
+    read from the ledger); ``placement`` replaces Ray's GCS in tests.
     """
 
     def __init__(

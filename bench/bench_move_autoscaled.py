@@ -1,0 +1,199 @@
+"""Downtime per announced eviction when the replacement must be provisioned: moved, held, plain Ray Train.
+
+On ``spotfallback.local.autoscaling`` (Ray's autoscaler v2 over the fake multi-node provider),
+in a process of its own (``python -m bench.bench_move_autoscaled --out FILE``: the harness's
+driver is connected to the other local cluster). Spot nodes are launched only on request, a
+provisioning delay after it; the DDP example (2 workers, 150 steps, a checkpoint every 5) runs
+on two of them, no spare up. Once rank 0 has completed step 8, rank 1's node gets a 30 s
+notice (a drain with reason PREEMPTION) and is killed at the deadline; the cloud has room for
+one more spot node. Provisioning delays of 5 s (with the node's start, shorter than the notice)
+and 60 s (longer). *Replacement up*: from the notice to the new spot node alive.
+``spotfallback+jit`` asks the autoscaler for the replacement at the notice and moves once it
+fits; ``spotfallback+jit+hold`` holds until the node goes (the replacement is asked for only by
+the restart); ``ray`` is plain ``TorchTrainer`` with periodic checkpoints. *Stall*: last step
+before the eviction → first step beyond it after the restart; *one plain Ray Train restart* is
+``ray``'s stall with no provisioning delay, measured in the same run. The target for the moved
+run is the issue's: downtime ≤ max(0, delay − notice) + one plain Ray Train restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from bench.harness import REPO, Figure, Measurement, Stat, Target, table, values
+from bench.runs import Context, alternating
+
+# A local node takes several seconds to start after its provisioning delay, more on a loaded
+# machine: the short delay plus that start must fit in the notice, the long one must not.
+NOTICE_S = 30.0
+SHORT_DELAY_S, LONG_DELAY_S = 5.0, 60.0
+AT_STEP = 8
+# Long enough that plain Ray Train, which trains through the notice, is still running at the kill.
+CONFIG = {"total_steps": 150, "checkpoint_every": 5, "step_delay_s": 0.15, "seed": 7}
+SCENARIOS: tuple[tuple[str, float], ...] = (("ray", 0.0),) + tuple(
+    (variant, delay)
+    for delay in (SHORT_DELAY_S, LONG_DELAY_S)
+    for variant in ("spotfallback+jit", "spotfallback+jit+hold", "ray")
+)
+_LABEL = {"spotfallback+jit": "moved", "spotfallback+jit+hold": "held until the node went", "ray": "plain Ray Train"}
+
+
+def _cluster(delay_s: float) -> Any:
+    from spotfallback import Tier
+    from spotfallback.local.autoscaling import AutoscaledGroup, LocalAutoscalingCluster
+
+    spot = Tier.spot(2)
+    return LocalAutoscalingCluster([AutoscaledGroup.for_tier(spot, cap=2, delay_s=delay_s)], connect=True)
+
+
+def one_eviction(cluster: Any, storage: Path, scenario: str, delay_s: float, reference: str) -> dict[str, Any]:
+    """Run the example on two fresh-or-idle spot nodes, announce and take rank 1's node, measure."""
+    from bench import bench_notices
+    from spotfallback.notices.drain import drain_for_preemption, gcs_client
+    from spotfallback.view.intervals import announced_evictions
+
+    cluster.set_capacity("spot", 2, delay_s=delay_s)
+    log, fit, driver, out = bench_notices.start_until_step(storage, scenario, AT_STEP, CONFIG)
+    rank0 = bench_notices.read_steps(log)[-1]["node"]
+    before = {n["NodeID"] for n in cluster.alive_nodes("spot")}
+    doomed = next(n for n in before if n != rank0)
+    cluster.set_capacity("spot", 3)  # room for the replacement, a delay away
+    notice_t = time.time()
+    drain_for_preemption(gcs_client(), doomed, notice_t + NOTICE_S, "a spot notice, from the benchmark")
+    up: list[float] = []
+
+    def watch_replacement() -> None:
+        while driver.is_alive() and not up:
+            if {n["NodeID"] for n in cluster.alive_nodes("spot")} - before:
+                up.append(time.time())
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=watch_replacement, daemon=True)
+    watcher.start()
+    time.sleep(max(0.0, notice_t + NOTICE_S - time.time()))
+    gone_early = not cluster.kill_node(doomed)  # the autoscaler may remove the drained node once the gang has left
+    kill_t = time.time()
+    driver.join(600)
+    watcher.join(5)
+    if "error" in out:
+        raise RuntimeError(f"{scenario}: {out['error']!r}")
+    steps = bench_notices.read_steps(log)
+    first = [s for s in steps if s["pid"] == steps[0]["pid"]]
+    after = [s for s in steps if s["pid"] != steps[0]["pid"]]
+    last = first[-1]
+    new = next(s for s in after if s["step"] > last["step"])
+    held_s, moved = None, False
+    ledger = getattr(getattr(fit, "__self__", None), "ledger", None)
+    if ledger is not None:
+        evictions = announced_evictions(ledger.read())
+        if evictions:
+            held_s, moved = round(evictions[0].held_s, 2), evictions[0].moved
+    cluster.set_capacity("spot", 2)
+    return {
+        "scenario": f"{scenario} ({delay_s:g} s provisioning, {NOTICE_S:g} s notice)", "variant": scenario,
+        "delay_s": delay_s, "notice_s": NOTICE_S, "last_before": last["step"], "resumed_at": after[0]["step"],
+        "redone": max(0, last["step"] - after[0]["step"] + 1), "stall_s": round(new["t"] - last["t"], 1),
+        "kill_to_new_s": round(new["t"] - kill_t, 1), "notice_to_kill_s": round(kill_t - notice_t, 1),
+        "held_s": held_s, "moved": moved, "replacement_up_s": round(up[0] - notice_t, 1) if up else None,
+        "node_gone_before_deadline": gone_early,
+        "weights_ok": out["result"].metrics.get("weights_sha256") == reference,
+    }
+
+
+def measure(reps: int, log: Any = print) -> list[dict[str, Any]]:
+    """Every scenario ``reps`` times on one autoscaled local cluster, alternated."""
+    from tests.support.helpers_e2e import apply_env
+
+    from bench import bench_notices
+
+    apply_env()
+    os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = "0.25"
+    storage = Path(tempfile.mkdtemp(prefix="sf-move-as-"))
+    rows = []
+    with _cluster(0.0) as cluster:
+        reference = bench_notices.make_fit("spotfallback", storage, "move-reference", dict(CONFIG))()
+        ref_hash = reference.metrics["weights_sha256"]
+        for rep in range(reps):
+            for scenario, delay in alternating(SCENARIOS, rep):
+                row = one_eviction(cluster, storage, scenario, delay, ref_hash)
+                row["rep"] = rep
+                log(f"move-autoscaled {row['scenario']} rep {rep}: stall {row['stall_s']} s, held {row['held_s']} s, "
+                    f"replacement up {row['replacement_up_s']} s after the notice, kill -> new step {row['kill_to_new_s']} s")
+                rows.append(row)
+    return rows
+
+
+def run(ctx: Context) -> list[dict[str, Any]]:
+    """In a process of its own: this process's driver belongs to the harness's cluster."""
+    out = ctx.path("move-autoscaled", ".json")
+    cmd = [sys.executable, "-m", "bench.bench_move_autoscaled", "--out", str(out), "--reps", str(ctx.reps(2, 1))]
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p)}
+    proc = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=3600)
+    for line in proc.stderr.splitlines():
+        if line.startswith("move-autoscaled "):
+            ctx.log(line)
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {proc.returncode}: {proc.stderr[-2000:]}")
+    rows: list[dict[str, Any]] = json.loads(out.read_text())
+    return rows
+
+
+def one_restart_s(rows: list[dict[str, Any]]) -> float:
+    """One plain Ray Train restart, measured: its stall with the replacement provisioned at once."""
+    return Stat.of(values(rows, "stall_s", variant="ray", delay_s=0.0)).median
+
+
+def figures(rows: list[dict[str, Any]]) -> list[Figure]:
+    restart = one_restart_s(rows)
+    out = []
+    for delay in (SHORT_DELAY_S, LONG_DELAY_S):
+        bound = max(0.0, delay - NOTICE_S) + restart
+        for variant in ("spotfallback+jit", "spotfallback+jit+hold", "ray"):
+            stall = Stat.of(values(rows, "stall_s", variant=variant, delay_s=delay))
+            target = (Target(f"≤ max(0, delay − notice) + one plain Ray Train restart ({bound:.1f} s)", max=bound)
+                      if variant == "spotfallback+jit" else Target("report (comparison)"))
+            out.append(Figure(12, f"Downtime per eviction ({_LABEL[variant]}), {delay:g} s provisioning, "
+                                  f"{NOTICE_S:g} s notice", "s", target, stall, 1))
+    return out
+
+
+def describe(rows: list[dict[str, Any]]) -> str:
+    body = [
+        (r["rep"], r["scenario"], r["held_s"] if r["held_s"] is not None else float("nan"), r["moved"],
+         r["replacement_up_s"] if r.get("replacement_up_s") is not None else float("nan"), r["stall_s"],
+         r["kill_to_new_s"], r["redone"], r["weights_ok"])
+        for r in rows
+    ]
+    return (__doc__ or "").split("\n\n", 1)[1].strip() + "\n\n" + table(
+        ["rep", "scenario", "held (s)", "moved", "replacement up (s)", "stall (s)", "kill → new step (s)",
+         "steps redone", "weights bit-identical"],
+        body,
+    ) + f"\n\nOne plain Ray Train restart (its stall, no provisioning delay): {one_restart_s(rows):.1f} s."
+
+
+MEASUREMENT = Measurement(
+    name="move-autoscaled", items=(12,), title="Downtime per announced eviction with provisioning: move vs hold",
+    run=run, figures=figures, describe=describe, cluster=False,
+)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(prog="python -m bench.bench_move_autoscaled", description=(__doc__ or "").splitlines()[0])
+    p.add_argument("--out", type=Path, required=True, help="write the rows here (JSON)")
+    p.add_argument("--reps", type=int, default=1)
+    args = p.parse_args()
+    rows = measure(args.reps, log=lambda s: print(s, file=sys.stderr, flush=True))
+    args.out.write_text(json.dumps(rows, indent=1))
+
+
+if __name__ == "__main__":
+    main()
