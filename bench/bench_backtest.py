@@ -12,12 +12,15 @@ import argparse
 import os
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
-from bench.harness import best_of, cpu_model
+from bench.harness import Figure, Measurement, Stat, Target, best_of, cpu_model, table, values
 from spotfallback.cli.plan import plan_optimum
 from spotfallback.sim.backtesting import BacktestResult, backtest
 from spotfallback.sim.planner import Plan, PlanRequest, load_process, plan
+from spotfallback.sim.traces import NodeTrace, SpotTrace
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -30,83 +33,22 @@ SMALL = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=5 / 60, restart_
 # The README's job: 100 h on 8 workers, 150 h deadline.
 LARGE = PlanRequest(work_h=100, num_workers=8, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
                     provisioning_delay_h=0.05, spot_price=0.9, on_demand_price=3.06, deadline_h=150, runs=400)
-
-
-
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__)
-    ap.add_argument("--repeat", type=int, default=3)
-    args = ap.parse_args()
-    base = SHARED if SHARED.is_dir() else FIXTURES / "traces"
-    print(f"machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}, "
-          f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.2f}")
-    v100 = load_process(str(base / V100))
-
-    for name, req in (("10 h job, 15 h deadline, 1 worker", SMALL), ("100 h job, 150 h deadline, 8 workers", LARGE)):
-        def run_plan(req: PlanRequest = req) -> Plan:
-            return plan(req, v100)
-
-        secs, p = best_of(args.repeat if req is SMALL else 1, run_plan)
-        assert isinstance(p, Plan)
-        t0 = time.perf_counter()
-        opt = plan_optimum(p, [v100])
-        opt_s = time.perf_counter() - t0
-        assert opt is not None
-        print(f"plan with the optimum, us-west-2a_v100_1, {name}, 400 runs: {secs + opt_s:.2f} s "
-              f"(optimum {opt_s:.2f} s; mean optimum {opt:,.1f}, recommended "
-              f"{p.recommended.mean_spend / opt:.3f}x of it; target < 5 s)")
-
-    small = plan(SMALL, v100)
-    ladder = small.recommended.ladder
-    assert ladder is not None
-    job = SMALL.job(small.recommended.tau_h)
-    secs, res = best_of(args.repeat, lambda: backtest(ladder, [v100], job, window_h=1.6))
-    assert isinstance(res, BacktestResult)
-    print(f"\nbacktest, {res.windows} windows of us-west-2a_v100_1 (every 1.6 h), the 10 h job's recommended "
-          f"ladder: {secs:.2f} s (target < 10 s for 400)")
-
-    leave_one_trace_out(base)
-
-
-def leave_one_trace_out(base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> None:
-    """Plan on every shared trace but one, backtest on that one: what the planner promises on a trace it never saw."""
-    paths = sorted(base.rglob("*.json")) + sorted(base.rglob("*.csv"))
-    procs = [load_process(str(p)) for p in paths]
-    print(f"\nleave one trace out: the 10 h job ({req.deadline_probability:g} on time asked), planned on the other "
-          f"{len(paths) - 1} traces, replayed unchanged on every {window_h:g} h window of the held-out one:")
-    print(f"  {'held-out trace':50s} {'windows':>7s} {'vs optimum mean / p95':>22s} {'> OD':>5s} {'on time':>8s}  "
-          f"plan (s)  recommended")
-    for i, path in enumerate(paths):
-        others = [p for j, p in enumerate(procs) if j != i]
-        t0 = time.perf_counter()
-        p = plan(req, others[0], more=others[1:])
-        secs = time.perf_counter() - t0
-        assert p.recommended.ladder is not None
-        r = backtest(p.recommended.ladder, [procs[i]], req.job(p.recommended.tau_h), window_h=window_h)
-        vs = r.vs_optimum
-        print(f"  {str(path.relative_to(base)):50s} {r.windows:7d} {vs.mean:10.3f} / {vs.p95:6.3f}    "
-              f"{r.costlier_than_on_demand:4d} {r.on_time_share:8.1%}  {secs:7.1f}  {p.recommended.label}", flush=True)
-
-if __name__ == "__main__":
-    main()
-
-
-# ----------------------------------------------------------------------------- `python -m bench`
-# Appended below the timing code above, which it leaves as it is; hence the late imports.
-
-from typing import Any  # noqa: E402
-
-from bench.harness import Figure, Measurement, Stat, Target, table, values  # noqa: E402
-
 ON_TIME_ASKED_PCT = 100 * SMALL.deadline_probability
 
+Row = dict[str, Any]
 
-def run(ctx: Any) -> list[dict[str, Any]]:
-    """What ``main`` prints, as rows: the two plans with the optimum, the backtest, each held-out trace."""
-    base = SHARED if SHARED.is_dir() else FIXTURES / "traces"
-    v100 = load_process(str(base / V100))
-    repeat = ctx.reps(3, 1)
-    rows: list[dict[str, Any]] = []
+
+def traces_base() -> Path:
+    """The shared traces where this checkout has them, else the test fixtures' copies."""
+    return SHARED if SHARED.is_dir() else FIXTURES / "traces"
+
+
+def trace_paths(base: Path) -> list[Path]:
+    return sorted(base.rglob("*.json")) + sorted(base.rglob("*.csv"))
+
+
+def plan_rows(v100: SpotTrace | NodeTrace, repeat: int) -> Iterator[Row]:
+    """`plan` with the optimum for the small job (best of ``repeat``) and the large one (once)."""
     for case, req in (("10 h job, 15 h deadline, 1 worker", SMALL), ("100 h job, 150 h deadline, 8 workers", LARGE)):
         secs, p = best_of(repeat if req is SMALL else 1, lambda req=req: plan(req, v100))
         assert isinstance(p, Plan)
@@ -114,29 +56,77 @@ def run(ctx: Any) -> list[dict[str, Any]]:
         opt = plan_optimum(p, [v100])
         opt_s = time.perf_counter() - t0
         assert opt is not None
-        rows.append({"kind": "plan", "case": case, "runs": req.runs, "seconds": secs + opt_s, "optimum_s": opt_s,
-                     "x_optimum": p.recommended.mean_spend / opt})
+        yield {"kind": "plan", "case": case, "runs": req.runs, "seconds": secs + opt_s, "optimum_s": opt_s,
+               "optimum": opt, "x_optimum": p.recommended.mean_spend / opt}
+
+
+def backtest_row(v100: SpotTrace | NodeTrace, repeat: int) -> Row:
+    """The small job's recommended ladder backtested on every 1.6 h window of the trace (best of ``repeat``)."""
     small = plan(SMALL, v100)
     ladder = small.recommended.ladder
     assert ladder is not None
     job = SMALL.job(small.recommended.tau_h)
     secs, res = best_of(repeat, lambda: backtest(ladder, [v100], job, window_h=1.6))
     assert isinstance(res, BacktestResult)
-    rows.append({"kind": "backtest", "case": "us-west-2a_v100_1, every 1.6 h", "windows": res.windows, "seconds": secs})
-    paths = sorted(base.rglob("*.json")) + sorted(base.rglob("*.csv"))
+    return {"kind": "backtest", "case": "us-west-2a_v100_1, every 1.6 h", "windows": res.windows, "seconds": secs}
+
+
+def held_out_rows(paths: list[Path], base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> Iterator[Row]:
+    """Plan on every trace but one, backtest on that one: what the planner promises on a trace it never saw."""
     procs = [load_process(str(p)) for p in paths]
     for i, path in enumerate(paths):
         others = [p for j, p in enumerate(procs) if j != i]
         t0 = time.perf_counter()
-        held = plan(SMALL, others[0], more=others[1:])
+        held = plan(req, others[0], more=others[1:])
         plan_s = time.perf_counter() - t0
         assert held.recommended.ladder is not None
-        r = backtest(held.recommended.ladder, [procs[i]], SMALL.job(held.recommended.tau_h), window_h=24.0)
-        rows.append({"kind": "held_out", "case": str(path.relative_to(base)), "windows": r.windows,
-                     "x_optimum_mean": r.vs_optimum.mean, "x_optimum_p95": r.vs_optimum.p95,
-                     "costlier_than_on_demand": r.costlier_than_on_demand, "on_time_pct": 100 * r.on_time_share,
-                     "plan_s": plan_s, "recommended": held.recommended.label})
-    return rows
+        r = backtest(held.recommended.ladder, [procs[i]], req.job(held.recommended.tau_h), window_h=window_h)
+        yield {"kind": "held_out", "case": str(path.relative_to(base)), "windows": r.windows,
+               "x_optimum_mean": r.vs_optimum.mean, "x_optimum_p95": r.vs_optimum.p95,
+               "costlier_than_on_demand": r.costlier_than_on_demand, "on_time_pct": 100 * r.on_time_share,
+               "plan_s": plan_s, "recommended": held.recommended.label}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__)
+    ap.add_argument("--repeat", type=int, default=3)
+    args = ap.parse_args()
+    base = traces_base()
+    print(f"machine: {os.cpu_count()} CPUs (nproc {len(os.sched_getaffinity(0))}), {cpu_model()}, "
+          f"Python {platform.python_version()}, load average {os.getloadavg()[0]:.2f}")
+    v100 = load_process(str(base / V100))
+    for r in plan_rows(v100, args.repeat):
+        print(f"plan with the optimum, us-west-2a_v100_1, {r['case']}, {r['runs']} runs: {r['seconds']:.2f} s "
+              f"(optimum {r['optimum_s']:.2f} s; mean optimum {r['optimum']:,.1f}, recommended "
+              f"{r['x_optimum']:.3f}x of it; target < 5 s)")
+    r = backtest_row(v100, args.repeat)
+    print(f"\nbacktest, {r['windows']} windows of us-west-2a_v100_1 (every 1.6 h), the 10 h job's recommended "
+          f"ladder: {r['seconds']:.2f} s (target < 10 s for 400)")
+    leave_one_trace_out(base)
+
+
+def leave_one_trace_out(base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> None:
+    """Print ``held_out_rows`` for every trace under ``base`` as each is done."""
+    paths = trace_paths(base)
+    print(f"\nleave one trace out: the 10 h job ({req.deadline_probability:g} on time asked), planned on the other "
+          f"{len(paths) - 1} traces, replayed unchanged on every {window_h:g} h window of the held-out one:")
+    print(f"  {'held-out trace':50s} {'windows':>7s} {'vs optimum mean / p95':>22s} {'> OD':>5s} {'on time':>8s}  "
+          f"plan (s)  recommended")
+    for r in held_out_rows(paths, base, req, window_h):
+        print(f"  {r['case']:50s} {r['windows']:7d} {r['x_optimum_mean']:10.3f} / {r['x_optimum_p95']:6.3f}    "
+              f"{r['costlier_than_on_demand']:4d} {r['on_time_pct']:7.1f}%  {r['plan_s']:7.1f}  {r['recommended']}",
+              flush=True)
+
+
+# ----------------------------------------------------------------------------- `python -m bench`
+
+
+def run(ctx: Any) -> list[Row]:
+    """What ``main`` prints, as rows: the two plans with the optimum, the backtest, each held-out trace."""
+    base = traces_base()
+    v100 = load_process(str(base / V100))
+    repeat = ctx.reps(3, 1)
+    return [*plan_rows(v100, repeat), backtest_row(v100, repeat), *held_out_rows(trace_paths(base), base)]
 
 
 def figures(rows: list[dict[str, Any]]) -> list[Figure]:
@@ -184,3 +174,7 @@ MEASUREMENT = Measurement(
     name="backtest", items=(9,), title="Hindsight optimum and backtesting", run=run, figures=figures,
     describe=describe, cluster=False, explain=explain,
 )
+
+
+if __name__ == "__main__":
+    main()

@@ -9,7 +9,7 @@ from spotfallback.config import CostCap, Ladder, Tier
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.world import RateModel
-from tests.unit.test_simulator import assert_same_runs, scenarios
+from tests.unit.test_simulator import assert_engines_agree, assert_same_runs, scenarios
 
 
 @st.composite
@@ -33,14 +33,7 @@ def capped_scenarios(draw):
 @settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
 @given(capped_scenarios())
 def test_fast_engine_matches_policy_engine_with_cost_caps(scenario):
-    ladder, job, world, seed = scenario
-    try:
-        fast = simulate(ladder, job, world, runs=25, seed=seed, engine="fast")
-    except ValueError as e:  # a gang bigger than the node trace's cluster
-        assert "never has" in str(e)
-        return
-    ref = simulate(ladder, job, world, runs=25, seed=seed, engine="policy")
-    assert_same_runs(fast, ref)
+    assert_engines_agree(*scenario)
 
 
 def test_fast_engine_matches_policy_engine_where_the_cost_cap_moves_runs():

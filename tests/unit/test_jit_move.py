@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import pytest
@@ -18,10 +19,12 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.notices.jit import PreemptionWatch
-from spotfallback.notices.move import NextGang, Placement, committed_since, next_gang
+from spotfallback.notices.move import Move, NextGang, Placement, committed_since, next_gang
 from spotfallback.notices.runlog import RunLog
 from spotfallback.store.ledger import Ledger
+from spotfallback.store.ledger_snapshot import KEEP_CHECKPOINTS
 from spotfallback.store.location import resolve_run
+from tests.support.ledgers import counting_reads
 from tests.unit.test_jit import FakeSession, Group, Info
 
 LADDER = Ladder(tiers=(Tier.spot(4, max_preemptions=1), Tier.on_demand(2)))
@@ -160,3 +163,74 @@ def test_other_ranks_hold_while_rank_zero_decides(run_log):
     with pytest.raises(JitHoldExpiredError):
         watch.save_and_move(lambda: _commit(run_log, 5), step=5)
     assert cluster.requests == []
+
+
+def _twin_logs(tmp_path, events: list[Any]) -> dict[str, RunLog]:
+    """The same run written twice: compacted in chunks of 4 as it goes (so with a stored snapshot), and never."""
+    logs = {}
+    for name, every in (("compacted", 4), ("whole", 0)):
+        location = resolve_run(str(tmp_path), name)
+        ledger = Ledger(location, writer="ctl", compact_every=every)
+        ledger.ensure_dirs()
+        ledger.write_meta(LADDER)
+        for event in events:
+            ledger.append(event, 0, None)
+        logs[name] = RunLog(location, writer="test")
+    return logs
+
+
+def _commits(t0: float, first_step: int, n: int, every_s: float) -> list[Any]:
+    return [CheckpointCommitted(t0 + every_s * k, f"ckpt_{first_step + k}", first_step + k) for k in range(n)]
+
+
+T = time.time() - 3600.0
+RUNS: dict[str, Callable[[], list[Any]]] = {
+    "budget left": lambda: [RunStarted(T), WorkersAcquired(T + 1, 4), *_commits(T + 60, 1, 21, 60.0)],
+    "budget spent": lambda: [RunStarted(T), WorkersAcquired(T + 1, 4), *_commits(T + 60, 1, 9, 60.0), Preempted(T + 700),
+                             WorkersAcquired(T + 760, 4), *_commits(T + 800, 9, 11, 60.0)],
+    # More recent commits than a snapshot keeps: only the whole ledger tells about the older ones.
+    "a burst of commits": lambda: [RunStarted(T), WorkersAcquired(T + 1, 4),
+                                   *_commits(T + 60, 1, KEEP_CHECKPOINTS + 30, 0.25)],
+}
+
+
+@pytest.mark.parametrize("run", sorted(RUNS))
+def test_a_move_on_a_compacted_ledger_answers_as_on_the_whole_ledger(tmp_path, run):
+    events = RUNS[run]()
+    logs = _twin_logs(tmp_path, events)
+    compacted = logs["compacted"].ledger.read_view(LADDER)
+    assert compacted.snapshot is not None and len(compacted.tail) < 4
+    cluster = FakeCluster(capacity=4)
+    moves = {name: Move.at_notice(log, Info(deadline_ms=None), None, cluster.placement()) for name, log in logs.items()}
+    assert moves["compacted"] is not None and moves["whole"] is not None
+    assert moves["compacted"].gang == moves["whole"].gang
+    (tier, workers, _), (same_tier, same_workers, _) = cluster.requests
+    assert (tier, workers) == (same_tier, same_workers)
+    commits = [e for e in events if isinstance(e, CheckpointCommitted)]
+    n = len(commits)
+    picked = [commits[max(0, i)] for i in sorted({0, n // 2, n - KEEP_CHECKPOINTS - 3, n - KEEP_CHECKPOINTS, n - 2, n - 1})]
+    times = sorted({e.t + d for e in picked for d in (-30.5, -29.5, -0.1, 0.0, 0.1)})
+    steps = [None, *(e.step for e in picked), 10_000]
+    answers = {name: [move.ready(since, step) for since in times for step in steps] for name, move in moves.items()}
+    assert answers["compacted"] == answers["whole"]
+    assert any(answers["whole"]) and not all(answers["whole"])
+
+
+def test_a_move_on_a_long_run_reads_the_snapshot_and_the_new_events_only(tmp_path, monkeypatch):
+    location = resolve_run(str(tmp_path), "long")
+    ledger = Ledger(location, writer="ctl", compact_every=50)
+    ledger.ensure_dirs()
+    ledger.write_meta(LADDER)
+    for event in [RunStarted(T), WorkersAcquired(T + 1, 4), *_commits(T + 60, 1, 1_000 + 7, 1.0)]:
+        ledger.append(event, 0, None)
+    read = counting_reads(monkeypatch)
+    move = Move.at_notice(RunLog(location), Info(deadline_ms=None), None, FakeCluster(capacity=4).placement())
+    assert move is not None
+    assert sorted(read) == sorted([ledger.snapshot_path, *ledger._list(strict=True)[0]])  # no segment
+    read.clear()
+    assert not move.ready(time.time(), 2_000)
+    assert read == [ledger.snapshot_path]  # the loose events it has seen are not fetched again
+    read.clear()
+    ledger.append(CheckpointCommitted(time.time(), "ckpt_2000", 2_000), 0, None)
+    assert move.ready(time.time() - 1.0, 2_000)
+    assert len(read) == 2  # the snapshot and the new commit

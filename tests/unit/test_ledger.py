@@ -11,7 +11,6 @@ import pyarrow.fs as pafs
 import pytest
 
 from spotfallback.accounting import summarize
-from spotfallback.config import Tier, make_ladder
 from spotfallback.errors import ConfigError, DriverAlreadyRunningError, LedgerError
 from spotfallback.events import (
     CapacityTimedOut,
@@ -25,11 +24,9 @@ from spotfallback.policy import FallbackPolicy
 from spotfallback.store.lease import DriverLease
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import list_dir, resolve_run, split_run_uri
+from tests.support.ledgers import spot_then_on_demand
 
-LADDER = make_ladder([
-    Tier.spot(2, max_preemptions=1, price_per_worker_hour=1.0),
-    Tier.on_demand(2, price_per_worker_hour=3.0),
-])
+LADDER = spot_then_on_demand(1.0, 3.0)
 
 
 def write_run(ledger: Ledger) -> None:

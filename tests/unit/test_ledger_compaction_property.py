@@ -6,51 +6,17 @@ import dataclasses
 import tempfile
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 from spotfallback.accounting import summarize
-from spotfallback.config import Tier, make_ladder
-from spotfallback.events import (
-    CapacityTimedOut,
-    CheckpointCommitted,
-    Event,
-    NodeFailed,
-    Preempted,
-    PreemptionNotice,
-    RunStarted,
-    WorkersAcquired,
-)
+from spotfallback.events import Event
 from spotfallback.policy import FallbackPolicy
 from spotfallback.store.ledger import Ledger, LedgerTail
 from spotfallback.store.location import resolve_run
+from tests.support.ledgers import AGENT_KINDS, MAKERS, drawn_runs
+from tests.support.ledgers import THREE_TIERS as LADDER
 
-LADDER = make_ladder([
-    Tier.spot(2, max_preemptions=2, price_per_worker_hour=1.0),
-    Tier.spot(2, max_preemptions=1, max_failures=1, price_per_worker_hour=1.5, name="spot-b"),
-    Tier.on_demand(2, price_per_worker_hour=3.0),
-])
-
-MAKERS = {
-    "start": lambda t, k: RunStarted(t),
-    "up": lambda t, k: WorkersAcquired(t, num_workers=2),
-    "checkpoint": lambda t, k: CheckpointCommitted(t, step=k),
-    "preempted": lambda t, k: Preempted(t),
-    "node_failed": lambda t, k: NodeFailed(t),
-    "timed_out": lambda t, k: CapacityTimedOut(t, waited_s=60.0),
-    # From a node's notice agent, whose clock may be behind the controller's.
-    "notice": lambda t, k: PreemptionNotice(t, node_id=f"n{k}"),
-}
-
-steps = st.lists(
-    st.tuples(
-        st.sampled_from(sorted(MAKERS)),
-        st.floats(min_value=0.001, max_value=600.0),  # gap to the previous event
-        st.floats(min_value=0.0, max_value=3000.0),  # how far behind a notice agent's clock is
-        st.one_of(st.none(), st.integers(min_value=1, max_value=6)),  # compact here, in chunks of this many
-    ),
-    min_size=1,
-    max_size=40,
-)
+# The controller's events and the agent's notices, without the run's end or just-in-time checkpoints (the snapshot tests draw those).
+steps = drawn_runs(["start", "up", "checkpoint", "preempted", "node_failed", "timed_out", "notice"])
 
 
 def _stripped(records):
@@ -71,7 +37,7 @@ def test_a_compacted_ledger_replays_exactly_like_the_full_ledger(steps):
         state, t = policy.initial_state(), 1_700_000_000.0
         for k, (kind, gap, lag, compact_every) in enumerate(steps):
             t += gap
-            writer = "agent" if kind == "notice" else "ctl"
+            writer = "agent" if kind in AGENT_KINDS else "ctl"
             event: Event = MAKERS[kind](t - lag if writer == "agent" else t, k)
             step = policy.decide(state, event)
             for ledgers in (compacted, full):

@@ -11,19 +11,11 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spotfallback.accounting import Carry, fold, summarize
-from spotfallback.config import Tier, make_ladder
+from spotfallback.config import make_ladder
 from spotfallback.events import (
-    CapacityTimedOut,
     CheckpointCommitted,
-    Event,
-    Finished,
-    JitCheckpoint,
-    LedgerRecord,
-    NodeFailed,
-    Preempted,
     PreemptionNotice,
     RunStarted,
-    WorkersAcquired,
 )
 from spotfallback.policy import FallbackPolicy
 from spotfallback.store import ledger as ledger_module
@@ -32,51 +24,19 @@ from spotfallback.store.ledger import Ledger
 from spotfallback.store.ledger_snapshot import SNAPSHOT_DIR, covered_prefix
 from spotfallback.store.location import TMP_PREFIX, resolve_run
 from spotfallback.view.snapshot import DriverInfo, build_snapshot, charge_until
-
-LADDER = make_ladder([
-    Tier.spot(2, max_preemptions=2, price_per_worker_hour=1.0),
-    Tier.spot(2, max_preemptions=1, max_failures=1, price_per_worker_hour=1.5, name="spot-b"),
-    Tier.on_demand(2, price_per_worker_hour=3.0),
-])
-T0 = 1_700_000_000.0
-
-MAKERS = {
-    "start": lambda t, k: RunStarted(t),
-    "up": lambda t, k: WorkersAcquired(t, num_workers=2),
-    "checkpoint": lambda t, k: CheckpointCommitted(t, step=k, path=f"/ckpt/checkpoint_{k:06d}"),
-    "preempted": lambda t, k: Preempted(t),
-    "node_failed": lambda t, k: NodeFailed(t),
-    "timed_out": lambda t, k: CapacityTimedOut(t, waited_s=60.0),
-    "finished": lambda t, k: Finished(t),
-    # From a node's notice agent, whose clock may be behind the controller's.
-    "notice": lambda t, k: PreemptionNotice(t, node_id=f"n{k}"),
-    "jit": lambda t, k: JitCheckpoint(t, outcome="reported", attempt=f"a{k}"),
-}
-WRITERS = {"notice": "agent", "jit": "agent"}
-
-steps = st.lists(
-    st.tuples(
-        st.sampled_from(sorted(MAKERS)),
-        st.floats(min_value=0.001, max_value=600.0),  # gap to the previous event
-        st.floats(min_value=0.0, max_value=3000.0),  # how far behind an agent's clock is
-        st.one_of(st.none(), st.integers(min_value=1, max_value=6)),  # compact here, in chunks of this many
-    ),
-    min_size=1,
-    max_size=40,
+from tests.support.ledgers import (
+    MAKERS,
+    T0,
+    cli_app,
+    counting_reads,
+    drawn_records,
+    drawn_runs,
+    write_drawn_run,
+    write_long_run,
 )
+from tests.support.ledgers import THREE_TIERS as LADDER
 
-
-def _records(kinds: list[tuple[str, float]]) -> list[LedgerRecord]:
-    """Records as a run writes them: each on the tier the policy had it on, with its decision."""
-    policy, out = FallbackPolicy(LADDER), []
-    state, t = policy.initial_state(), T0
-    for k, (kind, gap) in enumerate(kinds):
-        t += gap
-        step = policy.decide(state, MAKERS[kind](t, k))
-        out.append(LedgerRecord(id=str(k), writer="ctl", tier=state.tier, event=MAKERS[kind](t, k),
-                                decision=step.decision.to_json()))
-        state = step.state
-    return out
+steps = drawn_runs(list(MAKERS))
 
 
 def _same_summary(a, b) -> None:
@@ -92,7 +52,7 @@ def _same_summary(a, b) -> None:
                       max_size=40),
        split=st.integers(min_value=0, max_value=40), now_after=st.one_of(st.none(), st.floats(0.0, 7200.0)))
 def test_summarizing_the_tail_from_a_stored_carry_equals_summarizing_everything(kinds, split, now_after):
-    records = _records(kinds)
+    records = drawn_records(kinds)
     split = min(split, len(records))
     now = None if now_after is None or not records else records[-1].t + now_after
     stored = Carry.from_json(json.loads(json.dumps(fold(LADDER, records[:split]).to_json(keep_checkpoints=2))))
@@ -102,32 +62,11 @@ def test_summarizing_the_tail_from_a_stored_carry_equals_summarizing_everything(
 
 
 def test_a_stored_carry_is_left_as_it_was_by_summarizing_from_it():
-    records = _records([("start", 1.0), ("up", 30.0), ("checkpoint", 60.0), ("preempted", 10.0)])
+    records = drawn_records([("start", 1.0), ("up", 30.0), ("checkpoint", 60.0), ("preempted", 10.0)])
     carry = fold(LADDER, records[:2])
     before = carry.to_json()
     summarize(LADDER, records[2:], now=T0 + 9999, start=carry)
     assert carry.to_json() == before
-
-
-def _write(root: str, steps, name: str = "run") -> tuple[Ledger, float]:
-    """The run written by a controller and an agent (its clock behind), compacted at the drawn points."""
-    location = resolve_run(root, name)
-    writers = {w: Ledger(location, writer=w, compact_every=0) for w in ("ctl", "agent")}
-    writers["ctl"].ensure_dirs()
-    writers["ctl"].write_meta(LADDER, {"name": name, "progress_totals": {"total_steps": 100}})
-    policy = FallbackPolicy(LADDER)
-    state, t = policy.initial_state(), T0
-    for k, (kind, gap, lag, compact_every) in enumerate(steps):
-        t += gap
-        writer = WRITERS.get(kind, "ctl")
-        event: Event = MAKERS[kind](t - lag if writer == "agent" else t, k)
-        step = policy.decide(state, event)
-        info = {"metrics": {"step": k}} if kind == "checkpoint" else None
-        writers[writer].append(event, state.tier, step.decision.to_json(), info)
-        state = step.state
-        if compact_every is not None:
-            Ledger(location, writer="drv", compact_every=compact_every).compact()
-    return Ledger(location), t
 
 
 def _status(ledger: Ledger, now: float, driver: DriverInfo | None, heartbeat_t: float, *, snapshot: bool) -> dict:
@@ -145,7 +84,7 @@ def _status(ledger: Ledger, now: float, driver: DriverInfo | None, heartbeat_t: 
 @given(steps=steps, live=st.booleans(), heartbeat_at=st.floats(0.0, 1.0))
 def test_status_from_the_snapshot_and_the_events_after_it_equals_status_from_every_event(steps, live, heartbeat_at):
     with tempfile.TemporaryDirectory() as root:
-        ledger, t = _write(root, steps)
+        ledger, t = write_drawn_run(root, steps)
         view = ledger.read_view(LADDER)
         assert view.events == len(ledger.read())
         now = t + 100.0
@@ -158,14 +97,8 @@ def test_status_from_the_snapshot_and_the_events_after_it_equals_status_from_eve
         assert policy.replay((r.event for r in view.tail), base) == policy.replay(r.event for r in ledger.read())
 
 
-def _long_run(root: str, events: int, every: int) -> tuple[Ledger, float]:
-    steps = [("start", 1.0, 0.0, None), ("up", 30.0, 0.0, None)]
-    steps += [("checkpoint", 120.0, 0.0, every if k % every == every - 1 else None) for k in range(events - 2)]
-    return _write(root, steps)
-
-
 def test_a_compaction_stores_a_snapshot_of_every_whole_segment(tmp_path):
-    ledger, _ = _long_run(str(tmp_path), 53, 10)
+    ledger, _ = write_long_run(str(tmp_path), 53, 10)
     view = ledger.read_view(LADDER)
     assert view.snapshot is not None
     assert view.snapshot.events == 50 and len(view.tail) == 3
@@ -173,29 +106,14 @@ def test_a_compaction_stores_a_snapshot_of_every_whole_segment(tmp_path):
     assert view.snapshot.committed[-1] == "checkpoint_000049"
 
 
-def _counting_reads(monkeypatch) -> list[str]:
-    read: list[str] = []
-    real = ledger_module.read_objects
-
-    def counting(fs, paths, **kw):
-        read.extend(paths)
-        return real(fs, paths, **kw)
-
-    monkeypatch.setattr(ledger_module, "read_objects", counting)
-    return read
-
-
 def test_status_and_resume_of_a_long_run_read_only_the_snapshot_and_what_came_after_it(tmp_path, monkeypatch):
-    import typer
     from typer.testing import CliRunner
 
     from spotfallback.cli import status as cli_status
 
-    app = typer.Typer()
-    cli_status.register(app)
-    app.command("noop")(lambda: None)  # two commands: typer then keeps the command's name
-    ledger, _ = _long_run(str(tmp_path), 2_000 + 7, 100)
-    read = _counting_reads(monkeypatch)
+    app = cli_app(cli_status.register)
+    ledger, _ = write_long_run(str(tmp_path), 2_000 + 7, 100)
+    read = counting_reads(monkeypatch)
     result = CliRunner().invoke(app, ["status", str(tmp_path / "run"), "--json", "--events", "20"])
     assert result.exit_code == 0, result.output
     assert json.loads(result.output)["checkpoints"] == 2_005
@@ -211,7 +129,7 @@ def test_status_and_resume_of_a_long_run_read_only_the_snapshot_and_what_came_af
 
 
 def test_a_crash_while_writing_the_snapshot_leaves_an_object_readers_skip(tmp_path):
-    ledger, _ = _long_run(str(tmp_path), 45, 10)
+    ledger, _ = write_long_run(str(tmp_path), 45, 10)
     before = ledger.read_view(LADDER)
     directory = ledger.location.path("ledger", SNAPSHOT_DIR)
     with ledger.location.fs.open_output_stream(f"{directory}/{TMP_PREFIX}torn-snapshot.json") as out:
@@ -222,7 +140,7 @@ def test_a_crash_while_writing_the_snapshot_leaves_an_object_readers_skip(tmp_pa
 
 
 def test_a_snapshot_older_than_the_segments_still_reads_every_event(tmp_path):
-    ledger, t = _long_run(str(tmp_path), 25, 10)
+    ledger, t = write_long_run(str(tmp_path), 25, 10)
     old = ledger.location.fs.open_input_stream(ledger.snapshot_path).readall()
     for k in range(30):
         ledger.append(CheckpointCommitted(t + 120 * (k + 1), step=100 + k), 0, {"action": "continue"})
@@ -237,7 +155,7 @@ def test_a_snapshot_older_than_the_segments_still_reads_every_event(tmp_path):
 
 @pytest.mark.parametrize("how", ["loose copy of a covered event", "late event", "covered segment gone", "other ladder"])
 def test_a_snapshot_that_does_not_fit_the_ledger_is_not_used(tmp_path, how):
-    ledger, t = _long_run(str(tmp_path), 25, 10)
+    ledger, t = write_long_run(str(tmp_path), 25, 10)
     fs = ledger.location.fs
     segments = ledger._list(strict=True)[1]
     if how == "loose copy of a covered event":  # a compaction that crashed before deleting the chunk
@@ -256,7 +174,7 @@ def test_a_snapshot_that_does_not_fit_the_ledger_is_not_used(tmp_path, how):
 
 
 def test_the_next_compaction_stores_a_snapshot_that_fits_again(tmp_path):
-    ledger, t = _long_run(str(tmp_path), 25, 10)
+    ledger, t = write_long_run(str(tmp_path), 25, 10)
     Ledger(ledger.location, writer="agent").append(PreemptionNotice(T0 + 5, node_id="n"), 0, {"action": "continue"})
     assert ledger.read_view(LADDER).snapshot is None
     for k in range(10):
@@ -269,7 +187,7 @@ def test_the_next_compaction_stores_a_snapshot_that_fits_again(tmp_path):
 
 def test_a_run_without_a_snapshot_reads_as_it_always_did(tmp_path):
     steps = [("start", 1.0, 0.0, None), ("up", 30.0, 0.0, None)] + [("checkpoint", 120.0, 0.0, None)] * 30
-    ledger, _ = _write(str(tmp_path), steps)
+    ledger, _ = write_drawn_run(str(tmp_path), steps)
     Ledger(ledger.location, compact_every=10).compact()
     ledger.location.fs.delete_dir(ledger.location.path("ledger", SNAPSHOT_DIR))
     view = Ledger(ledger.location).read_view(LADDER)
@@ -277,7 +195,7 @@ def test_a_run_without_a_snapshot_reads_as_it_always_did(tmp_path):
 
 
 def test_a_snapshot_covers_whole_segments_up_to_the_first_loose_event():
-    rec = _records([("start", 1.0)])[0]
+    rec = drawn_records([("start", 1.0)])[0]
     items = [("1", rec, "s1"), ("2", rec, "s2"), ("3", rec, "s1"), ("4", rec, "s3"), ("5", rec, None), ("6", rec, "s4")]
     assert covered_prefix(items) == 4
     assert covered_prefix([("1", rec, "s1"), ("2", rec, None)]) == 1
@@ -289,7 +207,7 @@ def test_status_from_a_snapshot_ignores_a_heartbeat_from_before_a_restart_it_cov
     steps = [("start", 1.0, 0.0, None), ("up", 30.0, 0.0, None), ("checkpoint", 120.0, 0.0, None),
              ("preempted", 100.0, 0.0, None), ("up", 30.0, 0.0, None), ("checkpoint", 120.0, 0.0, None),
              ("preempted", 100.0, 0.0, None), ("up", 30.0, 0.0, 4)]
-    ledger, t = _write(str(tmp_path), steps)
+    ledger, t = write_drawn_run(str(tmp_path), steps)
     assert ledger.read_view(LADDER).snapshot is not None
     now = t + 60.0
     driver = DriverInfo("h", 1, now, now + 30)

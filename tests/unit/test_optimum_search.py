@@ -3,13 +3,14 @@
 The search keeps only Pareto-optimal partial schedules, found by sorting and prefix minima,
 and drops those that cannot beat the best schedule so far or, by a margin, a few simple
 schedules it tries first. Pinned here: the answers recorded from the plain search it
-replaced (spend, finish, hours and sessions, to the last tie), an exhaustive search without
-any pruning on small random traces, the answer with the simple schedules left out, and the
-Pareto helpers against their definition.
+replaced (spend, finish, hours and sessions, to the last tie: tests/golden/optimum-search.json),
+an exhaustive search without any pruning on small random traces, the answer with the simple
+schedules left out, and the Pareto helpers against their definition.
 """
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from spotfallback.sim.traces import SpotTrace, load_node_trace, load_spot_trace
 from spotfallback.sim.world import compile_process, compile_spot_trace
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
+GOLDEN = Path(__file__).resolve().parents[1] / "golden"
 AVAILABILITY = FIXTURES / "traces" / "spot-traces" / "availability" / "1-node" / "aws-10-26-2022"
 
 
@@ -55,45 +57,11 @@ JOBS = {
                                    provisioning_delay_h=0.05),
 }
 
-# (start_h, (spend, finish_h, spot_h, on_demand_h, sessions)), as the search before this one
-# (a Python loop per Pareto level, no early bounds) answered them.
+# By job: (start_h, (spend, finish_h, spot_h, on_demand_h, sessions)), as the search before this one
+# (a Python loop per Pareto level, no early bounds) answered them; no schedule at all is spend Infinity, the rest NaN.
 RECORDED: dict[str, list[tuple[float, tuple[float, float, float, float, int]]]] = {
-    "100 h job, 8 workers": [
-        (0.0, (940.1760000000011, 150.0, 96.74999999999999, 9.950000000000038, 37)),
-        (26.5, (745.8000000000002, 148.41666666666666, 103.58333333333336, 0.0, 20)),
-        (175.0, (871.8959999999985, 147.66666666666663, 98.88333333333344, 6.533333333333243, 30)),
-        (331.67, (722.04, 136.37999999999994, 100.28333333333333, 0.0, 2)),
-        (413.33, (724.6800000000001, 108.18333333333331, 100.65, 0.0, 4)),
-        (552.17, (726.0000000000001, 149.4133333333334, 100.83333333333334, 0.0, 5)),
-    ],
-    "10 h job, 1 worker": [
-        (0.0, (7.326666666666666, 14.716666666666667, 5.533333333333334, 5.666666666666666, 7)),
-        (40.0, (3.25, 14.91666666666667, 10.833333333333334, 0.0, 5)),
-        (101.5, (3.03, 13.983333333333329, 10.1, 0.0, 1)),
-        (230.0, (4.658333333333329, 15.0, 9.083333333333341, 1.9333333333333262, 6)),
-        (377.83, (6.788333333333321, 15.0, 5.516666666666685, 5.133333333333315, 4)),
-        (512.0, (3.03, 10.15, 10.1, 0.0, 1)),
-    ],
-    "no restart cost": [
-        (3.0, (8.333333333333345, 40.0, 16.66666666666665, 3.33333333333335, 29)),
-        (150.0, (6.0, 38.333333333333314, 20.0, 0.0, 3)),
-        (420.0, (6.0, 20.0, 20.0, 0.0, 1)),
-    ],
-    "spot only": [
-        (0.0, (math.inf, math.nan, math.nan, math.nan, 0)),
-        (60.0, (math.inf, math.nan, math.nan, math.nan, 0)),
-        (190.0, (12.299999999999997, 38.01666666666666, 10.25, 0.0, 2)),
-    ],
-    "two spot markets": [
-        (0.0, (13.6475, 39.483333333333334, 30.85, 0.0, 3)),
-        (77.0, (9.345, 32.04999999999999, 31.150000000000002, 0.0, 4)),
-        (300.0, (11.586666666666641, 45.0, 29.23333333333337, 2.81666666666663, 7)),
-    ],
-    "node trace, 8 nodes": [
-        (0.0, (18.559999999999995, 7.993333333333332, 6.200000000000001, 0.4599999999999994, 14)),
-        (1.0, (19.213333333333328, 7.959999999999999, 6.083333333333335, 0.5766666666666657, 14)),
-        (2.5, (17.53333333333333, 8.0, 6.383333333333335, 0.2766666666666663, 14)),
-    ],
+    name: [(start, tuple(want)) for start, want in answers]
+    for name, answers in json.loads((GOLDEN / "optimum-search.json").read_text()).items()
 }
 
 

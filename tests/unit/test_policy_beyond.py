@@ -30,17 +30,7 @@ from spotfallback.events import (
     event_from_json,
 )
 from spotfallback.policy import FallbackPolicy, PolicyState, TierStats
-
-
-def run(policy: FallbackPolicy, events: list[Event]) -> tuple[PolicyState, list]:
-    state = policy.initial_state()
-    decisions = []
-    for e in events:
-        step = policy.decide(state, e)
-        state = step.state
-        decisions.append(step.decision)
-    assert policy.replay(events) == state  # the ledger rebuilds exactly this state
-    return state, decisions
+from tests.support.policies import run, seen
 
 
 def climbing_ladder(**spot: object) -> FallbackPolicy:
@@ -51,10 +41,6 @@ def climbing_ladder(**spot: object) -> FallbackPolicy:
 def on_demand_after_budget(t0: float = 0.0) -> list[Event]:
     """Spot preempted past its budget at t0+100, on-demand workers up at t0+110."""
     return [RunStarted(t0), WorkersAcquired(t0 + 1, 2), Preempted(t0 + 100), WorkersAcquired(t0 + 110, 2)]
-
-
-def seen(t: float, tier: int = 0, n: int = 2, remaining: float | None = 36000.0, restart: float = 60.0) -> CapacityObserved:
-    return CapacityObserved(t, tier=tier, available_workers=n, remaining_work_s=remaining, restart_s=restart)
 
 
 # -- config -----------------------------------------------------------------------------

@@ -7,11 +7,11 @@ from __future__ import annotations
 
 from spotfallback.config import CostCap, Tier
 from spotfallback.events import (
-    CapacityObserved,
     CapacityTimedOut,
     CheckpointCommitted,
     ClimbBack,
     Continue,
+    Decision,
     Event,
     Preempted,
     Retry,
@@ -20,6 +20,7 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.policy import FallbackPolicy, PolicyState
+from tests.support import policies
 
 # The last tier alone: 1.0/h x (10 h of work + a 0.5 h restart) = 10.5.
 CAP = CostCap(work_h=10.0, restart_h=0.5, first_commit_h=0.5)
@@ -39,13 +40,10 @@ def ladder(*tiers: Tier) -> FallbackPolicy:
     return FallbackPolicy([*tiers, Tier.on_demand(1, price_per_worker_hour=1.0)])
 
 
-def run(policy: FallbackPolicy, events: list[Event]) -> tuple[PolicyState, object]:
-    state, decision = policy.initial_state(), None
-    for event in events:
-        step = policy.decide(state, event)
-        state, decision = step.state, step.decision
-    assert policy.replay(events) == state
-    return state, decision
+def run(policy: FallbackPolicy, events: list[Event]) -> tuple[PolicyState, Decision]:
+    """The state after ``events`` and the decision on the last of them (replay checked)."""
+    state, decisions = policies.run(policy, events)
+    return state, decisions[-1]
 
 
 def hour_on_spot(remaining_s: float | None) -> list[Event]:
@@ -111,9 +109,9 @@ def test_no_climb_back_to_a_tier_whose_cap_would_break():
         else:
             state = policy.decide(state, CapacityTimedOut(t=3600.0, waited_s=0.0)).state  # sent down otherwise
         state = policy.decide(state, WorkersAcquired(t=3600.0, num_workers=1)).state
-        seen = CapacityObserved(t=4 * 3600.0, tier=0, available_workers=1, remaining_work_s=EDGE_S + 1.0 - 3 * 3600.0,
-                                restart_s=360.0, checkpoint_interval_s=1800.0)
-        return policy.decide(state, seen).decision
+        free = policies.seen(4 * 3600.0, n=1, remaining=EDGE_S + 1.0 - 3 * 3600.0, restart=360.0,
+                             checkpoint_interval_s=1800.0)
+        return policy.decide(state, free).decision
 
     assert isinstance(climb(None), ClimbBack)  # the climb pays ...
     assert isinstance(climb(CAP), Continue)  # ... but on-demand has been paying for its work since: no slack came back

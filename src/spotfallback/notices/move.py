@@ -10,20 +10,28 @@ the gang at once. Where nothing fits before the node goes, the gang holds, as be
 
 Which gang comes next is the pure policy's answer to this preemption (``next_gang``), the
 same rule the controller will apply when the attempt ends.
+
+Both looks read the ledger from its snapshot (``Ledger.read_view``: the stored replay and the
+events after it), never the whole of it: the notice check holds up the just-in-time checkpoint,
+and the wait for the move polls every quarter second, so on a run weeks long a full read each
+time would cost seconds of the notice.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from spotfallback.config import Ladder, Tier
 from spotfallback.events import CheckpointCommitted, LedgerRecord, Preempted
 from spotfallback.notices.runlog import RunLog
-from spotfallback.policy import FallbackPolicy
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.store.ledger import Ledger, LedgerView
+from spotfallback.store.ledger_snapshot import LedgerSnapshot
 
 logger = logging.getLogger("spotfallback")
 
@@ -44,10 +52,15 @@ class NextGang:
     new_workers: int
 
 
-def next_gang(ladder: Ladder, records: Sequence[LedgerRecord], now: float, preempted_ranks: int) -> NextGang | None:
-    """The policy's next gang if the notice's preemption happened ``now`` (None: the run gives up). Pure."""
+def next_gang(
+    ladder: Ladder, records: Sequence[LedgerRecord], now: float, preempted_ranks: int, *, start: PolicyState | None = None
+) -> NextGang | None:
+    """The policy's next gang if the notice's preemption happened ``now`` (None: the run gives up). Pure.
+
+    ``start``: the policy state before ``records`` (a snapshot's replay; None: the run's start).
+    """
     policy = FallbackPolicy(ladder)
-    state = policy.replay(r.event for r in records)
+    state = policy.replay((r.event for r in records), start)
     decision = policy.decide(state, Preempted(t=now, detail="preemption notice")).decision
     tier_index = getattr(decision, "to_tier", getattr(decision, "tier", None))
     if decision.action not in ("retry", "switch_tier") or tier_index is None:
@@ -58,20 +71,42 @@ def next_gang(ladder: Ladder, records: Sequence[LedgerRecord], now: float, preem
     return NextGang(tier=tier_index, num_workers=size, new_workers=new)
 
 
+def _counts(commits: Iterable[tuple[float, int | None]], since: float, step: int | None) -> bool:
+    """Whether one of the commits (time, step) is of ``step`` or later than ``since`` (see ``committed_since``)."""
+    for t, committed_step in commits:
+        if step is not None and committed_step == step and t >= since - CLOCK_SKEW_S:
+            return True
+        if (step is None or committed_step is None) and t >= since:
+            return True
+    return False
+
+
 def committed_since(records: Sequence[LedgerRecord], since: float, step: int | None) -> bool:
     """Whether a checkpoint (of ``step``, when both name one) was committed at or after ``since``. Pure.
 
     ``since`` is this node's clock and the commit is stamped by the controller's, so a commit
     of the very step counts within ``CLOCK_SKEW_S`` before it.
     """
-    for rec in records:
-        ev = rec.event
-        if not isinstance(ev, CheckpointCommitted):
-            continue
-        if step is not None and ev.step == step and ev.t >= since - CLOCK_SKEW_S:
-            return True
-        if (step is None or ev.step is None) and ev.t >= since:
-            return True
+    return _counts(((r.event.t, r.event.step) for r in records if isinstance(r.event, CheckpointCommitted)), since, step)
+
+
+def snapshot_committed_since(snapshot: LedgerSnapshot, since: float, step: int | None) -> bool | None:
+    """``committed_since`` over the events a snapshot covers, from what it keeps; None: it cannot tell. Pure.
+
+    The snapshot keeps its latest commits (its carry's checkpoints and the last event, which
+    the carry holds back). Commits are named by their time, so the ones it dropped are older
+    than any it kept: they matter only when even the oldest kept one is recent enough to count.
+    """
+    carry = snapshot.carry
+    kept = [(t, s) for t, s, _ in carry.summary.checkpoints]
+    pending = carry.pending
+    if pending is not None and isinstance(pending.event, CheckpointCommitted):
+        kept.append((pending.event.t, pending.event.step))
+    if _counts(kept, since, step):
+        return True
+    dropped = carry.summary.checkpoint_count > len(carry.summary.checkpoints)
+    if dropped and min((t for t, _ in kept), default=math.inf) >= since - CLOCK_SKEW_S:
+        return None
     return False
 
 
@@ -97,9 +132,13 @@ class Placement:
 class Move:
     """Rank 0's side of one announced eviction in a spotfallback run."""
 
-    def __init__(self, log: RunLog, ladder: Ladder, gang: NextGang, placement: Placement) -> None:
+    def __init__(
+        self, log: RunLog, ladder: Ladder, gang: NextGang, placement: Placement, reader: Ledger | None = None
+    ) -> None:
         self.log, self.ladder, self.gang, self.placement = log, ladder, gang, placement
         self.tier = ladder.tiers[gang.tier]
+        # Its own reader: it keeps the loose events it has read, so each poll fetches only new ones.
+        self._reader = reader or Ledger(log.location, compact_every=0)
 
     @classmethod
     def at_notice(cls, log: RunLog, notice: Any, deadline_s: float | None, placement: Placement) -> Move | None:
@@ -107,11 +146,14 @@ class Move:
         ladder = log.ledger.read_ladder()
         if ladder is None:
             return None
+        reader = Ledger(log.location, compact_every=0)
+        view = reader.read_view(ladder)
         now = time.time()
-        gang = next_gang(ladder, log.read(), now, len(getattr(notice, "preempted_ranks", ()) or ()))
+        start = view.snapshot.carry.summary.state if view.snapshot else None
+        gang = next_gang(ladder, view.tail, now, len(getattr(notice, "preempted_ranks", ()) or ()), start=start)
         if gang is None:
             return None
-        move = cls(log, ladder, gang, placement)
+        move = cls(log, ladder, gang, placement, reader)
         until = (deadline_s or now) - now + PROVISION_ALLOWANCE_S
         if placement.request(move.tier, gang.new_workers, until):
             logger.warning(
@@ -122,6 +164,16 @@ class Move:
 
     def ready(self, since: float, step: int | None) -> bool:
         """Go now? The checkpoint taken on the notice is committed and the next gang fits elsewhere."""
-        if not committed_since(self.log.read(), since, step):
+        if not self._committed(self._reader.read_view(self.ladder), since, step):
             return False
         return self.placement.capacity(self.tier) >= self.gang.num_workers
+
+    def _committed(self, view: LedgerView, since: float, step: int | None) -> bool:
+        if committed_since(view.tail, since, step):
+            return True
+        if view.snapshot is None:
+            return False
+        covered = snapshot_committed_since(view.snapshot, since, step)
+        if covered is None:  # more recent commits than the snapshot keeps: only the whole ledger can tell
+            return committed_since(self._reader.read(), since, step)
+        return covered
