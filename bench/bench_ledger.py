@@ -12,7 +12,8 @@ the sizes alternate within a repetition, so each ratio pairs runs made under the
 - ``ledger read``: ``Ledger.read`` alone, and the share of it spent parsing records.
 
 Then the requests one event costs to write on S3, counted by a proxy in front of moto, with
-compaction (the default) and without. Targets: each read under 2 s on the S3 server and within
+compaction (the default) and without, and compacting through pyarrow alone (boto3 hidden: the
+path a store without conditional writes takes). Targets: each read under 2 s on the S3 server and within
 1.5x of the 100-event run.
 """
 
@@ -59,6 +60,7 @@ T0 = 1_700_000_000.0
 TARGET_S = 2.0
 TARGET_RATIO = 1.5
 SIZES = (100, 20_000)
+PYARROW_ONLY = "compacting, pyarrow only (no boto3)"  # the writes without conditional ones, for comparison
 
 
 def write_run(location: RunLocation, n_events: int) -> None:
@@ -96,9 +98,10 @@ def report(uri: str) -> None:
     from spotfallback.view.report import cost_report
     from spotfallback.view.snapshot import charge_until, read_driver
 
-    location, ladder, records, meta = load_run(uri)
-    until = charge_until(records, read_driver(location), time.time())
-    cost_report(ladder, records, run=location.uri(), now=until)
+    location, ladder, view, meta = load_run(uri)
+    base, records = view.snapshot, view.tail
+    until = charge_until([*base.recent, *records] if base else records, read_driver(location), time.time())
+    cost_report(ladder, records, run=location.uri(), now=until, base=base)
 
 
 def resume(location: RunLocation) -> None:
@@ -125,8 +128,15 @@ def objects(location: RunLocation) -> int:
 _REQUEST = re.compile(rb"(GET|PUT|POST|HEAD|DELETE) \S+ HTTP/1\.[01]\r\n")
 
 
-def requests_per_event(server: Any, n_events: int, compact_every: int) -> dict[str, float]:
-    """HTTP requests per event written, by method, counted by a proxy in front of moto."""
+def requests_per_event(server: Any, n_events: int, compact_every: int, boto3: bool = True) -> dict[str, float]:
+    """HTTP requests per event written, by method, counted by a proxy in front of moto.
+
+    The run has its ``run.json``, so each compaction also stores the ledger's snapshot, as a run's
+    writer does. ``boto3=False``: as if boto3 were not installed (pyarrow's temporary name and move).
+    """
+    import sys
+    from unittest import mock
+
     from tests.support.s3server import OutageProxy
 
     counts: Counter[str] = Counter()
@@ -137,10 +147,12 @@ def requests_per_event(server: Any, n_events: int, compact_every: int) -> dict[s
                 counts[m.group(1).decode()] += 1
             return super()._arrived(data)
 
-    with Counting(server.endpoint) as proxy:
-        location = resolve_run(server.uri("requests", proxy.endpoint), f"r{compact_every}")
+    hidden = {} if boto3 else {"boto3": None}  # `import boto3` raises ImportError
+    with Counting(server.endpoint) as proxy, mock.patch.dict(sys.modules, hidden):
+        location = resolve_run(server.uri("requests", proxy.endpoint), f"r{compact_every}-{'boto3' if boto3 else 'pyarrow'}")
         ledger = Ledger(location, writer="ctl", compact_every=compact_every)
         ledger.ensure_dirs()
+        ledger.write_meta(LADDER)
         counts.clear()
         for k in range(n_events):
             ledger.append(CheckpointCommitted(T0 + 120 * k, step=k), 0, {"action": "continue"})
@@ -162,8 +174,10 @@ def s3_credentials(env: dict[str, str]) -> Iterator[None]:
 
 
 def measure(sizes: Sequence[int] = SIZES, reps: int = 3, request_events: int = 1000, calls: int = 3,
-            log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+            log: Callable[[str], None] = print, pyarrow_only: bool = False) -> list[dict[str, Any]]:
     """Rows: one ``layout`` per store and size, one ``read`` per repetition, store and size, one ``requests`` per mode.
+
+    ``pyarrow_only``: also count the writes without boto3 (pyarrow's path, what the S3 writes cost before).
 
     Each read is the fastest of ``calls`` (the least disturbed by other load); the sizes alternate
     within each repetition, so a ratio compares runs made under the same load.
@@ -203,9 +217,12 @@ def measure(sizes: Sequence[int] = SIZES, reps: int = 3, request_events: int = 1
                     }
                     rows.append(row)
                     log(json.dumps(row))
-            for mode, every in (("compacting", COMPACT_EVERY), ("not compacting", 0)):
+            modes = [("compacting", COMPACT_EVERY, True), ("not compacting", 0, True)]
+            if pyarrow_only:
+                modes.append((PYARROW_ONLY, COMPACT_EVERY, False))
+            for mode, every, boto3 in modes:
                 rows.append({"kind": "requests", "variant": mode, "events": request_events,
-                             "per_event": requests_per_event(server, request_events, every)})
+                             "per_event": requests_per_event(server, request_events, every, boto3)})
     finally:
         shutil.rmtree(root, ignore_errors=True)
     return rows
@@ -226,7 +243,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--request-events", type=int, default=1000, help="events written to count requests")
     args = parser.parse_args(argv)
-    rows = measure(args.sizes, args.reps, args.request_events)
+    rows = measure(args.sizes, args.reps, args.request_events, pyarrow_only=True)
     print(f"\n{'store':6} {'events':>7} {'objects':>8} {'status s':>9} {'report s':>9} {'resume s':>9} {'read s':>7} {'parse s':>8}")
     for r in medians(rows):
         print(f"{r['store']:6} {r['events']:>7} {r['objects']:>8} {r['status_s']:>9.3f} {r['report_s']:>9.3f} "
@@ -247,7 +264,7 @@ STORES = {"local": "local disk", "s3": "the S3 server"}
 
 
 def run(ctx: Any) -> list[dict[str, Any]]:
-    return measure(SIZES, ctx.reps(5, 2), 2 * COMPACT_EVERY, log=ctx.log)  # two compactions in the count
+    return measure(SIZES, ctx.reps(5, 2), 2 * COMPACT_EVERY, log=ctx.log, pyarrow_only=True)  # two compactions in the count
 
 
 def figures(rows: list[dict[str, Any]]) -> list[Figure]:
@@ -262,6 +279,11 @@ def figures(rows: list[dict[str, Any]]) -> list[Figure]:
             ratio = ratio_pairs([r for r in reads if r["store"] == store], "rep", str(large), str(small), what)
             out.append(Figure(10, f"Long run on {where}: {READ_LABELS[what]}, {large:,} events / {small:,} events", "×",
                               Target(f"≤ {TARGET_RATIO:g}×", max=TARGET_RATIO), Stat.of(ratio), 2))
+    for r in (r for r in rows if r["kind"] == "requests" and r["variant"] != PYARROW_ONLY):
+        target = Target("≤ 1", max=1.0) if r["variant"] == "not compacting" else Target("report only")
+        note = "" if r["variant"] == "not compacting" else "the event's write, and each compaction's requests shared out"
+        out.append(Figure(10, f"Requests per event written on the S3 server (conditional writes), {r['variant']}", "",
+                          target, Stat.of([r["per_event"]["total"]]), 2, note=note))
     return out
 
 

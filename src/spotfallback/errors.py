@@ -140,6 +140,11 @@ class StorageUnavailableError(LedgerError):
     retryable = True
 
 
+class ObjectConflictError(LedgerError):
+    """A conditional write's condition did not hold: the object exists (create-if-absent) or
+    changed (replace-if-unchanged) because another writer got there first; nothing was overwritten."""
+
+
 # -- deployment files ---------------------------------------------------------------------------
 
 

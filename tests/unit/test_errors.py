@@ -44,6 +44,7 @@ EXPECTED = {
     "GangMovedError": (EXIT_USER_CODE, True),
     "LedgerError": (EXIT_ERROR, False),
     "StorageUnavailableError": (EXIT_ERROR, True),
+    "ObjectConflictError": (EXIT_ERROR, False),
     "ManifestInvalid": (EXIT_ERROR, False),
     "MetadataError": (EXIT_ERROR, True),
     "DrainRejectedError": (EXIT_ERROR, False),

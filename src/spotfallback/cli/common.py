@@ -9,6 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,7 @@ from rich.markup import escape
 
 from spotfallback.config import Ladder
 from spotfallback.errors import EXIT_BAD_INPUT, ConfigError, LedgerError, UsageError
-from spotfallback.events import LedgerRecord
-from spotfallback.store.ledger import Ledger
+from spotfallback.store.ledger import Ledger, LedgerView
 from spotfallback.store.location import STATE_DIR, RunLocation, resolve_run, split_run_uri
 
 RUN_HELP = "The run as STORAGE_PATH/NAME, e.g. ./runs/digits-1 or s3://bucket/runs/digits-1."
@@ -80,11 +80,19 @@ def open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:
     return location, ledger, ladder
 
 
-def load_run(run: str) -> tuple[RunLocation, Ladder, list[LedgerRecord], dict[str, Any]]:
-    """The run's location, ladder, ledger records and metadata (plan, progress totals)."""
+def load_run(run: str, every_event: bool | Callable[[LedgerView], bool] = False,
+             ) -> tuple[RunLocation, Ladder, LedgerView, dict[str, Any]]:
+    """The run's location, ladder, ledger and metadata (plan, progress totals).
+
+    The ledger is its stored snapshot and the records after it, so a run of weeks reads as fast
+    as a new one; every record (no snapshot) when ``every_event`` says so, of the view read.
+    """
     try:
         location, ledger, ladder = open_run(run)
-        return location, ladder, ledger.read(), ledger.read_meta() or {}
+        view = LedgerView(None, ledger.read()) if every_event is True else ledger.read_view(ladder)
+        if view.snapshot is not None and callable(every_event) and every_event(view):
+            view = LedgerView(None, ledger.read())
+        return location, ladder, view, ledger.read_meta() or {}
     except ConfigError as e:
         raise fail(str(e), e.exit_code) from None
     except LedgerError as e:

@@ -67,14 +67,16 @@ def register(app: typer.Typer) -> None:
             check_output("--out", out, ".png")
         if html_file is not None:
             check_output("--html", html_file, ".html")
-        location, ladder, records, meta = load_run(run)
-        if not records:
+        location, ladder, view, meta = load_run(run, every_event=html_file is not None)  # the page lists every event
+        base, records = view.snapshot, view.tail
+        latest = [*base.recent, *records] if base is not None else records  # ends as the whole ledger ends
+        if not latest:
             raise fail(f"run {location.uri()!r} has no ledger events yet; nothing to report", EXIT_ERROR)
         out = out or Path(f"{location.name}-timeline.png")
-        until = charge_until(records, read_driver(location), time.time())
-        report = cost_report(ladder, records, run=location.uri(), now=until, plan=_plan(meta))
+        until = charge_until(latest, read_driver(location), time.time())
+        report = cost_report(ladder, records, run=location.uri(), now=until, plan=_plan(meta), base=base)
         try:
-            png = timeline_png(ladder, records, title=run.rstrip("/"), now=until)  # as the user named it
+            png = timeline_png(ladder, records, title=run.rstrip("/"), now=until, base=base)  # as the user named it
         except ImportError:
             raise fail("the timeline needs matplotlib: pip install matplotlib", EXIT_ERROR) from None
         out.write_bytes(png)

@@ -11,19 +11,18 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import RUN_HELP, fail
+from spotfallback.cli.common import RUN_HELP, fail, load_run
 from spotfallback.config import Ladder
 from spotfallback.view.text import print_wide
 
 if TYPE_CHECKING:
     from spotfallback.accounting import RunSummary
-    from spotfallback.store.ledger import LedgerView
     from spotfallback.store.location import RunLocation
     from spotfallback.view.snapshot import AgentInfo
 
@@ -39,28 +38,6 @@ def _tier_table(ladder: Ladder, summary: RunSummary) -> Table:
         table.add_row(mark + u.name, u.market, str(t.num_workers), f"{u.preemptions}/{t.max_preemptions if t.max_preemptions != -1 else '∞'}",
                       f"{u.failures}/{t.max_failures if t.max_failures != -1 else '∞'}", f"{u.running_s / 3600:.4f} h", money(u.spend))
     return table
-
-
-def _read_ledger(run: str, events: int) -> tuple[RunLocation, Ladder, LedgerView, dict[str, Any]]:
-    """The run's location, ladder, ledger (its stored snapshot and the records after it) and metadata.
-
-    The snapshot spares reading every record of a long run; only more latest events than it
-    keeps (``--events``) need them all.
-    """
-    from spotfallback.cli.common import open_run
-    from spotfallback.errors import ConfigError, LedgerError
-    from spotfallback.store.ledger import LedgerView
-
-    try:
-        location, ledger, ladder = open_run(run)
-        view = ledger.read_view(ladder)
-        if view.snapshot is not None and events > len(view.snapshot.recent) + len(view.tail):
-            view = LedgerView(None, ledger.read())
-        return location, ladder, view, ledger.read_meta() or {}
-    except ConfigError as e:
-        raise fail(str(e), e.exit_code) from None
-    except LedgerError as e:
-        raise fail(f"cannot read the run's ledger: {e}", e.exit_code) from None
 
 
 def _read_agents(location: RunLocation, now: float) -> tuple[list[AgentInfo], int]:
@@ -113,7 +90,9 @@ def register(app: typer.Typer) -> None:
 
         if events < 0:
             raise fail(f"--events: must be 0 or more, got {events}")
-        location, ladder, view, meta = _read_ledger(run, events)
+        # More latest events than the stored snapshot keeps need every record.
+        location, ladder, view, meta = load_run(
+            run, every_event=lambda v: v.snapshot is not None and events > len(v.snapshot.recent) + len(v.tail))
         base, records = view.snapshot, view.tail
         latest = [*base.recent, *records] if base is not None else records
         now = time.time()

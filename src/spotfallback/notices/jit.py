@@ -324,8 +324,9 @@ class PreemptionWatch:
         """Record ``missed`` for a previous attempt's JIT checkpoint that was never committed."""
         assert self._log is not None
         try:
-            records = self._log.read()
-            self._tier = self._log.current_tier(records)
+            # A just-in-time checkpoint is the last one of its attempt (the gang stops after it),
+            # so the digest answers as every record would.
+            self._tier, records = self._log.digest()
             for missed in missed_jit_checkpoints(records):
                 self._log.append(missed, {"resumed_from_step": _last_committed_step(records)}, tier=self._tier)
                 logger.warning("just-in-time checkpoint of step %s did not make it: %s", missed.step, missed.detail)

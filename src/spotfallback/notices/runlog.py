@@ -37,12 +37,28 @@ class RunLog:
         return self.ledger.read()
 
     def current_tier(self, records: list[LedgerRecord] | None = None) -> int:
-        """The tier the run is on now, by replaying its ledger (0 before the run starts)."""
+        """The tier the run is on now, by replaying ``records`` (default: the ledger from its
+        stored snapshot, so a notice on a run of weeks costs what one on a new run does); 0
+        before the run starts."""
         ladder = self.ledger.read_ladder()
         if ladder is None:
             return 0
-        records = self.ledger.read() if records is None else records
-        return FallbackPolicy(ladder).replay(r.event for r in records).tier
+        if records is not None:
+            return FallbackPolicy(ladder).replay(r.event for r in records).tier
+        return self.digest()[0]
+
+    def digest(self) -> tuple[int, list[LedgerRecord]]:
+        """(the run's tier now, its records but committed checkpoints followed by another), from
+        the ledger's stored snapshot and the events after it: what a new attempt checks of the
+        previous one's just-in-time checkpoint (``store.ledger_snapshot.digest``), read at the
+        cost of a new run's ledger however long the run is."""
+        ladder = self.ledger.read_ladder()
+        if ladder is None:
+            return 0, self.ledger.read()
+        view = self.ledger.read_view(ladder)
+        start = view.snapshot.carry.summary.state if view.snapshot is not None else None
+        tier = FallbackPolicy(ladder).replay((r.event for r in view.tail), start).tier
+        return tier, [*view.snapshot.digest, *view.tail] if view.snapshot is not None else view.tail
 
     def append(self, event: InfoEvent, info: dict[str, Any] | None = None, *, tier: int | None = None) -> LedgerRecord:
         """Append now (replaying for the tier unless given); storage errors propagate."""

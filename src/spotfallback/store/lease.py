@@ -1,9 +1,16 @@
 """One live driver per run: a lease with expiry in the run's state directory.
 
-Object stores have no exclusive create, so acquisition is write-then-verify: write a lease
-with a fresh token, wait a settle period, read it back; the driver whose token survived owns
-the run. A background thread renews the lease; a killed driver stops renewing and its lease
-expires after ``ttl_s``. A lease from a dead process on this same host is taken over at once.
+Where the store has conditional writes (S3 with boto3, ``store.objects``), acquisition is one
+of them: create the lease only if there is none (``If-None-Match: *``), or take over a dead
+driver's only while it is still the version that was read (``If-Match`` on its ETag); of two
+drivers at once, exactly one write succeeds, so there is nothing to wait for. Renewals are
+conditional too, so a driver whose lease was taken over finds out at its next renewal.
+
+Elsewhere (GCS, Azure Blob, local disk and NFS) there is no exclusive create, so acquisition is
+write-then-verify: write a lease with a fresh token, wait a settle period, read it back; the
+driver whose token survived owns the run. A background thread renews the lease; a killed
+driver stops renewing and its lease expires after ``ttl_s``. A lease from a dead process on
+this same host is taken over at once.
 """
 
 from __future__ import annotations
@@ -17,14 +24,24 @@ import threading
 import time
 import uuid
 from dataclasses import dataclass
+from functools import partial
 
 import pyarrow.fs as pafs
 
-from spotfallback.errors import ConfigError, DriverAlreadyRunningError, LedgerError
+from spotfallback.errors import (
+    ConfigError,
+    DriverAlreadyRunningError,
+    LedgerError,
+    ObjectConflictError,
+)
 from spotfallback.store.location import RunLocation, write_atomically
+from spotfallback.store.objects import S3Objects, s3_objects
 from spotfallback.store.retry import call_with_retry
 
 logger = logging.getLogger(__name__)
+
+# Written once per process and bucket to check that the store refuses a failed condition.
+CONDITIONS_PROBE = "conditional-writes.probe"
 
 LEASE_FILE = "lease.json"
 
@@ -83,6 +100,8 @@ class DriverLease:
         self.previous: LeaseInfo | None = None  # a stale lease this driver took over
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._s3: S3Objects | None = None  # conditional writes, where the store has them
+        self._etag = ""  # the version of the lease this driver wrote last (conditional writes)
 
     @property
     def path(self) -> str:
@@ -97,8 +116,9 @@ class DriverLease:
             return fs.open_input_stream(self.path).readall()
 
         raw = call_with_retry(load, "read the driver lease", permanent=LedgerError)
-        if raw is None:
-            return None
+        return None if raw is None else self._parse(raw)
+
+    def _parse(self, raw: bytes) -> LeaseInfo | None:
         try:
             data = json.loads(raw)
             return LeaseInfo(**{k: data[k] for k in ("token", "host", "pid", "renewed_at", "expires_at")})
@@ -106,13 +126,63 @@ class DriverLease:
             logger.warning("ignoring unreadable driver lease at %s", self.path)
             return None
 
-    def _write(self) -> None:
+    def _payload(self) -> bytes:
         now = time.time()
         info = LeaseInfo(self.token, socket.gethostname(), os.getpid(), now, now + self.ttl_s)
-        payload = json.dumps(info.to_json()).encode()
+        return json.dumps(info.to_json()).encode()
+
+    def _write(self) -> None:
+        payload = self._payload()
         call_with_retry(
             lambda: write_atomically(self.location.fs, self.path, payload), "write the driver lease", permanent=LedgerError
         )
+
+    def _read_versioned(self, s3: S3Objects) -> tuple[LeaseInfo | None, str] | None:
+        """The lease and its ETag (an unreadable one: ``None`` and its ETag); ``None`` if there is none."""
+        found = call_with_retry(partial(s3.get_versioned, self.path), "read the driver lease", permanent=LedgerError)
+        return None if found is None else (self._parse(found[0]), found[1])
+
+    def _acquire_conditionally(self, s3: S3Objects) -> None:
+        """Create the lease, or take over the version found, in one conditional write: no settle time."""
+        found = self._read_versioned(s3)
+        current, etag = found if found is not None else (None, "")
+        if current is not None and self._holder_is_live(current):
+            raise DriverAlreadyRunningError(self._refusal(current))
+        self.previous = current
+        payload = self._payload()
+        try:
+            if found is None:
+                write = partial(s3.create, self.path, payload)
+            else:
+                write = partial(s3.replace, self.path, payload, etag)
+            self._etag = call_with_retry(write, "write the driver lease", permanent=LedgerError)
+        except ObjectConflictError:  # another driver wrote it between our read and our write
+            winner = self.read()
+            raise DriverAlreadyRunningError(
+                self._refusal(winner) if winner is not None else "lost the race for the driver lease"
+            ) from None
+
+    def _renew_conditionally(self, s3: S3Objects) -> LeaseInfo | None:
+        """Renew the lease if it is still this driver's version; else the lease that replaced it (``None``: renewed)."""
+        try:
+            self._etag = call_with_retry(partial(s3.replace, self.path, self._payload(), self._etag),
+                                         "renew the driver lease", permanent=LedgerError)
+            return None
+        except ObjectConflictError:
+            pass
+        found = self._read_versioned(s3)
+        if found is None:  # deleted by hand: written again, unless another driver has been quicker
+            try:
+                self._etag = call_with_retry(partial(s3.create, self.path, self._payload()), "write the driver lease",
+                                             permanent=LedgerError)
+                return None
+            except ObjectConflictError:
+                found = self._read_versioned(s3)
+        current, etag = found if found is not None else (None, "")
+        if current is not None and current.token == self.token:
+            self._etag = etag  # ours all along (a version whose answer was lost): renewed next time
+            return None
+        return current or LeaseInfo("", "?", 0, 0.0, 0.0)
 
     def _holder_is_live(self, info: LeaseInfo) -> bool:
         if info.token == self.token:
@@ -122,6 +192,15 @@ class DriverLease:
         return info.expires_at > time.time()
 
     def acquire(self) -> None:
+        s3 = s3_objects(self.location.fs)
+        conditional = s3 is not None and s3.can_replace and call_with_retry(
+            partial(s3.honours_conditions, self.location.path(CONDITIONS_PROBE)), "check the store's conditional writes",
+            permanent=LedgerError)
+        self._s3 = s3 if conditional else None
+        if self._s3 is not None:
+            self._acquire_conditionally(self._s3)
+            self._start_renewing()
+            return
         call_with_retry(
             lambda: self.location.fs.create_dir(self.location.state_dir, recursive=True), "create the run directory",
             permanent=LedgerError,
@@ -135,6 +214,9 @@ class DriverLease:
         winner = self.read()
         if winner is None or winner.token != self.token:
             raise DriverAlreadyRunningError(self._refusal(winner) if winner else "lost the race for the driver lease")
+        self._start_renewing()
+
+    def _start_renewing(self) -> None:
         self._thread = threading.Thread(target=self._renew_loop, name="spotfallback-lease", daemon=True)
         self._thread.start()
 
@@ -158,6 +240,12 @@ class DriverLease:
     def _renew_loop(self) -> None:
         while not self._stop.wait(self.ttl_s / 3):
             try:
+                if self._s3 is not None:
+                    taken = self._renew_conditionally(self._s3)
+                    if taken is not None:
+                        logger.error("driver lease on %s was taken by host %s pid %s", self.path, taken.host, taken.pid)
+                        return
+                    continue
                 current = self.read()
                 if current is not None and current.token != self.token:
                     logger.error("driver lease on %s was taken by host %s pid %s", self.path, current.host, current.pid)

@@ -2,8 +2,8 @@
 
 Object stores (S3, GCS) cannot append, so each event is first its own object, named so that a
 lexical sort is the order of events (``{time_ns}-{writer}-{kind}.json``). Each object is
-written under a temporary name and moved into place, so a crash never leaves a torn event
-that replay would read. Replaying the events through the pure policy rebuilds the run's
+written whole (on S3 one create-if-absent PUT, ``store.objects``; elsewhere under a temporary
+name, then moved into place), so a crash never leaves a torn event that replay would read. Replaying the events through the pure policy rebuilds the run's
 state exactly; ``accounting.summarize`` turns them into hours and spend. ``Ledger.read`` reads
 it whole (the driver, the controller); ``LedgerTail`` reads only what is new at each poll (a
 watcher on a growing run).
@@ -15,8 +15,8 @@ fetches the segments and the loose tail in parallel (``store.reads``), however l
 a ledger written before segments existed is all loose events, and reads as it always did.
 After each compaction the writer also stores the ledger's snapshot (``store.ledger_snapshot``:
 the replay and accounting of every whole segment so far); ``read_view`` returns it and only the
-records after it, so `status` and the driver's resume cost the same on a long run as on a short
-one, and ``read`` still returns every record (``report``, the timeline).
+records after it, so `status`, `report`, the progress display and the driver's resume cost the
+same on a long run as on a short one; ``read`` still returns every record.
 
 Every storage call goes through ``store.retry.call_with_retry``: an outage shorter than the
 limit only pauses, and an error no wait can fix is a ``LedgerError`` naming what was tried.
@@ -48,6 +48,7 @@ from spotfallback.store.ledger_snapshot import (
     encode_snapshot,
 )
 from spotfallback.store.location import TMP_PREFIX, RunLocation, list_dir, write_atomically
+from spotfallback.store.objects import s3_objects
 from spotfallback.store.reads import delete_objects, read_objects
 from spotfallback.store.retry import call_with_retry
 from spotfallback.store.segments import (
@@ -88,6 +89,37 @@ def _json_object(raw: bytes, path: str) -> dict[str, Any]:
     if not isinstance(data, dict):
         raise LedgerError(f"{path}: a ledger record must be a JSON object")
     return data
+
+
+def _write_new(fs: pafs.FileSystem, path: str, payload: bytes) -> None:
+    """Create ``path`` whole: on S3 one create-if-absent PUT (``store.objects``), else a temporary name moved into place.
+
+    Create-if-absent because event and segment names are unique per writer: finding another
+    object there means a second writer under the same name, which must not be overwritten.
+    """
+    s3 = s3_objects(fs)
+    if s3 is None:
+        write_atomically(fs, path, payload)
+    else:
+        s3.create(path, payload)
+
+
+def _write_whole(fs: pafs.FileSystem, path: str, payload: bytes) -> None:
+    """Replace ``path`` whole: on S3 one PUT (atomic by itself), else a temporary name moved into place."""
+    s3 = s3_objects(fs)
+    if s3 is None:
+        write_atomically(fs, path, payload)
+    else:
+        s3.put(path, payload)
+
+
+def _delete_compacted(fs: pafs.FileSystem, paths: list[str]) -> None:
+    """Delete loose events a segment now holds: on S3 up to 1,000 per request, else one by one on threads."""
+    s3 = s3_objects(fs)
+    if s3 is None:
+        delete_objects(fs, paths)
+    else:
+        call_with_retry(partial(s3.delete, paths), f"delete {len(paths)} compacted ledger events", permanent=LedgerError)
 
 
 def _files(infos: Iterable[pafs.FileInfo]) -> list[pafs.FileInfo]:
@@ -182,7 +214,7 @@ class Ledger:
         payload = json.dumps(record.to_json(), sort_keys=True).encode()
         path = f"{self.directory}/{name}"
         call_with_retry(
-            lambda: write_atomically(self.location.fs, path, payload), f"write ledger event {name}", permanent=LedgerError
+            lambda: _write_new(self.location.fs, path, payload), f"write ledger event {name}", permanent=LedgerError
         )
         self._loose[path] = payload
         self._loose_count += 1
@@ -302,9 +334,10 @@ class Ledger:
         covered = items[:cut]
         segments = sorted({s for _, _, s in covered if s is not None})
         snapshot = advance(ladder, view.snapshot, [(n, r) for n, r, _ in covered], segments)
-        call_with_retry(partial(self.location.fs.create_dir, posixpath.dirname(self.snapshot_path), recursive=True),
-                        "create the ledger snapshot directory", permanent=LedgerError)
-        call_with_retry(partial(write_atomically, self.location.fs, self.snapshot_path, encode_snapshot(snapshot, ladder)),
+        if s3_objects(self.location.fs) is None:  # S3 has no directories to make: a key is written as it is
+            call_with_retry(partial(self.location.fs.create_dir, posixpath.dirname(self.snapshot_path), recursive=True),
+                            "create the ledger snapshot directory", permanent=LedgerError)
+        call_with_retry(partial(_write_whole, self.location.fs, self.snapshot_path, encode_snapshot(snapshot, ladder)),
                         "write the ledger snapshot", permanent=LedgerError)
         return True
 
@@ -324,7 +357,7 @@ class Ledger:
         self._loose = {p: raw for p, raw in self._loose.items() if p in listed}  # others moved the rest
         moved = 0
         chunks = chunks_to_compact(loose, self.compact_every or len(loose) or 1)
-        if chunks:
+        if chunks and s3_objects(fs) is None:  # S3 has no directories to make: a key is written as it is
             call_with_retry(partial(fs.create_dir, self.segments_directory, recursive=True),
                             "create the ledger segments directory", permanent=LedgerError)
         for chunk in chunks:
@@ -340,9 +373,9 @@ class Ledger:
                 # costs the writer no parsing beyond JSON's.
                 entries.append((posixpath.basename(path), _json_object(raw, path)))
             target = f"{self.segments_directory}/{segment_name(entries, f'{self.writer}-{uuid.uuid4().hex[:6]}')}"
-            call_with_retry(partial(write_atomically, fs, target, encode_segment(entries)),
+            call_with_retry(partial(_write_new, fs, target, encode_segment(entries)),
                             f"write ledger segment {target}", permanent=LedgerError)
-            delete_objects(fs, chunk)
+            _delete_compacted(fs, chunk)
             for path in chunk:
                 self._loose.pop(path, None)
             moved += len(chunk)
@@ -360,7 +393,7 @@ class Ledger:
         meta = {"v": FORMAT_VERSION, "tiers": [t.model_dump(mode="json") for t in ladder.tiers], **(extra or {})}
         payload = json.dumps(meta, sort_keys=True, indent=1).encode()
         call_with_retry(
-            lambda: write_atomically(self.location.fs, self.location.path(RUN_META), payload), "write run metadata",
+            lambda: _write_whole(self.location.fs, self.location.path(RUN_META), payload), "write run metadata",
             permanent=LedgerError,
         )
 
@@ -404,27 +437,58 @@ class LedgerTail:
     Unlike ``Ledger.read`` it does not wait out an outage (a watcher polls again anyway, and
     says so), and it skips objects that are not events rather than refusing them. An event
     compacted between listing and reading is skipped: its segment is read at the next poll.
+
+    Given the run's ``ladder`` it starts from the ledger's stored snapshot (``base``) and keeps
+    only the records after it, moving on to a newer snapshot at a compaction once more than
+    ``rebase_after`` records have gathered, so a watcher of a run of weeks reads and replays what
+    a new run's does.
     """
 
-    def __init__(self, location: RunLocation):
+    def __init__(self, location: RunLocation, ladder: Ladder | None = None, *, rebase_after: int = 2 * COMPACT_EVERY):
         self.location = location
+        self.ladder = ladder
+        self.rebase_after = rebase_after
+        self.base: LedgerSnapshot | None = None
+        self.fresh: list[LedgerRecord] = []  # the records the latest poll saw first, in order
         self._ledger = Ledger(location, compact_every=0)
         self._by_name: dict[str, LedgerRecord] = {}
-        self._segments_read: set[str] = set()
+        self._segments_read: set[str] = set()  # base names, those ``base`` covers included
+        self._started = False
+
+    def _start(self) -> dict[str, LedgerRecord]:
+        """Start (again) from the stored snapshot; the records it has not seen before, by name."""
+        assert self.ladder is not None
+        view, items = self._ledger._read_view(self.ladder)
+        unseen = {name: r for name, r, _ in items if name not in self._by_name}
+        self.base = view.snapshot
+        self._by_name = {name: r for name, r, _ in items}
+        self._segments_read = {posixpath.basename(seg) for _, _, seg in items if seg is not None}
+        self._segments_read |= view.snapshot.segments if view.snapshot is not None else frozenset()
+        self._started = True
+        return unseen
 
     def poll(self) -> list[LedgerRecord]:
-        fs = self.location.fs
-        loose, segments = self._ledger._list(strict=False, limit_s=0)
-        new_segments = [p for p in segments if p not in self._segments_read]
-        new_loose = [p for p in loose if posixpath.basename(p) not in self._by_name]
-        raws = read_objects(fs, new_segments + new_loose, limit_s=0)
-        for path, raw in zip(new_segments, raws, strict=False):
-            if raw is None:
-                continue
-            for name, record in decode_segment(raw, path):
-                self._by_name.setdefault(name, record)
-            self._segments_read.add(path)
-        for path, raw in zip(new_loose, raws[len(new_segments) :], strict=True):
-            if raw is not None:
-                self._by_name.setdefault(posixpath.basename(path), parse_record(raw, path))
+        """Every record after ``base`` (every record without a ladder), in order; ``fresh``: those new since the last poll."""
+        if self.ladder is not None and not self._started:  # the snapshot and what came after it, nothing older
+            new = self._start()
+        else:
+            loose, segments = self._ledger._list(strict=False, limit_s=0)
+            new_segments = [p for p in segments if posixpath.basename(p) not in self._segments_read]
+            new_loose = [p for p in loose if posixpath.basename(p) not in self._by_name]
+            new = {}
+            raws = read_objects(self.location.fs, new_segments + new_loose, limit_s=0)
+            for path, raw in zip(new_segments, raws, strict=False):
+                if raw is None:
+                    continue
+                for name, record in decode_segment(raw, path):
+                    if name not in self._by_name:
+                        new.setdefault(name, record)
+                self._segments_read.add(posixpath.basename(path))
+            for path, raw in zip(new_loose, raws[len(new_segments) :], strict=True):
+                if raw is not None:
+                    new.setdefault(posixpath.basename(path), parse_record(raw, path))
+            self._by_name.update(new)
+            if self.ladder is not None and new_segments and len(self._by_name) > self.rebase_after:
+                new.update(self._start())  # compacted since: a newer snapshot carries the records before it
+        self.fresh = _in_order(new)
         return _in_order(self._by_name)

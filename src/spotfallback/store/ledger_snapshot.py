@@ -8,7 +8,7 @@ After each compaction the compacting writer stores one object, ``ledger/snapshot
 state and the hours and spend so far) over a prefix of the ledger, which segments that prefix is,
 the name of its last event, and what readers need of the records without reading them all
 (the latest ones, the latest of each kind, the latest progress report, the latest committed
-checkpoints).
+checkpoints, the digest `report` replays and a sample of the checkpoints it draws).
 
 A reader (``Ledger.read_view``) trusts it only when it fits the ledger it lists: the same format
 and ladder, every segment it covers still there, and every event it does not cover named after
@@ -37,13 +37,11 @@ from spotfallback.store.heartbeat import PROGRESS_KEYS
 
 SNAPSHOT_DIR = "snapshot"
 SNAPSHOT_OBJECT = "snapshot.json"
-SNAPSHOT_FORMAT = 1
+SNAPSHOT_FORMAT = 2  # 1 had no digest: read as no snapshot, replaced at the next compaction
 RECENT = 50  # latest records kept: `status --events` up to this many reads no other record
 KEEP_COMMITTED = 64  # latest committed checkpoints kept by name: more than Ray keeps by default
 KEEP_CHECKPOINTS = 64  # latest (t, step, path) the carry keeps; its count stays whole
-# What an announced eviction's outcome depends on (``view.intervals.announced_evictions``).
-EVICTION_KINDS = frozenset({"jit_checkpoint", "workers_acquired", "preempted", "node_failed", "application_failed",
-                            "finished", "fatal"})
+SAMPLE = 256  # checkpoints the timeline draws from the snapshot: between SAMPLE and 2 x SAMPLE, evenly by count
 
 
 def ladder_hash(ladder: Ladder) -> str:
@@ -80,8 +78,11 @@ class LedgerSnapshot:
     latest: Mapping[str, LedgerRecord] = field(default_factory=dict)  # the latest record of each kind
     latest_t: Mapping[str, float] = field(default_factory=dict)  # the greatest time of each kind
     progress: LedgerRecord | None = None  # the checkpoint reporting progress with the greatest time (the first of ties)
-    eviction_records: tuple[LedgerRecord, ...] = ()  # from the first reported just-in-time checkpoint on, EVICTION_KINDS only
+    digest: tuple[LedgerRecord, ...] = ()  # every record but a checkpoint followed by another (``digest``)
     committed: tuple[str, ...] = ()  # the latest KEEP_COMMITTED committed checkpoints' names
+    sample: tuple[tuple[int, LedgerRecord], ...] = ()  # (ordinal, checkpoint) for each ordinal divisible by ``stride``
+    stride: int = 1
+    counted: int = 0  # checkpoints committed in the events it covers: the sample's ordinals
 
     @property
     def events(self) -> int:
@@ -93,7 +94,9 @@ class LedgerSnapshot:
             "carry": self.carry.to_json(KEEP_CHECKPOINTS), "recent": [r.to_json() for r in self.recent],
             "latest": {k: r.to_json() for k, r in self.latest.items()}, "latest_t": dict(self.latest_t),
             "progress": None if self.progress is None else self.progress.to_json(),
-            "eviction_records": [r.to_json() for r in self.eviction_records], "committed": list(self.committed),
+            "digest": [r.to_json() for r in self.digest], "committed": list(self.committed),
+            "sample": [[n, r.to_json()] for n, r in self.sample], "stride": self.stride,
+            "counted": self.counted,
         }
 
 
@@ -115,8 +118,9 @@ def decode_snapshot(raw: bytes, ladder: Ladder) -> LedgerSnapshot | None:
             latest={str(k): records(r) for k, r in data["latest"].items()},
             latest_t={str(k): float(t) for k, t in data["latest_t"].items()},
             progress=None if progress is None else records(progress),
-            eviction_records=tuple(records(r) for r in data["eviction_records"]),
-            committed=tuple(str(n) for n in data["committed"]),
+            digest=tuple(records(r) for r in data["digest"]), committed=tuple(str(n) for n in data["committed"]),
+            sample=tuple((int(n), records(r)) for n, r in data["sample"]), stride=int(data["stride"]),
+            counted=int(data["counted"]),
         )
     except (UnicodeDecodeError, ValueError, TypeError, KeyError, AttributeError):
         return None
@@ -130,7 +134,6 @@ def advance(ladder: Ladder, snapshot: LedgerSnapshot | None, records: Sequence[t
     latest = dict(prev.latest) if prev else {}
     latest_t = dict(prev.latest_t) if prev else {}
     progress = prev.progress if prev else None
-    evictions = list(prev.eviction_records) if prev else []
     committed = list(prev.committed) if prev else []
     for r in recs:
         kind = r.event.kind
@@ -138,20 +141,61 @@ def advance(ladder: Ladder, snapshot: LedgerSnapshot | None, records: Sequence[t
         latest_t[kind] = max(latest_t.get(kind, r.t), r.t)
         if has_progress(r) and (progress is None or r.t > progress.t):
             progress = r
-        reported = kind == "jit_checkpoint" and getattr(r.event, "outcome", "") == "reported"
-        if kind in EVICTION_KINDS and (evictions or reported):
-            evictions.append(r)
         name = committed_name(r)
         if name is not None:
             committed.append(name)
+    counted = (prev.counted if prev else 0) + sum(isinstance(r.event, CheckpointCommitted) for r in recs)
+    sample, stride = sample_checkpoints(prev.sample if prev else (), prev.stride if prev else 1,
+                                        prev.counted if prev else 0, recs)
     return LedgerSnapshot(
         last=records[-1][0] if records else (prev.last if prev else ""),
         segments=(prev.segments if prev else frozenset()) | {posixpath.basename(s) for s in segments},
         carry=fold(ladder, recs, prev.carry if prev else None),
         recent=((prev.recent if prev else ()) + tuple(recs))[-RECENT:],
-        latest=latest, latest_t=latest_t, progress=progress, eviction_records=tuple(evictions),
-        committed=tuple(committed[-KEEP_COMMITTED:]),
+        latest=latest, latest_t=latest_t, progress=progress, digest=digest(prev.digest if prev else (), recs),
+        committed=tuple(committed[-KEEP_COMMITTED:]), sample=sample, stride=stride,
+        counted=counted,
     )
+
+
+def digest(done: Sequence[LedgerRecord], records: Sequence[LedgerRecord]) -> tuple[LedgerRecord, ...]:
+    """``done`` (a digest) extended by ``records``: every record but a checkpoint followed by another.
+
+    Why: a long run is mostly committed checkpoints, and of a run of them what `report` replays
+    (``view.intervals``: waiting, redone and held time, announced evictions, every count but the
+    checkpoints') depends only on the last one: the time work was last saved. The records around
+    them, and so the tier each record hands on to the next, are all kept. Bounded by the run's
+    faults, moves and notices, not by its length.
+    """
+    out = list(done)
+    for r in records:
+        if isinstance(r.event, CheckpointCommitted) and out and isinstance(out[-1].event, CheckpointCommitted) \
+                and out[-1].tier == r.tier:
+            out[-1] = r
+        else:
+            out.append(r)
+    return tuple(out)
+
+
+def sample_checkpoints(sample: Sequence[tuple[int, LedgerRecord]], stride: int, count: int,
+                       records: Sequence[LedgerRecord]) -> tuple[tuple[tuple[int, LedgerRecord], ...], int]:
+    """(sample, stride) after ``records``, ``count`` checkpoints having come before them.
+
+    The timeline's ticks and progress line need a few hundred checkpoints spread over the run,
+    not all 20,000: every ``stride``-th by count, the stride doubling whenever the sample
+    passes 2 x SAMPLE, so it stays evenly spread however long the run gets.
+    """
+    out = list(sample)
+    for r in records:
+        if not isinstance(r.event, CheckpointCommitted):
+            continue
+        count += 1
+        if count % stride == 0:
+            out.append((count, r))
+        if len(out) > 2 * SAMPLE:
+            stride *= 2
+            out = [(n, c) for n, c in out if n % stride == 0]
+    return tuple(out), stride
 
 
 def covered_prefix(items: Sequence[tuple[str, LedgerRecord, str | None]]) -> int:

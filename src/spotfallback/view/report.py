@@ -23,6 +23,7 @@ from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import SPOT, Ladder, PlanPrediction
 from spotfallback.events import LedgerRecord
 from spotfallback.sim.costmodel import SeedEstimate, seed_closed_form
+from spotfallback.store.ledger_snapshot import LedgerSnapshot
 from spotfallback.view.intervals import (
     INTERRUPTIONS,
     announced_evictions,
@@ -168,10 +169,17 @@ def cost_report(
     run: str = "",
     now: float | None = None,
     plan: PlanPrediction | None = None,
+    base: LedgerSnapshot | None = None,
 ) -> CostReport:
     """The run's cost table, the seed formula's prediction for the same inputs and, given the
-    plan the run was started with, that plan's prediction beside the outcome."""
-    summary = summarize(ladder, records, now=now)
+    plan the run was started with, that plan's prediction beside the outcome.
+
+    ``records`` are those after ``base`` (the ledger's stored snapshot) when it is given: the
+    accounting starts from its carry and the intervals replay its digest, the same figures as
+    from every record.
+    """
+    summary = summarize(ladder, records, now=now, start=base.carry if base is not None else None)
+    records = [*base.digest, *records] if base is not None else records
     held_s = [0.0] * len(ladder)
     if records:
         for tier, start, stop in run_intervals(records, summary.ended_at or records[-1].t)[2]:
@@ -214,7 +222,7 @@ def cost_report(
         useful_h=useful_h, running_h=summary.running_s / 3600, redone_h=sum(t.redone_h for t in tiers),
         held_h=sum(t.held_h for t in tiers),
         waiting_h=sum(t.waiting_h for t in tiers), wall_h=wall_h, interruptions=interruptions,
-        tier_switches=switches, checkpoints=len(summary.checkpoints), alpha=summary.spot_fraction, seed=seed,
+        tier_switches=switches, checkpoints=summary.checkpoint_count, alpha=summary.spot_fraction, seed=seed,
         give_up_reason=summary.give_up_reason, climbs=climbs, resizes=resizes,
         notices=sum(1 for r in records if r.event.kind == "preemption_notice"),
         jit_checkpoints=_jit(records, "reported"), jit_missed=_jit(records, "missed"), plan=plan_check,

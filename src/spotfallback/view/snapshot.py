@@ -286,7 +286,7 @@ def build_snapshot(
         events=len(records) + (base.events if base is not None else 0),
         agents=tuple(agents),
         agents_not_shown=agents_not_shown,
-        evictions=tuple(announced_evictions([*base.eviction_records, *records] if base is not None else records)),
+        evictions=tuple(announced_evictions([*base.digest, *records] if base is not None else records)),
     )
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 from spotfallback.accounting import summarize
 from spotfallback.config import ON_DEMAND, SPOT, Ladder
-from spotfallback.events import LedgerRecord
+from spotfallback.events import CheckpointCommitted, LedgerRecord
+from spotfallback.store.ledger_snapshot import LedgerSnapshot
 from spotfallback.view.intervals import run_intervals
 from spotfallback.view.text import money
 
@@ -55,17 +56,28 @@ def timeline_png(
     title: str = "",
     now: float | None = None,
     dpi: int = 110,
+    base: LedgerSnapshot | None = None,
 ) -> bytes:
-    """The run's timeline as PNG bytes: tier bands, faults, checkpoints, progress."""
+    """The run's timeline as PNG bytes: tier bands, faults, checkpoints, progress.
+
+    ``records`` are those after ``base`` (the ledger's stored snapshot) when it is given: bands,
+    marks and intervals come from its carry and digest, exactly as from every record; ticks and
+    the progress line from its sample of the checkpoints and every checkpoint after it.
+    """
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
     from matplotlib.lines import Line2D
     from matplotlib.patches import Patch
 
-    summary = summarize(ladder, records, now=now)
+    summary = summarize(ladder, records, now=now, start=base.carry if base is not None else None)
+    # (ordinal, checkpoint) of each one drawn: every one, or the snapshot's sample and every one after it.
+    ticks = [(n, r) for n, r in enumerate((r for r in records if isinstance(r.event, CheckpointCommitted)), 1)]
+    if base is not None:
+        ticks = [*base.sample, *((base.counted + n, r) for n, r in ticks)]
+        records = [*base.digest, *records]
     if not records:
         raise ValueError("the run has no ledger events yet; nothing to draw")
-    t0 = records[0].t
+    t0 = min(records[0].t, summary.started_at if summary.started_at is not None else math.inf)
     end = summary.ended_at if summary.ended_at is not None else records[-1].t
     span = max(end - t0, 1e-6)
     unit, scale = ("s", 1.0) if span < 600 else ("min", 60.0) if span < 3 * 3600 else ("h", 3600.0)
@@ -95,8 +107,8 @@ def timeline_png(
     for tier, start, stop in held:
         ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.32, 0.64), facecolor="#e9ecef",
                        edgecolor="#6c757d", hatch="...", linewidth=0.0, zorder=3)
-    ck_t = [x(t) for t, _, _ in summary.checkpoints]
-    ck_tier = [r.tier for r in records if r.event.kind == "checkpoint_committed"]
+    ck_t = [x(r.t) for _, r in ticks]
+    ck_tier = [r.tier for _, r in ticks]
     ax.scatter(ck_t, ck_tier, marker="|", s=260, color="black", linewidths=1.6, zorder=4)
     used_marks: set[str] = set()
     extra: dict[str, tuple[str, str, str]] = {}  # legend entries of the informational marks used
@@ -146,15 +158,15 @@ def timeline_png(
     ax.tick_params(axis="x", labelbottom=False)
 
     # Progress: the committed step (or checkpoint count) over time.
-    steps = [(x(t), s) for t, s, _ in summary.checkpoints if s is not None]
+    steps = [(x(r.t), r.event.step) for _, r in ticks if isinstance(r.event, CheckpointCommitted) and r.event.step is not None]
     if steps:
         xs, ys = (list(v) for v in zip(*steps, strict=True))
         axp.plot([0.0, *xs], [0, *ys], drawstyle="steps-post", color="#264653", linewidth=1.8, zorder=3)
         axp.plot(xs, ys, "o", color="#264653", markersize=3.5, zorder=4)
         axp.set_ylabel("committed step")
     else:
-        xs = [x(t) for t, _, _ in summary.checkpoints]
-        axp.plot([0.0, *xs], list(range(len(xs) + 1)), drawstyle="steps-post", color="#264653", linewidth=1.8)
+        xs = [x(r.t) for _, r in ticks]
+        axp.plot([0.0, *xs], [0, *(n for n, _ in ticks)], drawstyle="steps-post", color="#264653", linewidth=1.8)
         axp.set_ylabel("checkpoints")
     for _, start, stop in redone:
         axp.axvspan(x(start), x(stop), color="#d62828", alpha=0.12, zorder=0)

@@ -153,15 +153,15 @@ class RunWatcher:
         self.interval_s = interval_s
         self.snapshot: Snapshot | None = None
         self._stop = threading.Event()
-        self._seen = 0
         self._t0: float | None = None
 
     def _poll(self, tail: LedgerTail, location: RunLocation, final: bool = False) -> None:
         records = tail.poll()
-        if not records:
+        base = tail.base
+        if not records and base is None:
             return
         if self._t0 is None:
-            self._t0 = records[0].t
+            self._t0 = (base.carry.summary.started_at if base is not None else None) or records[0].t
         driver = read_driver(location)
         now = time.time()
         if driver is None and not final:
@@ -169,10 +169,9 @@ class RunWatcher:
             driver = DriverInfo(socket.gethostname(), os.getpid(), now, now + 60)
         snap = build_snapshot(
             self.ladder, records, run=location.uri(), now=now, heartbeat=read_heartbeat(location),
-            driver=driver, config=self.config,
+            driver=driver, config=self.config, base=base,
         )
-        new = records[self._seen :]
-        self._seen = len(records)
+        new = tail.fresh
         self.snapshot = snap
         for sink in list(self.sinks):
             try:
@@ -184,7 +183,7 @@ class RunWatcher:
                 self.sinks.remove(sink)
 
     def _loop(self, location: RunLocation) -> None:
-        tail = LedgerTail(location)
+        tail = LedgerTail(location, self.ladder)  # from the ledger's snapshot: a long run costs what a new one does
         warned = -math.inf
         while not self._stop.wait(self.interval_s):
             try:
