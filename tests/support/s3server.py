@@ -28,6 +28,7 @@ import threading
 import time
 import urllib.error
 import urllib.request
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any, NoReturn
 
@@ -171,6 +172,16 @@ class S3Server:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+@contextlib.contextmanager
+def s3_server_in_env() -> Iterator[S3Server]:
+    """A started ``S3Server`` whose credentials are in this process's environment (as a user's
+    shell has them) until it stops: for a module-scoped fixture of the tests that talk S3."""
+    with S3Server() as s3, pytest.MonkeyPatch.context() as mp:
+        for key, value in s3.env().items():
+            mp.setenv(key, value)
+        yield s3
 
 
 @dataclass

@@ -28,11 +28,9 @@ SLOW_SETTLE_S = 5.0  # what write-then-verify would wait; the conditional path m
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    from tests.support.s3server import S3Server
+    from tests.support.s3server import s3_server_in_env
 
-    with S3Server() as s3, pytest.MonkeyPatch.context() as mp:
-        for key, value in s3.env().items():
-            mp.setenv(key, value)
+    with s3_server_in_env() as s3:
         yield s3
 
 

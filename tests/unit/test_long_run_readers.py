@@ -206,3 +206,19 @@ def test_a_new_attempt_finds_the_missed_just_in_time_checkpoint_from_the_snapsho
     assert [(m.step, m.attempt) for m in missed_jit_checkpoints(records, now=0.0)] == [
         (m.step, m.attempt) for m in missed_jit_checkpoints(every, now=0.0)] == [(700, "a2")]
     assert tier == RunLog(ledger.location).current_tier(every)
+
+
+def test_a_snapshot_of_the_format_before_the_digest_reads_every_event_until_the_next_compaction(tmp_path):
+    ledger, t = write_long_run(str(tmp_path), 25, 10)
+    fs = ledger.location.fs
+    stored = json.loads(fs.open_input_stream(ledger.snapshot_path).readall())
+    old = {k: v for k, v in stored.items() if k not in ("digest", "sample", "stride", "counted")}
+    with fs.open_output_stream(ledger.snapshot_path) as out:  # as the previous version wrote it
+        out.write(json.dumps({**old, "v": 1, "eviction_records": []}).encode())
+    view = Ledger(ledger.location).read_view(LADDER)
+    assert view.snapshot is None and view.tail == ledger.read()
+    for k in range(10):
+        ledger.append(CheckpointCommitted(t + 120 * (k + 1), step=500 + k), 0, {"action": "continue"})
+    Ledger(ledger.location, compact_every=10).compact()
+    view = Ledger(ledger.location).read_view(LADDER)
+    assert view.snapshot is not None and view.snapshot.events == 30

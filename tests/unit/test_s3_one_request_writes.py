@@ -29,11 +29,9 @@ pytest.importorskip("boto3", reason="boto3 comes with moto[server], in the dev e
 
 @pytest.fixture(scope="module")
 def server() -> Iterator[Any]:
-    from tests.support.s3server import S3Server
+    from tests.support.s3server import s3_server_in_env
 
-    with S3Server() as s3, pytest.MonkeyPatch.context() as mp:
-        for key, value in s3.env().items():
-            mp.setenv(key, value)
+    with s3_server_in_env() as s3:
         yield s3
 
 
@@ -73,14 +71,21 @@ def counted(server: Any) -> Iterator[Counted]:
         c.proxy.close()
 
 
+def _ledger(server: Any, counted: Counted, request: Any, compact_every: int) -> Ledger:
+    """The controller's ledger of a run named after the test, on the server through the counting proxy."""
+    ledger = Ledger(resolve_run(server.uri("runs", counted.proxy.endpoint), request.node.name[:40]), writer="ctl",
+                    compact_every=compact_every)
+    ledger.ensure_dirs()
+    return ledger
+
+
 def _events(n: int, start: int = 0) -> list[CheckpointCommitted]:
     return [CheckpointCommitted(1000.0 + k, step=k) for k in range(start, start + n)]
 
 
 def test_an_event_written_on_s3_is_one_put(server, counted, request):
-    location = resolve_run(server.uri("runs", counted.proxy.endpoint), request.node.name[:40])
-    ledger = Ledger(location, writer="ctl", compact_every=0)
-    ledger.ensure_dirs()
+    ledger = _ledger(server, counted, request, compact_every=0)
+    location = ledger.location
     counted.clear()
     written = [ledger.append(ev, 0) for ev in _events(20)]
     assert counted.counts == Counter({"PUT": 20}), counted.paths
@@ -89,9 +94,8 @@ def test_an_event_written_on_s3_is_one_put(server, counted, request):
 
 
 def test_compaction_on_s3_writes_one_segment_and_deletes_its_events_in_one_request(server, counted, request):
-    location = resolve_run(server.uri("runs", counted.proxy.endpoint), request.node.name[:40])
-    ledger = Ledger(location, writer="ctl", compact_every=10)
-    ledger.ensure_dirs()
+    ledger = _ledger(server, counted, request, compact_every=10)
+    location = ledger.location
     counted.clear()
     written = [ledger.append(ev, 0) for ev in _events(25)]
     deletes = [p for p in counted.paths if p.startswith("POST") and "delete" in p]
@@ -148,9 +152,8 @@ def test_batch_delete_takes_one_request_per_batch_and_ignores_missing_keys(serve
 
 def test_an_outage_during_a_one_request_write_is_waited_out(server, counted, request, monkeypatch):
     monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "20")
-    location = resolve_run(server.uri("runs", counted.proxy.endpoint), request.node.name[:40])
-    ledger = Ledger(location, writer="ctl", compact_every=0)
-    ledger.ensure_dirs()
+    ledger = _ledger(server, counted, request, compact_every=0)
+    location = ledger.location
     counted.proxy.cut("test", duration_s=1.5)
     record = ledger.append(RunStarted(1.0), 0)
     assert counted.proxy.refused > 0
@@ -159,9 +162,7 @@ def test_an_outage_during_a_one_request_write_is_waited_out(server, counted, req
 
 def test_storage_gone_for_good_stops_a_one_request_write_with_the_usual_error(server, counted, request, monkeypatch):
     monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "1")
-    location = resolve_run(server.uri("runs", counted.proxy.endpoint), request.node.name[:40])
-    ledger = Ledger(location, writer="ctl", compact_every=0)
-    ledger.ensure_dirs()
+    ledger = _ledger(server, counted, request, compact_every=0)
     counted.proxy.cut("test")
     with pytest.raises(StorageUnavailableError, match="write ledger event"):
         ledger.append(RunStarted(1.0), 0)
@@ -170,9 +171,8 @@ def test_storage_gone_for_good_stops_a_one_request_write_with_the_usual_error(se
 def test_without_boto3_s3_takes_pyarrows_path_says_so_once_and_reads_the_same(server, counted, request, monkeypatch, caplog):
     monkeypatch.setitem(sys.modules, "boto3", None)  # `import boto3` now raises ImportError
     monkeypatch.setattr(objects, "_told_no_boto3", False)
-    location = resolve_run(server.uri("runs", counted.proxy.endpoint), request.node.name[:40])
-    ledger = Ledger(location, writer="ctl", compact_every=5)
-    ledger.ensure_dirs()
+    ledger = _ledger(server, counted, request, compact_every=5)
+    location = ledger.location
     counted.clear()
     objects.logger.addHandler(caplog.handler)  # whatever an earlier test did to propagation
     try:
