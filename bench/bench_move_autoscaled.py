@@ -7,10 +7,12 @@ provisioning delay after it; the DDP example (2 workers, 150 steps, a checkpoint
 on two of them, no spare up. Once rank 0 has completed step 8, rank 1's node gets a 30 s
 notice (a drain with reason PREEMPTION) and is killed at the deadline; the cloud has room for
 one more spot node. Provisioning delays of 5 s (with the node's start, shorter than the notice)
-and 60 s (longer). *Replacement up*: from the notice to the new spot node alive.
-``spotfallback+jit`` asks the autoscaler for the replacement at the notice and moves once it
-fits; ``spotfallback+jit+hold`` holds until the node goes (the replacement is asked for only by
-the restart); ``ray`` is plain ``TorchTrainer`` with periodic checkpoints. *Stall*: last step
+and 60 s (longer). *Launch asked* / *replacement up*: from the notice to the autoscaler asking
+the provider for the node (its line in ``monitor.log``) / to the new spot node alive.
+Ray's autoscaler (v2) launches the replacement at the drain in every variant: the draining node
+no longer counts toward Ray Train's standing request for its gang (on the same tier a move asks
+for nothing more). ``spotfallback+jit`` moves once the replacement fits; ``spotfallback+jit+hold``
+holds until the node goes; ``ray`` is plain ``TorchTrainer`` with periodic checkpoints. *Stall*: last step
 before the eviction → first step beyond it after the restart; *one plain Ray Train restart* is
 ``ray``'s stall with no provisioning delay, measured in the same run. The target for the moved
 run is the issue's: downtime ≤ max(0, delay − notice) + one plain Ray Train restart.
@@ -53,6 +55,26 @@ def _cluster(delay_s: float) -> Any:
 
     spot = Tier.spot(2)
     return LocalAutoscalingCluster([AutoscaledGroup.for_tier(spot, cap=2, delay_s=delay_s)], connect=True)
+
+
+def launch_asked_s(cluster: Any, since: float) -> float | None:
+    """When the autoscaler first asked the provider for a spot node at or after ``since``: the
+    provider's "launch of ... asked" line in the session's ``monitor.log`` (local time)."""
+    path = os.path.join(cluster.temp_dir or "", "session_latest", "logs", "monitor.log")
+    try:
+        lines = Path(path).read_text(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in lines:
+        if "launch of" in line and "'spot' nodes asked" in line:
+            stamp, _, millis = line[:23].partition(",")
+            try:
+                t = time.mktime(time.strptime(stamp, "%Y-%m-%d %H:%M:%S")) + int(millis) / 1000
+            except ValueError:
+                continue
+            if t >= since - 0.5:
+                return t
+    return None
 
 
 def one_eviction(cluster: Any, storage: Path, scenario: str, delay_s: float, reference: str) -> dict[str, Any]:
@@ -98,12 +120,14 @@ def one_eviction(cluster: Any, storage: Path, scenario: str, delay_s: float, ref
         if evictions:
             held_s, moved = round(evictions[0].held_s, 2), evictions[0].moved
     cluster.set_capacity("spot", 2)
+    asked = launch_asked_s(cluster, notice_t)
     return {
         "scenario": f"{scenario} ({delay_s:g} s provisioning, {NOTICE_S:g} s notice)", "variant": scenario,
         "delay_s": delay_s, "notice_s": NOTICE_S, "last_before": last["step"], "resumed_at": after[0]["step"],
         "redone": max(0, last["step"] - after[0]["step"] + 1), "stall_s": round(new["t"] - last["t"], 1),
         "kill_to_new_s": round(new["t"] - kill_t, 1), "notice_to_kill_s": round(kill_t - notice_t, 1),
         "held_s": held_s, "moved": moved, "replacement_up_s": round(up[0] - notice_t, 1) if up else None,
+        "launch_asked_s": round(asked - notice_t, 1) if asked is not None else None,
         "node_gone_before_deadline": gone_early,
         "weights_ok": out["result"].metrics.get("weights_sha256") == reference,
     }
@@ -127,7 +151,8 @@ def measure(reps: int, log: Any = print) -> list[dict[str, Any]]:
                 row = one_eviction(cluster, storage, scenario, delay, ref_hash)
                 row["rep"] = rep
                 log(f"move-autoscaled {row['scenario']} rep {rep}: stall {row['stall_s']} s, held {row['held_s']} s, "
-                    f"replacement up {row['replacement_up_s']} s after the notice, kill -> new step {row['kill_to_new_s']} s")
+                    f"replacement launch asked {row['launch_asked_s']} s and up {row['replacement_up_s']} s after the notice, "
+                    f"kill -> new step {row['kill_to_new_s']} s")
                 rows.append(row)
     return rows
 
@@ -169,12 +194,13 @@ def figures(rows: list[dict[str, Any]]) -> list[Figure]:
 def describe(rows: list[dict[str, Any]]) -> str:
     body = [
         (r["rep"], r["scenario"], r["held_s"] if r["held_s"] is not None else float("nan"), r["moved"],
+         r["launch_asked_s"] if r.get("launch_asked_s") is not None else float("nan"),
          r["replacement_up_s"] if r.get("replacement_up_s") is not None else float("nan"), r["stall_s"],
          r["kill_to_new_s"], r["redone"], r["weights_ok"])
         for r in rows
     ]
     return (__doc__ or "").split("\n\n", 1)[1].strip() + "\n\n" + table(
-        ["rep", "scenario", "held (s)", "moved", "replacement up (s)", "stall (s)", "kill → new step (s)",
+        ["rep", "scenario", "held (s)", "moved", "launch asked (s)", "replacement up (s)", "stall (s)", "kill → new step (s)",
          "steps redone", "weights bit-identical"],
         body,
     ) + f"\n\nOne plain Ray Train restart (its stall, no provisioning delay): {one_restart_s(rows):.1f} s."

@@ -196,10 +196,11 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
 NOTICE_S = 40.0  # a notice longer than a node's provisioning plus one restart, even on a loaded machine
 
 
-def test_a_notice_asks_for_the_replacement_and_the_gang_moves_before_the_node_goes(cluster, tmp_path):
-    """The replacement is asked for at the notice (no spare node is up), provisioning overlaps
-    the notice, and once the just-in-time checkpoint is committed and the new node is there the
-    gang restarts off the draining node: training again before the node's deadline."""
+def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the_node_goes(cluster, tmp_path):
+    """The replacement is launched at the notice (no spare node is up: Ray Train's request for
+    the tier's gang stops counting the draining node), provisioning overlaps the notice, and once
+    the just-in-time checkpoint is committed and the new node is there the gang restarts off the
+    draining node: training again before the node's deadline."""
     import ray.train
 
     from spotfallback import FallbackTrainer, Tier

@@ -34,19 +34,19 @@ def _records(*events: Any) -> list[LedgerRecord]:
     return [LedgerRecord(id=f"{i:04d}", writer="test", tier=0, event=e) for i, e in enumerate(events)]
 
 
-def test_the_next_gang_replaces_only_the_preempted_ranks_while_the_tier_has_budget():
+def test_the_next_gang_on_the_same_tier_asks_for_nothing_ray_trains_own_request_covers():
     records = _records(RunStarted(1.0), WorkersAcquired(2.0, 4))
-    assert next_gang(LADDER, records, 10.0, preempted_ranks=1) == NextGang(tier=0, num_workers=4, new_workers=1)
+    assert next_gang(LADDER, records, 10.0) == NextGang(tier=0, num_workers=4, new_workers=0)
 
 
 def test_the_next_gang_is_the_whole_next_tier_once_the_budget_is_spent():
     records = _records(RunStarted(1.0), WorkersAcquired(2.0, 4), Preempted(5.0), WorkersAcquired(6.0, 4))
-    assert next_gang(LADDER, records, 10.0, preempted_ranks=1) == NextGang(tier=1, num_workers=2, new_workers=2)
+    assert next_gang(LADDER, records, 10.0) == NextGang(tier=1, num_workers=2, new_workers=2)
 
 
 def test_there_is_no_next_gang_when_the_preemption_ends_the_run():
     last = Ladder(tiers=(Tier.spot(2, max_preemptions=0),))
-    assert next_gang(last, _records(RunStarted(1.0), WorkersAcquired(2.0, 2)), 10.0, preempted_ranks=1) is None
+    assert next_gang(last, _records(RunStarted(1.0), WorkersAcquired(2.0, 2)), 10.0) is None
 
 
 def test_a_commit_counts_only_after_the_checkpoint_began():
@@ -73,13 +73,13 @@ class FakeCluster:
 
     def __init__(self, capacity: int) -> None:
         self.free = capacity
-        self.requests: list[tuple[str, int, float]] = []
+        self.requests: list[tuple[str, int, float, str]] = []
 
     def placement(self) -> Placement:
         return Placement(capacity=lambda tier: self.free, request=self.request)
 
-    def request(self, tier: Tier, workers: int, expire_s: float) -> bool:
-        self.requests.append((tier.name, workers, expire_s))
+    def request(self, tier: Tier, workers: int, expire_s: float, requester: str) -> bool:
+        self.requests.append((tier.name, workers, expire_s, requester))
         return True
 
 
@@ -106,16 +106,25 @@ def _outcomes(run_log: RunLog, wait_for: int) -> list[str]:
     return outcomes
 
 
-def test_the_replacement_is_asked_for_at_the_notice_and_the_gang_leaves_once_committed(run_log):
+def test_the_gang_leaves_once_committed_and_asks_for_nothing_on_its_own_tier(run_log):
     cluster = FakeCluster(capacity=4)
     watch = _noticed_watch(run_log, cluster, deadline_s=20.0)
-    assert [(name, n) for name, n, _ in cluster.requests] == [("spot", 1)]  # the preempted rank, before any write
-    assert cluster.requests[0][2] > 20.0  # the request outlives the notice: provisioning may be slower
+    assert cluster.requests == []  # Ray Train's request for the tier's gang asks for the rank once its node drains
     t0 = time.monotonic()
     with pytest.raises(GangMovedError, match="step 12 is committed"):
         watch.save_and_move(lambda: _commit(run_log, 12), step=12)
     assert time.monotonic() - t0 < 2.0  # long before the 20 s deadline
     assert _outcomes(run_log, 3) == ["started", "reported", "moved"]
+
+
+def test_the_next_tiers_gang_is_asked_for_at_the_notice_under_the_runs_own_requester_id(run_log):
+    run_log.ledger.append(Preempted(time.time() - 8), 0, None)  # the spot tier's one preemption is spent
+    run_log.ledger.append(WorkersAcquired(time.time() - 7, 4), 0, None)
+    cluster = FakeCluster(capacity=0)
+    _noticed_watch(run_log, cluster, deadline_s=20.0)
+    [(tier, workers, expire_s, requester)] = cluster.requests  # before any write
+    assert (tier, workers, requester) == ("on-demand", 2, "spotfallback-replacement-move-run")
+    assert expire_s > 20.0  # it outlives the notice: provisioning may be slower
 
 
 def test_the_gang_holds_until_a_checkpoint_is_committed(run_log):
@@ -204,8 +213,8 @@ def test_a_move_on_a_compacted_ledger_answers_as_on_the_whole_ledger(tmp_path, r
     moves = {name: Move.at_notice(log, Info(deadline_ms=None), None, cluster.placement()) for name, log in logs.items()}
     assert moves["compacted"] is not None and moves["whole"] is not None
     assert moves["compacted"].gang == moves["whole"].gang
-    (tier, workers, _), (same_tier, same_workers, _) = cluster.requests
-    assert (tier, workers) == (same_tier, same_workers)
+    asked = [(tier, workers) for tier, workers, _, _ in cluster.requests]
+    assert asked[: len(asked) // 2] == asked[len(asked) // 2 :]
     commits = [e for e in events if isinstance(e, CheckpointCommitted)]
     n = len(commits)
     picked = [commits[max(0, i)] for i in sorted({0, n // 2, n - KEEP_CHECKPOINTS - 3, n - KEEP_CHECKPOINTS, n - 2, n - 1})]
@@ -234,3 +243,20 @@ def test_a_move_on_a_long_run_reads_the_snapshot_and_the_new_events_only(tmp_pat
     ledger.append(CheckpointCommitted(time.time(), "ckpt_2000", 2_000), 0, None)
     assert move.ready(time.time() - 1.0, 2_000)
     assert len(read) == 2  # the snapshot and the new commit
+
+
+def test_the_new_gang_withdraws_only_its_own_runs_replacement_request():
+    from spotfallback.notices.placement import withdraw_replacement
+
+    class Client:  # Ray Train's coordinator client: one per requester id
+        cancelled: list[str] = []
+
+        def __init__(self, requester_id: str) -> None:
+            self._requester_id = requester_id
+
+        def cancel_resource_request(self) -> None:
+            Client.cancelled.append(self._requester_id)
+
+    withdraw_replacement(None, "move-run")  # before the controller has a client: nothing to withdraw
+    withdraw_replacement(Client("train-move-run"), "move-run")
+    assert Client.cancelled == ["spotfallback-replacement-move-run"]

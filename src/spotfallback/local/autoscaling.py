@@ -106,6 +106,18 @@ def _write_json(path: str, data: Mapping[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _running(entry: Mapping[str, Any]) -> bool:
+    """Whether a fake node still holds its "VM": its raylet runs (a node killed as a spot VM is
+    taken stays listed until the autoscaler terminates it, seconds later)."""
+    from ray._private import ray_constants
+
+    node = entry.get("node")
+    if node is None:  # the head: no process of its own here
+        return True
+    raylets = node.all_processes.get(ray_constants.PROCESS_TYPE_RAYLET, [])
+    return not raylets or any(info.process.poll() is None for info in raylets)
+
+
 def _base_provider() -> type:
     from ray.autoscaler._private.fake_multi_node.node_provider import FakeMultiNodeProvider
 
@@ -119,6 +131,10 @@ class CappedFakeProvider(_base_provider()):  # type: ignore[misc]
     once, as a cloud's "insufficient capacity" does, and the autoscaler retries it later; a
     launch the cap allows waits the type's delay, then starts its nodes (as many as the cap
     allows: the autoscaler gives up on the rest after its allocation timeout and asks again).
+    The cap counts nodes whose raylet still runs, plus launches under way: a cloud frees a
+    spot VM's quota when it takes the VM, not when Ray's autoscaler later notices the node died
+    and terminates it. Its log lines (asked, launched, terminated) go to the session's
+    ``monitor.log``, beside the autoscaler's own, to time a launch against a request.
     """
 
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
@@ -131,7 +147,9 @@ class CappedFakeProvider(_base_provider()):  # type: ignore[misc]
         from ray.autoscaler.tags import TAG_RAY_USER_NODE_TYPE
 
         with self.lock:
-            up = sum(1 for n in self._nodes.values() if n["tags"].get(TAG_RAY_USER_NODE_TYPE) == node_type)
+            up = sum(
+                1 for n in self._nodes.values() if n["tags"].get(TAG_RAY_USER_NODE_TYPE) == node_type and _running(n)
+            )
             return up + self._pending.get(node_type, 0)
 
     def create_node_with_resources_and_labels(
@@ -146,6 +164,7 @@ class CappedFakeProvider(_base_provider()):  # type: ignore[misc]
         with self.lock:
             allowed = max(0, min(count, cap - self._count(node_type)))
             self._pending[node_type] = self._pending.get(node_type, 0) + allowed
+        logger.info("launch of %d %r nodes asked: cap %d, %d allowed, delay %.1f s", count, node_type, cap, allowed, delay)
         if allowed == 0:
             raise RuntimeError(f"insufficient capacity for {node_type!r} (cap {cap})")
         try:
@@ -156,6 +175,10 @@ class CappedFakeProvider(_base_provider()):  # type: ignore[misc]
             with self.lock:
                 self._pending[node_type] -= allowed
         logger.info("launched %d of %d %r nodes after %.1f s", allowed, count, node_type, delay)
+
+    def terminate_node(self, node_id: str) -> None:
+        logger.info("terminating node %s", node_id)
+        super().terminate_node(node_id)
 
 
 class LocalAutoscalingCluster:

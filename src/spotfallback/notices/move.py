@@ -35,7 +35,7 @@ from spotfallback.store.ledger_snapshot import LedgerSnapshot
 
 logger = logging.getLogger("spotfallback")
 
-PROVISION_ALLOWANCE_S = 300.0  # how long past the deadline the replacement request stays up
+PROVISION_ALLOWANCE_S = 300.0  # how long past the deadline the replacement request stays up at most
 CLOCK_SKEW_S = 30.0  # nodes' clocks may differ this much
 
 
@@ -43,8 +43,11 @@ CLOCK_SKEW_S = 30.0  # nodes' clocks may differ this much
 class NextGang:
     """The gang the run restarts with after this preemption.
 
-    ``new_workers`` need new nodes: on the same tier only the preempted ranks (the others'
-    nodes stay), on another tier the whole gang.
+    ``new_workers``: the workers the notice must ask the autoscaler for. On another tier the
+    whole gang. On the same tier none: the others' nodes stay, and Ray Train's standing request
+    for the tier's gang (the controller's) already asks for the preempted ranks once their node
+    drains (Ray's autoscaler stops counting a draining node); asking again would count them
+    twice, and a pool whose ``max_workers`` is the gang's size would then launch nothing.
     """
 
     tier: int
@@ -53,7 +56,7 @@ class NextGang:
 
 
 def next_gang(
-    ladder: Ladder, records: Sequence[LedgerRecord], now: float, preempted_ranks: int, *, start: PolicyState | None = None
+    ladder: Ladder, records: Sequence[LedgerRecord], now: float, *, start: PolicyState | None = None
 ) -> NextGang | None:
     """The policy's next gang if the notice's preemption happened ``now`` (None: the run gives up). Pure.
 
@@ -67,8 +70,7 @@ def next_gang(
         return None
     tier = ladder.tiers[tier_index]
     size = tier.fewest_workers if tier.is_elastic else tier.num_workers
-    new = min(size, max(1, preempted_ranks)) if tier_index == state.tier else size
-    return NextGang(tier=tier_index, num_workers=size, new_workers=new)
+    return NextGang(tier=tier_index, num_workers=size, new_workers=0 if tier_index == state.tier else size)
 
 
 def _counts(commits: Iterable[tuple[float, int | None]], since: float, step: int | None) -> bool:
@@ -119,7 +121,7 @@ class Placement:
     def __init__(
         self,
         capacity: Callable[[Tier], int] | None = None,
-        request: Callable[[Tier, int, float], bool] | None = None,
+        request: Callable[[Tier, int, float, str], bool] | None = None,
     ) -> None:
         if capacity is None or request is None:
             from spotfallback.notices.placement import request_gang, tier_capacity
@@ -150,12 +152,15 @@ class Move:
         view = reader.read_view(ladder)
         now = time.time()
         start = view.snapshot.carry.summary.state if view.snapshot else None
-        gang = next_gang(ladder, view.tail, now, len(getattr(notice, "preempted_ranks", ()) or ()), start=start)
+        gang = next_gang(ladder, view.tail, now, start=start)
         if gang is None:
             return None
         move = cls(log, ladder, gang, placement, reader)
-        until = (deadline_s or now) - now + PROVISION_ALLOWANCE_S
-        if placement.request(move.tier, gang.new_workers, until):
+        from spotfallback.notices.placement import replacement_requester
+
+        until = (deadline_s or now) - now + PROVISION_ALLOWANCE_S  # withdrawn sooner, as the new gang starts
+        if gang.new_workers and placement.request(move.tier, gang.new_workers, until,
+                                                  replacement_requester(log.location.name)):
             logger.warning(
                 "asked the autoscaler for %d replacement worker(s) on tier %r at the notice",
                 gang.new_workers, move.tier.name,

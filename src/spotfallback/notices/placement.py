@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Sequence
+from typing import Any
 
 import ray
 
@@ -20,7 +21,7 @@ from spotfallback.notices.drain import gcs_client
 
 logger = logging.getLogger("spotfallback")
 
-REPLACEMENT_REQUESTER = "spotfallback-replacement"
+REPLACEMENT_REQUESTER = "spotfallback-replacement"  # with the run's name: one request per run
 COORDINATOR_NAME = "AutoscalingCoordinator"  # Ray Train's detached actor (its name and namespace)
 
 
@@ -61,6 +62,25 @@ def tier_capacity(tier: Tier) -> int:
         if selector_matches(tier.label_selector, node.get("Labels") or {}):
             total += workers_on_node(node.get("Resources") or {}, per_worker)
     return min(total, tier.num_workers)
+
+
+def replacement_requester(run_name: str) -> str:
+    """The requester id of a run's replacement request: its own, so runs sharing a cluster never
+    withdraw each other's."""
+    return f"{REPLACEMENT_REQUESTER}-{run_name}"
+
+
+def withdraw_replacement(run_client: Any, run_name: str) -> None:
+    """Cancel the run's replacement request (if any) through a coordinator client of the run's
+    client's class, as the new gang starts.
+
+    Why: the request was for the new gang's nodes; once the gang starts, Ray Train's own
+    request for it (the controller's) covers them. Left up, the two would count that gang
+    twice until the request expired, and Ray's autoscaler (v2) launches nothing for a request
+    a pool's ``max_workers`` cannot hold, not even a later replacement.
+    """
+    if run_client is not None:
+        type(run_client)(replacement_requester(run_name)).cancel_resource_request()
 
 
 def request_gang(tier: Tier, num_workers: int, expire_after_s: float, requester: str = REPLACEMENT_REQUESTER) -> bool:

@@ -49,6 +49,7 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.notices.drain import gcs_client
+from spotfallback.notices.placement import withdraw_replacement
 from spotfallback.runtime.capacity import start_size
 from spotfallback.runtime.classify import classify, looks_collateral
 from spotfallback.runtime.ladder import LadderRuntime, RunSpec, runtime_for
@@ -206,6 +207,7 @@ class TierScalingPolicy(FixedScalingPolicy):
         return ResizeDecision(num_workers=num_workers, resources_per_worker=tier.worker_resources())
 
     def on_controller_start_worker_group(self, *, scaling_config: ScalingConfig, num_workers: int) -> dict[str, str] | None:
+        withdraw_replacement(self._coordinator_client, self.spec.location.name)  # the run's own request covers it now
         return dict(self._runtime().tier.label_selector) or None
 
     async def before_controller_shutdown(self) -> None:
