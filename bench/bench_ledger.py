@@ -99,15 +99,14 @@ def report(uri: str) -> None:
     from spotfallback.view.snapshot import charge_until, read_driver
 
     location, ladder, view, meta = load_run(uri)
-    base, records = view.snapshot, view.tail
-    until = charge_until([*base.recent, *records] if base else records, read_driver(location), time.time())
-    cost_report(ladder, records, run=location.uri(), now=until, base=base)
+    until = charge_until(view.latest, read_driver(location), time.time())
+    cost_report(ladder, view.tail, run=location.uri(), now=until, base=view.snapshot)
 
 
 def resume(location: RunLocation) -> None:
     """The driver's read: the ledger's stored snapshot, and the replay of the events after it."""
     view = Ledger(location).read_view(LADDER)
-    FallbackPolicy(LADDER).replay((r.event for r in view.tail), view.snapshot.carry.summary.state if view.snapshot else None)
+    FallbackPolicy(LADDER).replay((r.event for r in view.tail), view.start_state)
 
 
 def parse_share(location: RunLocation) -> float:

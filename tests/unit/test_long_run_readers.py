@@ -183,6 +183,7 @@ def test_a_new_attempt_finds_the_missed_just_in_time_checkpoint_from_the_snapsho
     from spotfallback.events import JitCheckpoint, Preempted, WorkersAcquired
     from spotfallback.notices.jit import missed_jit_checkpoints
     from spotfallback.notices.runlog import RunLog
+    from spotfallback.policy import FallbackPolicy
 
     ledger, t = write_long_run(str(tmp_path), 260, 1_000)
     writer = Ledger(ledger.location, writer="ctl", compact_every=0)
@@ -205,7 +206,7 @@ def test_a_new_attempt_finds_the_missed_just_in_time_checkpoint_from_the_snapsho
     assert len(records) < 20 < len(every)
     assert [(m.step, m.attempt) for m in missed_jit_checkpoints(records, now=0.0)] == [
         (m.step, m.attempt) for m in missed_jit_checkpoints(every, now=0.0)] == [(700, "a2")]
-    assert tier == RunLog(ledger.location).current_tier(every)
+    assert tier == RunLog(ledger.location).current_tier() == FallbackPolicy(LADDER).replay(r.event for r in every).tier
 
 
 def test_a_snapshot_of_the_format_before_the_digest_reads_every_event_until_the_next_compaction(tmp_path):

@@ -68,8 +68,7 @@ def register(app: typer.Typer) -> None:
         if html_file is not None:
             check_output("--html", html_file, ".html")
         location, ladder, view, meta = load_run(run, every_event=html_file is not None)  # the page lists every event
-        base, records = view.snapshot, view.tail
-        latest = [*base.recent, *records] if base is not None else records  # ends as the whole ledger ends
+        base, records, latest = view.snapshot, view.tail, view.latest
         if not latest:
             raise fail(f"run {location.uri()!r} has no ledger events yet; nothing to report", EXIT_ERROR)
         out = out or Path(f"{location.name}-timeline.png")

@@ -93,8 +93,7 @@ def register(app: typer.Typer) -> None:
         # More latest events than the stored snapshot keeps need every record.
         location, ladder, view, meta = load_run(
             run, every_event=lambda v: v.snapshot is not None and events > len(v.snapshot.recent) + len(v.tail))
-        base, records = view.snapshot, view.tail
-        latest = [*base.recent, *records] if base is not None else records
+        base, records, latest = view.snapshot, view.tail, view.latest
         now = time.time()
         driver = read_driver(location)
         totals = meta.get("progress_totals") if isinstance(meta.get("progress_totals"), dict) else None

@@ -151,8 +151,7 @@ class Move:
         reader = Ledger(log.location, compact_every=0)
         view = reader.read_view(ladder)
         now = time.time()
-        start = view.snapshot.carry.summary.state if view.snapshot else None
-        gang = next_gang(ladder, view.tail, now, start=start)
+        gang = next_gang(ladder, view.tail, now, start=view.start_state)
         if gang is None:
             return None
         move = cls(log, ladder, gang, placement, reader)

@@ -12,9 +12,11 @@ import logging
 import threading
 from typing import Any
 
+from spotfallback.config import Ladder
 from spotfallback.events import InfoEvent, LedgerRecord
 from spotfallback.policy import FallbackPolicy
 from spotfallback.store.ledger import Ledger
+from spotfallback.store.ledger_snapshot import digest_records
 from spotfallback.store.location import RunLocation
 
 logger = logging.getLogger("spotfallback")
@@ -36,16 +38,11 @@ class RunLog:
     def read(self) -> list[LedgerRecord]:
         return self.ledger.read()
 
-    def current_tier(self, records: list[LedgerRecord] | None = None) -> int:
-        """The tier the run is on now, by replaying ``records`` (default: the ledger from its
-        stored snapshot, so a notice on a run of weeks costs what one on a new run does); 0
-        before the run starts."""
+    def current_tier(self) -> int:
+        """The tier the run is on now (0 before the run starts), replayed from the ledger's stored
+        snapshot and the events after it: a notice on a run of weeks costs what one on a new run does."""
         ladder = self.ledger.read_ladder()
-        if ladder is None:
-            return 0
-        if records is not None:
-            return FallbackPolicy(ladder).replay(r.event for r in records).tier
-        return self.digest()[0]
+        return 0 if ladder is None else self._digest(ladder)[0]
 
     def digest(self) -> tuple[int, list[LedgerRecord]]:
         """(the run's tier now, its records but committed checkpoints followed by another), from
@@ -53,12 +50,12 @@ class RunLog:
         previous one's just-in-time checkpoint (``store.ledger_snapshot.digest``), read at the
         cost of a new run's ledger however long the run is."""
         ladder = self.ledger.read_ladder()
-        if ladder is None:
-            return 0, self.ledger.read()
+        return (0, self.ledger.read()) if ladder is None else self._digest(ladder)
+
+    def _digest(self, ladder: Ladder) -> tuple[int, list[LedgerRecord]]:
         view = self.ledger.read_view(ladder)
-        start = view.snapshot.carry.summary.state if view.snapshot is not None else None
-        tier = FallbackPolicy(ladder).replay((r.event for r in view.tail), start).tier
-        return tier, [*view.snapshot.digest, *view.tail] if view.snapshot is not None else view.tail
+        tier = FallbackPolicy(ladder).replay((r.event for r in view.tail), view.start_state).tier
+        return tier, digest_records(view.snapshot, view.tail)
 
     def append(self, event: InfoEvent, info: dict[str, Any] | None = None, *, tier: int | None = None) -> LedgerRecord:
         """Append now (replaying for the tier unless given); storage errors propagate."""

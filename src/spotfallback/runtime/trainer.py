@@ -253,7 +253,7 @@ class FallbackTrainer:
         # The stored snapshot and the events after it: a long run resumes without replaying every event.
         view = self.ledger.read_view(self.ladder)
         records = view.tail
-        state = self.policy.replay((r.event for r in records), view.snapshot.carry.summary.state if view.snapshot else None)
+        state = self.policy.replay((r.event for r in records), view.start_state)
         self._refuse_if_ended(state)
         resume = prepare_resume(self.location, self.ledger, records, state.tier, snapshot=view.snapshot)
         state = self.policy.replay(resume.recorded, state)

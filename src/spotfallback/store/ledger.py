@@ -38,6 +38,7 @@ import pyarrow.fs as pafs
 from spotfallback.config import Ladder
 from spotfallback.errors import LedgerError
 from spotfallback.events import FORMAT_VERSION, Event, LedgerRecord
+from spotfallback.policy import PolicyState
 from spotfallback.store.ledger_snapshot import (
     SNAPSHOT_DIR,
     SNAPSHOT_OBJECT,
@@ -46,6 +47,8 @@ from spotfallback.store.ledger_snapshot import (
     covered_prefix,
     decode_snapshot,
     encode_snapshot,
+    latest_records,
+    start_state,
 )
 from spotfallback.store.location import TMP_PREFIX, RunLocation, list_dir, write_atomically
 from spotfallback.store.objects import s3_objects
@@ -137,6 +140,16 @@ class LedgerView:
     @property
     def events(self) -> int:
         return (self.snapshot.events if self.snapshot else 0) + len(self.tail)
+
+    @property
+    def start_state(self) -> PolicyState | None:
+        """The policy's state before ``tail`` (None: the run's start): replaying ``tail`` from it is the whole replay."""
+        return start_state(self.snapshot)
+
+    @property
+    def latest(self) -> list[LedgerRecord]:
+        """The latest records, ending as the whole ledger ends."""
+        return latest_records(self.snapshot, self.tail)
 
 
 def _sourced_in_order(by_name: dict[str, tuple[LedgerRecord, str | None]]) -> list[tuple[str, LedgerRecord, str | None]]:

@@ -33,6 +33,7 @@ from typing import Any
 from spotfallback.accounting import Carry, fold
 from spotfallback.config import Ladder
 from spotfallback.events import CheckpointCommitted, LedgerRecord
+from spotfallback.policy import PolicyState
 from spotfallback.store.heartbeat import PROGRESS_KEYS
 
 SNAPSHOT_DIR = "snapshot"
@@ -156,6 +157,21 @@ def advance(ladder: Ladder, snapshot: LedgerSnapshot | None, records: Sequence[t
         committed=tuple(committed[-KEEP_COMMITTED:]), sample=sample, stride=stride,
         counted=counted,
     )
+
+
+def start_state(base: LedgerSnapshot | None) -> PolicyState | None:
+    """The policy's state after the events ``base`` covers (None: the run's start), to replay the rest from."""
+    return base.carry.summary.state if base is not None else None
+
+
+def latest_records(base: LedgerSnapshot | None, records: Sequence[LedgerRecord]) -> list[LedgerRecord]:
+    """The latest records of the whole ledger: ``base``'s kept ones, then ``records`` (those after it)."""
+    return [*base.recent, *records] if base is not None else list(records)
+
+
+def digest_records(base: LedgerSnapshot | None, records: Sequence[LedgerRecord]) -> list[LedgerRecord]:
+    """What replays as the whole ledger for `report`'s intervals and counts: ``base``'s digest, then ``records``."""
+    return [*base.digest, *records] if base is not None else list(records)
 
 
 def digest(done: Sequence[LedgerRecord], records: Sequence[LedgerRecord]) -> tuple[LedgerRecord, ...]:

@@ -23,7 +23,7 @@ from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import SPOT, Ladder, PlanPrediction
 from spotfallback.events import LedgerRecord
 from spotfallback.sim.costmodel import SeedEstimate, seed_closed_form
-from spotfallback.store.ledger_snapshot import LedgerSnapshot
+from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records
 from spotfallback.view.intervals import (
     INTERRUPTIONS,
     announced_evictions,
@@ -179,7 +179,7 @@ def cost_report(
     from every record.
     """
     summary = summarize(ladder, records, now=now, start=base.carry if base is not None else None)
-    records = [*base.digest, *records] if base is not None else records
+    records = digest_records(base, records)
     held_s = [0.0] * len(ladder)
     if records:
         for tier, start, stop in run_intervals(records, summary.ended_at or records[-1].t)[2]:

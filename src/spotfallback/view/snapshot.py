@@ -19,7 +19,7 @@ from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
 from spotfallback.store.heartbeat import PROGRESS_KEYS
 from spotfallback.store.lease import DriverLease
-from spotfallback.store.ledger_snapshot import LedgerSnapshot
+from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records, latest_records
 from spotfallback.store.location import RunLocation
 from spotfallback.view.intervals import AnnouncedEviction, announced_evictions
 
@@ -202,7 +202,7 @@ def build_snapshot(
     segment is charged only up to the driver's last sign of life, not to ``now``.
     """
     now = time.time() if now is None else now
-    latest = [*base.recent, *records] if base is not None else records  # ends as the whole ledger ends
+    latest = latest_records(base, records)  # ends as the whole ledger ends
     stalled = bool(latest) and (driver is None or not driver.live(now))
     summary = summary or summarize(ladder, records, now=charge_until(latest, driver, now),
                                    start=base.carry if base is not None else None)
@@ -286,7 +286,7 @@ def build_snapshot(
         events=len(records) + (base.events if base is not None else 0),
         agents=tuple(agents),
         agents_not_shown=agents_not_shown,
-        evictions=tuple(announced_evictions([*base.digest, *records] if base is not None else records)),
+        evictions=tuple(announced_evictions(digest_records(base, records))),
     )
 
 

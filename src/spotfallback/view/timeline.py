@@ -15,7 +15,7 @@ from typing import Any
 from spotfallback.accounting import summarize
 from spotfallback.config import ON_DEMAND, SPOT, Ladder
 from spotfallback.events import CheckpointCommitted, LedgerRecord
-from spotfallback.store.ledger_snapshot import LedgerSnapshot
+from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records
 from spotfallback.view.intervals import run_intervals
 from spotfallback.view.text import money
 
@@ -74,7 +74,7 @@ def timeline_png(
     ticks = [(n, r) for n, r in enumerate((r for r in records if isinstance(r.event, CheckpointCommitted)), 1)]
     if base is not None:
         ticks = [*base.sample, *((base.counted + n, r) for n, r in ticks)]
-        records = [*base.digest, *records]
+    records = digest_records(base, records)
     if not records:
         raise ValueError("the run has no ledger events yet; nothing to draw")
     t0 = min(records[0].t, summary.started_at if summary.started_at is not None else math.inf)
