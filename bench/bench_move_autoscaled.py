@@ -11,8 +11,9 @@ and 60 s (longer). *Launch asked* / *replacement up*: from the notice to the aut
 the provider for the node (its line in ``monitor.log``) / to the new spot node alive.
 Ray's autoscaler (v2) launches the replacement at the drain in every variant: the draining node
 no longer counts toward Ray Train's standing request for its gang (on the same tier a move asks
-for nothing more). ``spotfallback+jit`` moves once the replacement fits; ``spotfallback+jit+hold``
-holds until the node goes; ``ray`` is plain ``TorchTrainer`` with periodic checkpoints. *Stall*: last step
+for nothing more). ``spotfallback+jit`` trains through the notice and saves, then moves, once the
+replacement fits, or saves at the save's lead before the deadline; ``spotfallback+jit+hold`` saves
+at the notice and holds until the node goes (the behaviour before); ``ray`` is plain ``TorchTrainer`` with periodic checkpoints. *Stall*: last step
 before the eviction → first step beyond it after the restart; *one plain Ray Train restart* is
 ``ray``'s stall with no provisioning delay, measured in the same run. The target for the moved
 run is the issue's: downtime ≤ max(0, delay − notice) + one plain Ray Train restart.
@@ -113,12 +114,15 @@ def one_eviction(cluster: Any, storage: Path, scenario: str, delay_s: float, ref
     after = [s for s in steps if s["pid"] != steps[0]["pid"]]
     last = first[-1]
     new = next(s for s in after if s["step"] > last["step"])
-    held_s, moved = None, False
+    held_s, moved, trained_on_s = None, False, None
     ledger = getattr(getattr(fit, "__self__", None), "ledger", None)
     if ledger is not None:
-        evictions = announced_evictions(ledger.read())
+        records = ledger.read()
+        evictions = announced_evictions(records)
         if evictions:
             held_s, moved = round(evictions[0].held_s, 2), evictions[0].moved
+        started = [r for r in records if r.event.kind == "jit_checkpoint" and r.event.outcome == "started"]
+        trained_on_s = started[0].info.get("trained_on_s") if started else None
     cluster.set_capacity("spot", 2)
     asked = launch_asked_s(cluster, notice_t)
     return {
@@ -126,7 +130,7 @@ def one_eviction(cluster: Any, storage: Path, scenario: str, delay_s: float, ref
         "delay_s": delay_s, "notice_s": NOTICE_S, "last_before": last["step"], "resumed_at": after[0]["step"],
         "redone": max(0, last["step"] - after[0]["step"] + 1), "stall_s": round(new["t"] - last["t"], 1),
         "kill_to_new_s": round(new["t"] - kill_t, 1), "notice_to_kill_s": round(kill_t - notice_t, 1),
-        "held_s": held_s, "moved": moved, "replacement_up_s": round(up[0] - notice_t, 1) if up else None,
+        "held_s": held_s, "moved": moved, "trained_on_s": trained_on_s, "replacement_up_s": round(up[0] - notice_t, 1) if up else None,
         "launch_asked_s": round(asked - notice_t, 1) if asked is not None else None,
         "node_gone_before_deadline": gone_early,
         "weights_ok": out["result"].metrics.get("weights_sha256") == reference,
@@ -151,6 +155,7 @@ def measure(reps: int, log: Any = print) -> list[dict[str, Any]]:
                 row = one_eviction(cluster, storage, scenario, delay, ref_hash)
                 row["rep"] = rep
                 log(f"move-autoscaled {row['scenario']} rep {rep}: stall {row['stall_s']} s, held {row['held_s']} s, "
+                    f"trained on {row['trained_on_s']} s of the notice, "
                     f"replacement launch asked {row['launch_asked_s']} s and up {row['replacement_up_s']} s after the notice, "
                     f"kill -> new step {row['kill_to_new_s']} s")
                 rows.append(row)
@@ -191,17 +196,20 @@ def figures(rows: list[dict[str, Any]]) -> list[Figure]:
     return out
 
 
+def _or_nan(value: float | None) -> float:
+    return float("nan") if value is None else value
+
+
 def describe(rows: list[dict[str, Any]]) -> str:
     body = [
-        (r["rep"], r["scenario"], r["held_s"] if r["held_s"] is not None else float("nan"), r["moved"],
-         r["launch_asked_s"] if r.get("launch_asked_s") is not None else float("nan"),
-         r["replacement_up_s"] if r.get("replacement_up_s") is not None else float("nan"), r["stall_s"],
-         r["kill_to_new_s"], r["redone"], r["weights_ok"])
+        (r["rep"], r["scenario"], _or_nan(r.get("trained_on_s")), _or_nan(r["held_s"]), r["moved"],
+         _or_nan(r.get("launch_asked_s")), _or_nan(r.get("replacement_up_s")), r["stall_s"], r["kill_to_new_s"],
+         r["redone"], r["weights_ok"])
         for r in rows
     ]
     return (__doc__ or "").split("\n\n", 1)[1].strip() + "\n\n" + table(
-        ["rep", "scenario", "held (s)", "moved", "launch asked (s)", "replacement up (s)", "stall (s)", "kill → new step (s)",
-         "steps redone", "weights bit-identical"],
+        ["rep", "scenario", "trained on (s)", "held (s)", "moved", "launch asked (s)", "replacement up (s)", "stall (s)",
+         "kill → new step (s)", "steps redone", "weights bit-identical"],
         body,
     ) + f"\n\nOne plain Ray Train restart (its stall, no provisioning delay): {one_restart_s(rows):.1f} s."
 

@@ -107,7 +107,8 @@ def start_until_step(
     ``result`` or ``error``)."""
     kind, *variants = scenario.split("+")
     log = storage / f"{scenario}-{uuid.uuid4().hex[:6]}.steps"
-    config = {**base, "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants}
+    config = {**base, "step_log": str(log), **(JIT if "jit" in variants else {}), "preemption_move": "hold" not in variants,
+              "preemption_train_on": "hold" not in variants}  # hold: the behaviour before (save at once, hold)
     fit = make_fit(kind, storage, f"bench-{uuid.uuid4().hex[:8]}", config, relax="relax" in variants)
     out: dict[str, Any] = {}
 

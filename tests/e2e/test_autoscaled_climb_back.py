@@ -198,9 +198,9 @@ NOTICE_S = 40.0  # a notice longer than a node's provisioning plus one restart, 
 
 def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the_node_goes(cluster, tmp_path):
     """The replacement is launched at the notice (no spare node is up: Ray Train's request for
-    the tier's gang stops counting the draining node), provisioning overlaps the notice, and once
-    the just-in-time checkpoint is committed and the new node is there the gang restarts off the
-    draining node: training again before the node's deadline."""
+    the tier's gang stops counting the draining node), provisioning overlaps the notice while
+    the gang trains on, and once the new node is there the gang takes its just-in-time
+    checkpoint and restarts off the draining node: training again before the node's deadline."""
     import ray.train
 
     from spotfallback import FallbackTrainer, Tier
@@ -232,6 +232,12 @@ def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the
     records = wait_for(ledger, lambda rs: sum(r.event.kind == "workers_acquired" for r in rs) >= 2, NOTICE_S + 60, driver)
     jit = [r for r in records if r.event.kind == "jit_checkpoint"]
     assert [r.event.outcome for r in jit] == ["started", "reported", "moved"], kinds(records)
+    # The gang trained through the notice and saved once the replacement was there: no sooner
+    # than its provisioning delay after the notice, long before the save's lead was reached.
+    started = jit[0]
+    assert started.info["trained_on_calls"] > 0, started.info
+    assert started.t >= deadline - NOTICE_S + DELAY_S, f"saved {started.t - (deadline - NOTICE_S):.1f} s after the notice"
+    assert started.t < deadline - NOTICE_S / 2, f"saved only {deadline - started.t:.1f} s before the deadline"
     new_gang = [r for r in records if r.event.kind == "workers_acquired"][-1]
     assert new_gang.tier == 0 and doomed not in new_gang.info["nodes"]
     assert set(new_gang.info["nodes"]) - spot_before, "the gang moved onto the replacement node"

@@ -18,7 +18,10 @@ import pytest
 SRC = Path(__file__).resolve().parents[2] / "src"
 PACKAGE = "spotfallback"
 
-CORE = {"spotfallback.config", "spotfallback.events", "spotfallback.policy", "spotfallback.accounting", "spotfallback.errors"}
+CORE = {
+    "spotfallback.config", "spotfallback.events", "spotfallback.policy", "spotfallback.accounting", "spotfallback.errors",
+    "spotfallback.notice_window",
+}
 # What the pure core may import from outside the standard library: validation and YAML only.
 CORE_THIRD_PARTY = {"pydantic", "yaml"}
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -81,11 +82,28 @@ class FakeSession:
         return self._run_log
 
 
+def as_ranks(world: int, rank_main: Callable[[int], None], timeout_s: float = 20.0) -> None:
+    """Run ``rank_main(rank)`` for every rank, each on its own thread; fail with what any rank raised."""
+    errors: list[BaseException] = []
+
+    def guarded(rank: int) -> None:
+        try:
+            rank_main(rank)
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errors.append(e)
+
+    threads = [threading.Thread(target=guarded, args=(r,)) for r in range(world)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s)
+    assert not errors, errors
+
+
 def run_ranks(world: int, steps: int, step_s: list[float], notice_at_call: int | None, every_s: float = 1.0):
     """Each rank calls check() once per step with its own clock; returns per-rank notices (call, info)."""
     group = Group(world)
     seen: dict[int, tuple[int, Any] | None] = {}
-    errors: list[BaseException] = []
 
     def rank_main(rank: int) -> None:
         now = [0.0]
@@ -93,23 +111,15 @@ def run_ranks(world: int, steps: int, step_s: list[float], notice_at_call: int |
         watch = PreemptionWatch(every_s=every_s, session=session, clock=lambda: now[0])
         session.watch = watch
         seen[rank] = None
-        try:
-            for call in range(1, steps + 1):
-                if rank == 0 and notice_at_call is not None and call == notice_at_call:
-                    group.notice = Info(deadline_ms=int((time.time() + 30) * 1000))
-                now[0] += step_s[rank]
-                info = watch.check()
-                if info is not None and seen[rank] is None:
-                    seen[rank] = (call, info)
-        except BaseException as e:  # noqa: BLE001 - reported by the test
-            errors.append(e)
+        for call in range(1, steps + 1):
+            if rank == 0 and notice_at_call is not None and call == notice_at_call:
+                group.notice = Info(deadline_ms=int((time.time() + 30) * 1000))
+            now[0] += step_s[rank]
+            info = watch.check()
+            if info is not None and seen[rank] is None:
+                seen[rank] = (call, info)
 
-    threads = [threading.Thread(target=rank_main, args=(r,)) for r in range(world)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(20)
-    assert not errors, errors
+    as_ranks(world, rank_main)
     return group, seen
 
 

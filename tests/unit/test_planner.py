@@ -171,5 +171,7 @@ def test_several_samples_split_the_runs_and_the_deadline_must_hold_on_the_worst(
 def test_guard_lead_covers_what_a_new_gang_can_lose_before_its_progress_is_safe():
     req = request(deadline_h=72, notice_s=120)  # a 2 min notice cannot hold a 5 min write
     assert req.guard(0.7, 1.0, 0.4).first_commit_h == pytest.approx(0.1 + 0.7 + 5 / 60)
-    held = request(deadline_h=72, notice_s=600)  # it can: a preemption loses the notice only
-    assert held.guard(0.7, 1.0, 0.4).first_commit_h == pytest.approx(0.1 + 600 / 3600)
+    held = request(deadline_h=72, notice_s=600)  # it can: a preemption loses only the save's lead
+    assert held.guard(0.7, 1.0, 0.4).first_commit_h == pytest.approx(0.1 + (1.5 * 300 + 3) / 3600)
+    short = request(deadline_h=72, notice_s=400)  # a notice shorter than the lead: saved at once, all of it lost
+    assert short.guard(0.7, 1.0, 0.4).first_commit_h == pytest.approx(0.1 + 400 / 3600)

@@ -37,10 +37,12 @@ each report until its controller polls, every ``RAY_TRAIN_HEALTH_CHECK_INTERVAL_
 default, so per-step reports want a shorter interval), ``preemption_check_every_s`` /
 ``preemption_check_every`` (0 = off: ask Ray about a preemption notice about every so many
 seconds / every N steps and, on one, checkpoint just in time and restart off the draining
-node, through ``spotfallback.notices.PreemptionWatch``), ``preemption_move`` (True: False holds
-until the node goes instead), ``preemption_hold_s`` (60: how long past the deadline a hold
-lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a just-in-time
-checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
+node, through ``spotfallback.notices.PreemptionWatch``), ``preemption_train_on`` (True: train
+through the notice and save when a replacement is up or the deadline is the save's lead away,
+planned with the longest periodic checkpoint write so far; False: save at the notice),
+``preemption_move`` (True: False holds until the node goes instead), ``preemption_hold_s``
+(60: how long past the deadline a hold lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a
+just-in-time checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
 where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to measure lost work),
 ``step_gate`` (None: a file that must exist before each step starts; a test removes it to hold
 the workers at a precise moment, e.g. placed but not yet stepping, and puts it back to let them go),
@@ -64,6 +66,7 @@ before.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import hashlib
 import json
@@ -92,6 +95,7 @@ DEFAULTS: dict[str, Any] = {
     "preemption_check_every_s": 0.0,
     "preemption_hold_s": 60.0,
     "preemption_move": True,
+    "preemption_train_on": True,
     "jit_checkpoint_delay_s": 0.0,
     "step_log": None,
     "step_gate": None,
@@ -351,7 +355,8 @@ def train_fn(config: dict[str, Any]) -> None:
             metrics["accuracy"] = accuracy(model, x_test, y_test)
             metrics["weights_sha256"] = state_hash(model)
         # Every rank reaches check() at the same steps (it is a collective); on a notice the
-        # full state is checkpointed at once and the gang restarts off the draining node.
+        # gang trains on until the save is due, then checkpoints the full state and restarts
+        # off the draining node.
         if watch is not None and not last and watch.check():
             watch.save_and_move(
                 functools.partial(
@@ -361,7 +366,8 @@ def train_fn(config: dict[str, Any]) -> None:
                 step=step,
             )
         if last or step % cfg["checkpoint_every"] == 0:
-            _report_checkpoint(model, optimizer, scheduler, stream, step, metrics, rank)
+            with watch.timing_save() if watch is not None else contextlib.nullcontext():
+                _report_checkpoint(model, optimizer, scheduler, stream, step, metrics, rank)
         elif step % cfg["report_every"] == 0:
             ray.train.report(metrics)
 
@@ -378,6 +384,7 @@ def _preemption_watch(cfg: dict[str, Any]) -> Any:
         every_steps=every_steps or None,
         max_hold_s=float(cfg["preemption_hold_s"]),
         move=bool(cfg["preemption_move"]),
+        train_on=bool(cfg["preemption_train_on"]),
     )
 
 

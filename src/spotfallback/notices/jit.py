@@ -16,6 +16,12 @@ Why each rule (checked against Ray 2.60):
   and only asks Ray every ``every_s`` seconds. Ranks' clocks differ, so the number of steps
   between asks is measured by rank 0 and agreed through ``broadcast_from_rank_zero``, at
   fixed call counts every rank reaches.
+- The notice is not spent idle: with an estimate of the write (``save_s``, or writes timed
+  with ``timing_save()``) the gang trains on and ``check()`` answers only when the save is
+  due: once a replacement can take the next gang, or when what is left of the notice is down
+  to the save's lead (``notice_window``: the rule the simulator uses too). Rank 0 decides at
+  looks about every ``look_every_s`` and broadcasts the answer, so every rank saves at the
+  same step. Without an estimate it answers at the notice, as a careful default.
 - After the checkpoint the function must neither train on (those steps die with the node)
   nor return (Ray would treat the run as *finished*): ``save_and_move`` never returns. In a
   spotfallback run it asks the autoscaler for the replacement at the notice, and once the
@@ -36,13 +42,16 @@ from __future__ import annotations
 
 import logging
 import math
+import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NoReturn, Protocol
 
 from spotfallback.errors import GangMovedError, JitHoldExpiredError
 from spotfallback.events import CheckpointCommitted, JitCheckpoint, LedgerRecord
+from spotfallback.notice_window import RAY_TRAIN_POLL_S, commit_margin_s, save_due
 from spotfallback.notices.move import Move, Placement
 from spotfallback.notices.runlog import RunLog
 
@@ -100,6 +109,14 @@ class RaySession:
             return None
 
 
+def ray_train_poll_s() -> float:
+    """How often Ray Train's controller polls its workers here (``RAY_TRAIN_HEALTH_CHECK_INTERVAL_S``)."""
+    try:
+        return max(0.0, float(os.environ.get("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", RAY_TRAIN_POLL_S)))
+    except ValueError:  # Ray itself would not start with it; plan with its default
+        return RAY_TRAIN_POLL_S
+
+
 def deadline_s_of(info: Any) -> float | None:
     """A PreemptionInfo's deadline in epoch seconds (None: the drain announced none)."""
     deadline_ms = getattr(info, "deadline_ms", None)
@@ -116,6 +133,14 @@ class PreemptionWatch:
     ``move``: in a spotfallback run, ask for the replacement at the notice and leave as soon as
     the next gang can be placed (``save_and_move``; it needs ``record``, since the commit is
     read from the ledger); ``placement`` replaces Ray's GCS in tests.
+
+    ``save_s``: how long the just-in-time save takes (write and report); writes timed with
+    ``timing_save()`` raise it. With an estimate and ``train_on`` the gang trains through the
+    notice and ``check()`` answers only when the save is due (a replacement is up, or the
+    deadline is a lead away: ``notice_window.save_due``); without one it answers at the notice.
+    ``look_every_s``: how often rank 0 looks again while training on; ``save_margin_s``: the
+    lead's fixed part (default: one poll of Ray Train's controller, which collects the report,
+    at the interval this worker runs under, plus clock skew: ``notice_window.commit_margin_s``).
     """
 
     def __init__(
@@ -129,12 +154,19 @@ class PreemptionWatch:
         max_interval: int = 100_000,
         session: TrainSession | None = None,
         clock: Callable[[], float] = time.monotonic,
+        wall: Callable[[], float] = time.time,
         move: bool = True,
         placement: Placement | None = None,
         move_poll_s: float = 0.25,
+        train_on: bool = True,
+        save_s: float | None = None,
+        look_every_s: float = 1.0,
+        save_margin_s: float | None = None,
     ) -> None:
         if every_steps is not None and every_steps < 1:
             raise ValueError("every_steps must be >= 1")
+        if save_s is not None and save_s < 0:
+            raise ValueError("save_s must be >= 0 (seconds the just-in-time save takes)")
         self.every_s = every_s
         self.every_steps = every_steps
         self.max_hold_s = max_hold_s
@@ -142,6 +174,7 @@ class PreemptionWatch:
         self.max_interval = max_interval
         self.session: TrainSession = session or RaySession()
         self.clock = clock
+        self.wall = wall  # epoch seconds, what Ray's deadline is in
         self.rank = self.session.world_rank()
         self.notice: Any = None
         self.interval = every_steps or 1  # calls between asks, the same on every rank
@@ -155,6 +188,14 @@ class PreemptionWatch:
         self._placement = placement
         self.move_poll_s = move_poll_s
         self._move: Move | None = None
+        self.train_on = train_on
+        self.save_s = save_s
+        self.look_every_s = look_every_s
+        self.save_margin_s = commit_margin_s(ray_train_poll_s()) if save_margin_s is None else save_margin_s
+        self._timed_save_s: float | None = None  # the longest write timed by timing_save()
+        self._per_call_s: float | None = None  # rank 0's pace: seconds per check() call
+        self._due = False  # the save is due: every rank agreed
+        self._noticed: tuple[float, int] | None = None  # (wall clock, calls) when the notice was seen
         if record and self.rank == 0:
             self._log = self.session.run_log()
             if self._log is not None:
@@ -163,31 +204,106 @@ class PreemptionWatch:
     # -- asking ---------------------------------------------------------------------------
 
     def check(self) -> Any:
-        """Call at every step boundary on every rank; returns Ray's PreemptionInfo or None."""
-        if self.notice is not None:
+        """Call at every step boundary on every rank: Ray's PreemptionInfo once the save is due, else None.
+
+        Without a notice it asks Ray about every ``every_s``. After one, while the gang trains
+        on, rank 0 looks about every ``look_every_s`` and every rank gets its answer.
+        """
+        if self._due:
             return self.notice  # every rank got the same answer, so none asks again
         self.calls += 1
         if self.calls < self._next_ask:
             return None
+        if self.notice is not None:
+            return self._look()
         info = self.session.preemption_info()  # barrier
         self.asks += 1
         now = self.clock()
+        self._measure_pace(now)
         if self.every_steps is None and (self.asks == 2 or self.asks % self.resync_every == 0):
             self.interval = int(self.session.broadcast(self._proposed_interval(now)))  # barrier
         self._last_ask = (now, self.calls)
         self._next_ask = self.calls + self.interval
-        if info is not None:
-            self.notice = info
-            if self.rank == 0:
-                left = deadline_s_of(info)
-                logger.warning(
-                    "preemption notice for node(s) %s (ranks %s), %s",
-                    [n[:8] for n in getattr(info, "preempted_node_ids", [])],
-                    getattr(info, "preempted_ranks", []),
-                    "no deadline" if left is None else f"{left - time.time():.1f}s left",
-                )
-                self._prepare_move(info)
-        return info
+        if info is None:
+            return None
+        self.notice = info
+        self._noticed = (self.wall(), self.calls)
+        if self.rank == 0:
+            left = deadline_s_of(info)
+            logger.warning(
+                "preemption notice for node(s) %s (ranks %s), %s",
+                [n[:8] for n in getattr(info, "preempted_node_ids", [])],
+                getattr(info, "preempted_ranks", []),
+                "no deadline" if left is None else f"{left - self.wall():.1f}s left",
+            )
+            self._prepare_move(info)
+        if not self.train_on:
+            self._due = True
+            return info
+        return self._look()
+
+    def _look(self) -> Any:
+        """Every rank, at the same call: rank 0 says whether the save is due and when it looks next."""
+        proposal: tuple[bool, int] = (True, 1)
+        if self.rank == 0:
+            now = self.clock()
+            if self._last_ask is not None and self.calls > self._last_ask[1]:
+                self._measure_pace(now)
+            self._last_ask = (now, self.calls)
+            proposal = self._decide()
+        due, interval = self.session.broadcast(proposal)  # barrier
+        self._next_ask = self.calls + max(1, int(interval))
+        if due:
+            self._due = True
+            return self.notice
+        return None
+
+    def _decide(self) -> tuple[bool, int]:
+        """Rank 0: (save now?, calls until the next look)."""
+        per_call = self._per_call_s
+        if per_call is None:  # no pace measured yet: no way to tell when the next look comes
+            return True, 1
+        interval = max(1, min(self.max_interval, math.floor(self.look_every_s / per_call))) if per_call > 0 else 1
+        due = save_due(
+            self.wall(),
+            deadline_s_of(self.notice),
+            self.save_estimate_s,
+            next_look_s=interval * per_call,
+            replacement_ready=self._replacement_ready(),
+            margin_s=self.save_margin_s,
+        )
+        return due, interval
+
+    def _replacement_ready(self) -> bool:
+        """Rank 0 of a spotfallback run: can the next gang be placed off the draining node(s) now?"""
+        if self._move is None:
+            return False
+        try:
+            return self._move.fits()
+        except Exception as e:  # a failed look only means training on until the lead
+            logger.debug("could not look for the replacement: %s", e)
+            return False
+
+    def _measure_pace(self, now: float) -> None:
+        if self._last_ask is not None and self.calls > self._last_ask[1]:
+            then, calls_then = self._last_ask
+            self._per_call_s = max(0.0, (now - then) / (self.calls - calls_then))
+
+    @property
+    def save_estimate_s(self) -> float | None:
+        """The write time planned with: ``save_s`` or the longest timed write, whichever is longer."""
+        known = [s for s in (self.save_s, self._timed_save_s) if s is not None]
+        return max(known) if known else None
+
+    @contextmanager
+    def timing_save(self) -> Iterator[None]:
+        """Time a checkpoint write (wrap the periodic ones): the just-in-time save plans with the longest."""
+        t0 = time.monotonic()
+        try:
+            yield
+        finally:
+            took = time.monotonic() - t0
+            self._timed_save_s = took if self._timed_save_s is None else max(self._timed_save_s, took)
 
     def _prepare_move(self, info: Any) -> None:
         """Rank 0 of a spotfallback run: work out the next gang and ask for it while the notice runs."""
@@ -238,26 +354,32 @@ class PreemptionWatch:
             raise RuntimeError("save_and_move() and save_and_hold() need the notice check() returned")
         deadline = deadline_s_of(self.notice)
         attempt = uuid.uuid4().hex[:12]
-        info = {
+        info: dict[str, Any] = {
             "nodes": list(getattr(self.notice, "preempted_node_ids", [])),
             "ranks": list(getattr(self.notice, "preempted_ranks", [])),
         }
-        left = None if deadline is None else deadline - time.time()
+        left = None if deadline is None else deadline - self.wall()
+        if self._noticed is not None:
+            info["trained_on_s"] = round(max(0.0, self.wall() - self._noticed[0]), 3)
+            info["trained_on_calls"] = self.calls - self._noticed[1]
         if self._log is not None:
+            when = "no deadline" if left is None else f"{left:.1f}s before the deadline"
+            if info.get("trained_on_calls"):
+                when += f", after training on {info['trained_on_s']:.1f}s ({info['trained_on_calls']} steps) of the notice"
             started = JitCheckpoint(
                 t=time.time(),
                 outcome="started",
                 step=step,
                 deadline_s=deadline,
                 attempt=attempt,
-                detail="no deadline" if left is None else f"{left:.1f}s before the deadline",
+                detail=when,
             )
             self._log.append_soon(started, info, tier=self._tier)
         t0 = time.time()
         report()
         write_s = time.time() - t0
         if self.rank == 0:
-            margin = None if deadline is None else deadline - time.time()
+            margin = None if deadline is None else deadline - self.wall()
             logger.warning(
                 "just-in-time checkpoint of step %s reported in %.2fs%s",
                 step,

@@ -170,6 +170,10 @@ class Move:
         """Go now? The checkpoint taken on the notice is committed and the next gang fits elsewhere."""
         if not self._committed(self._reader.read_view(self.ladder), since, step):
             return False
+        return self.fits()
+
+    def fits(self) -> bool:
+        """Could the next gang be placed off the draining node(s) now (its replacement is up)?"""
         return self.placement.capacity(self.tier) >= self.gang.num_workers
 
     def _committed(self, view: LedgerView, since: float, step: int | None) -> bool:

@@ -201,8 +201,8 @@ def simulate_uniform_progress(
         interrupted = running & ~fin & (t_int <= t + h + EPS)
         if interrupted.any():
             done_i, comm_i = cycle_progress(x, tau, delta)
-            if jit:  # the notice covers a checkpoint: keep the work done until the notice
-                keep, _ = cycle_progress(np.maximum(x - notice, 0.0), tau, delta)
+            if jit:  # the notice covers a checkpoint: keep the work done until the save began
+                keep, _ = cycle_progress(np.maximum(x - job.jit_lead_h, 0.0), tau, delta)
             else:
                 keep = comm_i
             if not jit:  # with a just-in-time checkpoint the workers hold: nothing is lost

@@ -25,8 +25,9 @@ of N workers, losing any node stops all; after every ``tau`` hours of work a che
 that takes ``delta``; every start costs ``R`` (billed, no progress), the first one too, as
 a real first start pays it, and every acquisition waits ``provisioning_delay_h`` (not
 billed, matching the run ledger). A preemption comes with ``notice_s`` of warning: when the notice covers a
-checkpoint write the workers checkpoint just in time and hold, so no work is lost; a node
-failure (no notice) loses the work since the last committed checkpoint.
+checkpoint write the workers train on until the save's lead is left (``JobSpec.jit_lead_h``, the
+runtime's rule), checkpoint just in time and hold, so no work is lost; a node failure (no
+notice) loses the work since the last committed checkpoint.
 """
 
 from __future__ import annotations
@@ -165,7 +166,7 @@ class _Engine:
                  horizon_h: float, moves: bool):
         self.policy, self.job, self.caps, self.draws = policy, job, caps, draws
         self.horizon_h, self.moves = horizon_h, moves
-        self.notice_h = job.notice_s / 3600.0
+        self.jit_lead_h = job.jit_lead_h
         self.jit = job.jit_saves
 
     def run(self, r: int, offset: float) -> _Run:
@@ -263,7 +264,7 @@ class _Engine:
         x = t_int - att.t0 - att.overhead
         if x > 0:
             if is_pre and self.jit:
-                done, _ = cycle_progress(max(x - self.notice_h, 0.0), att.tau_w, delta)
+                done, _ = cycle_progress(max(x - self.jit_lead_h, 0.0), att.tau_w, delta)
                 gain, lost_here = float(done) * f, 0.0
             else:
                 done, comm = cycle_progress(x, att.tau_w, delta)

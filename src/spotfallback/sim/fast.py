@@ -115,7 +115,7 @@ class _Rows:
     delta: np.ndarray
     R: np.ndarray
     prov: np.ndarray
-    notice: np.ndarray
+    jit_lead: np.ndarray  # hours before a preemption the just-in-time save begins
     jit: np.ndarray
     any_climb: bool
     cap_on: np.ndarray  # (n, K): the tier has a cost_cap
@@ -166,7 +166,7 @@ class _Rows:
             delta=delta,
             R=per_job(lambda j: j.restart_overhead_h),
             prov=per_job(lambda j: j.provisioning_delay_h),
-            notice=notice,
+            jit_lead=per_job(lambda j: j.jit_lead_h),
             jit=per_job(lambda j: float(j.jit_checkpoint)).astype(bool) & (notice >= delta),
             any_climb=bool(climbable[:, :-1].any()) if K > 1 else False,
             cap_on=flag(lambda t: t.cost_cap is not None),
@@ -400,7 +400,7 @@ def _interrupted(cfg: _Rows, s: _State, world: _World, ni: np.ndarray, t_acq: np
     """Keep what was committed (or checkpointed on the notice), count the interruption, apply the budgets and the guard."""
     x = t_int - t_acq - overhead
     use_jit = ip & cfg.jit[ni]
-    x_eff = np.where(use_jit, np.maximum(x - cfg.notice[ni], 0.0), np.maximum(x, 0.0))
+    x_eff = np.where(use_jit, np.maximum(x - cfg.jit_lead[ni], 0.0), np.maximum(x, 0.0))
     done, comm = cycle_progress(x_eff, cfg.tau[ni], cfg.delta[ni])
     gain = np.where(x > 0, np.where(use_jit, done, comm), 0.0)
     s.lost[ni] += np.where((x > 0) & ~use_jit, done - comm, 0.0)

@@ -11,6 +11,8 @@ from __future__ import annotations
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field
 
+from spotfallback.notice_window import save_lead_s
+
 NEVER_H = 1e12  # "no periodic checkpoint": an interval no job reaches
 EPS = 1e-9
 
@@ -39,6 +41,12 @@ class JobSpec(BaseModel):
     def jit_saves(self) -> bool:
         """Whether a preemption notice covers a just-in-time checkpoint write (then no work is lost)."""
         return self.jit_checkpoint and self.notice_s / 3600.0 >= self.checkpoint_cost_h
+
+    @property
+    def jit_lead_h(self) -> float:
+        """How long before a preemption the just-in-time save begins: the gang trains through the
+        notice until the save's lead is left (``notice_window``), or saves at once on a shorter one."""
+        return min(self.notice_s, save_lead_s(self.checkpoint_cost_h * 3600.0)) / 3600.0
 
     def with_interval(self, tau_h: float | None) -> JobSpec:
         return self.model_copy(update={"checkpoint_interval_h": tau_h})

@@ -148,14 +148,16 @@ class PlanRequest(BaseModel):
         """A deadline guard for this job: its work in wall hours includes the checkpoint writes.
 
         Its lead (``first_commit_h``) is what a new gang risks before its progress is safe: the
-        restore, plus a whole interval and its write, or only the notice when the notice holds
-        a checkpoint (without periodic checkpoints nothing bounds the risk: the restore alone).
+        restore, plus a whole interval and its write, or only the part of the notice the gang
+        cannot train through when the notice holds a checkpoint (``JobSpec.jit_lead_h``; without
+        periodic checkpoints nothing bounds the risk: the restore alone).
         """
         assert self.deadline_h is not None
         work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
         first = self.restart_overhead_h
-        if self.job(tau_h).jit_saves:
-            first += self.notice_s / 3600.0
+        job = self.job(tau_h)
+        if job.jit_saves:
+            first += job.jit_lead_h
         elif tau_h is not None:
             first += tau_h + self.checkpoint_cost_h
         return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9),
