@@ -21,8 +21,10 @@ def register(app: typer.Typer) -> None:
     ) -> None:
         """Train the PyTorch example on a local spot cluster, preempt it onto on-demand, show the cost.
 
-        Each preemption comes with a notice, as a cloud gives one: the example takes a
-        just-in-time checkpoint, so no step is redone. Prints the events as they happen, the
+        Ray's own autoscaler launches the local cluster's spot and on-demand nodes as the run
+        asks for them. Each preemption comes with a notice, as a cloud gives one: the replacement
+        is launched at once, the example trains on, takes a just-in-time checkpoint once the
+        replacement is up and moves onto it, so no step is redone. Prints the events as they happen, the
         tier timeline, the steps redone per eviction, the final accuracy and the spend against
         all-on-demand, and writes the timeline picture. Runs the installed example
         spotfallback.examples.ddp_digits; takes about two minutes on two cores. Exit codes: 0 done,

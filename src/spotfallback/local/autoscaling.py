@@ -32,11 +32,14 @@ from spotfallback.local.cluster import (
     GROUP_LABEL,
     HEAD_GROUP,
     LOCAL_RAY_ENV,
+    MARKET_LABEL,
+    LocalNode,
     NodeGroup,
     _free_port,
     _keep_ray_address_file,
     _wait_gone,
     connect_driver,
+    train_workers_per_node,
 )
 
 logger = logging.getLogger(__name__)
@@ -218,6 +221,7 @@ class LocalAutoscalingCluster:
         self._cluster: Any = None  # ray.cluster_utils.Cluster holding the head
         self._connected = False
         self._lock = threading.Lock()
+        self._gcs: Any = None
 
     def __enter__(self) -> LocalAutoscalingCluster:
         self.start()
@@ -406,7 +410,7 @@ class LocalAutoscalingCluster:
                         psutil.Process(info.process.pid).kill()
                         psutil.Process(info.process.pid).wait(10)
                 pids |= self.pids()
-                cluster, self._cluster = self._cluster, None
+                cluster, self._cluster, self._gcs = self._cluster, None, None
                 with contextlib.suppress(Exception), _keep_ray_address_file():
                     cluster.shutdown()
                 for pid in pids:  # the autoscaler's nodes: Cluster.shutdown knows only the head
@@ -471,6 +475,56 @@ class LocalAutoscalingCluster:
             and (n.get("Labels") or {}).get(GROUP_LABEL) not in (None, HEAD_GROUP)
             and (group is None or (n.get("Labels") or {}).get(GROUP_LABEL) == group)
         ]
+
+    def nodes(self, market: str | None = None, *, group: str | None = None) -> list[LocalNode]:
+        """Alive worker nodes, oldest first, optionally of one market/group: what an ``Injector`` picks from.
+
+        Read from the GCS node table (no driver needed); ``handle`` is None, since Ray's
+        autoscaler, not this process, started them.
+        """
+        from ray.core.generated import gcs_pb2
+
+        alive = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
+        out = []
+        for nid, info in self.gcs_client().get_all_node_info(timeout=10).items():
+            labels = dict(info.labels)
+            name = labels.get(GROUP_LABEL)
+            if info.state != alive or name in (None, HEAD_GROUP):
+                continue
+            node = LocalNode(node_id=nid.hex(), group=name, market=labels.get(MARKET_LABEL) or name, labels=labels,
+                             started_at=info.start_time_ms / 1000.0)
+            if (market is None or node.market == market) and (group is None or node.group == group):
+                out.append(node)
+        return sorted(out, key=lambda n: n.started_at)
+
+    def node(self, node: LocalNode | str) -> LocalNode:
+        """The alive worker node with this id."""
+        node_id = node if isinstance(node, str) else node.node_id
+        for found in self.nodes():
+            if found.node_id == node_id:
+                return found
+        raise KeyError(f"node {node_id[:12]} is not an alive worker node of this cluster")
+
+    def remove_node(self, node: LocalNode | str, *, graceful: bool = False) -> LocalNode:
+        """The cloud takes the node (``kill_node``); KeyError if it is already gone. ``graceful`` is
+        ignored: a cloud gives a VM no shutdown of Ray's own."""
+        local = node if isinstance(node, LocalNode) else self.node(node)
+        if not self.kill_node(local.node_id):
+            raise KeyError(f"node {local.node_id[:12]} is already gone")
+        return local
+
+    def gcs_client(self) -> Any:
+        """A ``ray._raylet.GcsClient`` for this cluster (drains, node table); thread-safe."""
+        from spotfallback.notices.drain import gcs_client
+
+        with self._lock:
+            if self._gcs is None:
+                self._gcs = gcs_client(self._head_cluster().gcs_address)
+            return self._gcs
+
+    def train_workers_per_node(self) -> dict[str, int]:
+        """How many live Ray Train worker actors each node hosts (from the GCS actor table)."""
+        return train_workers_per_node(self._head_cluster().global_state)
 
     def requested_bundles(self) -> list[tuple[dict[str, float], dict[str, list[str]]]]:
         """What the autoscaler is asked to keep room for: (resources, label key -> values) per bundle.

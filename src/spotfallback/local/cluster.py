@@ -129,14 +129,18 @@ class NodeGroup:
 
 @dataclass(frozen=True)
 class LocalNode:
-    """A worker node this cluster started and has not removed (its processes are running)."""
+    """A worker node this cluster started and has not removed (its processes are running).
+
+    ``handle``: Ray's handle on a node this process started (None for a node Ray's autoscaler
+    launched, which only its id reaches).
+    """
 
     node_id: str
     group: str
     market: str
     labels: Mapping[str, str]
     started_at: float
-    handle: Node = field(repr=False, compare=False)
+    handle: Node | None = field(default=None, repr=False, compare=False)
 
 
 @dataclass(frozen=True)
@@ -396,7 +400,9 @@ class LocalSpotCluster:
         with self._lock:
             local = self.node(node)
             del self._nodes[local.node_id]
-        self._on_spawner(lambda: _remove_node(cluster, local.handle, graceful))
+        handle = local.handle
+        assert handle is not None, "every node of a LocalSpotCluster has its handle"
+        self._on_spawner(lambda: _remove_node(cluster, handle, graceful))
         return local
 
     def node(self, node: LocalNode | str) -> LocalNode:
@@ -481,7 +487,7 @@ class LocalSpotCluster:
         """Every process of this cluster now running (Ray's daemons and their children)."""
         import psutil  # vendored by Ray; importable once ray is
 
-        handles = [self._require().head_node, *(n.handle for n in self.nodes())]
+        handles = [self._require().head_node, *(n.handle for n in self.nodes() if n.handle is not None)]
         out: set[int] = set()
         for handle in handles:
             for infos in handle.all_processes.values():
@@ -494,13 +500,7 @@ class LocalSpotCluster:
 
     def train_workers_per_node(self) -> dict[str, int]:
         """How many live Ray Train worker actors each node hosts (from the GCS actor table)."""
-        table = self._require().global_state.actor_table(None, actor_state_name="ALIVE")
-        counts: dict[str, int] = {}
-        for info in table.values():
-            if info["ActorClassName"].endswith(TRAIN_WORKER_CLASS):
-                nid = info["Address"]["NodeID"]
-                counts[nid] = counts.get(nid, 0) + 1
-        return counts
+        return train_workers_per_node(self._require().global_state)
 
     @contextlib.contextmanager
     def driver(self) -> Iterator[LocalSpotCluster]:
@@ -515,6 +515,17 @@ class LocalSpotCluster:
             if not already:
                 self._connected = False
                 ray.shutdown()
+
+
+def train_workers_per_node(global_state: Any) -> dict[str, int]:
+    """How many live Ray Train worker actors each node hosts, from a cluster's GCS actor table."""
+    table = global_state.actor_table(None, actor_state_name="ALIVE")
+    counts: dict[str, int] = {}
+    for info in table.values():
+        if info["ActorClassName"].endswith(TRAIN_WORKER_CLASS):
+            nid = info["Address"]["NodeID"]
+            counts[nid] = counts.get(nid, 0) + 1
+    return counts
 
 
 def _start_worker_node(cluster: Any, *, wait: bool, **node_args: Any) -> Node:

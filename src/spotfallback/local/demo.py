@@ -1,14 +1,19 @@
-"""`spotfallback demo`: the whole story on an embedded local spot cluster, in about two minutes.
+"""`spotfallback demo`: the whole story on an embedded local cluster run by Ray's own autoscaler, in about two minutes.
 
-Starts a head (no CPUs: the driver and Ray Train's controller) with two spot and two
-on-demand nodes, trains the PyTorch DDP example (``spotfallback.examples.ddp_digits``, part of
-the installed package, so the demo runs from any directory) on a spot → on-demand ladder, and
-preempts spot nodes until the spot budget is spent, the way a cloud does: a preemption notice (the
-node is drained with a deadline, as ``spotfallback notice-agent`` does for a real notice),
-then the node goes. The example checks for notices every second and takes a just-in-time
-checkpoint on one, so each eviction redoes no steps. At the end it prints the tier timeline,
-the steps redone per eviction (measured from the example's step log), the final accuracy
-and the spend against all-on-demand, and draws the run's timeline picture.
+Starts a head (no CPUs: the driver, Ray Train's controller and Ray's autoscaler v2) whose
+autoscaler launches spot and on-demand nodes when the run asks for them, a few seconds after
+each request (``spotfallback.local.autoscaling``, as KubeRay's autoscaler adds pods), and
+trains the PyTorch DDP example (``spotfallback.examples.ddp_digits``, part of the installed
+package, so the demo runs from any directory) on a spot → on-demand ladder. It preempts spot
+nodes until the spot budget is spent, the way a cloud does: a preemption notice (the node is
+drained with a deadline, as ``spotfallback notice-agent`` does for a real notice), then the
+node goes. At each notice the replacement is launched at once (the first time on spot, where
+the cloud has room for one more node; the second time on on-demand, the spot budget being
+spent); the gang trains on through the notice, takes its just-in-time checkpoint once the
+replacement is up and moves onto it before the node goes, so each eviction redoes no steps.
+At the end it prints the tier timeline, the steps redone per eviction (measured from the
+example's step log), the final accuracy and the spend against all-on-demand, and draws the
+run's timeline picture.
 """
 
 from __future__ import annotations
@@ -30,16 +35,17 @@ from spotfallback.config import Tier
 # AWS us-east-1 p3.2xlarge list prices per instance-hour: on-demand and a typical spot price.
 SPOT_PRICE = 0.92
 ON_DEMAND_PRICE = 3.06
-# Longer than a notice check (every second) plus one checkpoint write, even on a busy laptop;
-# clouds give 30 s (GCP, Azure) to 2 minutes (AWS).
-NOTICE_S = 5.0
+# Longer than a node's launch (LAUNCH_DELAY_S plus its start) and a checkpoint write, even on a
+# busy laptop, so the gang moves before the node goes; clouds give 30 s (GCP, Azure) to 2 minutes (AWS).
+NOTICE_S = 20.0
+LAUNCH_DELAY_S = 2.0  # from the autoscaler's launch to the node starting, as a cloud's VM takes longer
 
 DEMO_CONFIG: dict[str, Any] = {
-    "total_steps": 40,
+    "total_steps": 80,
     "checkpoint_every": 5,
-    "step_delay_s": 0.1,
+    "step_delay_s": 0.2,
     "seed": 0,
-    "preemption_check_every_s": 1.0,  # ask Ray about a notice about once a second; JIT checkpoint on one
+    "preemption_check_every_s": 1.0,  # ask Ray about a notice about once a second; train on, then JIT checkpoint
     "preemption_hold_s": 30.0,
 }
 
@@ -75,7 +81,8 @@ def steps_redone(step_log: Path) -> list[tuple[int, int, int]]:
 def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None) -> int:
     """Run the demo; returns the exit code. ``out``: where the timeline picture goes."""
     from spotfallback.accounting import summarize
-    from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
+    from spotfallback.local import Injector, NodeGroup
+    from spotfallback.local.autoscaling import AutoscaledGroup, LocalAutoscalingCluster
     from spotfallback.notices.jit import jit_failure_config
     from spotfallback.runtime.trainer import FallbackTrainer
     from spotfallback.view.report import cost_report
@@ -97,9 +104,14 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
     step_log = Path(storage) / "steps.jsonl"
     console.print("[bold]spotfallback demo[/]: PyTorch DDP on sklearn digits, ladder "
                   f"spot (max_preemptions=1, ${SPOT_PRICE}/worker-h) → on-demand (${ON_DEMAND_PRICE}/worker-h)")
-    console.print(f"starting a local cluster: head + 2 spot + 2 on-demand nodes; run at {storage}/{name}")
+    console.print("starting a local cluster: a head running Ray's autoscaler, which launches up to 2 spot and 2 "
+                  f"on-demand nodes when asked ({LAUNCH_DELAY_S:g} s + a node's start each); run at {storage}/{name}")
     t_start = time.time()
-    with LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True, verbose=verbose) as cluster, Injector(cluster) as injector:
+    groups = [
+        AutoscaledGroup(NodeGroup("spot"), max_workers=3, cap=2, delay_s=LAUNCH_DELAY_S),
+        AutoscaledGroup(NodeGroup("on-demand"), max_workers=2, delay_s=LAUNCH_DELAY_S),
+    ]
+    with LocalAutoscalingCluster(groups, connect=True, verbose=verbose) as cluster, Injector(cluster) as injector:
         trainer = FallbackTrainer(
             train_fn,
             train_loop_config={**DEMO_CONFIG, "step_log": str(step_log)},
@@ -136,7 +148,7 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
             records = trainer.ledger.read()
             show(records)
             # Preempt a spot node once each spot attempt has committed a checkpoint, until the
-            # spot budget is spent; the first time, a replacement spot node arrives.
+            # spot budget is spent; the first time the cloud has room for a replacement spot node.
             acquired = [i for i, r in enumerate(records) if r.event.kind == "workers_acquired"]
             if (
                 acquired
@@ -145,12 +157,14 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
                 and any(r.event.kind == "checkpoint_committed" for r in records[acquired[-1]:])
             ):
                 attempts_preempted.add(acquired[-1])
-                console.print(f"[dim]        injecting: a preemption notice for a spot node ({NOTICE_S:g} s), "
-                              "then the node goes[/]")
+                room = len(attempts_preempted) == 1
+                if room:
+                    cluster.set_capacity("spot", 3)
+                console.print(f"[dim]        injecting: a preemption notice for a spot node ({NOTICE_S:g} s), then the "
+                              "node goes" + ("; the cloud has room for one more spot node" if room else "") + "[/]")
                 injector.preempt_one("spot", notice_s=NOTICE_S)  # returns once the node is gone
-                if len(attempts_preempted) == 1:
-                    injector.replenish("spot")
-                    console.print("[dim]        injected: a replacement spot node joined[/]")
+                if room:
+                    cluster.set_capacity("spot", 2)
         thread.join()
         records = trainer.ledger.read()
         show(records)
@@ -168,7 +182,7 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
                       f"{t.redone_h * 3600:.1f}s", f"{t.held_h * 3600:.1f}s", str(t.preemptions), money(t.spend))
     print_wide(console, table)  # whole numbers even in a narrow or piped terminal
     console.print("[dim]redone: work done again after a restart; held: after a just-in-time checkpoint, the "
-                  "workers wait for the node to go (billed, nothing to redo)[/]")
+                  "workers wait for the replacement or for the node to go (billed, nothing to redo)[/]")
     for i, (last, first, redone) in enumerate(steps_redone(step_log), 1):
         console.print(f"eviction {i}: last step done {last}, resumed at step {first}: "
                       f"[bold]{redone} steps redone[/]" + (" (just-in-time checkpoint)" if redone == 0 else ""))

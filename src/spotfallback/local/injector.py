@@ -1,4 +1,4 @@
-"""Capacity faults for a LocalSpotCluster: preemptions, node failures, capacity droughts, traces.
+"""Capacity faults for a local cluster: preemptions, node failures, capacity droughts, traces.
 
 Why each kind exists: Ray Train treats them differently, so the runner must see each one for
 real. A *preemption* is a drain with reason PREEMPTION and a deadline followed by the kill,
@@ -9,6 +9,10 @@ refuses replacements, which is how a capacity timeout happens. *Trace replay* dr
 number of live nodes from recorded spot availability, scaled in time.
 
 The kinds share one timed-action thread and one log, so they stay in one module.
+
+On a ``LocalAutoscalingCluster`` the node faults (notices, preemptions, kills) work the same;
+capacity there is the cloud's cap, which Ray's autoscaler launches against, so it is changed
+with the cluster's ``set_capacity``, not by adding nodes here.
 
 Every action is appended to ``Injector.log`` so tests and the demo can print a timeline.
 All public methods are thread-safe; timed actions run on one background thread, which
@@ -29,6 +33,7 @@ from typing import TYPE_CHECKING, Any, Literal
 from spotfallback.local.cluster import LocalNode, LocalSpotCluster, NodeGroup
 
 if TYPE_CHECKING:
+    from spotfallback.local.autoscaling import LocalAutoscalingCluster
     from spotfallback.notices.runlog import RunLog
     from spotfallback.sim.traces import NodeTrace, SpotTrace
     from spotfallback.store.location import RunLocation
@@ -167,11 +172,14 @@ class Injector:
 
     def __init__(
         self,
-        cluster: LocalSpotCluster,
+        cluster: LocalSpotCluster | LocalAutoscalingCluster,
         *,
         replace_after_s: float | None = None,
         run: RunLocation | str | None = None,
     ) -> None:
+        if replace_after_s is not None and not isinstance(cluster, LocalSpotCluster):
+            raise ValueError("replace_after_s: on an autoscaled cluster Ray's autoscaler replaces a lost node "
+                             "while the capacity cap allows; leave replace_after_s unset")
         self.cluster = cluster
         self.replace_after_s = replace_after_s
         self._run_log: RunLog | None = None
@@ -330,7 +338,7 @@ class Injector:
                 self._doomed.discard(local.node_id)
         self._record(action, local.node_id, local.market)
         if replace and self.replace_after_s is not None and not self._closed:
-            group = self.cluster.groups[local.group]
+            group = self._started("replace_after_s").groups[local.group]
             self._scheduler.call_later(
                 self.replace_after_s,
                 lambda: self._add(group, "replacement"),
@@ -364,11 +372,18 @@ class Injector:
 
     # ----------------------------------------------------------------- capacity
 
+    def _started(self, what: str) -> LocalSpotCluster:
+        """The cluster, for what only a pre-started one can do: add nodes at will."""
+        if not isinstance(self.cluster, LocalSpotCluster):
+            raise TypeError(f"{what}: on an autoscaled cluster capacity is the cloud's cap, which Ray's autoscaler "
+                            "launches against; change it with cluster.set_capacity(group, cap)")
+        return self.cluster
+
     def _groups_of(self, market: str) -> list[NodeGroup]:
-        groups = [g for g in self.cluster.groups.values() if g.market == market]
+        groups = [g for g in self._started("capacity changes").groups.values() if g.market == market]
         if not groups:
             raise KeyError(
-                f"no node group of market {market!r}; groups: {sorted(self.cluster.groups)}"
+                f"no node group of market {market!r}; groups: {sorted(self._started('capacity changes').groups)}"
             )
         return groups
 
@@ -376,7 +391,7 @@ class Injector:
         if self.is_taken(group.market):
             self._record("add-refused", None, group.market, f"{why}: capacity is taken")
             return None
-        node = self.cluster.add_node(group)
+        node = self._started("adding nodes").add_node(group)
         self._record("add", node.node_id, node.market, why)
         return node
 
@@ -438,7 +453,7 @@ class Injector:
         if restore:
             for group_name, n in taken.items():
                 for _ in range(n):
-                    node = self._add(self.cluster.groups[group_name], "capacity given back")
+                    node = self._add(self._started("give_back").groups[group_name], "capacity given back")
                     if node is not None:
                         added.append(node)
         return added
@@ -519,10 +534,11 @@ class Injector:
         """
         from spotfallback.sim.traces import load_spot_trace
 
+        self._started("trace replay")  # before reading the trace: nothing to do on an autoscaled cluster
         spot = load_spot_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
-        target_group = self.cluster.groups[group] if group else self._groups_of(market)[0]
+        target_group = self._started("trace replay").groups[group] if group else self._groups_of(market)[0]
         cap = target_group.count if max_nodes is None else max_nodes
         end = len(spot.available) if ticks is None else min(len(spot.available), start_tick + ticks)
         dt = float(spot.gap_seconds) / time_scale
@@ -569,10 +585,11 @@ class Injector:
         """
         from spotfallback.sim.traces import load_node_trace
 
+        self._started("trace replay")
         nodes_trace = load_node_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
-        target_group = self.cluster.groups[group] if group else self._groups_of(market)[0]
+        target_group = self._started("trace replay").groups[group] if group else self._groups_of(market)[0]
         cap = target_group.count if max_nodes is None else max_nodes
         events = sorted(nodes_trace.events, key=lambda e: e.t_s)
         alive_at_start: list[str] = []  # events up to start_s fold into the starting state
