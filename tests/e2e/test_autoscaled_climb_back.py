@@ -250,3 +250,48 @@ def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the
     result = driver.join(300)
     assert driver.error is None, driver.error
     assert result.metrics["step"] == config["total_steps"]
+
+
+def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_the_autoscaler_adds_one(cluster, tmp_path):
+    """An elastic tier's gang takes what there is, and its resource request (the tier's maximum)
+    keeps asking for the rest: once the cloud has room the autoscaler launches the node, and
+    the controller's capacity look grows the gang onto it, on the same tier."""
+    import ray.train
+
+    from spotfallback import FallbackTrainer, Tier
+    from spotfallback.examples.ddp_digits import train_fn
+
+    cluster.set_capacity("spot", 1)
+    for node in cluster.alive_nodes("spot"):  # left by the tests before, idle: the cloud takes them back
+        cluster.kill_node(node["NodeID"])
+    tiers = [Tier.spot((1, 2), max_preemptions=2, min_dwell_s=2, capacity_timeout_s=120, price_per_worker_hour=1.0),
+             Tier.on_demand(2, price_per_worker_hour=3.0)]
+    # Still training on one worker at the latest growth the test allows (DELAY_S + 30 s after
+    # the room: about 230 steps of 0.15 s); the steps after it, on two workers, take longer.
+    config = {**TRAIN_CONFIG, "total_steps": 240}
+    trainer = FallbackTrainer(
+        train_fn,
+        train_loop_config=config,
+        tiers=tiers,
+        run_config=ray.train.RunConfig(storage_path=str(tmp_path), name=unique_name("elastic")),
+    )
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180, driver)
+    # One node is all the cloud has; the run's request asks for the tier's two.
+    assert [(r.tier, r.event.num_workers) for r in ledger.read() if r.event.kind == "workers_acquired"] == [(0, 1)]
+    assert requested(cluster) == {"spot": 2}
+    cluster.set_capacity("spot", 2)
+    room = time.time()
+    wait_for(ledger, lambda rs: sum(r.event.kind == "workers_acquired" for r in rs) >= 2, 120, driver)
+    result = driver.join(300)
+    assert driver.error is None, driver.error
+
+    records = ledger.read()
+    print("\n" + " ".join(f"{r.event.kind}@{r.t - room:.1f}" for r in records if r.event.kind != "checkpoint_committed"))
+    assert [(r.tier, r.event.num_workers) for r in records if r.event.kind == "workers_acquired"] == [(0, 1), (0, 2)]
+    grow = next(r for r in records if r.decision and r.decision["action"] == "resize")
+    assert grow.event.available_workers == 2 and grow.decision["num_workers"] == 2
+    # The node's launch and start, then the next checkpoint-gated capacity look, on a loaded 2-core machine.
+    assert room + DELAY_S - 0.5 <= grow.event.t <= room + DELAY_S + 30.0, grow.event.t - room
+    assert result.metrics["step"] == config["total_steps"]
