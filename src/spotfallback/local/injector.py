@@ -380,11 +380,10 @@ class Injector:
         return self.cluster
 
     def _groups_of(self, market: str) -> list[NodeGroup]:
-        groups = [g for g in self._started("capacity changes").groups.values() if g.market == market]
+        cluster = self._started("capacity changes")
+        groups = [g for g in cluster.groups.values() if g.market == market]
         if not groups:
-            raise KeyError(
-                f"no node group of market {market!r}; groups: {sorted(self._started('capacity changes').groups)}"
-            )
+            raise KeyError(f"no node group of market {market!r}; groups: {sorted(cluster.groups)}")
         return groups
 
     def _add(self, group: NodeGroup, why: str) -> LocalNode | None:
@@ -534,11 +533,11 @@ class Injector:
         """
         from spotfallback.sim.traces import load_spot_trace
 
-        self._started("trace replay")  # before reading the trace: nothing to do on an autoscaled cluster
+        cluster = self._started("trace replay")  # before reading the trace: nothing to do on an autoscaled cluster
         spot = load_spot_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
-        target_group = self._started("trace replay").groups[group] if group else self._groups_of(market)[0]
+        target_group = cluster.groups[group] if group else self._groups_of(market)[0]
         cap = target_group.count if max_nodes is None else max_nodes
         end = len(spot.available) if ticks is None else min(len(spot.available), start_tick + ticks)
         dt = float(spot.gap_seconds) / time_scale
@@ -585,11 +584,11 @@ class Injector:
         """
         from spotfallback.sim.traces import load_node_trace
 
-        self._started("trace replay")
+        cluster = self._started("trace replay")
         nodes_trace = load_node_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
-        target_group = self._started("trace replay").groups[group] if group else self._groups_of(market)[0]
+        target_group = cluster.groups[group] if group else self._groups_of(market)[0]
         cap = target_group.count if max_nodes is None else max_nodes
         events = sorted(nodes_trace.events, key=lambda e: e.t_s)
         alive_at_start: list[str] = []  # events up to start_s fold into the starting state

@@ -221,7 +221,7 @@ class PreemptionWatch:
         now = self.clock()
         self._measure_pace(now)
         if self.every_steps is None and (self.asks == 2 or self.asks % self.resync_every == 0):
-            self.interval = int(self.session.broadcast(self._proposed_interval(now)))  # barrier
+            self.interval = int(self.session.broadcast(self._proposed_interval()))  # barrier
         self._last_ask = (now, self.calls)
         self._next_ask = self.calls + self.interval
         if info is None:
@@ -247,8 +247,7 @@ class PreemptionWatch:
         proposal: tuple[bool, int] = (True, 1)
         if self.rank == 0:
             now = self.clock()
-            if self._last_ask is not None and self.calls > self._last_ask[1]:
-                self._measure_pace(now)
+            self._measure_pace(now)
             self._last_ask = (now, self.calls)
             proposal = self._decide()
         due, interval = self.session.broadcast(proposal)  # barrier
@@ -263,7 +262,7 @@ class PreemptionWatch:
         per_call = self._per_call_s
         if per_call is None:  # no pace measured yet: no way to tell when the next look comes
             return True, 1
-        interval = max(1, min(self.max_interval, math.floor(self.look_every_s / per_call))) if per_call > 0 else 1
+        interval = self._calls_in(self.look_every_s) or 1
         due = save_due(
             self.wall(),
             deadline_s_of(self.notice),
@@ -285,9 +284,17 @@ class PreemptionWatch:
             return False
 
     def _measure_pace(self, now: float) -> None:
+        """Rank 0's seconds per call since the last ask or look (its ``_last_ask``)."""
         if self._last_ask is not None and self.calls > self._last_ask[1]:
             then, calls_then = self._last_ask
             self._per_call_s = max(0.0, (now - then) / (self.calls - calls_then))
+
+    def _calls_in(self, seconds: float) -> int | None:
+        """Calls in ``seconds`` at the measured pace, within [1, max_interval]; None: no time per call known."""
+        per_call = self._per_call_s
+        if per_call is None or per_call <= 0:
+            return None
+        return max(1, min(self.max_interval, math.floor(seconds / per_call)))
 
     @property
     def save_estimate_s(self) -> float | None:
@@ -314,15 +321,12 @@ class PreemptionWatch:
         except Exception as e:  # moving early is an optimisation: holding is always safe
             logger.warning("will hold until the node goes: could not prepare the move (%s)", e)
 
-    def _proposed_interval(self, now: float) -> int:
-        """Rank 0's measure: calls per ``every_s`` at the recent pace (others' values are ignored)."""
+    def _proposed_interval(self) -> int:
+        """Rank 0's measure: calls per ``every_s`` at the pace since the last ask (others' values are ignored)."""
         if self._last_ask is None or self.every_s <= 0:
             return 1
-        then, calls_then = self._last_ask
-        per_call = (now - then) / max(1, self.calls - calls_then)
-        if per_call <= 0:
-            return self.max_interval
-        return max(1, min(self.max_interval, math.floor(self.every_s / per_call)))
+        calls = self._calls_in(self.every_s)
+        return self.max_interval if calls is None else calls
 
     # -- acting ---------------------------------------------------------------------------
 
