@@ -114,13 +114,13 @@ def rows_like_a_run() -> dict[str, list[dict]]:
          "kill_to_new_s": 9.0 - n if v == "spotfallback+jit" else 9.0}
         for v, n in bench_move.SCENARIOS
     ]
-    stall = {("ray", 0.0): 9.0, ("spotfallback+jit", 5.0): 8.5, ("spotfallback+jit", 60.0): 38.0}
+    stall = {("ray", 0.0, "notice"): 9.0, ("spotfallback+jit", 5.0, "notice"): 8.5, ("spotfallback+jit", 60.0, "notice"): 38.0}
     move_autoscaled = [
-        {"scenario": f"{v} (x)", "variant": v, "delay_s": d, "notice_s": bench_move_autoscaled.NOTICE_S, "rep": 0,
-         "last_before": 9, "resumed_at": 10, "redone": 0, "stall_s": stall.get((v, d), d + 25.0),
+        {"scenario": f"{v} (x)", "variant": v, "delay_s": d, "event": e, "notice_s": bench_move_autoscaled.NOTICE_S,
+         "rep": 0, "last_before": 9, "resumed_at": 10, "redone": 0, "stall_s": stall.get((v, d, e), d + 25.0),
          "kill_to_new_s": 5.0, "notice_to_kill_s": 15.0, "held_s": 0.5 if v == "spotfallback+jit" else None,
          "moved": v == "spotfallback+jit" and d < 15, "weights_ok": True}
-        for v, d in bench_move_autoscaled.SCENARIOS
+        for v, d, e in bench_move_autoscaled.SCENARIOS
     ]
     return {"simulator": simulator, "backtest": backtest, "ledger": ledger, "overhead": overhead, "recovery": recovery,
             "timeout": timeout, "notices": notices, "move": move, "move-autoscaled": move_autoscaled,
