@@ -1,7 +1,9 @@
-"""End to end on the local spot cluster: fallback on preemptions, capacity timeouts, user bugs.
+"""End to end on Ray's autoscaler: fallback on preemptions, capacity timeouts, user bugs.
 
-One cluster for the module: a head with no CPUs (driver and Train controller), two spot and
-two on-demand one-CPU nodes. Each test restores the capacity it takes away.
+One autoscaled local cluster for the module: a head with no CPUs (driver and Train controller),
+and two node types kept at two one-CPU nodes each, spot and on-demand, as node pools are.
+Preempted nodes are replaced by the autoscaler while the cap allows; the injector takes a
+market's capacity by capping it at 0. Each test restores the capacity it takes away.
 """
 
 from __future__ import annotations
@@ -16,9 +18,9 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     TRAIN_CONFIG,
     Background,
+    autoscaled_cluster,
     checkpoints_since,
     kinds,
-    local_cluster,
     restoring_injector,
     unique_name,
     wait_for,
@@ -29,7 +31,7 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def cluster():
-    with local_cluster() as c:
+    with autoscaled_cluster() as c:
         yield c
 
 
@@ -78,7 +80,7 @@ def test_two_preemptions_fall_back_to_on_demand_with_bit_identical_weights(clust
 
     wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, driver)
     injector.preempt_one("spot", notice_s=1.0)
-    injector.replenish("spot")  # a replacement spot node: the run stays on spot after one preemption
+    # The autoscaler replaces the spot node (no replenish needed): the run stays on spot after one preemption.
     wait_for(ledger, lambda rs: kinds(rs)[-2:] == ["preempted", "workers_acquired"] and checkpoints_since(rs, "workers_acquired") >= 1, 120, driver)
     injector.preempt_one("spot", notice_s=1.0)
     result = driver.join(240)

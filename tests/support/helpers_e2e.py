@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
+    from spotfallback.local.autoscaling import LocalAutoscalingCluster
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -39,6 +40,26 @@ def unique_name(prefix: str) -> str:
 
 
 @contextlib.contextmanager
+def _module_env(env: Mapping[str, str] | None, unset: Sequence[str], e2e_env: bool) -> Iterator[None]:
+    """The e2e environment (unless ``e2e_env=False``), ``env`` set and ``unset`` removed, restored after."""
+    if e2e_env:
+        apply_env()
+    extra = dict(env or {})
+    saved = {k: os.environ.get(k) for k in (*extra, *unset)}
+    for key in unset:
+        os.environ.pop(key, None)
+    os.environ.update(extra)
+    try:
+        yield
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
+@contextlib.contextmanager
 def local_cluster(
     groups: Sequence[NodeGroup] | None = None,
     *,
@@ -55,29 +76,40 @@ def local_cluster(
     """
     from spotfallback.local import LocalSpotCluster, NodeGroup
 
-    if e2e_env:
-        apply_env()
-    extra = dict(env or {})
-    saved = {k: os.environ.get(k) for k in (*extra, *unset)}
-    for key in unset:
-        os.environ.pop(key, None)
-    os.environ.update(extra)
-    c = LocalSpotCluster(groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
-    try:
-        c.start()
-        yield c
-    finally:
-        c.shutdown()
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+    with _module_env(env, unset, e2e_env):
+        c = LocalSpotCluster(groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
+        try:
+            c.start()
+            yield c
+        finally:
+            c.shutdown()
 
 
 @contextlib.contextmanager
-def restoring_injector(cluster: LocalSpotCluster, markets: Sequence[str] = ("spot", "on-demand")) -> Iterator[Injector]:
-    """An injector for one test; after it, timed actions stop and every market's nodes are back."""
+def autoscaled_cluster(
+    groups: Sequence[NodeGroup] | None = None, *, env: Mapping[str, str] | None = None
+) -> Iterator[LocalAutoscalingCluster]:
+    """The same on Ray's autoscaler: each group a node type kept at its ``count`` nodes (``min_workers``),
+    capped there, launched as soon as its cap allows; returned once every group's nodes are up.
+
+    A preempted node is replaced by the autoscaler, as a cloud's node pool replaces one; the
+    injector's capacity changes set the caps.
+    """
+    from spotfallback.local import NodeGroup
+    from spotfallback.local.autoscaling import AutoscaledGroup, LocalAutoscalingCluster
+
+    node_groups = groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)]
+    with _module_env(env, (), True), LocalAutoscalingCluster(
+        [AutoscaledGroup(g, max_workers=g.count, min_workers=g.count) for g in node_groups], connect=True
+    ) as c:
+        for g in node_groups:
+            c.wait_for_nodes(g.name, g.count)
+        yield c
+
+
+@contextlib.contextmanager
+def restoring_injector(cluster: LocalSpotCluster | LocalAutoscalingCluster, markets: Sequence[str] = ("spot", "on-demand")) -> Iterator[Injector]:
+    """An injector for one test; after it, timed actions stop and every market's nodes (or caps) are back."""
     from spotfallback.local import Injector
 
     inj = Injector(cluster)

@@ -74,6 +74,11 @@ class AutoscaledGroup:
     def name(self) -> str:
         return self.group.name
 
+    @property
+    def configured_cap(self) -> int:
+        """The cap the cluster starts with: ``cap``, else ``max_workers``."""
+        return self.max_workers if self.cap is None else self.cap
+
     @classmethod
     def for_tier(cls, tier: Tier, *, min_workers: int = 0, cap: int | None = None, delay_s: float = 0.0) -> AutoscaledGroup:
         """One node per worker of ``tier`` at most, labelled as ``NodeGroup.for_tier`` labels them."""
@@ -222,6 +227,9 @@ class LocalAutoscalingCluster:
         self._connected = False
         self._lock = threading.Lock()
         self._gcs: Any = None
+        # Nodes this cluster killed: the GCS lists them as alive until its health check fails
+        # (seconds later); a cloud's VM is gone at once, and so they are for ``nodes()``.
+        self._killed: set[str] = set()
 
     def __enter__(self) -> LocalAutoscalingCluster:
         self.start()
@@ -240,19 +248,27 @@ class LocalAutoscalingCluster:
 
     def _control(self) -> dict[str, Any]:
         return {
-            "caps": {name: g.max_workers if g.cap is None else g.cap for name, g in self.groups.items()},
+            "caps": {name: g.configured_cap for name, g in self.groups.items()},
             "delay_s": {name: g.delay_s for name, g in self.groups.items()},
         }
+
+    def capacity(self, group: str) -> int:
+        """How many ``group`` nodes the "cloud" can hold now (what ``set_capacity`` last set)."""
+        if group not in self.groups:
+            raise KeyError(f"no node type named {group!r}; types: {sorted(self.groups)}")
+        return int(read_control(self.control_file)["caps"][group])
 
     def set_capacity(self, group: str, cap: int, *, delay_s: float | None = None) -> None:
         """How many ``group`` nodes the "cloud" can hold from now on (and its launch delay).
 
         Nodes already up stay up (lowering a cap is no preemption); later launches obey it.
         """
+        if group not in self.groups:
+            raise KeyError(f"no node type named {group!r}; types: {sorted(self.groups)}")
+        if cap < 0:
+            raise ValueError(f"set_capacity({group!r}, {cap}): the cap is a node count, >= 0")
         with self._lock:
             control = read_control(self.control_file)
-            if group not in self.groups:
-                raise KeyError(f"no node type named {group!r}; types: {sorted(self.groups)}")
             control["caps"][group] = cap
             if delay_s is not None:
                 control["delay_s"][group] = delay_s
@@ -441,6 +457,8 @@ class LocalAutoscalingCluster:
             if any(n["NodeID"] == node_id for n in self.alive_nodes()):
                 raise KeyError(f"no process of node {node_id[:12]} in this cluster")
             return False
+        with self._lock:
+            self._killed.add(node_id)
         for pid in doomed:
             with contextlib.suppress(psutil.Error):
                 psutil.Process(pid).kill()
@@ -479,17 +497,19 @@ class LocalAutoscalingCluster:
     def nodes(self, market: str | None = None, *, group: str | None = None) -> list[LocalNode]:
         """Alive worker nodes, oldest first, optionally of one market/group: what an ``Injector`` picks from.
 
-        Read from the GCS node table (no driver needed); ``handle`` is None, since Ray's
-        autoscaler, not this process, started them.
+        Read from the GCS node table (no driver needed), less the nodes ``kill_node`` killed;
+        ``handle`` is None, since Ray's autoscaler, not this process, started them.
         """
         from ray.core.generated import gcs_pb2
 
         alive = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
+        with self._lock:
+            killed = set(self._killed)
         out = []
         for nid, info in self.gcs_client().get_all_node_info(timeout=10).items():
             labels = dict(info.labels)
             name = labels.get(GROUP_LABEL)
-            if info.state != alive or name in (None, HEAD_GROUP):
+            if info.state != alive or name in (None, HEAD_GROUP) or nid.hex() in killed:
                 continue
             node = LocalNode(node_id=nid.hex(), group=name, market=labels.get(MARKET_LABEL) or name, labels=labels,
                              started_at=info.start_time_ms / 1000.0)

@@ -10,9 +10,11 @@ number of live nodes from recorded spot availability, scaled in time.
 
 The kinds share one timed-action thread and one log, so they stay in one module.
 
-On a ``LocalAutoscalingCluster`` the node faults (notices, preemptions, kills) work the same;
-capacity there is the cloud's cap, which Ray's autoscaler launches against, so it is changed
-with the cluster's ``set_capacity``, not by adding nodes here.
+On a ``LocalAutoscalingCluster`` the node faults (notices, preemptions, kills) work the same.
+Capacity there is the cloud's cap, which Ray's autoscaler launches against: taking capacity sets
+the cap to 0 and preempts the market's nodes, giving it back restores the cap, and a trace sets
+the cap tick by tick (preempting the nodes above it). Nodes then come only when a run asks for
+them, a provisioning delay later, as on a cloud; none are added here.
 
 Every action is appended to ``Injector.log`` so tests and the demo can print a timeline.
 All public methods are thread-safe; timed actions run on one background thread, which
@@ -44,6 +46,7 @@ Action = Literal[
     "kill",  # node killed without notice
     "add",  # node added (replacement, give-back, replenish, trace)
     "add-refused",  # a replacement was wanted but the market's capacity is taken
+    "cap",  # an autoscaled cluster's capacity cap changed (take, give-back, replenish, trace)
     "take-capacity",
     "give-back",
     "trace",  # a trace tick/event was applied
@@ -188,7 +191,9 @@ class Injector:
         self.errors: list[BaseException] = []
         self._t0 = time.monotonic()
         self._lock = threading.RLock()
-        self._taken: dict[str, dict[str, int]] = {}  # market -> group -> nodes taken away
+        # market -> group -> what give_back restores: the nodes taken away (pre-started cluster)
+        # or the cap before the take (autoscaled cluster)
+        self._taken: dict[str, dict[str, int]] = {}
         self._doomed: set[str] = set()  # drained, kill pending
         self._replays: list[Replay] = []
         self._scheduler = _Scheduler(self._background_error)
@@ -329,9 +334,15 @@ class Injector:
         return local
 
     def _kill(self, local: LocalNode, action: Action, *, replace: bool = True) -> None:
+        with self._lock:
+            drained = local.node_id in self._doomed
         try:
             self.cluster.remove_node(local, graceful=False)
-        except KeyError:  # already gone (a trace or another injection removed it)
+        except KeyError:
+            # Already gone: a trace or another injection removed it, or (on Ray's autoscaler)
+            # the idle node shut itself down at its drain, as Ray lets a drained idle node do.
+            if drained:
+                self._record(action, local.node_id, local.market, "gone at its drain")
             return
         finally:
             with self._lock:
@@ -372,19 +383,46 @@ class Injector:
 
     # ----------------------------------------------------------------- capacity
 
+    def _autoscaled(self) -> LocalAutoscalingCluster | None:
+        """The cluster if Ray's autoscaler launches its nodes (capacity is then a cap), else None."""
+        return None if isinstance(self.cluster, LocalSpotCluster) else self.cluster
+
     def _started(self, what: str) -> LocalSpotCluster:
         """The cluster, for what only a pre-started one can do: add nodes at will."""
         if not isinstance(self.cluster, LocalSpotCluster):
-            raise TypeError(f"{what}: on an autoscaled cluster capacity is the cloud's cap, which Ray's autoscaler "
-                            "launches against; change it with cluster.set_capacity(group, cap)")
+            raise TypeError(f"{what}: on an autoscaled cluster Ray's autoscaler adds nodes; change the cap instead")
         return self.cluster
 
+    def _node_groups(self) -> dict[str, NodeGroup]:
+        auto = self._autoscaled()
+        if auto is None:
+            return self._started("node groups").groups
+        return {name: g.group for name, g in auto.groups.items()}
+
+    def _group(self, name: str) -> NodeGroup:
+        groups = self._node_groups()
+        if name not in groups:
+            raise KeyError(f"no node group named {name!r}; groups: {sorted(groups)}")
+        return groups[name]
+
+    def _size(self, group: NodeGroup) -> int:
+        """The group's configured size: its node count, or its configured cap when autoscaled."""
+        auto = self._autoscaled()
+        return group.count if auto is None else auto.groups[group.name].configured_cap
+
     def _groups_of(self, market: str) -> list[NodeGroup]:
-        cluster = self._started("capacity changes")
-        groups = [g for g in cluster.groups.values() if g.market == market]
+        groups = [g for g in self._node_groups().values() if g.market == market]
         if not groups:
-            raise KeyError(f"no node group of market {market!r}; groups: {sorted(cluster.groups)}")
+            raise KeyError(f"no node group of market {market!r}; groups: {sorted(self._node_groups())}")
         return groups
+
+    def _set_cap(self, group: NodeGroup, cap: int, why: str) -> None:
+        """Set an autoscaled group's cap (recorded only when it changes)."""
+        auto = self._autoscaled()
+        assert auto is not None
+        if auto.capacity(group.name) != cap:
+            auto.set_capacity(group.name, cap)
+            self._record("cap", None, group.market, f"{group.name} cap {cap}: {why}")
 
     def _add(self, group: NodeGroup, why: str) -> LocalNode | None:
         if self.is_taken(group.market):
@@ -417,9 +455,11 @@ class Injector:
 
         Nodes are preempted (drain, ``notice_s``, kill); ``notice_s=None`` kills them
         without notice. With ``duration_s`` the capacity comes back by itself after that
-        long (``restore``: with as many nodes as were taken). Returns the removed nodes.
+        long (``restore``: with as many nodes as were taken). On an autoscaled cluster the
+        market's caps drop to 0 first, so the autoscaler launches no replacement. Returns
+        the removed nodes.
         """
-        self._groups_of(market)  # unknown market: fail before touching anything
+        groups = self._groups_of(market)  # unknown market: fail before touching anything
         with self._lock:
             taken = self._taken.setdefault(market, {})
         self._record(
@@ -428,10 +468,17 @@ class Injector:
             market,
             f"for {duration_s:g}s" if duration_s else "until given back",
         )
+        auto = self._autoscaled()
+        if auto is not None:
+            for g in groups:
+                with self._lock:
+                    taken.setdefault(g.name, auto.capacity(g.name))  # a second take keeps the first's cap
+                self._set_cap(g, 0, "capacity taken")
         removed = self.cluster.nodes(market)
-        for n in removed:
-            with self._lock:
-                taken[n.group] = taken.get(n.group, 0) + 1
+        if auto is None:
+            for n in removed:
+                with self._lock:
+                    taken[n.group] = taken.get(n.group, 0) + 1
         self._remove_many(removed, notice_s, replace=False)
         if duration_s is not None:
             self._scheduler.call_later(
@@ -440,10 +487,19 @@ class Injector:
         return removed
 
     def give_back(self, market: str, *, restore: bool = True) -> list[LocalNode]:
-        """Make ``market`` available again; with ``restore``, re-add the nodes taken away."""
+        """Make ``market`` available again; with ``restore``, re-add the nodes taken away.
+
+        On an autoscaled cluster the caps come back as they were before the take, whatever
+        ``restore`` says: the autoscaler launches nodes once a run asks, so none are returned.
+        """
         with self._lock:
             taken = self._taken.pop(market, None)
         if taken is None:
+            return []
+        if self._autoscaled() is not None:
+            self._record("give-back", None, market, "caps restored")
+            for group_name, cap in taken.items():
+                self._set_cap(self._group(group_name), cap, "capacity given back")
             return []
         self._record(
             "give-back", None, market, f"restoring {sum(taken.values())} node(s)" if restore else ""
@@ -452,38 +508,70 @@ class Injector:
         if restore:
             for group_name, n in taken.items():
                 for _ in range(n):
-                    node = self._add(self._started("give_back").groups[group_name], "capacity given back")
+                    node = self._add(self._group(group_name), "capacity given back")
                     if node is not None:
                         added.append(node)
         return added
 
     def replenish(self, market: str, count: int | None = None) -> list[LocalNode]:
-        """Add nodes of ``market``: ``count`` more, or up to each group's configured size."""
+        """Add nodes of ``market``: ``count`` more, or up to each group's configured size.
+
+        On an autoscaled cluster this raises the caps instead (by ``count``, or back to each
+        group's configured cap) and returns no nodes: the autoscaler launches them on request.
+        """
+        auto = self._autoscaled()
         added: list[LocalNode] = []
         for group in self._groups_of(market):
-            want = (
-                count
-                if count is not None
-                else group.count - len(self.cluster.nodes(group=group.name))
-            )
-            for _ in range(max(want, 0)):
-                node = self._add(group, "replenish")
-                if node is None:
+            if auto is not None:
+                if self.is_taken(market):
+                    self._record("add-refused", None, market, "replenish: capacity is taken")
                     return added
-                added.append(node)
+                self._set_cap(group, self._size(group) if count is None else auto.capacity(group.name) + count, "replenish")
+            else:
+                want = count if count is not None else group.count - len(self.cluster.nodes(group=group.name))
+                for _ in range(max(want, 0)):
+                    node = self._add(group, "replenish")
+                    if node is None:
+                        return added
+                    added.append(node)
             if count is not None:
                 break
         return added
 
-    def _scale_to(self, group: NodeGroup, target: int, notice_s: float | None, why: str) -> int:
-        """Bring ``group`` to ``target`` running nodes (newest removed first); returns the count."""
+    def _running(self, group: NodeGroup) -> list[LocalNode]:
+        """The group's nodes that are up and not draining, oldest first."""
         with self._lock:
-            running = [
-                n for n in self.cluster.nodes(group=group.name) if n.node_id not in self._doomed
-            ]
+            doomed = set(self._doomed)
+        return [n for n in self.cluster.nodes(group=group.name) if n.node_id not in doomed]
+
+    def _scale_cap(self, group: NodeGroup, cap: int, growing: bool, why: str) -> None:
+        """Set an autoscaled group's cap, unless its market is taken (then growth is refused)."""
+        if not self.is_taken(group.market):
+            self._set_cap(group, cap, why)
+        elif growing:
+            self._record("add-refused", None, group.market, f"{why}: capacity is taken")
+
+    def _map_arrivals(self, group: NodeGroup, mapping: dict[str, LocalNode], waiting: list[str]) -> None:
+        """Give the nodes the autoscaler launched since the last look to the waiting trace names."""
+        known = {n.node_id for n in mapping.values()}
+        for node in self._running(group):
+            if not waiting:
+                return
+            if node.node_id not in known:
+                mapping[waiting.pop(0)] = node
+
+    def _scale_to(self, group: NodeGroup, target: int, notice_s: float | None, why: str) -> int:
+        """Bring ``group`` to ``target`` nodes (newest removed first); returns the running count.
+
+        On an autoscaled cluster ``target`` becomes the cap (nodes above it are preempted, and
+        the autoscaler launches up to it only when a run asks).
+        """
+        running = self._running(group)
+        if self._autoscaled() is not None:
+            self._scale_cap(group, target, target > 0, why)  # first: a node preempted below must not be replaced
         if len(running) > target:
             self._remove_many(running[target:][::-1], notice_s, replace=False)
-        else:
+        elif self._autoscaled() is None:
             for _ in range(target - len(running)):
                 if self._add(group, why) is None:
                     break
@@ -525,20 +613,20 @@ class Injector:
         """Drive the number of running nodes of ``market`` from a SkyPilot availability trace.
 
         Tick ``i`` (``gap_seconds`` apart in the trace) sets the group to
-        ``min(available[i] * nodes_per_unit, max_nodes)`` nodes; ``time_scale`` is trace
-        seconds per wall second (3600: an hour of trace per second). ``max_nodes`` defaults
-        to the group's configured count so a big trace cannot swamp the machine. Lost nodes
+        ``min(available[i] * nodes_per_unit, max_nodes)`` nodes (on an autoscaled cluster:
+        sets its cap to that); ``time_scale`` is trace seconds per wall second (3600: an hour
+        of trace per second). ``max_nodes`` defaults to the group's configured size so a big
+        trace cannot swamp the machine. Lost nodes
         are preempted with ``notice_s`` (``None``: killed without notice). ``on_tick(tick,
         target, running)`` is called after each tick is applied.
         """
         from spotfallback.sim.traces import load_spot_trace
 
-        cluster = self._started("trace replay")  # before reading the trace: nothing to do on an autoscaled cluster
         spot = load_spot_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
-        target_group = cluster.groups[group] if group else self._groups_of(market)[0]
-        cap = target_group.count if max_nodes is None else max_nodes
+        target_group = self._group(group) if group else self._groups_of(market)[0]
+        cap = self._size(target_group) if max_nodes is None else max_nodes
         end = len(spot.available) if ticks is None else min(len(spot.available), start_tick + ticks)
         dt = float(spot.gap_seconds) / time_scale
 
@@ -578,18 +666,22 @@ class Injector:
 
         The trace's nodes alive at ``start_s`` are mapped onto the group's running nodes
         (adding or preempting to match), then each later event adds a node or preempts the
-        node mapped to that trace name. At most ``max_nodes`` (default: the group's count)
+        node mapped to that trace name. At most ``max_nodes`` (default: the group's size)
         trace nodes are mirrored; events on the others are ignored. ``on_event(t_s,
         running)`` is called after each batch of simultaneous events.
+
+        On an autoscaled cluster an added trace node raises the cap by one and takes the
+        next node the autoscaler launches (once a run asks for it); a removed one lowers the
+        cap and preempts its node, if it came.
         """
         from spotfallback.sim.traces import load_node_trace
 
-        cluster = self._started("trace replay")
         nodes_trace = load_node_trace(trace) if isinstance(trace, str | Path) else trace
         if time_scale <= 0:
             raise ValueError("time_scale must be > 0 (trace seconds per wall second)")
-        target_group = cluster.groups[group] if group else self._groups_of(market)[0]
-        cap = target_group.count if max_nodes is None else max_nodes
+        target_group = self._group(group) if group else self._groups_of(market)[0]
+        cap = self._size(target_group) if max_nodes is None else max_nodes
+        autoscaled = self._autoscaled() is not None
         events = sorted(nodes_trace.events, key=lambda e: e.t_s)
         alive_at_start: list[str] = []  # events up to start_s fold into the starting state
         for e in events:
@@ -609,26 +701,35 @@ class Injector:
             self._scale_to(
                 target_group, len(mirrored), notice_s, f"{nodes_trace.name} at {start_s:g}s"
             )
-            mapping = dict(zip(mirrored, self.cluster.nodes(group=target_group.name), strict=False))
+            mapping = dict(zip(mirrored, self._running(target_group), strict=False))
+            # Trace nodes the cap has room for whose node has not come up yet (autoscaled only).
+            waiting = [name for name in mirrored if name not in mapping] if autoscaled else []
             self._record(
                 "trace",
                 None,
                 target_group.market,
-                f"{nodes_trace.name} start: mirroring {sorted(mapping)}",
+                f"{nodes_trace.name} start: mirroring {sorted(mapping)}"
+                + (f", waiting for {sorted(waiting)}" if waiting else ""),
             )
             t0 = time.monotonic()
             for t_s, batch in batches.items():
                 if not self._wait_until(stop, t0 + (t_s - start_s) / time_scale):
                     return
-                gone = [
-                    mapping.pop(e.node) for e in batch if e.action == "remove" and e.node in mapping
-                ]
+                if autoscaled:
+                    self._map_arrivals(target_group, mapping, waiting)
+                removed = [e.node for e in batch if e.action == "remove"]
+                gone = [mapping.pop(name) for name in removed if name in mapping]
+                waiting[:] = [name for name in waiting if name not in removed]
+                added = [e.node for e in batch if e.action == "add" and e.node not in mapping and e.node not in waiting]
+                if autoscaled:
+                    waiting += added[: max(0, cap - len(mapping) - len(waiting))]
+                    self._scale_cap(target_group, len(mapping) + len(waiting), bool(added), f"{nodes_trace.name} t={t_s:g}s")
                 self._remove_many(gone, notice_s, replace=False)
-                for e in batch:
-                    if e.action == "add" and e.node not in mapping and len(mapping) < cap:
-                        node = self._add(target_group, f"{nodes_trace.name} {e.node}")
+                for name in added if not autoscaled else ():
+                    if len(mapping) < cap:
+                        node = self._add(target_group, f"{nodes_trace.name} {name}")
                         if node is not None:
-                            mapping[e.node] = node
+                            mapping[name] = node
                 running = len(self.cluster.nodes(group=target_group.name))
                 self._record(
                     "trace",
