@@ -189,9 +189,7 @@ def run_demo(ctx: Context, cal: dict[str, float], rep: int) -> dict[str, Any]:
 
     tiers, cfg, notice = demo_setup()
     injector = ctx.injector
-    # The demo's cluster has two spot nodes.
-    for node in ctx.cluster.nodes("spot")[2:]:
-        injector.kill(node)
+    injector.scale_to("spot", 2, notice_s=None)  # the demo's cloud holds two spot nodes
     from spotfallback.notices.jit import jit_failure_config
 
     failure_config = jit_failure_config() if uses_jit(cfg) else None  # as the demo does

@@ -1,7 +1,8 @@
 """Items 2 and 3: recovery after a preemption and the tier switch, next to a plain Ray Train restart.
 
 Three scenarios, alternated and repeated on the harness's cluster (a spare node of each
-market is always up, so node start-up time does not enter the comparison):
+market is always up, so node start-up time does not enter the comparison; on the autoscaled
+cluster the autoscaler replaces the preempted node meanwhile):
 
 - ``ray-restart``: plain ``TorchTrainer`` pinned to spot, ``FailureConfig(max_failures=3,
   max_preemption_failures=3)``: a preemption and Ray's own restart on spot.
@@ -113,9 +114,9 @@ def one_run(ctx: Context, scenario: str, rep: int) -> dict[str, Any]:
             row["detect_s"] = failed - killed  # billed on the old gang: kill -> failure recorded
             row["restart_wait_s"] = acquired - failed  # unbilled: new gang placed
             row["restart_overhead_s"] = new[0]["t"] - step_s - acquired  # billed: -> first step starts
-    t_add = time.time()
-    if ctx.injector.replenish("spot"):
-        row["node_start_s"] = time.time() - t_add  # one spot node started and registered
+    start_s = ctx.one_node_start_s("spot")
+    if start_s is not None:
+        row["node_start_s"] = start_s  # one spot node started and registered
     return row
 
 

@@ -1,7 +1,11 @@
 """`python -m bench [--quick] [--only NAME ...]`: every benchmark figure, one results page.
 
-Runs the measurements on one local spot cluster (head without CPUs, three one-CPU spot
-nodes, two one-CPU on-demand nodes), alternating the compared variants, and writes
+Runs the measurements on one local cluster (head without CPUs, three one-CPU spot nodes, two
+one-CPU on-demand nodes), alternating the compared variants. By default Ray's autoscaler runs
+the nodes (``--cluster autoscaled``: each node type kept at its count, as a node pool is, so a
+preempted node is replaced by the autoscaler and capacity changes are caps); ``--cluster
+prestarted`` starts them ahead of time instead, as the figures before the autoscaled cluster
+were measured. It writes
 ``docs/benchmarks.md`` (the table and every raw run) and ``docs/benchmarks.json`` (the raw
 rows the page is computed from), plus ``docs/recovery.md``/``.json`` from the recovery runs.
 A run with ``--only`` or ``--quick`` leaves the docs alone unless ``--out`` names a folder.
@@ -43,6 +47,7 @@ MODULES = {
 DOCS = REPO / "docs"
 HEALTH_CHECK_S = "0.25"
 RAY_ENV = ("RAY_TRAIN_HEALTH_CHECK_INTERVAL_S", "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "RAY_TRAIN_V2_ENABLED")
+CLUSTERS = ("autoscaled", "prestarted")
 
 
 def registry() -> dict[str, Measurement]:
@@ -58,6 +63,9 @@ def parser() -> argparse.ArgumentParser:
                    help="folder for benchmarks.md/.json (default: docs/ for a full run; a temporary folder otherwise)")
     p.add_argument("--render", action="store_true", help="re-render benchmarks.md from benchmarks.json in --out and exit")
     p.add_argument("--no-profile", action="store_true", help="do not profile measurements that miss a target")
+    p.add_argument("--cluster", choices=CLUSTERS, default=CLUSTERS[0],
+                   help="autoscaled: nodes run by Ray's autoscaler, kept at their counts (default); "
+                        "prestarted: nodes started ahead of time, replaced only by the harness")
     return p
 
 
@@ -82,25 +90,43 @@ def out_dir(args: argparse.Namespace) -> tuple[Path, bool]:
     return DOCS, True
 
 
+GROUPS = {"spot": 3, "on-demand": 2}  # node group (= market) -> nodes
+
+
 @contextlib.contextmanager
-def local_cluster(needed: bool) -> Iterator[tuple[Any, Any]]:
+def local_cluster(needed: bool, kind: str = CLUSTERS[0]) -> Iterator[tuple[Any, Any]]:
     if not needed:
         yield None, None
         return
+    from tests.support.helpers_e2e import autoscaled_cluster
+
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
 
-    groups = [NodeGroup("spot", count=3), NodeGroup("on-demand", count=2)]
-    with LocalSpotCluster(groups, connect=True) as cluster, Injector(cluster) as injector:
-        yield cluster, injector
+    groups = [NodeGroup(name, count=n) for name, n in GROUPS.items()]
+    if kind == "autoscaled":
+        with autoscaled_cluster(groups) as cluster, Injector(cluster) as injector:
+            yield cluster, injector
+    else:
+        with LocalSpotCluster(groups, connect=True) as cluster, Injector(cluster) as injector:
+            yield cluster, injector
 
 
-def restore(injector: Any) -> None:
-    """Put back what a measurement took away, so the next one starts on the full cluster."""
+def restore(injector: Any, timeout_s: float = 120.0) -> None:
+    """Put back what a measurement took away, so the next one starts on the full cluster.
+
+    On the autoscaled cluster the caps come back and the autoscaler relaunches the nodes;
+    this waits until they are up.
+    """
     if injector is None:
         return
-    for market in ("spot", "on-demand"):
+    for market in GROUPS:
         injector.give_back(market, restore=False)
         injector.replenish(market)
+    deadline = time.monotonic() + timeout_s
+    while any(len(injector.cluster.nodes(market)) < n for market, n in GROUPS.items()):
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"the cluster's nodes are not all back after {timeout_s:g} s")
+        time.sleep(0.5)
 
 
 def write(results: Results, reg: dict[str, Measurement], folder: Path, docs: bool) -> Path:
@@ -134,6 +160,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     os.environ["RAY_TRAIN_HEALTH_CHECK_INTERVAL_S"] = HEALTH_CHECK_S
     results = Results(command=command, machine=machine(), quick=args.quick)
     results.machine["ray_env"] = {k: os.environ[k] for k in RAY_ENV if k in os.environ}
+    results.machine["cluster"] = args.cluster
     storage = Path(tempfile.mkdtemp(prefix="sf-bench-"))
     from bench.runs import Context
 
@@ -143,7 +170,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.monotonic()
     try:
         needs_cluster = any(reg[n].cluster for n in names)
-        with local_cluster(needs_cluster) as (cluster, injector):
+        with local_cluster(needs_cluster, args.cluster) as (cluster, injector):
             ctx.cluster, ctx.injector = cluster, injector
             for name in names:
                 m = reg[name]

@@ -216,9 +216,11 @@ def render(registry: Mapping[str, Measurement], results: Results) -> str:
         "",
         "Written by `python -m bench` from the raw runs in [benchmarks.json](benchmarks.json); do not edit by "
         "hand (`python -m bench --render` rebuilds this page from the JSON). Every ratio compares runs made "
-        "in the same harness run, alternating the compared variants, on one local spot cluster "
-        "(`spotfallback.local.LocalSpotCluster`: a head without CPUs, three one-CPU spot nodes and two "
-        "one-CPU on-demand nodes).",
+        "in the same harness run, alternating the compared variants, on one local cluster "
+        "(a head without CPUs, three one-CPU spot nodes and two one-CPU on-demand nodes): "
+        + ("its nodes started ahead of time (`spotfallback.local.LocalSpotCluster`)." if mc.get("cluster", "prestarted") == "prestarted"
+           else "its nodes run by Ray's autoscaler v2, each node type kept at its count as a node pool is "
+                "(`spotfallback.local.autoscaling`; a preempted node is replaced by the autoscaler)."),
         "",
         f"- command: `{results.command}`" + (" (quick: fewer repetitions)" if results.quick else ""),
         f"- machine: {mc.get('cores')} cores, {mc.get('cpu')}; Python {mc.get('python')}, Ray {mc.get('ray')}, "

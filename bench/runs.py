@@ -39,6 +39,29 @@ class Context:
     def path(self, prefix: str, suffix: str = "") -> Path:
         return self.storage / f"{prefix}-{uuid.uuid4().hex[:6]}{suffix}"
 
+    def one_node_start_s(self, market: str = "spot", timeout_s: float = 120.0) -> float | None:
+        """Seconds for one more ``market`` node to come up, after a preemption took one.
+
+        On the pre-started cluster the harness adds it (``replenish``). On the autoscaled one
+        the autoscaler has put the node back already or is doing so: the cap is lowered by one
+        (killing the newest node if it is back) and raised again, timing the autoscaler's
+        launch until the node is up. None if no node came.
+        """
+        from spotfallback.local import LocalSpotCluster
+
+        t0 = time.time()
+        if isinstance(self.cluster, LocalSpotCluster):
+            return time.time() - t0 if self.injector.replenish(market) else None
+        full = self.cluster.groups[market].configured_cap
+        self.injector.scale_to(market, full - 1, notice_s=None)
+        t0 = time.time()
+        self.injector.replenish(market)
+        while len(self.cluster.nodes(market)) < full:
+            if time.time() - t0 > timeout_s:
+                return None
+            time.sleep(0.2)
+        return time.time() - t0
+
 
 def read_jsonl(path: str | Path) -> list[dict[str, Any]]:
     p = Path(path)

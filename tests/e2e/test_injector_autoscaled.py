@@ -113,3 +113,14 @@ def test_a_node_trace_preempts_the_node_mapped_to_a_removed_trace_node_and_maps_
     assert len(preempted) == 2 and preempted[1] not in (first, second), "c took the node launched after it came"
     assert [e.detail.split(":")[0] for e in injector.actions("cap")] == ["spot cap 1", "spot cap 2", "spot cap 1"]
     assert [running for _, running in seen] == [1, 1, 1], "c's node comes after the event, on request"
+
+
+def test_scaling_a_market_to_a_count_sets_the_cap_there_and_preempts_the_newest_above_it(cluster, injector):
+    oldest, newest = spot_ids(cluster)
+    assert injector.scale_to("spot", 1, notice_s=None) == 1
+    assert cluster.capacity("spot") == 1
+    assert [e.node_id for e in injector.actions("kill")] == [newest]
+    assert spot_ids(cluster) == [oldest]
+    assert injector.scale_to("spot", 2) == 1, "the cap is raised; the node comes from the autoscaler, on request"
+    assert cluster.capacity("spot") == 2
+    wait_for_spot(cluster, 2)

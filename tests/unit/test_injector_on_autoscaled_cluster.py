@@ -50,3 +50,10 @@ def test_the_configured_cap_is_the_cap_else_every_node_type_may_be_full():
 def test_a_negative_cap_is_refused_before_the_capacity_file_is_touched():
     with pytest.raises(ValueError, match=r"set_capacity\('spot', -1\): the cap is a node count, >= 0"):
         _cluster().set_capacity("spot", -1)
+
+
+def test_scaling_to_a_negative_count_is_refused_naming_the_count():
+    injector = Injector(_cluster())
+    with pytest.raises(ValueError, match=r"scale_to\('spot', -1\): count is a node count, >= 0"):
+        injector.scale_to("spot", -1)
+    injector.close()

@@ -538,6 +538,19 @@ class Injector:
                 break
         return added
 
+    def scale_to(self, market: str, count: int, *, notice_s: float | None = 0.0, group: str | None = None) -> int:
+        """Bring ``market``'s first group (or ``group``) to ``count`` nodes; returns how many run.
+
+        Nodes above ``count`` are preempted, newest first (``notice_s=None``: killed without
+        notice). Below it, nodes are added on a pre-started cluster; on an autoscaled one
+        ``count`` becomes the cap and the autoscaler launches up to it when asked (or to keep
+        its ``min_workers``). Refused growth while the market's capacity is taken is recorded.
+        """
+        if count < 0:
+            raise ValueError(f"scale_to({market!r}, {count}): count is a node count, >= 0")
+        target = self._group(group) if group else self._groups_of(market)[0]
+        return self._scale_to(target, count, notice_s, f"scaled to {count}")
+
     def _running(self, group: NodeGroup) -> list[LocalNode]:
         """The group's nodes that are up and not draining, oldest first."""
         with self._lock:
