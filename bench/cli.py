@@ -104,7 +104,7 @@ def local_cluster(needed: bool, kind: str = CLUSTERS[0]) -> Iterator[tuple[Any, 
 
     groups = [NodeGroup(name, count=n) for name, n in GROUPS.items()]
     if kind == "autoscaled":
-        with autoscaled_cluster(groups) as cluster, Injector(cluster) as injector:
+        with autoscaled_cluster(groups, e2e_env=False) as cluster, Injector(cluster) as injector:  # main() set the env
             yield cluster, injector
     else:
         with LocalSpotCluster(groups, connect=True) as cluster, Injector(cluster) as injector:

@@ -5,9 +5,9 @@ First, the KubeRay sidecar's contract with real ``ray start`` processes: a worke
 ``spotfallback notice-agent`` process, configured only by environment variables and pointed
 at that directory (the shared emptyDir), finds the cluster and drains the node once.
 
-Then one local spot cluster for the rest of the module: a head with no CPUs (driver and
-Train controller) and three one-CPU spot nodes, so a run of two workers that loses one node
-resumes on the third. The job is the DDP example with preemption checks about every second;
+Then one local cluster on Ray's autoscaler for the rest of the module: a head with no CPUs
+(driver and Train controller) and a spot node type kept at three one-CPU nodes, so a run of two
+workers that loses one node resumes on the third while the autoscaler replaces the lost one. The job is the DDP example with preemption checks about every second;
 rank 0 logs every step it completes (``step_log``), which is how steps redone and seconds
 lost are measured.
 
@@ -42,7 +42,7 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     TRAIN_CONFIG,
     Background,
-    local_cluster,
+    autoscaled_cluster,
     restoring_injector,
     unique_name,
     wait_for,
@@ -188,14 +188,14 @@ def test_ray_start_on_a_worker_writes_the_address_the_sidecar_agent_drains_with(
         shutil.rmtree(pod_tmp, ignore_errors=True)
 
 
-# ----------------------------------------------------------------------------- the local spot cluster
+# ----------------------------------------------------------------------------- the autoscaled local cluster
 
 
 @pytest.fixture(scope="module")
 def cluster():
     from spotfallback.local import NodeGroup
 
-    with local_cluster([NodeGroup("spot", count=3)]) as c:
+    with autoscaled_cluster([NodeGroup("spot", count=3)]) as c:
         yield c
 
 

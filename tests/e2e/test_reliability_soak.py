@@ -1,8 +1,9 @@
 """The short, CI-sized soak: one run of the example job under a replayed spot trace plus chaos.
 
 A real availability trace (tests/fixtures copy of SkyPilot's us-west-2a V100 trace, one tick
-every 6 s) preempts and restores the spot nodes, including a capacity gap longer than the
-spot tier's capacity timeout, while the driver is SIGKILLed once and the S3 endpoint goes
+every 6 s) sets the spot capacity of a cluster on Ray's autoscaler: it preempts the spot nodes
+above the cap and lets the autoscaler launch them again, including a capacity gap longer than
+the spot tier's capacity timeout, while the driver is SIGKILLed once and the S3 endpoint goes
 away once. The long version is ``python -m tests.support.soak --minutes 10`` (see tests/support/soak.py).
 """
 
@@ -14,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import local_cluster  # noqa: E402
+from tests.support.helpers_e2e import autoscaled_cluster  # noqa: E402
 from tests.support.reliability import RUN_CONFIG, Outcome, record, reference_hash  # noqa: E402
 from tests.support.soak import CAPACITY_TIMEOUT_S, FIXTURES, RETRY_S, soak_run  # noqa: E402
 
@@ -23,7 +24,9 @@ pytestmark = pytest.mark.ray
 
 @pytest.fixture(scope="module")
 def cluster(s3):
-    with local_cluster(env={"SPOTFALLBACK_STORAGE_RETRY_S": str(RETRY_S)}) as c:
+    # On Ray's autoscaler: the trace sets the spot cap tick by tick, the autoscaler launches
+    # nodes up to it (the node types are kept at two nodes each, as node pools are).
+    with autoscaled_cluster(env={"SPOTFALLBACK_STORAGE_RETRY_S": str(RETRY_S)}) as c:
         yield c
 
 

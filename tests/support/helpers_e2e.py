@@ -87,19 +87,20 @@ def local_cluster(
 
 @contextlib.contextmanager
 def autoscaled_cluster(
-    groups: Sequence[NodeGroup] | None = None, *, env: Mapping[str, str] | None = None
+    groups: Sequence[NodeGroup] | None = None, *, env: Mapping[str, str] | None = None, e2e_env: bool = True
 ) -> Iterator[LocalAutoscalingCluster]:
     """The same on Ray's autoscaler: each group a node type kept at its ``count`` nodes (``min_workers``),
     capped there, launched as soon as its cap allows; returned once every group's nodes are up.
 
     A preempted node is replaced by the autoscaler, as a cloud's node pool replaces one; the
-    injector's capacity changes set the caps.
+    injector's capacity changes set the caps. ``e2e_env=False`` keeps this process's
+    environment as it is (the benchmark harness sets its own Ray Train poll).
     """
     from spotfallback.local import NodeGroup
     from spotfallback.local.autoscaling import AutoscaledGroup, LocalAutoscalingCluster
 
     node_groups = groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)]
-    with _module_env(env, (), True), LocalAutoscalingCluster(
+    with _module_env(env, (), e2e_env), LocalAutoscalingCluster(
         [AutoscaledGroup(g, max_workers=g.count, min_workers=g.count) for g in node_groups], connect=True
     ) as c:
         for g in node_groups:

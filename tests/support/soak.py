@@ -13,7 +13,9 @@ CI runs one short run (tests/e2e/test_reliability_soak.py). By hand::
     .venv/bin/python -m tests.support.soak --minutes 10
 
 starts its own S3 server and local cluster, runs back-to-back soak runs until the time is up,
-prints each run's outcome and writes the total as a row of docs/reliability.md.
+prints each run's outcome and writes the total as a row of docs/reliability.md. The cluster is
+on Ray's autoscaler (the trace sets the spot cap; ``--cluster prestarted``: nodes started ahead
+of time, which the trace adds and removes).
 """
 
 from __future__ import annotations
@@ -234,9 +236,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--minutes", type=float, default=30.0, help="keep starting soak runs for this long")
     parser.add_argument("--seed", type=int, default=1, help="seeds the trace, its window and the chaos schedule")
     parser.add_argument("--steps", type=int, default=60, help="training steps per run")
+    parser.add_argument("--cluster", choices=("autoscaled", "prestarted"), default="autoscaled",
+                        help="autoscaled: Ray's autoscaler runs the nodes, the trace sets the spot cap (default); "
+                             "prestarted: nodes started ahead of time, the trace adds and removes them")
     args = parser.parse_args(argv)
     from spotfallback.local import LocalSpotCluster, NodeGroup
-    from tests.support.helpers_e2e import apply_env
+    from tests.support.helpers_e2e import apply_env, autoscaled_cluster
     from tests.support.reliability import RUN_CONFIG, Outcome, publish, record, reference_hash
     from tests.support.s3server import S3Server
 
@@ -248,7 +253,8 @@ def main(argv: list[str] | None = None) -> int:
     t0 = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="sf-soak-") as tmp, S3Server() as s3:
         os.environ.update(s3.env())
-        with LocalSpotCluster([NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True) as cluster:
+        groups = [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)]
+        with autoscaled_cluster(groups) if args.cluster == "autoscaled" else LocalSpotCluster(groups, connect=True) as cluster:
             reference = reference_hash(Path(tmp) / "ref", config)
             traces = trace_files()
             t0 = time.monotonic()  # the soak's minutes start once the cluster and reference are ready

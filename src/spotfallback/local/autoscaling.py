@@ -478,6 +478,11 @@ class LocalAutoscalingCluster:
         return str(self._head_cluster().address)
 
     @property
+    def gcs_address(self) -> str:
+        """The head's GCS (host:port): what ``RAY_ADDRESS`` takes for a process that joins as a driver."""
+        return str(self._head_cluster().gcs_address)
+
+    @property
     def temp_dir(self) -> str | None:
         """Ray's session and log files, the capacity file and the config live here (removed on shutdown)."""
         return self._temp_dir
@@ -539,8 +544,12 @@ class LocalAutoscalingCluster:
 
         with self._lock:
             if self._gcs is None:
-                self._gcs = gcs_client(self._head_cluster().gcs_address)
+                self._gcs = gcs_client(self.gcs_address)
             return self._gcs
+
+    def draining_nodes(self) -> dict[str, int]:
+        """Node id hex -> drain deadline (ms since the epoch, 0 = none) of nodes being drained."""
+        return dict(self._head_cluster().global_state.get_draining_nodes())
 
     def train_workers_per_node(self) -> dict[str, int]:
         """How many live Ray Train worker actors each node hosts (from the GCS actor table)."""
@@ -556,7 +565,7 @@ class LocalAutoscalingCluster:
 
         from spotfallback.notices.drain import gcs_client
 
-        state = get_cluster_resource_state(gcs_client(self._head_cluster().gcs_address))
+        state = get_cluster_resource_state(gcs_client(self.gcs_address))
         out = []
         for constraint in state.cluster_resource_constraints:
             for by_count in constraint.resource_requests:

@@ -164,7 +164,7 @@ class Replay:
 
 
 class Injector:
-    """Injects capacity faults into a running LocalSpotCluster and records each one.
+    """Injects capacity faults into a running local cluster (pre-started or autoscaled), recording each.
 
     ``replace_after_s``: after a preemption or kill, add a node of the same group after this
     many seconds (a cloud autoscaler replacing the VM), unless that market's capacity is
@@ -739,7 +739,7 @@ class Injector:
                     self._scale_cap(target_group, len(mapping) + len(waiting), bool(added), f"{nodes_trace.name} t={t_s:g}s")
                 self._remove_many(gone, notice_s, replace=False)
                 for name in added if not autoscaled else ():
-                    if len(mapping) < cap:
+                    if name not in mapping and len(mapping) < cap:
                         node = self._add(target_group, f"{nodes_trace.name} {name}")
                         if node is not None:
                             mapping[name] = node
