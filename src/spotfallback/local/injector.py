@@ -323,8 +323,12 @@ class Injector:
         return local
 
     def kill(self, node: LocalNode | str, *, delay_s: float = 0.0) -> LocalNode:
-        """A node failure without notice (Ray charges it to max_failures, not preemptions)."""
-        local = self._resolve(node)
+        """A node failure without notice (Ray charges it to max_failures, not preemptions).
+
+        A ``LocalNode`` that is already gone is recorded as such: on Ray's autoscaler a drained
+        node whose gang has moved away is terminated once idle, before its deadline.
+        """
+        local = node if isinstance(node, LocalNode) else self._resolve(node)
         if delay_s > 0:
             self._scheduler.call_later(
                 delay_s, lambda: self._kill(local, "kill"), f"kill {local.node_id[:8]}"
@@ -340,9 +344,9 @@ class Injector:
             self.cluster.remove_node(local, graceful=False)
         except KeyError:
             # Already gone: a trace or another injection removed it, or (on Ray's autoscaler)
-            # the idle node shut itself down at its drain, as Ray lets a drained idle node do.
-            if drained:
-                self._record(action, local.node_id, local.market, "gone at its drain")
+            # the drained node was terminated once idle. Said when a drain or a kill was meant for it.
+            if drained or action == "kill":
+                self._record(action, local.node_id, local.market, "already gone" + (" after its drain" if drained else ""))
             return
         finally:
             with self._lock:
