@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from tests.support.helpers_e2e import apply_env
+from tests.support.helpers_e2e import apply_env, restoring_injector
 
 pytestmark = pytest.mark.ray
 
@@ -35,16 +35,9 @@ def cluster():
 
 @pytest.fixture()
 def injector(cluster):
-    from spotfallback.local import Injector
-
-    inj = Injector(cluster)
-    try:
+    with restoring_injector(cluster, markets=("spot",)) as inj:
         yield inj
-    finally:
-        inj.close()
-        inj.give_back("spot")
-        inj.replenish("spot")
-        wait_for_spot(cluster, 2)
+    wait_for_spot(cluster, 2)
 
 
 def spot_ids(cluster) -> list[str]:

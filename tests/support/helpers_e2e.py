@@ -10,6 +10,7 @@ import uuid
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 if TYPE_CHECKING:
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
@@ -44,19 +45,10 @@ def _module_env(env: Mapping[str, str] | None, unset: Sequence[str], e2e_env: bo
     """The e2e environment (unless ``e2e_env=False``), ``env`` set and ``unset`` removed, restored after."""
     if e2e_env:
         apply_env()
-    extra = dict(env or {})
-    saved = {k: os.environ.get(k) for k in (*extra, *unset)}
-    for key in unset:
-        os.environ.pop(key, None)
-    os.environ.update(extra)
-    try:
+    with mock.patch.dict(os.environ, dict(env or {})):  # restores the whole environment after
+        for key in unset:
+            os.environ.pop(key, None)
         yield
-    finally:
-        for key, value in saved.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
 
 
 @contextlib.contextmanager
