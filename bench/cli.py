@@ -119,14 +119,15 @@ def restore(injector: Any, timeout_s: float = 120.0) -> None:
     """
     if injector is None:
         return
+    from spotfallback.local import LocalSpotCluster
+
     for market in GROUPS:
         injector.give_back(market, restore=False)
-        injector.replenish(market)
-    deadline = time.monotonic() + timeout_s
-    while any(len(injector.cluster.nodes(market)) < n for market, n in GROUPS.items()):
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the cluster's nodes are not all back after {timeout_s:g} s")
-        time.sleep(0.5)
+        injector.replenish(market)  # on the pre-started cluster the nodes are back when this returns
+    if not isinstance(injector.cluster, LocalSpotCluster):
+        deadline = time.monotonic() + timeout_s
+        for market, n in GROUPS.items():
+            injector.cluster.wait_for_nodes(market, n, max(0.0, deadline - time.monotonic()))
 
 
 def write(results: Results, reg: dict[str, Measurement], folder: Path, docs: bool) -> Path:

@@ -56,10 +56,10 @@ class Context:
         self.injector.scale_to(market, full - 1, notice_s=None)
         t0 = time.time()
         self.injector.replenish(market)
-        while len(self.cluster.nodes(market)) < full:
-            if time.time() - t0 > timeout_s:
-                return None
-            time.sleep(0.2)
+        try:
+            self.cluster.wait_for_nodes(market, full, timeout_s)
+        except TimeoutError:
+            return None
         return time.time() - t0
 
 

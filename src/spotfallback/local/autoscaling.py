@@ -576,11 +576,12 @@ class LocalAutoscalingCluster:
                 out += [(dict(request.resources_bundle), labels)] * by_count.count
         return out
 
-    def wait_for_nodes(self, group: str, count: int, timeout_s: float = 120.0) -> list[dict[str, Any]]:
-        """Block until ``group`` has ``count`` alive nodes; returns them."""
+    def wait_for_nodes(self, group: str, count: int, timeout_s: float = 120.0) -> list[LocalNode]:
+        """Block until ``group`` has ``count`` alive nodes as ``nodes()`` counts them (a node this
+        cluster killed no longer counts, though the GCS lists it for seconds); returns them."""
         deadline = time.monotonic() + timeout_s
         while True:
-            nodes = self.alive_nodes(group)
+            nodes = self.nodes(group=group)
             if len(nodes) >= count:
                 return nodes
             if time.monotonic() > deadline:

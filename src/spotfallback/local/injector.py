@@ -584,11 +584,12 @@ class Injector:
         the autoscaler launches up to it only when a run asks).
         """
         running = self._running(group)
-        if self._autoscaled() is not None:
+        autoscaled = self._autoscaled() is not None
+        if autoscaled:
             self._scale_cap(group, target, target > 0, why)  # first: a node preempted below must not be replaced
         if len(running) > target:
             self._remove_many(running[target:][::-1], notice_s, replace=False)
-        elif self._autoscaled() is None:
+        elif not autoscaled:
             for _ in range(target - len(running)):
                 if self._add(group, why) is None:
                     break
