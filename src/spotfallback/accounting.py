@@ -21,6 +21,7 @@ from spotfallback.events import (
     CapacityObserved,
     CapacityTimedOut,
     CheckpointCommitted,
+    ClusterUnreachable,
     Fatal,
     Finished,
     GiveUp,
@@ -234,12 +235,12 @@ def _account(ladder: Ladder, c: Carry, rec: LedgerRecord, next_tier: int) -> Non
             c.last_ckpt = t
             summary.checkpoints.append((t, step, path))
             summary.checkpoint_count += 1
-        case Preempted() | NodeFailed() | ApplicationFailed():
+        case Preempted() | NodeFailed() | ApplicationFailed() | ClusterUnreachable():
             if isinstance(ev, Preempted):
                 tiers[tier].preemptions += 1
             elif isinstance(ev, NodeFailed):
                 tiers[tier].failures += 1
-            else:
+            elif isinstance(ev, ApplicationFailed):
                 tiers[tier].app_errors += 1
             if c.run_start is not None:  # the work since the later of the last commit and the attempt's start is redone
                 run_tier, start = c.run_start

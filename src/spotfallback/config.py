@@ -207,7 +207,47 @@ _BEYOND_DEFAULTS: dict[str, Any] = {
     "deadline_guard": None,
     "expected_cost_exit": False,
     "cost_cap": None,
+    "cluster": None,
 }
+
+
+class ClusterRef(BaseModel):
+    """The Ray cluster a tier runs on, reached through its Ray Jobs API (the dashboard's address).
+
+    A Ray cluster lives in one region: naming clusters lets a ladder go on in another region
+    or cloud when a whole cluster runs out of capacity or stops answering. The run moves
+    between clusters as Ray jobs; its ledger and checkpoints stay in the one storage path.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    address: str = Field(description="The cluster's Ray Jobs API, e.g. 'http://head-us-east-1:8265'.")
+    name: str | None = Field(default=None, description="Short name in the ledger and `status`; default: host:port of the address.")
+    region: str | None = Field(default=None, description="Where the cluster runs, e.g. 'us-east-1' (shown in `status` and `report`).")
+    unreachable_timeout_s: float = Field(
+        default=120.0,
+        gt=0,
+        description="Leave the cluster's tiers once its Jobs API has not answered for this long (a region outage).",
+    )
+
+    @field_validator("address")
+    @classmethod
+    def _check_address(cls, v: str) -> str:
+        if not re.fullmatch(r"https?://[^/\s]+/?", v):
+            raise ValueError(f"address {v!r} must be the Ray Jobs API's http(s)://host:port, e.g. 'http://head:8265'")
+        return v.rstrip("/")
+
+    @field_validator("name")
+    @classmethod
+    def _check_cluster_name(cls, v: str | None) -> str | None:
+        if v is not None and not _LABEL_RE.fullmatch(v):
+            raise ValueError(f"cluster name {v!r} must be 1-63 letters, digits, '-', '_' or '.', alphanumeric at both ends")
+        return v
+
+    @property
+    def key(self) -> str:
+        """How the ledger, the Ray job ids and ``status`` name the cluster."""
+        return self.name or self.address.split("://", 1)[1]
 
 
 class Tier(BaseModel):
@@ -292,6 +332,13 @@ class Tier(BaseModel):
             "Leave for the last tier once this tier's spend could make the run cost more than the last tier alone: "
             "a bound on spot waste that never delays the run but gives up on spot that might still have paid, so it "
             "raises the mean spend (docs/planner.md); None = off."
+        ),
+    )
+    cluster: ClusterRef | None = Field(
+        default=None,
+        description=(
+            "The Ray cluster this tier runs on (its Jobs API address); None = the cluster the run is on. "
+            "Name one on every tier or on none (docs/clusters.md)."
         ),
     )
 
@@ -402,6 +449,13 @@ class Tier(BaseModel):
     def price_per_hour(self) -> float:
         return self.num_workers * self.price_per_worker_hour
 
+    @property
+    def where(self) -> str | None:
+        """The tier's cluster and region, as `status` and `report` show them (None: the run's own cluster)."""
+        if self.cluster is None:
+            return None
+        return f"cluster {self.cluster.key}" + (f", {self.cluster.region}" if self.cluster.region else "")
+
 
 class Ladder(BaseModel):
     """An ordered list of tiers: the run starts on the first and walks down (back up only to `climb_back` tiers)."""
@@ -420,7 +474,23 @@ class Ladder(BaseModel):
         if len({t.use_gpu for t in tiers}) > 1:
             gpu = ", ".join(f"tiers[{i}] ({t.name})" for i, t in enumerate(tiers) if t.use_gpu)
             raise ValueError(f"all tiers must agree on use_gpu (Ray sets up devices once per run); only {gpu} set it")
+        problem = cluster_ladder_error(tiers)
+        if problem:
+            raise ValueError(problem)
         return tiers
+
+    @property
+    def across_clusters(self) -> bool:
+        """Whether the tiers name the Ray clusters they run on (the run moves between them as Ray jobs)."""
+        return self.tiers[0].cluster is not None
+
+    def cluster_key(self, tier: int) -> str | None:
+        cluster = self.tiers[tier].cluster
+        return None if cluster is None else cluster.key
+
+    def same_cluster(self, a: int, b: int) -> bool:
+        """Whether tiers ``a`` and ``b`` run on one Ray cluster: a gang can only move (climb, resize) within one."""
+        return self.cluster_key(a) == self.cluster_key(b)
 
     def __len__(self) -> int:
         return len(self.tiers)
@@ -429,9 +499,38 @@ class Ladder(BaseModel):
         return self.tiers[i]
 
 
+def cluster_ladder_error(tiers: tuple[Tier, ...]) -> str | None:
+    """What makes ``tiers`` unusable across clusters, or None.
+
+    Every tier names a cluster or none does (a tier without one would have nowhere to be
+    submitted); one name means one address; and elastic tiers stay within one cluster's run
+    (their guard moves the gang while it runs, which a move between clusters cannot).
+    """
+    named = [i for i, t in enumerate(tiers) if t.cluster is not None]
+    if not named:
+        return None
+    if len(named) != len(tiers):
+        missing = ", ".join(f"tiers[{i}] ({t.name})" for i, t in enumerate(tiers) if t.cluster is None)
+        return f"{missing}: name a cluster (cluster: {{address: ...}}) on every tier, or on none"
+    by_key: dict[str, str] = {}
+    by_address: dict[str, str] = {}
+    for i, t in enumerate(tiers):
+        c = t.cluster
+        assert c is not None
+        if by_key.setdefault(c.key, c.address) != c.address:
+            return (f"tiers[{i}] ({t.name}): cluster {c.key!r} has two addresses, {by_key[c.key]!r} and "
+                    f"{c.address!r}; give each cluster its own name")
+        if by_address.setdefault(c.address, c.key) != c.key:
+            return (f"tiers[{i}] ({t.name}): {c.address!r} is named both {by_address[c.address]!r} and {c.key!r}; "
+                    "one cluster takes one name")
+        if t.is_elastic:
+            return f"tiers[{i}] ({t.name}): elastic tiers (min_workers) are not supported in a ladder across clusters; drop min_workers"
+    return None
+
+
 def _models() -> dict[str, type[BaseModel]]:
     """The configuration models by name (a ValidationError's ``title``), for field suggestions."""
-    found = [globals().get(n) for n in ("Tier", "Ladder", "PreemptionRate", "DeadlineGuard", "CostCap", "PlanPrediction", "JobConfig")]
+    found = [globals().get(n) for n in ("Tier", "Ladder", "ClusterRef", "PreemptionRate", "DeadlineGuard", "CostCap", "PlanPrediction", "JobConfig")]
     return {m.__name__: m for m in found if isinstance(m, type) and issubclass(m, BaseModel)}
 
 

@@ -31,6 +31,7 @@ EXIT_LADDER_EXHAUSTED = 4  # every tier was left; checkpoints kept, --retry-fail
 EXIT_DRIVER_LIVE = 5  # another driver is running this run; try again later
 EXIT_REFUSED = 6  # the run already finished, or gave up earlier (--retry-failed resumes it)
 EXIT_FATAL = 7  # an error retrying cannot fix (configuration, access); checkpoints kept
+EXIT_MOVED = 8  # the run's current tier is on another Ray cluster: the moving driver takes it there
 
 
 class SpotfallbackError(Exception):
@@ -103,6 +104,19 @@ class RunFatalError(SpotfallbackError):
     exit_code = EXIT_FATAL
 
 
+class RunOnOtherClusterError(SpotfallbackError):
+    """The run's current tier lives on another Ray cluster than the one this driver runs on.
+
+    Raised by a driver started on one cluster of a ladder across clusters when the policy
+    moves the run off it (or finds it already off): the driver that moves runs between
+    clusters (``spotfallback run`` without ``--on-cluster``) reads the ledger and submits the
+    run to the right cluster. Nothing is lost: the move is in the ledger, progress in checkpoints.
+    """
+
+    exit_code = EXIT_MOVED
+    retryable = True
+
+
 class GangMovedError(SpotfallbackError):
     """Rank 0 ends the attempt on purpose: its just-in-time checkpoint is committed and the
     next gang can be placed off the draining node(s), so waiting for the node to go is idle.
@@ -124,6 +138,16 @@ class JitHoldExpiredError(SpotfallbackError):
     """
 
     exit_code = EXIT_USER_CODE
+    retryable = True
+
+
+class ClusterUnreachableError(SpotfallbackError):
+    """A Ray cluster's Jobs API did not answer (connection refused or timed out, or an HTTP 5xx).
+
+    The driver that moves a run between clusters waits it out up to the cluster's
+    ``unreachable_timeout_s``, then leaves the cluster's tiers.
+    """
+
     retryable = True
 
 

@@ -93,6 +93,19 @@ class CapacityTimedOut(Event):
 
 
 @dataclass(frozen=True)
+class ClusterUnreachable(Event):
+    """The Ray cluster of the current tier stopped answering for its ``unreachable_timeout_s``.
+
+    Written by the driver that moves a run between clusters: the run's gang there, if any,
+    is out of reach, so its tiers are left as a whole, for the next tier on another cluster.
+    """
+
+    kind: ClassVar[str] = "cluster_unreachable"
+    cluster: str = ""
+    waited_s: float = 0.0
+
+
+@dataclass(frozen=True)
 class Fatal(Event):
     """An error retrying cannot fix (bad configuration, no access)."""
 
@@ -179,6 +192,7 @@ EVENT_TYPES: dict[str, type[Event]] = {
         NodeFailed,
         ApplicationFailed,
         CapacityTimedOut,
+        ClusterUnreachable,
         Fatal,
         Finished,
         CapacityObserved,

@@ -30,6 +30,7 @@ from spotfallback.events import (
     CapacityTimedOut,
     CheckpointCommitted,
     ClimbBack,
+    ClusterUnreachable,
     Complete,
     Continue,
     Decision,
@@ -329,7 +330,7 @@ class FallbackPolicy:
             # nothing; the terminal decision is repeated so the shell stays idempotent.
             return Step(state, state.give_up if state.give_up else Complete())
         t = event.t
-        if isinstance(event, Preempted | NodeFailed | ApplicationFailed):
+        if isinstance(event, Preempted | NodeFailed | ApplicationFailed | ClusterUnreachable):
             state = self._ran(state, t)
         match event:
             case RunStarted():
@@ -347,6 +348,8 @@ class FallbackPolicy:
                 return Step(replace(state, status="finished", waiting_since=None, running_since=None), Complete())
             case Fatal(message=message):
                 return self._give_up(state, "fatal", message)
+            case ClusterUnreachable():
+                return self._cluster_lost(state, event)
             case Preempted():
                 return self._infrastructure(state, t, preemptions=1)
             case NodeFailed():
@@ -453,6 +456,24 @@ class FallbackPolicy:
             tier_since=t,
         )
         return Step(step_state, SwitchTier(from_tier=state.tier, to_tier=nxt, reason=why))
+
+    def _cluster_lost(self, state: PolicyState, event: ClusterUnreachable) -> Step:
+        """Leave every tier of a cluster that stopped answering: on to the next tier on another cluster.
+
+        The gang there (if one ran) is lost with the work since its last commit, as after a
+        node failure; the tiers budgets are not charged, the cluster's fault is not the tier's.
+        An event about a cluster the run is not on changes nothing.
+        """
+        key = self.ladder.cluster_key(state.tier)
+        if key is None or key != event.cluster:
+            return Step(state, Continue())
+        if state.running_since is not None:
+            since = state.last_checkpoint_t if state.last_checkpoint_t is not None else state.running_since
+            state = replace(state, lost_s=state.lost_s + max(0.0, event.t - since),
+                            interruptions=state.interruptions + 1, running_since=None)
+        nxt = next((j for j in range(state.tier + 1, len(self.tiers)) if self.ladder.cluster_key(j) != key), len(self.tiers))
+        why = f"cluster {key!r} did not answer for {event.waited_s:.0f}s"
+        return self._leave(state, event.t, why, to=nxt)
 
     def _give_up(self, state: PolicyState, cause: str, reason: str) -> Step:
         decision = GiveUp(cause=cause, reason=reason)  # type: ignore[arg-type]

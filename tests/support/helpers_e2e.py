@@ -41,7 +41,7 @@ def unique_name(prefix: str) -> str:
 
 
 @contextlib.contextmanager
-def _module_env(env: Mapping[str, str] | None, unset: Sequence[str], e2e_env: bool) -> Iterator[None]:
+def module_env(env: Mapping[str, str] | None, unset: Sequence[str], e2e_env: bool) -> Iterator[None]:
     """The e2e environment (unless ``e2e_env=False``), ``env`` set and ``unset`` removed, restored after."""
     if e2e_env:
         apply_env()
@@ -68,7 +68,7 @@ def local_cluster(
     """
     from spotfallback.local import LocalSpotCluster, NodeGroup
 
-    with _module_env(env, unset, e2e_env):
+    with module_env(env, unset, e2e_env):
         c = LocalSpotCluster(groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)], connect=True)
         try:
             c.start()
@@ -92,7 +92,7 @@ def autoscaled_cluster(
     from spotfallback.local.autoscaling import AutoscaledGroup, LocalAutoscalingCluster
 
     node_groups = groups or [NodeGroup("spot", count=2), NodeGroup("on-demand", count=2)]
-    with _module_env(env, (), e2e_env), LocalAutoscalingCluster(
+    with module_env(env, (), e2e_env), LocalAutoscalingCluster(
         [AutoscaledGroup(g, max_workers=g.count, min_workers=g.count) for g in node_groups], connect=True
     ) as c:
         for g in node_groups:
@@ -166,23 +166,25 @@ def kinds(records: list[Any]) -> list[str]:
     return [r.event.kind for r in records if r.event.kind != "checkpoint_committed"]
 
 
-def preempt_then_kill_the_driver(command: Sequence[str], ledger: Any, injector: Injector, logs: Path) -> str:
+def preempt_then_kill_the_driver(command: Sequence[str], ledger: Any, injector: Injector, logs: Path,
+                                 kill_when: Callable[[list[Any]], bool] | None = None,
+                                 env: Mapping[str, str] | None = None) -> str:
     """Run a driver ``command`` on a spot-then-on-demand ladder through the storage suite's core
     fault: once it has checkpointed on spot, preempt a spot node; SIGKILL the driver as soon as
-    the on-demand workers are up (plenty of steps left to resume); launch it again to the end.
-    The second launch's log (it must exit 0)."""
+    ``kill_when(records)`` holds (default: the on-demand workers are up, plenty of steps left to
+    resume); launch it again to the end. The second launch's log (it must exit 0)."""
     import signal
     import subprocess
 
     def start(tag: str) -> subprocess.Popen[str]:
         out = open(logs / f"{tag}.log", "w")  # noqa: SIM115 - closed with the process
-        return subprocess.Popen(list(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True)
+        return subprocess.Popen(list(command), cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, env=env)
 
     first = start("first")
     try:
         wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180)
         injector.preempt_one("spot", notice_s=1.0)
-        wait_for(ledger, lambda rs: rs[-1].event.kind == "workers_acquired" and rs[-1].tier == 1, 180)
+        wait_for(ledger, kill_when or (lambda rs: rs[-1].event.kind == "workers_acquired" and rs[-1].tier == 1), 180)
         os.kill(first.pid, signal.SIGKILL)
         first.wait(30)
     finally:

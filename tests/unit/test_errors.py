@@ -21,6 +21,7 @@ from spotfallback.errors import (
     EXIT_ERROR,
     EXIT_FATAL,
     EXIT_LADDER_EXHAUSTED,
+    EXIT_MOVED,
     EXIT_REFUSED,
     EXIT_USER_CODE,
     SpotfallbackError,
@@ -42,6 +43,8 @@ EXPECTED = {
     "RunFatalError": (EXIT_FATAL, False),
     "JitHoldExpiredError": (EXIT_USER_CODE, True),
     "GangMovedError": (EXIT_USER_CODE, True),
+    "RunOnOtherClusterError": (EXIT_MOVED, True),
+    "ClusterUnreachableError": (EXIT_ERROR, True),
     "LedgerError": (EXIT_ERROR, False),
     "StorageUnavailableError": (EXIT_ERROR, True),
     "ObjectConflictError": (EXIT_ERROR, False),
@@ -64,7 +67,7 @@ def _classes() -> dict[str, type[SpotfallbackError]]:
 
 def test_the_exit_codes_are_the_documented_ones():
     assert (errors.EXIT_OK, EXIT_ERROR, EXIT_BAD_INPUT, EXIT_USER_CODE, EXIT_LADDER_EXHAUSTED,
-            EXIT_DRIVER_LIVE, EXIT_REFUSED, EXIT_FATAL) == (0, 1, 2, 3, 4, 5, 6, 7)
+            EXIT_DRIVER_LIVE, EXIT_REFUSED, EXIT_FATAL, EXIT_MOVED) == (0, 1, 2, 3, 4, 5, 6, 7, 8)
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))

@@ -38,7 +38,8 @@ LAYERS: dict[str, set[str]] = {
     "runtime": {"store", "notices", "view"},
     "local": {"store", "notices", "runtime", "sim", "view", "examples"},
     "examples": {"store", "integrations", "notices"},
-    "cli": {"store", "runtime", "sim", "view", "deploy", "notices", "local", "integrations", "examples"},
+    "clusters": {"store"},
+    "cli": {"store", "runtime", "sim", "view", "deploy", "notices", "local", "integrations", "examples", "clusters"},
 }
 
 

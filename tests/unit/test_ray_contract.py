@@ -406,6 +406,23 @@ def test_local_cluster_contract():
     assert callable(GlobalState.get_draining_nodes) and "actor_state_name" in names(GlobalState.actor_table)
 
 
+def test_jobs_api_contract():
+    """clusters/jobs.py times every request out through the client's one request method; a local
+    cluster's jobs find their cluster through the address file of the head's temp dir."""
+    from ray._private.utils import write_ray_address
+    from ray.dashboard.modules.dashboard_sdk import SubmissionClient
+    from ray.dashboard.modules.job.job_supervisor import JobSupervisor
+    from ray.job_submission import JobDetails, JobSubmissionClient
+
+    assert names(SubmissionClient._do_request)[:3] == ["self", "method", "endpoint"]
+    assert "**kwargs" in inspect.getsource(SubmissionClient._do_request).split("response = requests.request(", 1)[1]
+    assert issubclass(JobSubmissionClient, SubmissionClient)
+    assert {"entrypoint", "submission_id", "metadata", "runtime_env"} <= set(names(JobSubmissionClient.submit_job))
+    assert {"submission_id", "status", "metadata", "start_time", "end_time", "message"} <= set(JobDetails.model_fields)
+    assert names(write_ray_address) == ["ray_address", "temp_dir"]
+    assert "_ray_params.temp_dir" in inspect.getsource(JobSupervisor._get_driver_env_vars)
+
+
 def test_the_replacement_request_joins_ray_trains_own_autoscaling_coordinator():
     """``notices.placement.request_gang`` finds the coordinator Ray Train creates by name and adds a request."""
     from ray.data._internal.cluster_autoscaler import default_autoscaling_coordinator as coord
@@ -423,7 +440,7 @@ def test_nothing_ray_private_is_imported_without_a_pin_here():
     """A new private Ray import anywhere in the package must come with a pin in this file."""
     pinned = {
         "ray._common.utils", "ray._private", "ray._private.client_mode_hook", "ray._private.node",
-        "ray._private.parameter", "ray._private.services", "ray._raylet", "ray.core.generated",
+        "ray._private.parameter", "ray._private.services", "ray._private.utils", "ray._raylet", "ray.core.generated",
         "ray.train.v2._internal.constants", "ray.train.v2._internal.exceptions",
         "ray.train.v2._internal.execution.callback", "ray.train.v2._internal.execution.failure_handling",
         "ray.train.v2._internal.execution.scaling_policy", "ray.train.v2._internal.execution.worker_group.poll",

@@ -283,3 +283,14 @@ def test_a_multi_megabyte_checkpoint_file_uploads_whole_in_pieces_on_both_emulat
             assert f.read() == payload
     listed = [(i.base_name, i.type) for i in location.fs.get_file_info(pafs.FileSelector(location.run_dir))]
     assert listed == [("checkpoint_1", pafs.FileType.Directory)]  # a directory Ray created is listed
+
+
+def test_a_run_uri_keeps_the_storage_uris_options_after_the_name():
+    """``status``/``report`` take the URI a run prints: the options follow the name, and are split back off it."""
+    from spotfallback.store.location import RunLocation, split_run_uri
+
+    storage = "s3://bucket/runs?endpoint_override=127.0.0.1:9000&scheme=http"
+    location = RunLocation(pafs.LocalFileSystem(), "/unused", storage, "digits")
+    assert location.uri() == "s3://bucket/runs/digits?endpoint_override=127.0.0.1:9000&scheme=http"
+    assert split_run_uri(location.uri()) == (storage, "digits")
+    assert split_run_uri("/data/runs/digits/") == ("/data/runs", "digits")

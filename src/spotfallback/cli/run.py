@@ -107,8 +107,32 @@ def _connect(job: JobConfig, verbose: bool) -> Any:
     return None
 
 
+def run_across(job: JobConfig, *, retry_failed: bool, watch: WatchOptions | None) -> int:
+    """A ladder across Ray clusters: move the run between them (``clusters.mover``) until it ends."""
+    from spotfallback.clusters import ClusterMover
+
+    try:
+        mover = ClusterMover(job, retry_failed=retry_failed, say=lambda line: err_console.print(f"[spotfallback] {line}", markup=False, highlight=False))
+        watcher = None
+        if watch is not None:
+            from spotfallback.view.watcher import watcher_for_job
+
+            watcher = watcher_for_job(job, watch)
+        with watcher.watch(mover.location) if watcher is not None else contextlib.nullcontext():
+            outcome = mover.run()
+    except Exception as e:
+        code, message = exit_for(e)
+        raise fail(message, code) from None
+    if outcome.exit_code != EXIT_OK:
+        raise fail(outcome.message, outcome.exit_code)
+    result = outcome.result or {"type": "result", "status": "finished", "run": mover.location.uri(), "metrics": {}}
+    print(json.dumps(result, default=str))
+    return EXIT_OK
+
+
 def run_job(
-    job: JobConfig, *, retry_failed: bool = False, verbose: bool = False, watch: WatchOptions | None = None
+    job: JobConfig, *, retry_failed: bool = False, verbose: bool = False, watch: WatchOptions | None = None,
+    on_cluster: str | None = None,
 ) -> int:
     """Run ``job`` to the end; returns the exit code (also used by the tests).
 
@@ -117,13 +141,15 @@ def run_job(
     or joined and before any progress sink (an MLflow run) is created. ``watch`` chooses how
     progress is shown (``view.watcher.watcher_for_job``); None shows none.
     """
+    if job.ladder.across_clusters and on_cluster is None:
+        return run_across(job, retry_failed=retry_failed, watch=watch)
     os.environ.setdefault("RAY_TRAIN_V2_ENABLED", "1")
     from spotfallback.runtime.trainer import FallbackTrainer
 
     cluster = None
     trainer = None
     try:
-        trainer = FallbackTrainer.from_job(job, retry_failed=retry_failed)  # ConfigError: a bad entrypoint
+        trainer = FallbackTrainer.from_job(job, retry_failed=retry_failed, on_cluster=on_cluster)  # ConfigError: a bad entrypoint
         trainer.preflight()
         watcher = None
         if watch is not None:
@@ -163,6 +189,7 @@ def register(app: typer.Typer) -> None:
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
         json_lines: Annotated[bool, typer.Option("--json", help="Progress as JSON lines on stdout (each event, and the status when it changes).")] = False,
         mlflow: Annotated[bool, typer.Option("--mlflow", help="Log tier switches and spend to MLflow (needs mlflow installed).")] = False,
+        on_cluster: Annotated[str | None, typer.Option("--on-cluster", help="For a ladder across clusters: run only its tiers on this cluster (the name its tiers give), here; without it, `run` moves the run between the clusters as Ray jobs.")] = None,
     ) -> None:
         """Run a job on its tier ladder; the same command resumes it after a crash.
 
@@ -172,7 +199,13 @@ def register(app: typer.Typer) -> None:
         Exit codes: 0 finished, 1 anything else (storage unreachable, damaged ledger), 2 bad
         input, 3 the training function failed, 4 every tier was left (ladder exhausted), 5
         another driver is running this run, 6 the run already finished or gave up earlier
-        (see --retry-failed), 7 an error retrying cannot fix (configuration, access).
+        (see --retry-failed), 7 an error retrying cannot fix (configuration, access), 8 (with
+        --on-cluster) the run moved to a tier on another cluster.
+
+        When the tiers name Ray clusters (cluster: {address: http://head:8265}), this command
+        moves the run between them: it submits `spotfallback run --on-cluster NAME` to the
+        current tier's cluster through its Ray Jobs API, follows the job, and submits to the
+        next cluster when the run moves there or the cluster stops answering.
         """
         setup_logging(verbose)
         try:
@@ -182,4 +215,4 @@ def register(app: typer.Typer) -> None:
         from spotfallback.view.watcher import WatchOptions
 
         watch = WatchOptions(mode="json" if json_lines else None, mlflow=mlflow)
-        raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose, watch=watch))
+        raise typer.Exit(run_job(job, retry_failed=retry_failed, verbose=verbose, watch=watch, on_cluster=on_cluster))

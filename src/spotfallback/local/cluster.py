@@ -177,8 +177,11 @@ class LocalSpotCluster:
         object_store_mb: int = 100,
         ray_env: Mapping[str, str] | None = None,
         verbose: bool = False,
+        jobs_api: bool = False,
     ) -> None:
         self.groups: dict[str, NodeGroup] = {}
+        self._jobs_api = jobs_api
+        self._dashboard_port: int | None = None
         for g in groups:
             if g.name in self.groups:
                 raise ValueError(f"node group names must be unique; repeated: {g.name!r}")
@@ -272,17 +275,31 @@ class LocalSpotCluster:
         self._cluster = Cluster(
             shutdown_at_exit=threading.current_thread() is threading.main_thread()
         )
+        self._dashboard_port = _free_port()  # Ray's API server; 8265 may be another cluster's
+        jobs: dict[str, Any] = {}
+        if self._jobs_api:
+            # The Jobs API runs in the head's dashboard and its agent; two clusters on one
+            # machine need their own agent port (Ray's default is fixed).
+            jobs = {"dashboard_host": "127.0.0.1", "dashboard_agent_listen_port": _free_port()}
         with _keep_ray_address_file():
             self._cluster.add_node(
                 num_cpus=0,
                 labels={GROUP_LABEL: HEAD_GROUP},
-                include_dashboard=False,
-                dashboard_port=_free_port(),  # Ray's API server; 8265 may be another cluster's
+                include_dashboard=self._jobs_api,
+                dashboard_port=self._dashboard_port,
                 temp_dir=self._temp_dir,
                 object_store_memory=self._object_store_bytes,
                 env_vars=self._ray_env,
                 _system_config=system_config,
+                **jobs,
             )
+        if self._jobs_api:
+            # A job's driver finds its cluster through the "current cluster" file of the head's
+            # temp dir; Ray's test Cluster writes only the machine-wide one, which another
+            # cluster on this machine may own.
+            from ray._private.utils import write_ray_address
+
+            write_ray_address(self._cluster.gcs_address, self._temp_dir)
 
     def connect(self) -> None:
         """Make this process the cluster's driver, keeping Ray's log noise out of the terminal."""
@@ -342,6 +359,25 @@ class LocalSpotCluster:
     @property
     def gcs_address(self) -> str:
         return self._require().gcs_address
+
+    @property
+    def jobs_address(self) -> str:
+        """The Ray Jobs API of the cluster (``jobs_api=True``), as a tier's ``cluster.address`` names it."""
+        self._require()
+        if not self._jobs_api:
+            raise RuntimeError("this local cluster runs no Jobs API; start it with jobs_api=True")
+        return f"http://127.0.0.1:{self._dashboard_port}"
+
+    def kill_all(self) -> None:
+        """A region outage: SIGKILL every process of the cluster at once (head, nodes, jobs' drivers).
+
+        ``shutdown()`` afterwards only cleans up what is left.
+        """
+        import signal
+
+        for pid in self.pids():
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
 
     @property
     def temp_dir(self) -> str | None:

@@ -138,6 +138,9 @@ class TierFailurePolicy(FailurePolicy):
         logger.info("[spotfallback] %s on tier %r -> %s", event.kind, tier_name, decision.to_json())
         if isinstance(decision, GiveUp):
             return FailureDecision.RAISE
+        if rt.off_cluster():  # the next tier is on another Ray cluster: the moving driver takes the run there
+            logger.info("[spotfallback] tier %r is on cluster %r: stopping here", rt.tier.name, rt.policy.ladder.cluster_key(rt.state.tier))
+            return FailureDecision.RAISE
         return FailureDecision.RETRY
 
 

@@ -53,6 +53,7 @@ class RunSpec:
     state: PolicyState
     location: RunLocation
     writer: str
+    cluster: str | None = None  # the cluster this driver runs on, in a ladder across clusters
 
 
 class LadderRuntime:
@@ -62,6 +63,7 @@ class LadderRuntime:
         self.policy = FallbackPolicy(Ladder(tiers=tuple(Tier.model_validate(t) for t in spec.tiers)))
         self.state = spec.state
         self.ledger = Ledger(spec.location, writer=spec.writer)
+        self.cluster = spec.cluster
         self.lock = threading.RLock()
         self.worker_nodes: list[str] = []
         self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
@@ -70,6 +72,11 @@ class LadderRuntime:
     @property
     def tier(self) -> Tier:
         return self.policy.tiers[self.state.tier]
+
+    def off_cluster(self) -> bool:
+        """Whether the policy has moved the run to a tier on another Ray cluster than this one's:
+        the controller then stops, and the driver that moves the run takes it there."""
+        return self.cluster is not None and self.policy.ladder.cluster_key(self.state.tier) != self.cluster
 
     def apply(self, event: Event, info: dict[str, Any] | None = None) -> Decision:
         with self.lock:
@@ -98,7 +105,7 @@ class LadderRuntime:
                 return None
             tiers = self.policy.tiers
             cur = state.tier
-            targets = [j for j in range(cur) if tiers[j].climb_back]
+            targets = [j for j in range(cur) if tiers[j].climb_back and self.policy.ladder.same_cluster(j, cur)]
             if tiers[cur].is_elastic and state.workers < tiers[cur].num_workers:
                 targets.append(cur)
             for j in targets:

@@ -79,7 +79,7 @@ def probe_target(
     for to in range(state.tier):
         tier = policy.tiers[to]
         dwell_ends = since + policy.climb_dwell_s(state, to)
-        if not tier.climb_back or now < dwell_ends - lead_s:
+        if not tier.climb_back or now < dwell_ends - lead_s or not policy.ladder.same_cluster(to, state.tier):
             continue
         observed = CapacityObserved(
             t=max(now, dwell_ends),

@@ -30,6 +30,7 @@ from spotfallback.errors import (
     RunAlreadyFinishedError,
     RunFailedError,
     RunFatalError,
+    RunOnOtherClusterError,
 )
 from spotfallback.events import Complete, Finished, RunStarted
 from spotfallback.policy import FallbackPolicy, PolicyState
@@ -93,6 +94,21 @@ def resolve_backend(backend: str | None, train_fn: Callable[..., Any]) -> str:
     return chosen
 
 
+def check_on_cluster(ladder: Ladder, on_cluster: str | None) -> str | None:
+    """The cluster a driver of a ladder across clusters runs on: one of the ladder's, and only for such a ladder."""
+    keys = {ladder.cluster_key(i) for i in range(len(ladder))}
+    if on_cluster is None:
+        if ladder.across_clusters:
+            raise ConfigError(
+                "tiers: this ladder runs across Ray clusters (its tiers name a cluster); run it with "
+                "`spotfallback run` or spotfallback.clusters.run_across_clusters, which submit each part to its cluster"
+            )
+        return None
+    if on_cluster not in keys:
+        raise ConfigError(f"on_cluster: {on_cluster!r} is not a cluster of this ladder; its clusters are {sorted(k for k in keys if k)}")
+    return on_cluster
+
+
 class FallbackTrainer:
     """Run an ordinary Ray Train V2 training function on a ladder of capacity tiers.
 
@@ -120,8 +136,10 @@ class FallbackTrainer:
         retry_failed: bool = False,
         lease_ttl_s: float | None = None,
         plan: PlanPrediction | None = None,
+        on_cluster: str | None = None,
     ):
         self.ladder = make_ladder(tiers)
+        self.on_cluster = check_on_cluster(self.ladder, on_cluster)
         if not isinstance(run_config, RunConfig):
             raise ConfigError("run_config: pass ray.train.RunConfig(storage_path=..., name=...)")
         if not callable(train_loop_per_worker):
@@ -233,7 +251,20 @@ class FallbackTrainer:
         if stored is None:
             return
         self._refuse_other_ladder(stored)
-        self._refuse_if_ended(self.policy.replay(r.event for r in self.ledger.read()))
+        state = self.policy.replay(r.event for r in self.ledger.read())
+        self._refuse_if_ended(state)
+        self._refuse_if_elsewhere(state)
+
+    def _refuse_if_elsewhere(self, state: PolicyState) -> None:
+        """On one cluster of a ladder across clusters: refuse a run whose current tier is on another."""
+        if self.on_cluster is None:
+            return
+        key = self.ladder.cluster_key(state.tier)
+        if key != self.on_cluster:
+            raise RunOnOtherClusterError(
+                f"run {self.location.uri()!r} is on tier {self.ladder[state.tier].name!r} of cluster {key!r}, "
+                f"not on {self.on_cluster!r}: `spotfallback run` (without --on-cluster) submits it there"
+            )
 
     def _refuse_if_ended(self, state: PolicyState) -> None:
         if state.status == "finished":
@@ -255,6 +286,7 @@ class FallbackTrainer:
         records = view.tail
         state = self.policy.replay((r.event for r in records), view.start_state)
         self._refuse_if_ended(state)
+        self._refuse_if_elsewhere(state)
         resume = prepare_resume(self.location, self.ledger, records, state.tier, snapshot=view.snapshot)
         state = self.policy.replay(resume.recorded, state)
         event = RunStarted(
@@ -322,6 +354,7 @@ class FallbackTrainer:
                 state=state,
                 location=self.location,
                 writer=f"ctl{uuid.uuid4().hex[:6]}",
+                cluster=self.on_cluster,
             )
             trainer = self._make_trainer(spec)
             try:
@@ -342,6 +375,12 @@ class FallbackTrainer:
         state = self.state()
         give_up = state.give_up
         if give_up is None:
+            if self.on_cluster is not None and self.ladder.cluster_key(state.tier) != self.on_cluster:
+                tier = self.ladder[state.tier]
+                return RunOnOtherClusterError(
+                    f"run {self.location.uri()!r} moved to tier {tier.name!r} on cluster "
+                    f"{self.ladder.cluster_key(state.tier)!r}: {state.stats[state.tier - 1].left_reason if state.tier else ''}"
+                )
             return error
         if give_up.cause == "application" and isinstance(error, WorkerGroupError):
             users = user_exceptions(error)

@@ -92,8 +92,10 @@ def _pid_alive(pid: int) -> bool:
 class DriverLease:
     """Acquire with ``acquire()``, give back with ``release()``; or use as a context manager."""
 
-    def __init__(self, location: RunLocation, ttl_s: float | None = None, settle_s: float | None = None):
+    def __init__(self, location: RunLocation, ttl_s: float | None = None, settle_s: float | None = None,
+                 file: str = LEASE_FILE):
         self.location = location
+        self.file = file  # another file for another role (the driver that moves a run between clusters)
         self.ttl_s = lease_ttl_s(ttl_s)
         self.settle_s = settle_s if settle_s is not None else min(1.0, self.ttl_s / 10)
         self.token = uuid.uuid4().hex
@@ -105,7 +107,7 @@ class DriverLease:
 
     @property
     def path(self) -> str:
-        return self.location.path(LEASE_FILE)
+        return self.location.path(self.file)
 
     def read(self) -> LeaseInfo | None:
         fs = self.location.fs
@@ -146,7 +148,7 @@ class DriverLease:
         """Create the lease, or take over the version found, in one conditional write: no settle time."""
         found = self._read_versioned(s3)
         current, etag = found if found is not None else (None, "")
-        if current is not None and self._holder_is_live(current):
+        if current is not None and self.holder_is_live(current):
             raise DriverAlreadyRunningError(self._refusal(current))
         self.previous = current
         payload = self._payload()
@@ -184,7 +186,8 @@ class DriverLease:
             return None
         return current or LeaseInfo("", "?", 0, 0.0, 0.0)
 
-    def _holder_is_live(self, info: LeaseInfo) -> bool:
+    def holder_is_live(self, info: LeaseInfo) -> bool:
+        """Whether ``info`` is another holder's lease that still counts (not expired, its process not known dead)."""
         if info.token == self.token:
             return False
         if info.host == socket.gethostname() and not _pid_alive(info.pid):
@@ -206,7 +209,7 @@ class DriverLease:
             permanent=LedgerError,
         )
         current = self.read()
-        if current is not None and self._holder_is_live(current):
+        if current is not None and self.holder_is_live(current):
             raise DriverAlreadyRunningError(self._refusal(current))
         self.previous = current
         self._write()
@@ -226,7 +229,7 @@ class DriverLease:
         Lets a caller refuse before it starts anything expensive; ``acquire()`` checks again.
         """
         current = self.read()
-        if current is not None and self._holder_is_live(current):
+        if current is not None and self.holder_is_live(current):
             raise DriverAlreadyRunningError(self._refusal(current))
 
     def _refusal(self, info: LeaseInfo) -> str:

@@ -46,7 +46,9 @@ class RunLocation:
         return posixpath.join(self.state_dir, *parts)
 
     def uri(self) -> str:
-        return posixpath.join(self.storage_path.rstrip("/"), self.name)
+        """``STORAGE_PATH/NAME``: the name goes before a storage URI's query (``?endpoint_override=...``)."""
+        base, sep, query = self.storage_path.partition("?")
+        return posixpath.join(base.rstrip("/"), self.name) + sep + query
 
 
 def list_dir(fs: pafs.FileSystem, path: str, *, recursive: bool = False) -> list[pafs.FileInfo]:
@@ -324,10 +326,11 @@ def gcs_filesystem(uri: str, env: Mapping[str, str]) -> tuple[pafs.FileSystem, s
 
 def split_run_uri(uri: str) -> tuple[str, str]:
     """``STORAGE_PATH/NAME`` -> (storage_path, name), for commands that take one argument."""
-    uri = uri.rstrip("/")
-    storage_path, _, name = uri.rpartition("/")
+    path, sep, query = uri.partition("?")  # a URI's options stay with the storage path
+    path = path.rstrip("/")
+    storage_path, _, name = path.rpartition("/")
     if not storage_path or not name:
         raise ConfigError(f"run: expected STORAGE_PATH/NAME, got {uri!r}")
     if storage_path.endswith(":/"):
         raise ConfigError(f"run: {uri!r} names a bucket, not a run; expected STORAGE_PATH/NAME")
-    return storage_path, name
+    return storage_path + sep + query, name

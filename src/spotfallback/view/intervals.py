@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 from spotfallback.events import LedgerRecord
 
-INTERRUPTIONS = ("preempted", "node_failed", "application_failed")  # a gang lost without meaning to
+# A gang lost without meaning to (with its cluster, for a cluster that stopped answering).
+INTERRUPTIONS = ("preempted", "node_failed", "application_failed", "cluster_unreachable")
 _MOVES = ("climb_back", "resize")  # decisions that stop the gang on purpose and restart it elsewhere
 
 Interval = tuple[int, float, float]  # (tier, start, end)

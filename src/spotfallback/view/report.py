@@ -52,6 +52,11 @@ class TierCost:
     capacity_timeouts: int
     spend: float
     held_h: float = 0.0  # lost time spent holding after a just-in-time checkpoint: billed, nothing redone
+    where: str | None = None  # the tier's cluster and region, in a ladder across clusters
+
+    @property
+    def market_where(self) -> str:
+        return self.market if self.where is None else f"{self.market} on {self.where}"
 
 
 @dataclass(frozen=True)
@@ -189,7 +194,7 @@ def cost_report(
             name=u.name, market=u.market, num_workers=t.num_workers, price_per_hour=u.price_per_hour,
             running_h=u.running_s / 3600, waiting_h=u.waiting_s / 3600, redone_h=max(0.0, u.lost_s - h) / 3600,
             held_h=h / 3600, worker_h=u.worker_s / 3600, attempts=u.attempts, preemptions=u.preemptions, failures=u.failures, app_errors=u.app_errors,
-            capacity_timeouts=u.capacity_timeouts, spend=u.spend,
+            capacity_timeouts=u.capacity_timeouts, spend=u.spend, where=t.where,
         )
         for u, t, h in zip(summary.tiers, ladder.tiers, held_s, strict=True)
     ]
@@ -245,7 +250,7 @@ def cost_table(report: CostReport) -> Table:
         table.add_column(col, justify="left" if col in ("tier", "market") else "right", no_wrap=True)
     for t in report.tiers:
         table.add_row(
-            t.name, t.market, f"{money(t.price_per_hour)}/h", hours(t.running_h), money(t.spend),
+            t.name, t.market_where, f"{money(t.price_per_hour)}/h", hours(t.running_h), money(t.spend),
             hours(t.waiting_h), hours(t.redone_h), str(t.attempts), str(t.preemptions), str(t.failures),
             str(t.app_errors), str(t.capacity_timeouts),
         )
@@ -352,7 +357,7 @@ def html_report(report: CostReport, png: bytes, events: Sequence[str] = ()) -> s
             "failed", "errors", "timeouts")
     rows = []
     for t in report.tiers:
-        cells = (t.name, t.market, money(t.price_per_hour), hours(t.running_h), money(t.spend), hours(t.waiting_h),
+        cells = (t.name, t.market_where, money(t.price_per_hour), hours(t.running_h), money(t.spend), hours(t.waiting_h),
                  hours(t.redone_h), t.attempts, t.preemptions, t.failures, t.app_errors, t.capacity_timeouts)
         rows.append("<tr>" + "".join(f"<td>{e(str(c))}</td>" for c in cells) + "</tr>")
     total = ("total", "", "", hours(report.running_h), money(report.spend), hours(report.waiting_h),

@@ -132,6 +132,7 @@ class Snapshot:
     agents: tuple[AgentInfo, ...] = ()  # notice agents, most recently heard from first
     agents_not_shown: int = 0  # older records beyond those read
     evictions: tuple[AnnouncedEviction, ...] = ()  # announced ones: held and idle time after each checkpoint
+    where: str | None = None  # the tier's cluster and region, in a ladder across clusters
 
     @property
     def elapsed_s(self) -> float:
@@ -262,6 +263,7 @@ def build_snapshot(
         tier_index=state.tier,
         tier=tier.name,
         market=tier.market,
+        where=tier.where,
         next_tier=ladder[state.tier + 1].name if state.tier + 1 < len(ladder) else None,
         workers_up=workers_up,
         workers_wanted=tier.num_workers,

@@ -140,7 +140,7 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
     nxt = f"then {snap.next_tier}" if snap.next_tier else "last tier"
     grid.add_row(
         "tier",
-        f"{snap.tier} ({snap.market}, tier {snap.tier_index + 1}, {nxt}); "
+        f"{snap.tier} ({snap.market}{f' on {snap.where}' if snap.where else ''}, tier {snap.tier_index + 1}, {nxt}); "
         f"preemptions {_budget(snap.preemptions_left, snap.max_preemptions)}, "
         f"node failures {_budget(snap.failures_left, snap.max_failures)}",
     )

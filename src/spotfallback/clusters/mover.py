@@ -1,0 +1,272 @@
+"""The driver that moves one run between Ray clusters: each part of the ladder runs on its cluster as a Ray job.
+
+Why a driver outside the clusters: a Ray cluster lives in one region, and a run that must
+leave the region cannot be moved by a process that dies with it. The mover holds no state of
+its own: the run's ledger (in object storage, beside the checkpoints) says which tier the run
+is on, so the mover reads it, makes sure nothing of the run is active on any other cluster
+(stopping what is), and attaches to the run's job on the tier's cluster or submits one:
+``spotfallback run --on-cluster NAME``, which runs the ladder there until the policy moves
+the run to a tier on another cluster (exit 8), finishes or gives up. When the cluster's
+Jobs API stops answering for the cluster's ``unreachable_timeout_s``, the mover writes
+``ClusterUnreachable`` to the ledger, and the policy sends the run to the next tier on
+another cluster.
+
+Safe to kill at any moment: everything it decided is in the ledger or on a cluster, so the
+same command finds the job a killed mover submitted and carries on. A second mover is
+refused by the mover lease; the run's own driver lease (held by the job's driver) keeps a
+job on a cluster that is out of reach but still alive from training beside the next one:
+the mover submits only once that lease is free.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import shlex
+import time
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from spotfallback.clusters.jobs import TERMINAL, ClusterJobs
+from spotfallback.config import ClusterRef, JobConfig
+from spotfallback.errors import (
+    EXIT_ERROR,
+    EXIT_OK,
+    EXIT_USER_CODE,
+    ClusterUnreachableError,
+    ConfigError,
+    LadderExhaustedError,
+    RunFailedError,
+    RunFatalError,
+    SpotfallbackError,
+)
+from spotfallback.events import ClusterUnreachable
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.store.lease import DriverLease
+from spotfallback.store.ledger import Ledger
+from spotfallback.store.location import RunLocation, resolve_run
+
+logger = logging.getLogger("spotfallback")
+
+MOVER_LEASE_FILE = "mover-lease.json"
+# A job that ends without the ledger moving on is retried this many times before the mover gives up.
+MAX_FRUITLESS_JOBS = 3
+
+
+@dataclass(frozen=True)
+class MoveOutcome:
+    """How a run across clusters ended: the exit code, a message, the result line of the last job."""
+
+    exit_code: int
+    message: str
+    result: dict[str, object] | None = None
+
+
+class ClusterMover:
+    """Moves the run of ``job`` between the clusters its tiers name, until it finishes or gives up."""
+
+    def __init__(
+        self,
+        job: JobConfig,
+        *,
+        retry_failed: bool = False,
+        poll_s: float = 2.0,
+        lease_ttl_s: float | None = None,
+        say: Callable[[str], None] | None = None,
+    ):
+        self.job = job
+        self.ladder = job.ladder
+        if not self.ladder.across_clusters:
+            raise ConfigError("tiers: no tier names a cluster; run the job with `spotfallback run` on its cluster")
+        self.policy = FallbackPolicy(self.ladder)
+        self.location: RunLocation = resolve_run(job.storage_path, job.name, None)
+        self.ledger = Ledger(self.location, writer=f"mvr{uuid.uuid4().hex[:6]}")
+        self.retry_failed = retry_failed
+        self.poll_s = poll_s
+        self.lease_ttl_s = lease_ttl_s
+        self.say = say or (lambda line: logger.info("%s", line))
+        refs: dict[str, ClusterRef] = {}
+        for t in self.ladder.tiers:
+            assert t.cluster is not None
+            refs.setdefault(t.cluster.key, t.cluster)
+        self.clusters = {key: ClusterJobs(ref) for key, ref in refs.items()}
+
+    # -- the loop -------------------------------------------------------------------------
+
+    def run(self) -> MoveOutcome:
+        """Run to the end; the same call resumes after a crash of a previous mover."""
+        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s, file=MOVER_LEASE_FILE)
+        self.ledger.ensure_dirs()
+        lease.acquire()
+        try:
+            self._check_ladder()
+            retry = self.retry_failed
+            fruitless = 0
+            result: dict[str, object] | None = None
+            while True:
+                state = self.state()
+                if state.status == "finished":
+                    return MoveOutcome(EXIT_OK, f"run {self.location.uri()} finished", result)
+                if state.status == "failed" and not retry:
+                    return self._ended(state)
+                key = self.ladder.cluster_key(state.tier)
+                assert key is not None
+                self._stop_elsewhere(key)
+                outcome, result = self._run_on(key, retry=state.status == "failed")
+                retry = False
+                if outcome == "unreachable" or _moved_on(state, self.state()):
+                    fruitless = 0
+                    continue
+                fruitless += 1
+                if fruitless >= MAX_FRUITLESS_JOBS:
+                    return MoveOutcome(EXIT_ERROR, f"{fruitless} jobs of this run on cluster {key!r} ended without the "
+                                                   f"run moving on; the last one's status: {outcome}")
+        finally:
+            lease.release()
+
+    def state(self) -> PolicyState:
+        return self.policy.replay(r.event for r in self.ledger.read())
+
+    def _check_ladder(self) -> None:
+        stored = self.ledger.read_ladder()
+        if stored is None:
+            self.ledger.write_meta(self.ladder, {"name": self.location.name, "created": time.time()})
+        elif [t.name for t in stored.tiers] != [t.name for t in self.ladder.tiers]:
+            raise ConfigError(
+                f"tiers: run {self.location.uri()!r} was started with tiers {[t.name for t in stored.tiers]}, "
+                f"not {[t.name for t in self.ladder.tiers]}; resume it with the same tiers or use a new run name"
+            )
+
+    def _ended(self, state: PolicyState) -> MoveOutcome:
+        give_up = state.give_up
+        reason = give_up.reason if give_up else "unknown"
+        error: SpotfallbackError
+        if give_up is not None and give_up.cause == "exhausted":
+            error = LadderExhaustedError(f"run {self.location.uri()!r} stopped: {reason}")
+        elif give_up is not None and give_up.cause == "fatal":
+            error = RunFatalError(f"run {self.location.uri()!r} stopped: {reason}")
+        else:
+            error = RunFailedError(f"run {self.location.uri()!r} gave up: {reason}")
+            if give_up is not None and give_up.cause == "application":
+                return MoveOutcome(EXIT_USER_CODE, f"the training function failed: {reason}")
+        return MoveOutcome(error.exit_code, str(error))
+
+    # -- one cluster ------------------------------------------------------------------------
+
+    def _stop_elsewhere(self, key: str) -> None:
+        """Stop the run's active jobs on every other cluster that answers, and wait until they have stopped."""
+        for other, jobs in self.clusters.items():
+            if other == key:
+                continue
+            try:
+                for j in jobs.jobs_of(self.location.uri()):
+                    if j.active:
+                        self.say(f"stopping job {j.submission_id} on cluster {other!r}: the run is on cluster {key!r} now")
+                        jobs.stop(j.submission_id)
+                        self._wait_terminal(jobs, j.submission_id, timeout_s=60.0)
+            except ClusterUnreachableError as e:
+                logger.debug("%s", e)  # its driver's lease keeps it from training beside the next job
+
+    def _wait_terminal(self, jobs: ClusterJobs, submission_id: str, timeout_s: float) -> str:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            status = jobs.status(submission_id)
+            if status in TERMINAL or time.monotonic() > deadline:
+                return status
+            time.sleep(min(self.poll_s, 1.0))
+
+    def _run_on(self, key: str, retry: bool) -> tuple[str, dict[str, object] | None]:
+        """Attach to or submit the run's job on cluster ``key``; watch it to its end.
+
+        Returns the job's final status, or ``"unreachable"`` after ``ClusterUnreachable`` was
+        written, and the job's result line when it printed one.
+        """
+        jobs = self.clusters[key]
+        ref = jobs.ref
+        lost_since: float | None = None
+        submission_id: str | None = None
+        while True:
+            try:
+                if submission_id is None:
+                    active = jobs.active_job(self.location.uri())
+                    if active is not None:
+                        submission_id = active.submission_id
+                        self.say(f"following job {submission_id} on cluster {key!r}")
+                    else:
+                        if not self._driver_lease_free():
+                            time.sleep(self.poll_s)
+                            continue
+                        submission_id = self._submit(jobs, retry)
+                status = jobs.status(submission_id)
+                lost_since = None
+                if status in TERMINAL:
+                    result = self._result_line(jobs, submission_id)
+                    self.say(f"job {submission_id} on cluster {key!r}: {status}")
+                    return status, result
+            except ClusterUnreachableError as e:
+                now = time.time()
+                lost_since = lost_since if lost_since is not None else now
+                waited = now - lost_since
+                logger.info("%s (for %.0fs)", e, waited)
+                if waited >= ref.unreachable_timeout_s:
+                    self._cluster_lost(key, waited)
+                    return "unreachable", None
+            time.sleep(self.poll_s)
+
+    def _driver_lease_free(self) -> bool:
+        """Whether no live driver holds the run (a job on an unreachable cluster may still): then submitting is safe."""
+        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s)
+        current = lease.read()
+        if current is None or not lease.holder_is_live(current):
+            return True
+        logger.info("waiting for the run's driver (host %s, pid %s) to let go of its lease", current.host, current.pid)
+        return False
+
+    def _submit(self, jobs: ClusterJobs, retry: bool) -> str:
+        submission_id = f"spotfallback-{self.location.name}-{uuid.uuid4().hex[:8]}"
+        data = self.job.model_dump(mode="json", exclude_unset=True)
+        data["ray_address"] = "auto"
+        args = ["spotfallback", "run", "--job-json", json.dumps(data), "--on-cluster", jobs.name]
+        if retry:
+            args.append("--retry-failed")
+        jobs.submit(submission_id, shlex.join(args), self.location.uri())
+        region = f" ({jobs.ref.region})" if jobs.ref.region else ""
+        self.say(f"submitted job {submission_id} to cluster {jobs.name!r}{region}")
+        return submission_id
+
+    def _result_line(self, jobs: ClusterJobs, submission_id: str) -> dict[str, object] | None:
+        try:
+            logs = jobs.logs(submission_id)
+        except ClusterUnreachableError:
+            return None
+        for line in reversed(logs.splitlines()):
+            if line.startswith('{"type": "result"'):
+                try:
+                    parsed = json.loads(line)
+                except ValueError:
+                    return None
+                return parsed if isinstance(parsed, dict) else None
+        return None
+
+    def _cluster_lost(self, key: str, waited_s: float) -> None:
+        state = self.state()
+        if self.ladder.cluster_key(state.tier) != key or state.is_terminal:
+            return  # the run moved on or ended meanwhile
+        event = ClusterUnreachable(t=time.time(), cluster=key, waited_s=waited_s)
+        step = self.policy.decide(state, event)
+        self.ledger.append(event, state.tier, step.decision.to_json(), {"address": self.clusters[key].ref.address})
+        self.say(f"cluster {key!r} did not answer for {waited_s:.0f}s: {step.decision.to_json()}")
+
+
+def _moved_on(before: PolicyState, after: PolicyState) -> bool:
+    """Whether a job changed where the run stands: another tier or status, or a new checkpoint."""
+    return (before.tier, before.status, before.checkpoints) != (after.tier, after.status, after.checkpoints)
+
+
+def run_across_clusters(job: JobConfig, **kwargs: object) -> MoveOutcome:
+    """Run ``job``, whose tiers name Ray clusters, to its end, moving it between clusters (``ClusterMover``)."""
+    return ClusterMover(job, **kwargs).run()  # type: ignore[arg-type]
+
+
+__all__ = ["MOVER_LEASE_FILE", "ClusterMover", "MoveOutcome", "run_across_clusters"]

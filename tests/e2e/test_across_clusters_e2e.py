@@ -1,0 +1,238 @@
+"""A ladder across two Ray clusters: the run moved between them through each one's Ray Jobs API.
+
+What is real: two local Ray clusters side by side (separate heads, ports and temp dirs, each
+with its dashboard's Jobs API), the run's storage on a local S3 server (moto), every part of
+the run a Ray job that the moving driver submits (`spotfallback run --on-cluster NAME`), and
+the moving driver itself, in this process (the Python API) or as `spotfallback run` in a
+subprocess that is SIGKILLed. Faults: cluster A's spot node preempted with no room left for
+a replacement; every process of cluster A killed at once (a region outage).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+pytest.importorskip("torch")
+pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the clusters extra)")
+
+from tests.support.helpers_e2e import (  # noqa: E402
+    checkpoints_since,
+    module_env,
+    preempt_then_kill_the_driver,
+    unique_name,
+    wait_for,
+)
+from tests.support.s3server import S3Server  # noqa: E402
+
+pytestmark = pytest.mark.ray
+
+BIN = Path(sys.executable).parent
+CONFIG = {"total_steps": 16, "checkpoint_every": 4, "step_delay_s": 0.4, "seed": 7}
+UNREACHABLE_S = 8.0
+
+
+@pytest.fixture(scope="module")
+def s3() -> Iterator[S3Server]:
+    with S3Server() as server:
+        yield server
+
+
+@pytest.fixture(scope="module")
+def env(s3: S3Server) -> Iterator[dict[str, str]]:
+    """The e2e environment, S3 credentials and the venv's `spotfallback` on PATH: the clusters'
+    raylets, hence the Ray jobs' drivers, inherit it."""
+    extra = {**s3.env(), "PATH": f"{BIN}{os.pathsep}{os.environ['PATH']}", "SPOTFALLBACK_LEASE_TTL_S": "6"}
+    with module_env(extra, ("SPOTFALLBACK_RAY_ADDRESS", "RAY_ADDRESS"), True):
+        yield {**os.environ}
+
+
+def start_cluster(markets: list[str]) -> Any:
+    from spotfallback.local import LocalSpotCluster, NodeGroup
+
+    return LocalSpotCluster([NodeGroup(m, count=1) for m in markets], jobs_api=True).start()
+
+
+@pytest.fixture(scope="module")
+def cluster_b(env: dict[str, str]) -> Iterator[Any]:
+    cluster = start_cluster(["spot", "on-demand"])
+    try:
+        yield cluster
+    finally:
+        cluster.shutdown()
+
+
+@pytest.fixture(scope="module")
+def reference(cluster_b: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """Final weights of the same job run on one cluster with no fault at all."""
+    import ray.train
+
+    from spotfallback import FallbackTrainer, Tier
+    from spotfallback.examples.ddp_digits import train_fn
+
+    with cluster_b.driver():
+        trainer = FallbackTrainer(train_fn, train_loop_config=CONFIG, tiers=[Tier.on_demand(1)],
+                                  run_config=ray.train.RunConfig(storage_path=str(tmp_path_factory.mktemp("ref")),
+                                                                 name=unique_name("ref")))
+        result = trainer.fit()
+    return str(result.metrics["weights_sha256"])
+
+
+def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path) -> tuple[Any, Path]:
+    """Spot on cluster A (no preemption tolerated), then on-demand on cluster B; the job file too."""
+    from spotfallback.config import JobConfig
+
+    data = {
+        "name": name,
+        "storage_path": s3.uri("runs"),
+        "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
+        "train_loop_config": CONFIG,
+        "tiers": [
+            {"name": "spot-a", "market": "spot", "num_workers": 1, "max_preemptions": 0, "capacity_timeout_s": 60,
+             "cluster": {"address": a, "name": "a", "region": "us-east-1", "unreachable_timeout_s": UNREACHABLE_S}},
+            {"name": "on-demand-b", "market": "on-demand", "num_workers": 1, "capacity_timeout_s": 60,
+             "cluster": {"address": b, "name": "b", "region": "us-west-2", "unreachable_timeout_s": UNREACHABLE_S}},
+        ],
+    }
+    path = tmp / "job.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return JobConfig.model_validate(data), path
+
+
+def ledger_of(job: Any) -> Any:
+    from spotfallback.store.ledger import Ledger
+    from spotfallback.store.location import resolve_run
+
+    return Ledger(resolve_run(job.storage_path, job.name))
+
+
+def jobs_of(cluster: Any, job: Any) -> list[Any]:
+    """The run's Ray jobs on ``cluster``, as the Jobs API lists them (start and end in ms)."""
+    from ray.job_submission import JobSubmissionClient
+
+    from spotfallback.clusters.jobs import RUN_KEY
+
+    uri = ledger_of(job).location.uri()
+    return [d for d in JobSubmissionClient(cluster.jobs_address).list_jobs() if (d.metadata or {}).get(RUN_KEY) == uri]
+
+
+def assert_never_two_at_once(jobs: list[Any]) -> None:
+    """No job of the run started before the previous one ended, on whichever cluster."""
+    spans = sorted((d.start_time, d.end_time or float("inf"), d.submission_id) for d in jobs)
+    for (_, end, first), (start, _, second) in zip(spans, spans[1:], strict=False):
+        assert start >= end, f"{second} started before {first} ended"
+
+
+def workers_tiers(records: list[Any]) -> list[int]:
+    return [r.tier for r in records if r.event.kind == "workers_acquired"]
+
+
+def test_spot_gone_on_cluster_a_the_run_finishes_on_cluster_b(s3: S3Server, cluster_b: Any, reference: str,
+                                                               tmp_path: Path) -> None:
+    from spotfallback.clusters import ClusterMover
+    from spotfallback.local import Injector
+    from tests.support.helpers_e2e import Background
+
+    a = start_cluster(["spot"])
+    try:
+        job, _ = job_config(s3, unique_name("across"), a.jobs_address, cluster_b.jobs_address, tmp_path)
+        mover = ClusterMover(job, poll_s=0.5)
+        run = Background(mover.run)
+        ledger = ledger_of(job)
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, run)
+        with Injector(a) as injector:
+            assert injector.preempt_one("spot", notice_s=1.0) is not None  # and no spot node comes back
+            outcome = run.join(240)
+        assert outcome.exit_code == 0, outcome.message
+        assert outcome.result is not None and outcome.result["metrics"]["weights_sha256"] == reference
+        records = ledger.read()
+        assert workers_tiers(records) == [0, 1]
+        switch = next(r for r in records if r.event.kind == "preempted")
+        assert switch.decision["action"] == "switch_tier" and switch.decision["to_tier"] == 1
+        assert_never_two_at_once(jobs_of(a, job) + jobs_of(cluster_b, job))
+        assert [d.status for d in jobs_of(a, job)] == ["FAILED"]  # exit 8: moved to cluster b
+        # `status` and `report` say where each tier ran.
+        uri = ledger.location.uri()
+        status = subprocess.run([str(BIN / "spotfallback"), "status", uri], capture_output=True, text=True, timeout=60)
+        assert "on-demand-b (on-demand on cluster b, us-west-2" in " ".join(status.stdout.split()), status.stdout
+        report = subprocess.run([str(BIN / "spotfallback"), "report", uri, "--out", str(tmp_path / "t.png")],
+                                capture_output=True, text=True, timeout=120)
+        assert report.returncode == 0 and "spot on cluster a, us-east-1" in report.stdout, report.stdout + report.stderr
+    finally:
+        a.shutdown()
+
+
+def test_cluster_a_lost_the_run_moves_to_b_within_its_timeout(s3: S3Server, cluster_b: Any, reference: str,
+                                                              tmp_path: Path) -> None:
+    from spotfallback.clusters import ClusterMover
+    from tests.support.helpers_e2e import Background
+
+    a = start_cluster(["spot"])
+    try:
+        job, _ = job_config(s3, unique_name("outage"), a.jobs_address, cluster_b.jobs_address, tmp_path)
+        run = Background(ClusterMover(job, poll_s=0.5).run)
+        ledger = ledger_of(job)
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, run)
+        killed_at = time.time()
+        a.kill_all()
+        outcome = run.join(240)
+        assert outcome.exit_code == 0, outcome.message
+        assert outcome.result is not None and outcome.result["metrics"]["weights_sha256"] == reference
+        records = ledger.read()
+        lost = next(r for r in records if r.event.kind == "cluster_unreachable")
+        assert lost.event.cluster == "a" and lost.decision["action"] == "switch_tier"
+        # Declared lost once the Jobs API had not answered for the cluster's timeout, and not much later.
+        assert UNREACHABLE_S <= lost.event.t - killed_at <= UNREACHABLE_S + 10, lost.event.t - killed_at
+        assert workers_tiers(records) == [0, 1]
+        assert [r.tier for r in records if r.event.kind == "workers_acquired"][-1] == 1
+    finally:
+        a.shutdown()
+
+
+def test_mover_killed_mid_move_the_same_command_finishes_on_the_right_cluster(
+    s3: S3Server, cluster_b: Any, reference: str, env: dict[str, str], tmp_path: Path
+) -> None:
+    from spotfallback.local import Injector
+
+    a = start_cluster(["spot"])
+    try:
+        job, path = job_config(s3, unique_name("moverkill"), a.jobs_address, cluster_b.jobs_address, tmp_path)
+        ledger = ledger_of(job)
+        with Injector(a) as injector:
+            # SIGKILLed once the policy has moved the run to cluster b, as the mover goes there.
+            log = preempt_then_kill_the_driver([str(BIN / "spotfallback"), "run", str(path)], ledger, injector, tmp_path,
+                                               kill_when=lambda rs: any(r.event.kind == "preempted" for r in rs), env=env)
+        result = json.loads(log.strip().splitlines()[-1])
+        assert result["status"] == "finished" and result["metrics"]["weights_sha256"] == reference
+        records = ledger.read()
+        assert workers_tiers(records) == [0, 1]
+        assert_never_two_at_once(jobs_of(a, job) + jobs_of(cluster_b, job))
+        assert [d.status for d in jobs_of(cluster_b, job)] == ["SUCCEEDED"]
+    finally:
+        a.shutdown()
+
+
+def test_a_second_mover_is_refused(s3: S3Server, cluster_b: Any, env: dict[str, str], tmp_path: Path) -> None:
+    from spotfallback.clusters.mover import MOVER_LEASE_FILE
+    from spotfallback.store.lease import DriverLease
+
+    # Cluster a is never contacted: the lease refuses first.
+    job, path = job_config(s3, unique_name("second"), "http://127.0.0.1:9", cluster_b.jobs_address, tmp_path)
+    held = DriverLease(ledger_of(job).location, file=MOVER_LEASE_FILE, ttl_s=60)
+    held.acquire()
+    try:
+        done = subprocess.run([str(BIN / "spotfallback"), "run", str(path)], env=env, capture_output=True, text=True,
+                              timeout=120)
+    finally:
+        held.release()
+    assert done.returncode == 5, done.stderr[-2000:]
+    assert "another driver is running this run" in done.stderr

@@ -1,0 +1,212 @@
+"""A ladder across Ray clusters, without Ray: its validation, the policy's move off a lost cluster,
+what a driver on one cluster refuses, and the mover against clusters that never answer.
+
+The last test is real on its side: a mover with local storage whose clusters' Jobs API
+addresses refuse every connection, so each cluster is declared lost after its timeout.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+from pydantic import ValidationError
+
+from spotfallback.config import JobConfig, Ladder, Tier
+from spotfallback.errors import EXIT_LADDER_EXHAUSTED, ConfigError
+from spotfallback.events import (
+    CheckpointCommitted,
+    ClusterUnreachable,
+    Continue,
+    GiveUp,
+    RunStarted,
+    SwitchTier,
+    WorkersAcquired,
+    event_from_json,
+)
+from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.runtime.probe import probe_target
+
+A = {"address": "http://head-a:8265", "name": "a", "region": "us-east-1"}
+B = {"address": "http://head-b:8265", "name": "b", "region": "us-west-2"}
+
+
+def ladder(*clusters: dict[str, object] | None, **spot: object) -> Ladder:
+    """spot on the first cluster, spot on the second, on-demand on the third."""
+    first, second, third = clusters
+    return Ladder(tiers=(
+        Tier.spot(1, name="spot-1", cluster=first, **spot),
+        Tier.spot(1, name="spot-2", cluster=second),
+        Tier.on_demand(1, name="on-demand", cluster=third),
+    ))
+
+
+# -- validation -------------------------------------------------------------------------------
+
+
+def test_a_ladder_names_a_cluster_on_every_tier_or_on_none() -> None:
+    assert not ladder(None, None, None).across_clusters
+    lad = ladder(A, B, A)
+    assert lad.across_clusters and [lad.cluster_key(i) for i in range(3)] == ["a", "b", "a"]
+    assert lad.same_cluster(0, 2) and not lad.same_cluster(0, 1)
+    with pytest.raises(ValidationError, match=r"tiers\[2\] \(on-demand\): name a cluster"):
+        ladder(A, B, None)
+
+
+def test_one_cluster_name_means_one_address_and_back() -> None:
+    with pytest.raises(ValidationError, match="cluster 'a' has two addresses"):
+        ladder(A, {**B, "name": "a"}, A)
+    with pytest.raises(ValidationError, match="is named both 'a' and 'b'"):
+        ladder(A, {**A, "name": "b"}, A)
+
+
+def test_a_cluster_is_named_after_its_address_by_default_and_the_address_is_checked() -> None:
+    lad = ladder({"address": "http://10.0.0.1:8265/"}, B, B)
+    assert lad.cluster_key(0) == "10.0.0.1:8265" and lad.tiers[0].cluster.address == "http://10.0.0.1:8265"
+    with pytest.raises(ValidationError, match=r"must be the Ray Jobs API's http\(s\)://host:port"):
+        ladder({"address": "head-a:8265"}, B, B)
+    with pytest.raises(ValidationError, match="unreachable_timeout_s"):
+        ladder({**A, "unreachable_timeout_s": 0}, B, B)
+
+
+def test_elastic_tiers_stay_out_of_a_ladder_across_clusters() -> None:
+    with pytest.raises(ValidationError, match="elastic tiers .* not supported in a ladder across clusters"):
+        Ladder(tiers=(Tier.spot((1, 2), cluster=A), Tier.on_demand(1, cluster=B)))
+
+
+def test_a_ladder_without_clusters_is_stored_as_before() -> None:
+    assert "cluster" not in Tier.spot(1).model_dump()
+    assert Tier.spot(1, cluster=A).model_dump()["cluster"]["name"] == "a"
+
+
+def test_a_job_file_with_a_bad_cluster_names_the_field() -> None:
+    data = {"name": "r", "storage_path": "/tmp/x", "entrypoint": "m:f",
+            "tiers": [{"name": "s", "market": "spot", "num_workers": 1, "cluster": {"adress": "http://h:1"}}]}
+    with pytest.raises(ValidationError) as e:
+        JobConfig.model_validate(data)
+    assert "adress" in str(e.value)
+
+
+# -- the policy -------------------------------------------------------------------------------
+
+
+def test_a_lost_cluster_sends_the_run_to_the_next_tier_on_another_cluster() -> None:
+    policy = FallbackPolicy(ladder(A, A, B))  # the second tier is on the lost cluster too: skipped
+    state = policy.initial_state()
+    for e in (RunStarted(0), WorkersAcquired(10), CheckpointCommitted(50)):
+        state = policy.decide(state, e).state
+    step = policy.decide(state, ClusterUnreachable(t=80, cluster="a", waited_s=20))
+    assert isinstance(step.decision, SwitchTier) and (step.decision.from_tier, step.decision.to_tier) == (0, 2)
+    assert "cluster 'a' did not answer for 20s" in step.decision.reason
+    # The gang there is lost with its work since the last commit; no budget of the tier is charged.
+    assert step.state.lost_s == 30 and step.state.stats[0].preemptions == 0 and step.state.running_since is None
+
+
+def test_a_lost_last_cluster_exhausts_the_ladder() -> None:
+    policy = FallbackPolicy(ladder(A, B, B))
+    state = policy.decide(policy.initial_state(), RunStarted(0)).state
+    state = policy.decide(state, ClusterUnreachable(t=5, cluster="a", waited_s=5)).state
+    step = policy.decide(state, ClusterUnreachable(t=9, cluster="b", waited_s=4))
+    assert isinstance(step.decision, GiveUp) and step.decision.cause == "exhausted"
+
+
+def test_news_of_a_cluster_the_run_is_not_on_changes_nothing() -> None:
+    policy = FallbackPolicy(ladder(A, B, B))
+    state = policy.decide(policy.initial_state(), RunStarted(0)).state
+    step = policy.decide(state, ClusterUnreachable(t=5, cluster="b", waited_s=5))
+    assert step.decision == Continue() and step.state == state
+
+
+def test_the_event_round_trips_through_the_ledger_format() -> None:
+    event = ClusterUnreachable(t=1.5, cluster="a", waited_s=20.0)
+    assert event_from_json(event.to_json()) == event
+
+
+def test_the_climb_probe_never_asks_another_cluster_for_nodes() -> None:
+    def policy(first: dict[str, object]) -> FallbackPolicy:
+        return FallbackPolicy([
+            Tier.spot(1, name="spot-1", cluster=first, climb_back=True, min_dwell_s=0, price_per_worker_hour=0.3),
+            Tier.on_demand(1, name="on-demand", cluster=B, price_per_worker_hour=1.0),
+        ])
+
+    def on_demand(p: FallbackPolicy) -> PolicyState:
+        state = p.initial_state()
+        for e in (RunStarted(0), WorkersAcquired(1), ClusterUnreachable(t=2, cluster=p.ladder.cluster_key(0) or "", waited_s=1),
+                  WorkersAcquired(3)):
+            state = p.decide(state, e).state
+        return state
+
+    across, within = policy(A), policy(B)
+    # Lost cluster a: running on cluster b, below a climbable, cheaper tier on cluster a: not probed.
+    assert on_demand(across).tier == 1 and probe_target(across, on_demand(across), now=1000.0, lead_s=0.0) is None
+    # The same ladder within one cluster (left spot-1 some other way) would probe it.
+    state = within.initial_state()
+    for e in (RunStarted(0), WorkersAcquired(1)):
+        state = within.decide(state, e).state
+    state = replace(state, tier=1, tier_since=2.0, tier_history=(0, 1), running_since=3.0)
+    assert probe_target(within, state, now=1000.0, lead_s=0.0) == 0
+
+
+# -- a driver on one cluster ------------------------------------------------------------------
+
+
+def test_a_driver_of_a_ladder_across_clusters_needs_its_cluster() -> None:
+    from spotfallback.runtime.trainer import check_on_cluster
+
+    lad = ladder(A, B, B)
+    with pytest.raises(ConfigError, match="runs across Ray clusters"):
+        check_on_cluster(lad, None)
+    with pytest.raises(ConfigError, match=r"on_cluster: 'c' is not a cluster of this ladder; its clusters are \['a', 'b'\]"):
+        check_on_cluster(lad, "c")
+    assert check_on_cluster(lad, "b") == "b"
+    assert check_on_cluster(ladder(None, None, None), None) is None
+
+
+# -- the mover against clusters that never answer ---------------------------------------------
+
+
+def test_clusters_that_never_answer_are_each_left_after_their_timeout(tmp_path: Path) -> None:
+    from spotfallback.clusters import ClusterMover
+    from tests.support.s3server import free_port
+
+    dead = [{"address": f"http://127.0.0.1:{free_port()}", "name": n, "unreachable_timeout_s": 1.0} for n in ("a", "b")]
+    job = JobConfig.model_validate({
+        "name": "nowhere", "storage_path": str(tmp_path), "entrypoint": "m:f",
+        "tiers": [{"name": "spot", "market": "spot", "num_workers": 1, "cluster": dead[0]},
+                  {"name": "on-demand", "market": "on-demand", "num_workers": 1, "cluster": dead[1]}],
+    })
+    lines: list[str] = []
+    t0 = time.monotonic()
+    outcome = ClusterMover(job, poll_s=0.2, lease_ttl_s=5, say=lines.append).run()
+    assert time.monotonic() - t0 < 30
+    assert outcome.exit_code == EXIT_LADDER_EXHAUSTED
+    assert "cluster 'a' did not answer" in outcome.message and "cluster 'b' did not answer" in outcome.message
+    kinds = [r.event.kind for r in ClusterMover(job).ledger.read()]
+    assert kinds == ["cluster_unreachable", "cluster_unreachable"]
+    # Run again: the run gave up, so the mover says so at once, as `run` does.
+    assert ClusterMover(job, poll_s=0.2).run().exit_code == EXIT_LADDER_EXHAUSTED
+
+
+def test_the_bill_and_the_timeline_count_the_gang_a_lost_cluster_took_with_it() -> None:
+    """Accounting and the timeline's intervals agree: the work since the last commit is lost, the wait is the next tier's."""
+    from spotfallback.accounting import summarize
+    from spotfallback.events import Finished, LedgerRecord
+    from spotfallback.view.intervals import run_intervals
+
+    lad = Ladder(tiers=(Tier.spot(1, cluster=A, price_per_worker_hour=1.0), Tier.on_demand(1, cluster=B, price_per_worker_hour=3.0)))
+    policy = FallbackPolicy(lad)
+    events = [RunStarted(0), WorkersAcquired(10), CheckpointCommitted(50), ClusterUnreachable(t=80, cluster="a", waited_s=20),
+              RunStarted(90), WorkersAcquired(100), Finished(160)]
+    state, records = policy.initial_state(), []
+    for i, e in enumerate(events):
+        step = policy.decide(state, e)
+        records.append(LedgerRecord(id=str(i), writer="w", tier=state.tier, event=e, decision=step.decision.to_json()))
+        state = step.state
+    summary = summarize(lad, records)
+    spot, od = summary.tiers
+    assert (spot.running_s, spot.lost_s, spot.preemptions, spot.failures) == (70, 30, 0, 0)
+    assert (od.running_s, od.waiting_s) == (60, 20)
+    waiting, redone, _ = run_intervals(records, 160)
+    assert redone == [(0, 50, 80)] and (1, 80, 90) in waiting
