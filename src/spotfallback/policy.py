@@ -242,6 +242,12 @@ def spend_cap(factor, rate_last, work_h, restart_h):
     return factor * (rate_last * (work_h + restart_h))
 
 
+def over_cap(most, limit):
+    """Whether ``most`` breaks the cap ``limit``; a tie within float rounding does not (spend is summed
+    from seconds here and from hours elsewhere, and both must decide alike)."""
+    return most > limit + 1e-9 * (1.0 + abs(limit))
+
+
 def expected_cost(work_h: float, rate_per_h: float, loss_h: float, price_per_h: float) -> float:
     """Billed cost of ``work_h`` hours of work with ``rate_per_h`` interruptions each losing ``loss_h``."""
     useful = 1.0 - rate_per_h * loss_h
@@ -651,7 +657,7 @@ class FallbackPolicy:
         risk = self.gang_rate(tier, self.tiers[tier].num_workers) * cap.first_commit_h
         most = capped_spend(self.spent_at(state, t), risk, rate_last, max(rem_last, 0.0) / 3600.0, cap.restart_h)
         limit = spend_cap(cap.factor, rate_last, cap.work_h, cap.restart_h)
-        if most > limit:
+        if over_cap(most, limit):
             return (f"spend {most:.2f} if one more attempt on {self.tiers[tier].name!r} is lost would exceed "
                     f"{limit:.2f} (cost_cap: {cap.factor:g} x {self.tiers[last].name!r} alone)")
         return None

@@ -221,3 +221,26 @@ def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.
     ) in old.stderr
     bad = run(app, "validate", out, "--kuberay-version", "latest")
     assert bad.exit_code == 2 and "error: --kuberay-version: 'latest' is not a version such as 1.5.0" in bad.stderr
+
+
+def test_a_ladder_across_clusters_writes_one_raycluster_per_cluster_and_says_where_the_mover_runs(
+    app: typer.Typer, tmp_path: Path
+) -> None:
+    job = tmp_path / "across.yaml"
+    job.write_text(yaml.safe_dump({
+        "name": "llama-ft", "storage_path": "s3://bucket/runs", "entrypoint": "mypkg.train:train_fn",
+        "tiers": [
+            {"name": "spot-east", "market": "spot", "num_workers": 2, "cluster": {"address": "http://h-east:8265", "name": "east"}},
+            {"name": "spot-west", "market": "spot", "num_workers": 2, "cluster": {"address": "http://h-west:8265", "name": "west"}},
+        ],
+    }))
+    out = tmp_path / "clusters.yaml"
+    result = run(app, "kuberay", "--cloud", "eks-karpenter", "--job", job, "--out", out)  # no --kind: RayClusters
+    assert result.exit_code == 0, result.output
+    assert "2 RayClusters, one per cluster" in result.stderr and "the moving driver: run `spotfallback run JOB.yaml`" in result.stderr
+    assert validate_file(out).ok
+    assert [d["metadata"]["name"] for d in yaml.safe_load_all(out.read_text())] == ["llama-ft-east", "llama-ft-west"]
+    refused = run(app, "kuberay", "--cloud", "eks-karpenter", "--kind", "rayjob", "--job", job)
+    assert refused.exit_code == 2 and "one RayCluster per cluster (--kind raycluster)" in refused.stderr
+    launcher = run(app, "cluster-launcher", "--cloud", "aws", "--job", job)
+    assert launcher.exit_code == 2 and "one `ray up` file is one cluster" in launcher.stderr

@@ -179,3 +179,23 @@ def test_each_spot_pool_is_priced_on_its_own(app, tmp_path):
     assert {t.name: t.price_per_worker_hour for t in tiers} == {"spot": 1.2, "spot-2": 0.4, "on-demand": 3.0}
     r = invoke(app, "--hours", "10", "--trace", TRACE, "--spot-price", "1.2", "--spot-price", "0.4")
     assert r.exit_code == 2 and "--spot-price: 2 prices for 1 spot pools" in r.output and "Traceback" not in r.output
+
+
+def test_a_ladder_across_clusters_is_planned_with_its_moves_priced(app, tmp_path):
+    yaml_path = tmp_path / "job.yaml"
+    r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--deadline-h", "15", "--runs", "60",
+               "--cluster", "http://east:8265", "--cluster", "http://west:8265", "--checkpoint-gb", "20",
+               "--write-yaml", str(yaml_path), "--entrypoint", "m:f")
+    assert r.exit_code == 0, r.output
+    assert "Across 2 clusters: each move to another cluster costs 120 s more restart (billed) and 0.4 of egress" in r.output
+    job = JobConfig.from_yaml(yaml_path)
+    assert [t.cluster.address for t in job.tiers] == ["http://east:8265", "http://west:8265"]
+    for args, needle in (
+        (["--cluster", "http://e:1", "--cluster", "http://w:1", "--cluster", "http://x:1"],
+         "--cluster: 3 clusters for 1 spot pools and on-demand"),
+        (["--cluster", "east", "--cluster", "http://w:1"], "--cluster: address 'east' must be the Ray Jobs API's"),
+        (["--cluster", "http://e:1", "--cluster", "http://e:1"], "--cluster: all tiers on one cluster"),
+        (["--cluster", "http://e:1", "--cluster", "http://w:1", "--checkpoint-gb", "-1"], "--checkpoint-gb"),
+    ):
+        bad = invoke(app, "--hours", "10", "--trace", TRACE, *args)
+        assert bad.exit_code == 2 and needle in bad.output, bad.output

@@ -378,3 +378,39 @@ def test_golden(cloud: K8sCloud) -> None:
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert text == path.read_text(), f"{path.name} changed; review, then regenerate with UPDATE_GOLDEN=1"
+
+
+# -- a ladder across clusters: one RayCluster per cluster ----------------------------------------
+
+EAST = {"address": "http://head-east:8265", "name": "east", "region": "us-east-1"}
+WEST = {"address": "http://head-west:8265", "name": "west", "region": "us-west-2"}
+
+
+def across_job(**extra: Any) -> JobConfig:
+    return make_job([{**SPOT_A, "cluster": EAST}, {**SPOT_B, "cluster": WEST}, {**ON_DEMAND, "cluster": EAST}], **extra)
+
+
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_a_ladder_across_clusters_gives_one_valid_raycluster_per_cluster(cloud: K8sCloud) -> None:
+    job = across_job()
+    text = render_kuberay(job, KubeRayOptions(cloud=cloud, kind=Kind.RAYCLUSTER))
+    assert validate_text(text).ok
+    docs = list(yaml.safe_load_all(text))
+    assert [d["kind"] for d in docs] == ["RayCluster", "RayCluster"]
+    assert [d["metadata"]["labels"]["spotfallback/cluster"] for d in docs] == ["east", "west"]
+    # Each cluster holds its own tiers; only the ladder's first tier starts with workers.
+    assert [[(g["groupName"], g["replicas"]) for g in groups(d)] for d in docs] == [
+        [("spot-a", 2), ("on-demand", 0)], [("spot-b", 0)]]
+    # The annotation is the moving driver's command: the whole job, ladder and clusters included.
+    command = shlex.split(docs[0]["metadata"]["annotations"]["spotfallback/entrypoint"])
+    assert command[:3] == ["spotfallback", "run", "--job-json"] and "--on-cluster" not in command
+    assert JobConfig.model_validate(json.loads(command[3])) == job
+    header = text.split("---")[1]
+    assert "http://head-west:8265" in header and "churn-model-west-head-svc" in header
+
+
+def test_a_ladder_across_clusters_is_not_a_rayjob_nor_on_a_volume() -> None:
+    with pytest.raises(ConfigError, match="one RayCluster per cluster"):
+        render_kuberay(across_job(), KubeRayOptions(cloud=K8sCloud.GKE, kind=Kind.RAYJOB))
+    with pytest.raises(ConfigError, match="needs object storage every cluster reaches"):
+        render_kuberay(across_job(storage_path="/mnt/runs"), KubeRayOptions(cloud=K8sCloud.GKE, kind=Kind.RAYCLUSTER))

@@ -115,3 +115,12 @@ def test_no_climb_back_to_a_tier_whose_cap_would_break():
 
     assert isinstance(climb(None), ClimbBack)  # the climb pays ...
     assert isinstance(climb(CAP), Continue)  # ... but on-demand has been paying for its work since: no slack came back
+
+
+def test_a_tie_with_the_cap_within_float_rounding_does_not_break_it():
+    """The policy sums spend from seconds, the fast engine from hours: at an exact tie both must stay."""
+    from spotfallback.policy import over_cap
+
+    limit = 2.0 * 7.64  # a run whose spend, risk and rest on the last tier add up to the cap exactly
+    assert not over_cap(1.74 + 0.3 + 2.0 * 6.62, limit) and not over_cap(limit * (1 + 1e-12), limit)
+    assert over_cap(limit + 0.01, limit) and over_cap(limit * 1.001, limit)

@@ -129,6 +129,7 @@ def scenarios(draw):
     workers = draw(st.sampled_from([1, 2, 4, 8]))
     work_h = draw(st.sampled_from([1.0, 7.5, 40.0]))
     tiers, world = [], []
+    across = draw(st.booleans())  # tiers on two Ray clusters: moves between them cost more, climbs stay within one
     for i in range(n_tiers):
         spot = i < n_tiers - 1 or draw(st.booleans())
         kw = dict(
@@ -148,6 +149,9 @@ def scenarios(draw):
                 margin_h=draw(st.sampled_from([0.0, 0.25, 0.7])),
                 first_commit_h=draw(st.sampled_from([0.0, 0.0, 0.4, 1.25])),
             )
+        if across:
+            c = draw(st.sampled_from([0, 1]))
+            kw["cluster"] = {"address": f"http://head-{c}:8265", "name": f"c{c}"}
         if i < n_tiers - 1 and draw(st.booleans()):
             kw.update(climb_back=True, min_dwell_s=draw(st.sampled_from([0.0, 600.0, 3600.0])),
                       climb_budgets=draw(st.sampled_from(["carry", "fresh"])))
@@ -171,6 +175,8 @@ def scenarios(draw):
         provisioning_delay_h=draw(st.sampled_from([0.0, 0.05, 0.5])),
         notice_s=draw(st.sampled_from([0.0, 30.0, 120.0, 600.0])),
         jit_checkpoint=draw(st.booleans()),
+        move_restart_h=draw(st.sampled_from([0.0, 0.2])) if across else 0.0,
+        move_cost=draw(st.sampled_from([0.0, 2.0])) if across else 0.0,
     )
     return Ladder(tiers=tuple(tiers)), job, world, draw(st.integers(0, 2**16))
 
@@ -431,3 +437,25 @@ def test_simulate_many_pairs_candidates_on_the_same_draws():
     assert set(summary) >= {"wall_h", "spend", "lost_work_h", "alpha", "interruptions", "switches"}
     d = summary["wall_h"]
     assert d.p50 <= d.p90 <= d.p99 and math.isfinite(d.mean)
+
+
+@pytest.mark.parametrize("engine", ["policy", "fast"])
+def test_a_move_to_another_cluster_pays_its_egress_and_longer_restart(engine):
+    """Spot on one cluster, on-demand on another: each run moves once, and pays exactly that much more
+    than the same ladder within one cluster (the first start is no move)."""
+    east, west = {"address": "http://east:8265"}, {"address": "http://west:8265"}
+
+    def ladder(first, second):
+        return Ladder(tiers=(Tier.spot(1, max_preemptions=0, price_per_worker_hour=0.3, cluster=first),
+                             Tier.on_demand(1, price_per_worker_hour=1.0, cluster=second)))
+
+    job = JobSpec(work_h=10, checkpoint_interval_h=1.0, checkpoint_cost_h=0.05, restart_overhead_h=0.1,
+                  move_restart_h=0.25, move_cost=2.0)
+    world = [RateModel(preemptions_per_node_hour=0.5), RateModel()]
+    across = simulate(ladder(east, west), job, world, runs=40, seed=3, engine=engine)
+    within = simulate(ladder(east, east), job, world, runs=40, seed=3, engine=engine)
+    moved = across.switches == 1
+    assert moved.any() and (within.switches == across.switches).all()
+    np.testing.assert_allclose(across.spend[moved] - within.spend[moved], 2.0 + 0.25 * 1.0)
+    np.testing.assert_allclose(across.wall_h[moved] - within.wall_h[moved], 0.25)
+    np.testing.assert_allclose(across.spend[~moved], within.spend[~moved])

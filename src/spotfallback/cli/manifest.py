@@ -128,7 +128,7 @@ def _emit(text: str, out: Path | None, what: str) -> None:
 def kuberay_command(
     cloud: Annotated[str, typer.Option(help="eks-karpenter | eks-managed | aks | aks-nap | gke: decides the spot/on-demand node keys.")],
     job: JobOpt,
-    kind: Annotated[str, typer.Option(help="rayjob (runs the job, then cleans up) | raycluster (long-lived).")] = Kind.RAYJOB.value,
+    kind: Annotated[str | None, typer.Option(help="rayjob (runs the job, then cleans up) | raycluster (long-lived). Default: rayjob; raycluster, one per cluster, for a ladder across clusters.", show_default=False)] = None,
     image: ImageOpt = None,
     name: NameOpt = None,
     unique_name: UniqueOpt = False,
@@ -162,9 +162,11 @@ def kuberay_command(
     out: OutOpt = None,
 ) -> None:
     """Write a KubeRay RayJob (or RayCluster): on-demand head, one worker group per tier."""
-    k8s_cloud, kind_ = _choice("--cloud", cloud, K8sCloud), _choice("--kind", kind, Kind)
+    k8s_cloud = _choice("--cloud", cloud, K8sCloud)
     _check_options(image, name, namespace=namespace, service_account=service_account, storage_secret=storage_secret, storage_pvc=storage_pvc)
     config, run_name = _load(job, name, unique_name)
+    default_kind = Kind.RAYCLUSTER if config.ladder.across_clusters else Kind.RAYJOB
+    kind_ = default_kind if kind is None else _choice("--kind", kind, Kind)
     try:
         opts = KubeRayOptions(
             cloud=k8s_cloud,
@@ -187,7 +189,15 @@ def kuberay_command(
         _config_error(e, job)
     except ManifestInvalid as e:
         _fail(f"internal error, the generated manifest does not validate: {e}", e.exit_code)
-    _emit(text, out, f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups")
+    if config.ladder.across_clusters:
+        clusters = len({config.ladder.cluster_key(i) for i in range(len(config.tiers))})
+        what = f"{clusters} RayClusters, one per cluster, {len(config.tiers)} worker groups"
+    else:
+        what = f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups"
+    _emit(text, out, what)
+    if config.ladder.across_clusters:
+        typer.echo("the moving driver: run `spotfallback run JOB.yaml` outside the clusters, where it reaches every "
+                   "cluster's Jobs API and the storage (docs/clusters.md)", err=True)
     _say_run_name(config, run_name, unique_name)
 
 

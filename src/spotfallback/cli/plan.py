@@ -254,7 +254,7 @@ _OPTION_OF = {
     "restart_overhead_h": "--restart-overhead-s", "provisioning_delay_h": "--provisioning-delay-s",
     "notice_s": "--notice-s", "spot_price": "--spot-price", "pool_prices": "--spot-price", "on_demand_price": "--on-demand-price",
     "deadline_h": "--deadline-h", "deadline_probability": "--deadline-prob", "seed_max_preemptions": "--seed-m",
-    "runs": "--runs",
+    "runs": "--runs", "clusters": "--cluster", "move_restart_h": "--move-restart-s", "move_cost": "--checkpoint-gb",
 }
 
 
@@ -334,6 +334,14 @@ def register(app: typer.Typer) -> None:
             help="Another recorded trace of the same spot market (.json spot, .csv node trace), one spot tier only: "
             "the runs are split between the traces and the deadline must hold on the worst of them.",
         ),
+        cluster: list[str] = typer.Option(
+            [], "--cluster",
+            help="A ladder across Ray clusters: the Jobs API address (http://head:8265) of each spot pool's cluster, "
+            "in --trace / --node-trace order, then the on-demand tier's. Moves between clusters are priced.",
+        ),
+        move_restart_s: float = typer.Option(120.0, "--move-restart-s", help="With --cluster: extra billed seconds of a start on another cluster (the checkpoint pulled across regions, the job submitted)."),
+        checkpoint_gb: float = typer.Option(0.0, "--checkpoint-gb", help="With --cluster: checkpoint size in GB, moved on every move between clusters."),
+        egress_price: float = typer.Option(0.02, "--egress-price", help="With --cluster: price per GB moved between clusters (AWS between regions: 0.02)."),
         rate: float | None = typer.Option(None, "--rate", help="Spot preemptions per node-hour (rate model)."),
         failure_rate: float = typer.Option(0.0, "--failure-rate", help="Node failures without notice per node-hour."),
         outage_prob: float = typer.Option(0.0, "--outage-prob", help="Chance an acquisition finds spot capacity gone."),
@@ -395,9 +403,13 @@ def register(app: typer.Typer) -> None:
                 notice_s=notice_s, jit_checkpoint=not no_jit, spot_price=spot_price[0],
                 pool_prices=tuple(spot_price) if len(spot_price) > 1 else (), on_demand_price=on_demand_price,
                 deadline_h=deadline_h, deadline_probability=deadline_prob, seed_max_preemptions=seed_m,
-                runs=runs, seed=seed,
+                runs=runs, seed=seed, clusters=tuple(cluster), move_restart_h=move_restart_s / 3600.0,
+                move_cost=checkpoint_gb * egress_price,
             )
             spots = _spot_processes(trace, node_trace, trace_counts, rate, failure_rate, outage_prob, outage_h)
+            if cluster and len(cluster) != len(spots) + 1:
+                raise usage_error("--cluster", f"{len(cluster)} clusters for {len(spots)} spot pools and on-demand; give "
+                                  "one per --trace / --node-trace in order, then the on-demand tier's")
             if req.pool_prices and len(req.pool_prices) != len(spots):
                 raise usage_error("--spot-price", f"{len(req.pool_prices)} prices for {len(spots)} spot pools; give one "
                                   "for all, or one per --trace / --node-trace in order")
@@ -423,6 +435,9 @@ def register(app: typer.Typer) -> None:
             f"Gang MTBF on spot: {mtbf}; checkpoint interval Young {young}, Daly {daly} "
             f"(for interruptions that lose work, MTBF {_fmt_h(result.lossy_mtbf_h)})."
         )
+        if req.clusters:
+            console.print(f"Across {len(set(req.clusters))} clusters: each move to another cluster costs "
+                          f"{req.move_restart_h * 3600:g} s more restart (billed) and {req.move_cost:g} of egress.")
         if result.recommended.ladder is not None:
             console.print(_ladder_table(result))
         console.print(_comparison_table(result, optimum))

@@ -317,6 +317,11 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
 
 def render_cluster_launcher(job: JobConfig, opts: LauncherOptions) -> str:
     """The ``ray up`` config as commented YAML, validated as text first."""
+    if job.ladder.across_clusters:
+        raise ConfigError(
+            "tiers: this ladder runs across Ray clusters, and one `ray up` file is one cluster; write a job file with "
+            "each cluster's tiers (without `cluster`) and generate one file from each, or use `manifest kuberay`"
+        )
     text = to_yaml(cluster_launcher_config(job, opts), launcher_header(job, opts))
     assert_valid_text(text)
     return text

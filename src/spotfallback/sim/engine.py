@@ -127,6 +127,7 @@ class _Run:
     fail: int = 0
     switches: int = 0
     timeouts: int = 0
+    cluster: str | None = None  # the last attempt's Ray cluster (a ladder across clusters)
 
     def bill(self, tier: Tier, workers: int, hours: float) -> None:
         self.spend += hours * (workers * tier.price_per_worker_hour)
@@ -232,6 +233,11 @@ class _Engine:
             ti, ip = interrupt(proc, self.draws, run.row, c, np.array([acq + offset]), np.array([float(size)]))
             t_int, is_pre = float(ti[0]) - offset, bool(ip[0])
         overhead = job.restart_overhead_h  # every start pays it, the first included
+        cluster = policy.ladder.cluster_key(k)
+        if run.cluster is not None and cluster != run.cluster:  # a move to another cluster: egress, a longer restart
+            overhead += job.move_restart_h
+            run.spend += job.move_cost
+        run.cluster = cluster
         f = size / tier.num_workers  # share of the full gang's speed
         tau_w = job.tau_h / f
         start = acq + overhead
@@ -313,7 +319,7 @@ class _Engine:
         pending: dict[int, float] = {}
         for j in range(att.k + 1):
             target = policy.tiers[j]
-            if j < att.k and target.climb_back:
+            if j < att.k and target.climb_back and policy.ladder.same_cluster(j, att.k):  # as the shell: within a cluster
                 look = max(att.start, since_h + policy.climb_dwell_s(state, j) / 3600.0)
                 needs[j] = _observable(self.caps[j][min(self.caps[j])])
             elif j == att.k and target.is_elastic and att.size < target.num_workers:

@@ -35,6 +35,7 @@ from spotfallback.policy import (
     leave_rule_for,
     observed_rate,
     on_gang,
+    over_cap,
     repreemption_cost,
     schedule_line,
     spend_cap,
@@ -122,6 +123,9 @@ class _Rows:
     cap_risk: np.ndarray  # ... one lost attempt on the tier's gang: price x first_commit_h
     cap_restart_h: np.ndarray
     cap_limit: np.ndarray  # ... policy.spend_cap
+    cluster: np.ndarray  # (n, K) int: each tier's Ray cluster, numbered per ladder (-1: none named)
+    move_h: np.ndarray  # JobSpec.move_restart_h
+    move_cost: np.ndarray  # JobSpec.move_cost
 
     @classmethod
     def of(cls, configs: Sequence[tuple[Ladder, JobSpec]], runs: int) -> _Rows:
@@ -142,6 +146,7 @@ class _Rows:
         price = per_tier(lambda t: t.num_workers * t.price_per_worker_hour)
         rate_last = price[:, -1:]
         cap_restart_h = per_tier(lambda t: t.cost_cap.restart_h if t.cost_cap else 0.0)
+        cluster = np.array([_cluster_numbers(lad) for lad, _ in configs], dtype=np.int64)[cand]
         return cls(
             n=C * runs,
             K=K,
@@ -174,7 +179,16 @@ class _Rows:
             cap_restart_h=cap_restart_h,
             cap_limit=spend_cap(per_tier(lambda t: t.cost_cap.factor if t.cost_cap else 1.0), rate_last,
                                 per_tier(lambda t: t.cost_cap.work_h if t.cost_cap else 0.0), cap_restart_h),
+            cluster=cluster,
+            move_h=per_job(lambda j: j.move_restart_h),
+            move_cost=per_job(lambda j: j.move_cost),
         )
+
+
+def _cluster_numbers(ladder: Ladder) -> list[int]:
+    """Each tier's Ray cluster as a number (first appearance order), -1 where none is named."""
+    keys: dict[str, int] = {}
+    return [-1 if (k := ladder.cluster_key(i)) is None else keys.setdefault(k, len(keys)) for i in range(len(ladder))]
 
 
 @dataclass(frozen=True)
@@ -213,6 +227,7 @@ class _State:
     fail: np.ndarray
     switches: np.ndarray
     timeouts: np.ndarray
+    cluster: np.ndarray  # the last attempt's Ray cluster (-1: none yet)
 
     @classmethod
     def start(cls, n: int, K: int) -> _State:
@@ -226,7 +241,7 @@ class _State:
                    cnt_pre=np.zeros((n, K)), cnt_fail=np.zeros((n, K)), run_s=np.zeros((n, K)),
                    reported_s=np.full(n, np.nan), reported_gang=z(), climbs_to=np.zeros((n, K)), tier_since=z(),
                    status=zi(), spend=z(), lost=z(), billed=z(), spot_h=z(), work_spot=z(),
-                   pre=zi(), fail=zi(), switches=zi(), timeouts=zi())
+                   pre=zi(), fail=zi(), switches=zi(), timeouts=zi(), cluster=np.full(n, -1, dtype=np.int64))
 
     def leave(self, idx: np.ndarray) -> None:
         """``FallbackPolicy._leave``: down one tier, or fail from the last."""
@@ -311,7 +326,7 @@ def _cap_breaks(cfg: _Rows, idx: np.ndarray, k: np.ndarray, spent: np.ndarray, r
     most = capped_spend(spent, cfg.cap_risk[idx, k], cfg.price[idx, last], np.maximum(rem_last, 0.0) / 3600.0,
                         cfg.cap_restart_h[idx, k])
     known = ~np.isnan(rem_s)
-    return cfg.cap_on[idx, k] & (k < last) & known & (np.where(known, most, 0.0) > cfg.cap_limit[idx, k])
+    return cfg.cap_on[idx, k] & (k < last) & known & over_cap(np.where(known, most, 0.0), cfg.cap_limit[idx, k])
 
 
 def _cap_moves(cfg: _Rows, s: _State, idx: np.ndarray, moved: np.ndarray) -> None:
@@ -372,6 +387,11 @@ def _run_attempts(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, t_acq: n
                                cfg.workers[idx, k])
         t_int[m], is_pre[m] = ti_k - off[idx], ip_k
     overhead = cfg.R[gi].copy()  # every start pays R, the first included (as in the policy engine)
+    here = cfg.cluster[gi, kg]
+    moved = (s.cluster[gi] >= 0) & (here != s.cluster[gi])  # to another Ray cluster: egress, a longer restart
+    overhead += np.where(moved, cfg.move_h[gi], 0.0)
+    s.spend[gi] += np.where(moved, cfg.move_cost[gi], 0.0)
+    s.cluster[gi] = here
     rem = cfg.W[gi] - s.committed[gi]
     t_fin = t_acq + overhead + wall_to_finish(rem, cfg.tau[gi], cfg.delta[gi])
     fin = t_fin <= t_int
@@ -480,7 +500,8 @@ def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: 
     best_to = np.zeros(gi.size, dtype=np.int64)
     best_rem = np.zeros(gi.size)
     for j in range(cfg.K - 1):
-        sel = np.flatnonzero((kg > j) & cfg.climbable[gi, j])
+        # Within one cluster only, as the shell observes (a ladder across clusters).
+        sel = np.flatnonzero((kg > j) & cfg.climbable[gi, j] & (cfg.cluster[gi, j] == cfg.cluster[gi, kg]))
         if sel.size == 0:
             continue
         found_at, found_rem = _first_climb_to(cfg, s, world, j, gi[sel], kg[sel], t_acq[sel], start[sel], end[sel])

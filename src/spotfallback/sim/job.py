@@ -32,6 +32,14 @@ class JobSpec(BaseModel):
     notice_s: float = Field(default=0.0, ge=0, description="Preemption notice (AWS: 120 s, GCP/Azure: 30 s).")
     jit_checkpoint: bool = Field(default=True, description="Checkpoint on a preemption notice (no lost work if it fits).")
     deadline_h: float | None = Field(default=None, gt=0, description="Wall-clock deadline, if any.")
+    move_restart_h: float = Field(
+        default=0.0, ge=0,
+        description="Extra billed time of a start on another Ray cluster than the last attempt's (the checkpoint "
+        "pulled across regions, the Ray job submitted), on top of the restart.",
+    )
+    move_cost: float = Field(
+        default=0.0, ge=0, description="Cost of each move to another Ray cluster (the checkpoint's egress), in the prices' unit."
+    )
 
     @property
     def tau_h(self) -> float:

@@ -29,9 +29,9 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from spotfallback.config import CostCap, DeadlineGuard, Ladder, PlanPrediction, Tier
+from spotfallback.config import ClusterRef, CostCap, DeadlineGuard, Ladder, PlanPrediction, Tier
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
     SeedComparison,
@@ -105,6 +105,22 @@ class PlanRequest(BaseModel):
     )
     runs: int = Field(default=400, gt=0)
     seed: int = 0
+    clusters: tuple[str, ...] = Field(
+        default=(),
+        description="The Ray Jobs API address of each spot pool's cluster, in pool order, then the on-demand tier's "
+        "(a ladder across clusters); empty: every tier on the cluster the run is on.",
+    )
+    move_restart_h: float = Field(default=0.0, ge=0, description="Extra billed hours of a start on another cluster.")
+    move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
+
+    @field_validator("clusters")
+    @classmethod
+    def _check_clusters(cls, v: tuple[str, ...]) -> tuple[str, ...]:
+        for address in v:
+            ClusterRef(address=address)  # the address's own error, naming the fix
+        if v and len(set(v)) < 2:
+            raise ValueError("all tiers on one cluster: leave the clusters out (a ladder across clusters names two or more)")
+        return v
 
     @model_validator(mode="after")
     def _check_deadline(self) -> PlanRequest:
@@ -122,7 +138,13 @@ class PlanRequest(BaseModel):
             notice_s=self.notice_s,
             jit_checkpoint=self.jit_checkpoint,
             deadline_h=self.deadline_h,
+            move_restart_h=self.move_restart_h if self.clusters else 0.0,
+            move_cost=self.move_cost if self.clusters else 0.0,
         )
+
+    def cluster(self, i: int) -> ClusterRef | None:
+        """Spot pool ``i``'s cluster (``i = -1``: the on-demand tier's), when the ladder spans clusters."""
+        return ClusterRef(address=self.clusters[i]) if self.clusters else None
 
     def spot_tier(self, i: int = 0, max_preemptions: int = 3, capacity_timeout_s: float | None = 600.0,
                   **beyond: object) -> Tier:
@@ -134,6 +156,7 @@ class PlanRequest(BaseModel):
             max_preemptions=max_preemptions,
             capacity_timeout_s=capacity_timeout_s,
             price_per_worker_hour=self.pool_price(i),
+            cluster=self.cluster(i),
             **beyond,  # type: ignore[arg-type]
         )
 
@@ -142,7 +165,7 @@ class PlanRequest(BaseModel):
         return self.pool_prices[i] if self.pool_prices else self.spot_price
 
     def on_demand_tier(self) -> Tier:
-        return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price)
+        return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price, cluster=self.cluster(-1))
 
     def guard(self, tau_h: float | None, pace: float, margin_h: float) -> DeadlineGuard:
         """A deadline guard for this job: its work in wall hours includes the checkpoint writes.
@@ -485,6 +508,9 @@ def plan(
     n_spot = len(spots)
     if req.pool_prices and len(req.pool_prices) != n_spot:
         raise ValueError(f"pool_prices gives {len(req.pool_prices)} prices for {n_spot} spot pool(s); give one per pool")
+    if req.clusters and len(req.clusters) != n_spot + 1:
+        raise ValueError(f"clusters gives {len(req.clusters)} cluster(s) for {n_spot} spot pool(s) and on-demand; "
+                         "give one per spot pool, in order, then the on-demand tier's")
     samples: list[list[Process]] = [spots]
     for other in more:
         sample = list(other) if isinstance(other, Sequence) else [other]
