@@ -467,7 +467,7 @@ class FallbackPolicy:
         """Leave every tier of a cluster that stopped answering: on to the next tier on another cluster.
 
         The gang there (if one ran) is lost with the work since its last commit, as after a
-        node failure; the tiers budgets are not charged, the cluster's fault is not the tier's.
+        node failure; the tiers' budgets are not charged, the cluster's fault is not the tier's.
         An event about a cluster the run is not on changes nothing.
         """
         key = self.ladder.cluster_key(state.tier)
