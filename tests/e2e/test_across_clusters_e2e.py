@@ -87,7 +87,7 @@ def reference(cluster_b: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(result.metrics["weights_sha256"])
 
 
-def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path) -> tuple[Any, Path]:
+def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path, spot_timeout_s: float = 60) -> tuple[Any, Path]:
     """Spot on cluster A (no preemption tolerated), then on-demand on cluster B; the job file too."""
     from spotfallback.config import JobConfig
 
@@ -97,7 +97,7 @@ def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path) -> tuple[Any,
         "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
         "train_loop_config": CONFIG,
         "tiers": [
-            {"name": "spot-a", "market": "spot", "num_workers": 1, "max_preemptions": 0, "capacity_timeout_s": 60,
+            {"name": "spot-a", "market": "spot", "num_workers": 1, "max_preemptions": 0, "capacity_timeout_s": spot_timeout_s,
              "cluster": {"address": a, "name": "a", "region": "us-east-1", "unreachable_timeout_s": UNREACHABLE_S}},
             {"name": "on-demand-b", "market": "on-demand", "num_workers": 1, "capacity_timeout_s": 60,
              "cluster": {"address": b, "name": "b", "region": "us-west-2", "unreachable_timeout_s": UNREACHABLE_S}},
@@ -167,6 +167,26 @@ def test_spot_gone_on_cluster_a_the_run_finishes_on_cluster_b(s3: S3Server, clus
         report = subprocess.run([str(BIN / "spotfallback"), "report", uri, "--out", str(tmp_path / "t.png")],
                                 capture_output=True, text=True, timeout=120)
         assert report.returncode == 0 and "spot on cluster a, us-east-1" in report.stdout, report.stdout + report.stderr
+    finally:
+        a.shutdown()
+
+
+def test_no_spot_capacity_on_cluster_a_the_capacity_timeout_moves_the_run_to_b(
+    s3: S3Server, cluster_b: Any, reference: str, tmp_path: Path
+) -> None:
+    from spotfallback.clusters import ClusterMover
+
+    a = start_cluster([])  # a head and no worker node: spot never comes
+    try:
+        job, _ = job_config(s3, unique_name("nospot"), a.jobs_address, cluster_b.jobs_address, tmp_path, spot_timeout_s=8)
+        outcome = ClusterMover(job, poll_s=0.5).run()
+        assert outcome.exit_code == 0, outcome.message
+        assert outcome.result is not None and outcome.result["metrics"]["weights_sha256"] == reference
+        records = ledger_of(job).read()
+        timeout = next(r for r in records if r.event.kind == "capacity_timed_out")
+        assert timeout.tier == 0 and timeout.decision["action"] == "switch_tier" and timeout.decision["to_tier"] == 1
+        assert 7.5 <= timeout.event.waited_s < 20 and workers_tiers(records) == [1]  # the timeout, to a poll
+        assert [d.status for d in jobs_of(a, job)] == ["FAILED"]  # exit 8: moved to cluster b
     finally:
         a.shutdown()
 
