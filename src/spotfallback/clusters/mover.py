@@ -91,6 +91,7 @@ class ClusterMover:
             assert t.cluster is not None
             refs.setdefault(t.cluster.key, t.cluster)
         self.clusters = {key: ClusterJobs(ref) for key, ref in refs.items()}
+        self._last_log = ""  # the end of the last finished job's log, for an error that needs it
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -121,7 +122,8 @@ class ClusterMover:
                 fruitless += 1
                 if fruitless >= MAX_FRUITLESS_JOBS:
                     return MoveOutcome(EXIT_ERROR, f"{fruitless} jobs of this run on cluster {key!r} ended without the "
-                                                   f"run moving on; the last one's status: {outcome}")
+                                                   f"run moving on; the last one's status: {outcome}; the end of its "
+                                                   f"log:\n{self._last_log}")
         finally:
             lease.release()
 
@@ -236,10 +238,12 @@ class ClusterMover:
         return submission_id
 
     def _result_line(self, jobs: ClusterJobs, submission_id: str) -> dict[str, object] | None:
+        """The job's result line, if it printed one (keeping the end of its log)."""
         try:
             logs = jobs.logs(submission_id)
         except ClusterUnreachableError:
             return None
+        self._last_log = "\n".join(logs.splitlines()[-20:])
         for line in reversed(logs.splitlines()):
             if line.startswith('{"type": "result"'):
                 try:

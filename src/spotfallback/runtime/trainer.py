@@ -377,9 +377,10 @@ class FallbackTrainer:
         if give_up is None:
             if self.on_cluster is not None and self.ladder.cluster_key(state.tier) != self.on_cluster:
                 tier = self.ladder[state.tier]
+                left = state.tier_history[-2] if len(state.tier_history) > 1 else state.tier
                 return RunOnOtherClusterError(
                     f"run {self.location.uri()!r} moved to tier {tier.name!r} on cluster "
-                    f"{self.ladder.cluster_key(state.tier)!r}: {state.stats[state.tier - 1].left_reason if state.tier else ''}"
+                    f"{self.ladder.cluster_key(state.tier)!r}: {state.stats[left].left_reason or 'the policy moved it'}"
                 )
             return error
         if give_up.cause == "application" and isinstance(error, WorkerGroupError):
