@@ -77,10 +77,7 @@ def _wait(what: str, check: Callable[[], bool], timeout_s: float, poll_s: float 
 
 def one_run(scenario: str, s3: Any, a: Any, b: Any, workdir: Path, reference: str) -> dict[str, Any]:
     """One run of ``scenario``: kill the spot node after step ``KILL_AFTER_STEP``, time each part."""
-    from ray.job_submission import JobSubmissionClient
-
     from spotfallback.clusters import ClusterMover
-    from spotfallback.clusters.jobs import RUN_KEY
     from spotfallback.local import Injector
 
     spot_cluster = a if scenario == "across" else b
@@ -122,10 +119,8 @@ def one_run(scenario: str, s3: Any, a: Any, b: Any, workdir: Path, reference: st
     }
     if scenario == "across":
         uri = mover.location.uri()
-        job_a = [d for d in JobSubmissionClient(a.jobs_address).list_jobs() if (d.metadata or {}).get(RUN_KEY) == uri]
-        job_b = [d for d in JobSubmissionClient(b.jobs_address).list_jobs() if (d.metadata or {}).get(RUN_KEY) == uri]
-        ended_a = max(d.end_time for d in job_a) / 1000.0
-        started_b = min(d.start_time for d in job_b) / 1000.0
+        ended_a = max(j.end_time or 0.0 for j in mover.clusters["a"].jobs_of(uri))
+        started_b = min(j.start_time for j in mover.clusters["b"].jobs_of(uri))
         run_started_b = next(r for r in records if r.event.kind == "run_started" and r.t > failure.t)
         row.update(stop_s=ended_a - failure.t, submit_s=started_b - ended_a, driver_s=run_started_b.t - started_b,
                    workers_s=acquired[0].t - run_started_b.t)

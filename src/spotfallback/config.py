@@ -7,7 +7,9 @@ and says how to fix it, because a bad ladder found mid-run costs real money.
 from __future__ import annotations
 
 import difflib
+import json
 import re
+import shlex
 import typing
 from collections.abc import Mapping
 from pathlib import Path
@@ -484,6 +486,11 @@ class Ladder(BaseModel):
         """Whether the tiers name the Ray clusters they run on (the run moves between them as Ray jobs)."""
         return self.tiers[0].cluster is not None
 
+    @property
+    def clusters(self) -> dict[str, ClusterRef]:
+        """The clusters the tiers name, by key, in ladder order (empty: no tier names one)."""
+        return {t.cluster.key: t.cluster for t in self.tiers if t.cluster is not None} if self.across_clusters else {}
+
     def cluster_key(self, tier: int) -> str | None:
         cluster = self.tiers[tier].cluster
         return None if cluster is None else cluster.key
@@ -757,6 +764,20 @@ class JobConfig(BaseModel):
     @property
     def ladder(self) -> Ladder:
         return Ladder(tiers=self.tiers)
+
+    def run_command(self, *options: str, ray_address: str | None = None) -> str:
+        """The shell command that runs this job with ``spotfallback run`` (``options`` after the job).
+
+        The job travels as one shell-quoted JSON argument, so the command is self-contained;
+        running it again resumes the run (same ``name`` and ``storage_path``). Only the fields the
+        job sets are written, as in its job file: a field left to its default (``backend``, taken
+        from the entrypoint's declaration, which the generating machine may not be able to import)
+        is decided where the job runs, exactly as `spotfallback run job.yaml` would decide it.
+        ``ray_address`` replaces the job's own.
+        """
+        job = self if ray_address is None else self.model_copy(update={"ray_address": ray_address})
+        text = json.dumps(job.model_dump(mode="json", exclude_unset=True), sort_keys=True, separators=(",", ":"))
+        return shlex.join(["spotfallback", "run", "--job-json", text, *options])
 
     @classmethod
     def from_yaml(cls, path: str | Path) -> JobConfig:

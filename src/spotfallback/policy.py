@@ -426,10 +426,7 @@ class FallbackPolicy:
             preemptions=state.current.preemptions + preemptions,
             failures=state.current.failures + failures,
         )
-        if state.running_since is not None:  # the work since the gang's last commit is lost
-            since = state.last_checkpoint_t if state.last_checkpoint_t is not None else state.running_since
-            state = replace(state, lost_s=state.lost_s + max(0.0, t - since), interruptions=state.interruptions + 1,
-                            running_since=None)  # billed up to t already (_ran)
+        state = self._lose_gang(state, t)
         rate = self.tiers[state.tier].max_preemption_rate
         if preemptions and rate is not None:
             stats = replace(stats, preemption_times=(*stats.preemption_times, t)[-rate.count :])
@@ -441,6 +438,15 @@ class FallbackPolicy:
         if why:
             return self._leave(state, t, why, to=len(self.tiers) - 1)
         return Step(replace(state, waiting_since=t, running_since=None), Retry(tier=state.tier))
+
+    def _lose_gang(self, state: PolicyState, t: float) -> PolicyState:
+        """A running gang stopped at ``t`` without meaning to: the work since its last commit is lost
+        (billed up to ``t`` already, by ``_ran``); a run that was waiting loses nothing."""
+        if state.running_since is None:
+            return state
+        since = state.last_checkpoint_t if state.last_checkpoint_t is not None else state.running_since
+        return replace(state, lost_s=state.lost_s + max(0.0, t - since), interruptions=state.interruptions + 1,
+                       running_since=None)
 
     def _leave(self, state: PolicyState, t: float, why: str, to: int | None = None) -> Step:
         """Down to the next tier (or ``to``), or straight to the last one when the next one's cost cap says so."""
@@ -473,10 +479,7 @@ class FallbackPolicy:
         key = self.ladder.cluster_key(state.tier)
         if key is None or key != event.cluster:
             return Step(state, Continue())
-        if state.running_since is not None:
-            since = state.last_checkpoint_t if state.last_checkpoint_t is not None else state.running_since
-            state = replace(state, lost_s=state.lost_s + max(0.0, event.t - since),
-                            interruptions=state.interruptions + 1, running_since=None)
+        state = self._lose_gang(state, event.t)
         nxt = next((j for j in range(state.tier + 1, len(self.tiers)) if self.ladder.cluster_key(j) != key), len(self.tiers))
         why = f"cluster {key!r} did not answer for {event.waited_s:.0f}s"
         return self._leave(state, event.t, why, to=nxt)

@@ -116,13 +116,11 @@ def ledger_of(job: Any) -> Any:
 
 
 def jobs_of(cluster: Any, job: Any) -> list[Any]:
-    """The run's Ray jobs on ``cluster``, as the Jobs API lists them (start and end in ms)."""
-    from ray.job_submission import JobSubmissionClient
+    """The run's Ray jobs on ``cluster``, as the Jobs API lists them (oldest first)."""
+    from spotfallback.clusters.jobs import ClusterJobs
+    from spotfallback.config import ClusterRef
 
-    from spotfallback.clusters.jobs import RUN_KEY
-
-    uri = ledger_of(job).location.uri()
-    return [d for d in JobSubmissionClient(cluster.jobs_address).list_jobs() if (d.metadata or {}).get(RUN_KEY) == uri]
+    return ClusterJobs(ClusterRef(address=cluster.jobs_address)).jobs_of(ledger_of(job).location.uri())
 
 
 def assert_never_two_at_once(jobs: list[Any]) -> None:

@@ -190,8 +190,7 @@ def kuberay_command(
     except ManifestInvalid as e:
         _fail(f"internal error, the generated manifest does not validate: {e}", e.exit_code)
     if config.ladder.across_clusters:
-        clusters = len({config.ladder.cluster_key(i) for i in range(len(config.tiers))})
-        what = f"{clusters} RayClusters, one per cluster, {len(config.tiers)} worker groups"
+        what = f"{len(config.ladder.clusters)} RayClusters, one per cluster, {len(config.tiers)} worker groups"
     else:
         what = f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups"
     _emit(text, out, what)

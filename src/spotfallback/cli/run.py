@@ -24,7 +24,8 @@ from spotfallback.errors import (
 )
 
 if TYPE_CHECKING:
-    from spotfallback.view.watcher import WatchOptions
+    from spotfallback.store.location import RunLocation
+    from spotfallback.view.watcher import RunWatcher, WatchOptions
 
 FATAL_HINT = (
     "This is not retried (retrying cannot fix it: configuration, access). Checkpoints are "
@@ -113,21 +114,34 @@ def run_across(job: JobConfig, *, retry_failed: bool, watch: WatchOptions | None
 
     try:
         mover = ClusterMover(job, retry_failed=retry_failed, say=lambda line: err_console.print(f"[spotfallback] {line}", markup=False, highlight=False))
-        watcher = None
-        if watch is not None:
-            from spotfallback.view.watcher import watcher_for_job
-
-            watcher = watcher_for_job(job, watch)
-        with watcher.watch(mover.location) if watcher is not None else contextlib.nullcontext():
+        watcher = _watcher(job, watch)
+        with _watching(watcher, mover.location):
             outcome = mover.run()
     except Exception as e:
         code, message = exit_for(e)
         raise fail(message, code) from None
     if outcome.exit_code != EXIT_OK:
         raise fail(outcome.message, outcome.exit_code)
-    result = outcome.result or {"type": "result", "status": "finished", "run": mover.location.uri(), "metrics": {}}
-    print(json.dumps(result, default=str))
+    print(json.dumps(outcome.result or result_line(mover.location.uri(), {}), default=str))
     return EXIT_OK
+
+
+def result_line(run: str, metrics: dict[str, Any]) -> dict[str, Any]:
+    """The last stdout line of `run`: the finished run and its final metrics."""
+    return {"type": "result", "status": "finished", "run": run, "metrics": metrics}
+
+
+def _watcher(job: JobConfig, watch: WatchOptions | None) -> RunWatcher | None:
+    """How progress is shown (``view.watcher.watcher_for_job``); None shows none."""
+    if watch is None:
+        return None
+    from spotfallback.view.watcher import watcher_for_job
+
+    return watcher_for_job(job, watch)
+
+
+def _watching(watcher: RunWatcher | None, location: RunLocation) -> contextlib.AbstractContextManager[Any]:
+    return watcher.watch(location) if watcher is not None else contextlib.nullcontext()
 
 
 def run_job(
@@ -151,13 +165,9 @@ def run_job(
     try:
         trainer = FallbackTrainer.from_job(job, retry_failed=retry_failed, on_cluster=on_cluster)  # ConfigError: a bad entrypoint
         trainer.preflight()
-        watcher = None
-        if watch is not None:
-            from spotfallback.view.watcher import watcher_for_job
-
-            watcher = watcher_for_job(job, watch)
+        watcher = _watcher(job, watch)
         cluster = _connect(job, verbose)
-        with watcher.watch(trainer.location) if watcher is not None else contextlib.nullcontext():
+        with _watching(watcher, trainer.location):
             result = trainer.fit()
     except Exception as e:
         code, message = exit_for(e, _give_up_cause(trainer) if trainer is not None else None)
@@ -170,8 +180,7 @@ def run_job(
         if cluster is not None:
             cluster.shutdown()
     metrics = {k: v for k, v in (result.metrics or {}).items() if not isinstance(v, dict)}
-    result_line = {"type": "result", "status": "finished", "run": trainer.location.uri(), "metrics": metrics}
-    print(json.dumps(result_line, default=str))
+    print(json.dumps(result_line(trainer.location.uri(), metrics), default=str))
     return EXIT_OK
 
 

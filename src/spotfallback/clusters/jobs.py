@@ -33,7 +33,7 @@ class RunJob:
     submission_id: str
     status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
     start_time: float  # seconds since the epoch (0 if unknown)
-    message: str = ""
+    end_time: float | None = None  # seconds since the epoch; None while it runs
 
     @property
     def active(self) -> bool:
@@ -83,7 +83,8 @@ class ClusterJobs:
         """This run's jobs on the cluster, oldest first."""
         details = self._call("list its jobs", lambda c: c.list_jobs())
         found = [
-            RunJob(d.submission_id, str(getattr(d.status, "value", d.status)), (d.start_time or 0) / 1000.0, d.message or "")
+            RunJob(d.submission_id, str(getattr(d.status, "value", d.status)), (d.start_time or 0) / 1000.0,
+                   None if d.end_time is None else d.end_time / 1000.0)
             for d in details
             if (d.metadata or {}).get(RUN_KEY) == run_uri and d.submission_id
         ]

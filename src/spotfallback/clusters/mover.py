@@ -22,14 +22,13 @@ from __future__ import annotations
 
 import json
 import logging
-import shlex
 import time
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from spotfallback.clusters.jobs import TERMINAL, ClusterJobs
-from spotfallback.config import ClusterRef, JobConfig
+from spotfallback.config import JobConfig
 from spotfallback.errors import (
     EXIT_ERROR,
     EXIT_OK,
@@ -86,11 +85,7 @@ class ClusterMover:
         self.poll_s = poll_s
         self.lease_ttl_s = lease_ttl_s
         self.say = say or (lambda line: logger.info("%s", line))
-        refs: dict[str, ClusterRef] = {}
-        for t in self.ladder.tiers:
-            assert t.cluster is not None
-            refs.setdefault(t.cluster.key, t.cluster)
-        self.clusters = {key: ClusterJobs(ref) for key, ref in refs.items()}
+        self.clusters = {key: ClusterJobs(ref) for key, ref in self.ladder.clusters.items()}
         self._last_log = ""  # the end of the last finished job's log, for an error that needs it
 
     # -- the loop -------------------------------------------------------------------------
@@ -227,12 +222,8 @@ class ClusterMover:
 
     def _submit(self, jobs: ClusterJobs, retry: bool) -> str:
         submission_id = f"spotfallback-{self.location.name}-{uuid.uuid4().hex[:8]}"
-        data = self.job.model_dump(mode="json", exclude_unset=True)
-        data["ray_address"] = "auto"
-        args = ["spotfallback", "run", "--job-json", json.dumps(data), "--on-cluster", jobs.name]
-        if retry:
-            args.append("--retry-failed")
-        jobs.submit(submission_id, shlex.join(args), self.location.uri())
+        options = ["--on-cluster", jobs.name, *(["--retry-failed"] if retry else [])]
+        jobs.submit(submission_id, self.job.run_command(*options, ray_address="auto"), self.location.uri())
         region = f" ({jobs.ref.region})" if jobs.ref.region else ""
         self.say(f"submitted job {submission_id} to cluster {jobs.name!r}{region}")
         return submission_id

@@ -29,9 +29,7 @@ first appear there, and an older operator's API server drops them without a word
 
 from __future__ import annotations
 
-import json
 import math
-import shlex
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from enum import StrEnum
@@ -180,17 +178,9 @@ class KubeRayOptions:
 
 
 def rayjob_entrypoint(job: JobConfig, ray_address: str = "auto") -> str:
-    """The shell command that runs ``job`` with the spotfallback driver on an existing cluster.
-
-    The JobConfig travels as one shell-quoted JSON argument, so the command is self-contained;
-    running it again resumes the run (same ``name`` and ``storage_path``). Only the fields the
-    job sets are written, as in its job file: a field left to its default (``backend``, taken
-    from the entrypoint's declaration, which the generating machine may not be able to import)
-    is decided where the job runs, exactly as `spotfallback run job.yaml` would decide it.
-    """
-    payload = job.model_copy(update={"ray_address": ray_address}).model_dump(mode="json", exclude_unset=True)
-    text = json.dumps(payload, sort_keys=True, separators=(",", ":"))
-    return shlex.join(["spotfallback", "run", "--job-json", text, "--ray-address", ray_address])
+    """The shell command that runs ``job`` with the spotfallback driver on an existing cluster
+    (``JobConfig.run_command``, the job's ``ray_address`` replaced)."""
+    return job.run_command("--ray-address", ray_address, ray_address=ray_address)
 
 
 # --- pods --------------------------------------------------------------------------------------
@@ -417,17 +407,30 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions, cluster: str | None = 
     }
 
 
-def mover_command(job: JobConfig) -> str:
-    """What moves a run across clusters: ``spotfallback run`` of the job, outside the clusters."""
-    payload = job.model_dump(mode="json", exclude_unset=True)
-    return shlex.join(["spotfallback", "run", "--job-json", json.dumps(payload, sort_keys=True, separators=(",", ":"))])
+def _metadata(job: JobConfig, opts: KubeRayOptions, name: str, entrypoint: str | None = None,
+              labels: dict[str, str] | None = None) -> dict[str, Any]:
+    """The object's metadata: its name, namespace, the run's labels and annotations (the command, on a RayCluster)."""
+    metadata: dict[str, Any] = {"name": name}
+    if opts.namespace:
+        metadata["namespace"] = opts.namespace
+    metadata["labels"] = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(job.name, 63),
+                          **(labels or {})}
+    metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name, MIN_KUBERAY_ANNOTATION: MIN_KUBERAY_VERSION}
+    if entrypoint is not None:
+        metadata["annotations"][ENTRYPOINT_ANNOTATION] = entrypoint
+    return metadata
+
+
+def _refuse_pip_on_a_raycluster(opts: KubeRayOptions) -> None:
+    if opts.pip:
+        raise ConfigError("pip: packages are installed per job; for a RayCluster, build them into the image")
 
 
 def across_cluster_manifests(job: JobConfig, opts: KubeRayOptions) -> list[tuple[dict[str, Any], list[str]]]:
     """One RayCluster per cluster a ladder across clusters names, with its header lines, in ladder order.
 
-    Each holds its cluster's tiers; the moving driver runs outside them all (``mover_command``)
-    and submits the run's jobs to each head's Jobs API, so a RayJob (which runs its own
+    Each holds its cluster's tiers; the moving driver runs outside them all (``spotfallback run``
+    of the whole job, in each one's entrypoint annotation) and submits the run's jobs to each head's Jobs API, so a RayJob (which runs its own
     entrypoint) does not fit.
     """
     job = with_run_name(job, opts.run_name)
@@ -436,24 +439,16 @@ def across_cluster_manifests(job: JobConfig, opts: KubeRayOptions) -> list[tuple
             "kind: a ladder across clusters is deployed as one RayCluster per cluster (--kind raycluster); the moving "
             "driver, `spotfallback run JOB.yaml` on a machine that reaches every cluster, submits the run's jobs"
         )
-    if opts.pip:
-        raise ConfigError("pip: packages are installed per job; for a RayCluster, build them into the image")
+    _refuse_pip_on_a_raycluster(opts)
     if "://" not in job.storage_path or opts.storage_pvc:
         raise ConfigError(
             "storage_path: a ladder across clusters needs object storage every cluster reaches (s3://, gs://, "
             "abfs://), not a volume that lives in one of them"
         )
-    keys = list(dict.fromkeys(k for i in range(len(job.tiers)) if (k := job.ladder.cluster_key(i)) is not None))
     out = []
-    for key in keys:
-        ref = next(t.cluster for t in job.tiers if t.cluster is not None and t.cluster.key == key)
-        metadata: dict[str, Any] = {"name": k8s_name(f"{job.name}-{key}", MAX_RAYCLUSTER_NAME)}
-        if opts.namespace:
-            metadata["namespace"] = opts.namespace
-        metadata["labels"] = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(job.name, 63),
-                              "spotfallback/cluster": k8s_name(key, 63)}
-        metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name, MIN_KUBERAY_ANNOTATION: MIN_KUBERAY_VERSION,
-                                   ENTRYPOINT_ANNOTATION: mover_command(job)}
+    for key, ref in job.ladder.clusters.items():
+        metadata = _metadata(job, opts, k8s_name(f"{job.name}-{key}", MAX_RAYCLUSTER_NAME), job.run_command(),
+                             {"spotfallback/cluster": k8s_name(key, 63)})
         manifest = {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata,
                     "spec": raycluster_spec(job, opts, key)}
         tiers = ", ".join(t.name for i, t in enumerate(job.tiers) if job.ladder.cluster_key(i) == key)
@@ -477,17 +472,13 @@ def kuberay_manifest(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
     """The RayJob (or RayCluster) for ``job`` as a plain dict, ready for YAML."""
     job = with_run_name(job, opts.run_name)
     is_job = opts.kind is Kind.RAYJOB
-    if opts.pip and not is_job:
-        raise ConfigError("pip: packages are installed per job; for a RayCluster, build them into the image")
+    if not is_job:
+        _refuse_pip_on_a_raycluster(opts)
     entrypoint = rayjob_entrypoint(job)
-    metadata: dict[str, Any] = {"name": k8s_name(job.name, MAX_RAYJOB_NAME if is_job else MAX_RAYCLUSTER_NAME)}
-    if opts.namespace:
-        metadata["namespace"] = opts.namespace
-    metadata["labels"] = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(job.name, 63)}
-    metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name, MIN_KUBERAY_ANNOTATION: MIN_KUBERAY_VERSION}
+    name = k8s_name(job.name, MAX_RAYJOB_NAME if is_job else MAX_RAYCLUSTER_NAME)
+    metadata = _metadata(job, opts, name, None if is_job else entrypoint)
     cluster = raycluster_spec(job, opts)
     if not is_job:
-        metadata["annotations"][ENTRYPOINT_ANNOTATION] = entrypoint
         return {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata, "spec": cluster}
     spec: dict[str, Any] = {
         "entrypoint": entrypoint,

@@ -96,7 +96,6 @@ def resolve_backend(backend: str | None, train_fn: Callable[..., Any]) -> str:
 
 def check_on_cluster(ladder: Ladder, on_cluster: str | None) -> str | None:
     """The cluster a driver of a ladder across clusters runs on: one of the ladder's, and only for such a ladder."""
-    keys = {ladder.cluster_key(i) for i in range(len(ladder))}
     if on_cluster is None:
         if ladder.across_clusters:
             raise ConfigError(
@@ -104,8 +103,8 @@ def check_on_cluster(ladder: Ladder, on_cluster: str | None) -> str | None:
                 "`spotfallback run` or spotfallback.clusters.run_across_clusters, which submit each part to its cluster"
             )
         return None
-    if on_cluster not in keys:
-        raise ConfigError(f"on_cluster: {on_cluster!r} is not a cluster of this ladder; its clusters are {sorted(k for k in keys if k)}")
+    if on_cluster not in ladder.clusters:
+        raise ConfigError(f"on_cluster: {on_cluster!r} is not a cluster of this ladder; its clusters are {sorted(ladder.clusters)}")
     return on_cluster
 
 

@@ -187,8 +187,8 @@ class _Rows:
 
 def _cluster_numbers(ladder: Ladder) -> list[int]:
     """Each tier's Ray cluster as a number (first appearance order), -1 where none is named."""
-    keys: dict[str, int] = {}
-    return [-1 if (k := ladder.cluster_key(i)) is None else keys.setdefault(k, len(keys)) for i in range(len(ladder))]
+    number = {key: n for n, key in enumerate(ladder.clusters)}
+    return [-1 if (key := ladder.cluster_key(i)) is None else number[key] for i in range(len(ladder))]
 
 
 @dataclass(frozen=True)

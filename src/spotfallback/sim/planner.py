@@ -138,8 +138,8 @@ class PlanRequest(BaseModel):
             notice_s=self.notice_s,
             jit_checkpoint=self.jit_checkpoint,
             deadline_h=self.deadline_h,
-            move_restart_h=self.move_restart_h if self.clusters else 0.0,
-            move_cost=self.move_cost if self.clusters else 0.0,
+            move_restart_h=self.move_restart_h,  # charged only where the ladder changes cluster
+            move_cost=self.move_cost,
         )
 
     def cluster(self, i: int) -> ClusterRef | None:
