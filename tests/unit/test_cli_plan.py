@@ -27,8 +27,8 @@ def app() -> typer.Typer:
     return app
 
 
-def invoke(app, *args: str):
-    return CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": "160"})
+def invoke(app, *args: str, columns: int = 160):
+    return CliRunner().invoke(app, ["plan", *args], env={"COLUMNS": str(columns)})
 
 
 def test_seed_table_prints_the_corrected_rows(app):
@@ -155,6 +155,28 @@ def test_plan_shows_every_policy_as_a_multiple_of_the_hindsight_optimum(app):
     # A rate model has no hindsight: no column.
     r = invoke(app, "--hours", "10", "--rate", "0.02", "--deadline-h", "15", "--runs", "20")
     assert r.exit_code == 0 and "x opt" not in r.output
+
+
+def test_plan_tables_fit_an_80_column_terminal_with_every_figure_whole(app):
+    """A big job's spends (thousands) and a missed deadline still fit: no cell cut, no column dropped."""
+    import json
+
+    args = ["--hours", "100", "--workers", "64", "--deadline-h", "150", "--trace", TRACE, "--runs", "30"]
+    r = invoke(app, *args, columns=80)
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output and max(len(line) for line in r.output.splitlines()) <= 80
+    doc = json.loads(invoke(app, *args, "--json").output)
+    table = r.output.split("vs baselines")[1].split("Hindsight optimum")[0]
+    for row in doc["policies"]:
+        spend = row["mean_spend"]
+        assert (f"{spend:,.0f}" if spend >= 1000 else f"{spend:,.1f}") in table, row["policy"]
+        assert f"{row['x_optimum']:.3f}" in table and f"{row['p_deadline']:.3f}" in table
+    assert "miss" in table  # spot forever misses the deadline; its verdict is shown
+    header = next(line for line in table.splitlines() if line.startswith("policy"))
+    assert header.split() == ["policy", "spend", "x", "opt", "p90", "wall", "h", "p90", "P(<=D)", "alpha", "intr", "sw"]
+    ladder = r.output.split("Recommended ladder")[1].split("vs baselines")[0]
+    for setting in ("market", "max_preemptions", "capacity_timeout_s", "deadline_guard", "climb_back"):
+        assert setting in ladder
 
 
 def test_plan_on_several_samples_of_one_market_holds_on_each(app):

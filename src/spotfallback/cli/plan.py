@@ -4,18 +4,19 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import typer
 from pydantic import ValidationError
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
 from spotfallback.cli.common import usage_error
-from spotfallback.config import JobConfig, Ladder, format_validation_error
+from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from spotfallback.sim.draws import run_offsets
@@ -51,6 +52,11 @@ def _fmt_h(h: float) -> str:
     return f"{h * 60:.1f} min" if h < 1 else f"{h:.2f} h"
 
 
+def _money(x: float) -> str:
+    """A spend for a table cell: cents do not matter beside thousands, and the column must fit."""
+    return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.1f}"
+
+
 def _fmt_timeout(s: float | None) -> str:
     return "none" if s is None else f"{s:g}"
 
@@ -77,32 +83,33 @@ def plan_optimum(p: Plan, spots: list[Process], more: Sequence[Process] = ()) ->
 
 
 def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
+    """Every policy on the same draws; narrow enough for an 80-column terminal, nothing cut."""
     d = p.request.deadline_h
-    title = "Recommended policy (first row) vs baselines, on the same random draws"
-    if d is not None:
-        title += f"; deadline {d:g} h, required P >= {p.request.deadline_probability:g}"
-    table = Table(title=title)
-    table.add_column("policy", no_wrap=True, min_width=16)
+    caption = None if d is None else f"P(<=D): share of runs done within the {d:g} h deadline; " \
+        f"{p.request.deadline_probability:g} required"
+    table = Table(title="Recommended policy (first row) vs baselines, on the same random draws", caption=caption,
+                  box=box.SIMPLE_HEAD, padding=(0, 1), pad_edge=False, collapse_padding=True, show_edge=False)
+    table.add_column("policy", overflow="fold", min_width=11)
     cols = ["spend", "x opt", "p90", "wall h", "p90", "P(<=D)", "alpha", "intr", "sw"]
     if optimum is None:
         cols.remove("x opt")
-    for col in cols:
-        table.add_column(col, justify="right")
+    for col in cols:  # the verdict after P(<=D) may wrap; a number never is cut
+        table.add_column(col, justify="right", no_wrap=col != "P(<=D)", min_width=5 if col == "P(<=D)" else None)
     for i, c in enumerate(p.comparison()):
         r = c.result
         ok = c.meets(p.request.deadline_probability)
         x_opt = [] if optimum is None else [f"{c.mean_spend / optimum:.3f}"]
         table.add_row(
             "recommended" if i == 0 else c.label,
-            f"{c.mean_spend:,.1f}",
+            _money(c.mean_spend),
             *x_opt,
-            f"{np.percentile(r.spend, 90):,.1f}",
+            _money(float(np.percentile(r.spend, 90))),
             f"{c.mean_wall_h:.1f}",
             f"{np.percentile(r.wall_h, 90):.1f}",
             f"{c.p_deadline:.3f}" + ("" if ok else " [red]miss[/red]"),
             f"{float(r.alpha.mean()):.2f}",
             f"{float(r.interruptions.mean()):.1f}",
-            f"{float(r.switches.mean()):.2f}",
+            f"{float(r.switches.mean()):.1f}",
         )
     return table
 
@@ -142,19 +149,32 @@ def _distribution_table(c: Candidate) -> Table:
 
 
 def _ladder_table(p: Plan) -> Table:
+    """One column per tier, one row per setting: any ladder fits an 80-column terminal."""
     rec = p.recommended
     tau = "none (no periodic checkpoint)" if rec.tau_h is None else _fmt_h(rec.tau_h)
-    table = Table(title=f"Recommended ladder (checkpoint every {tau})")
-    for col in ("tier", "market", "workers", "max_preemptions", "max_failures", "capacity_timeout_s", "price",
-                "deadline_guard", "climb_back"):
-        table.add_column(col, overflow="fold")
+    table = Table(title=f"Recommended ladder (checkpoint every {tau})", box=box.SIMPLE_HEAD)
     assert rec.ladder is not None
-    for t in rec.ladder.tiers:
+    tiers = rec.ladder.tiers
+    table.add_column("tier", no_wrap=True)
+    for t in tiers:
+        table.add_column(t.name, overflow="fold")
+
+    def guard(t: Tier) -> str:
         g = t.deadline_guard
-        guard = "" if g is None else f"pace {g.pace:g}, margin {g.margin_h * 60:.0f} min, by {g.deadline_h:g} h"
-        climb = f"after {t.min_dwell_s:g} s" if t.climb_back else ""
-        table.add_row(t.name, t.market, str(t.num_workers), str(t.max_preemptions), str(t.max_failures),
-                      _fmt_timeout(t.capacity_timeout_s), f"{t.price_per_worker_hour:g}", guard, climb)
+        return "none" if g is None else f"pace {g.pace:g}, margin {g.margin_h * 60:.0f} min, by {g.deadline_h:g} h"
+
+    rows: list[tuple[str, Callable[[Tier], str]]] = [
+        ("market", lambda t: t.market),
+        ("workers", lambda t: str(t.num_workers)),
+        ("max_preemptions", lambda t: str(t.max_preemptions)),
+        ("max_failures", lambda t: str(t.max_failures)),
+        ("capacity_timeout_s", lambda t: _fmt_timeout(t.capacity_timeout_s)),
+        ("price", lambda t: f"{t.price_per_worker_hour:g}"),
+        ("deadline_guard", guard),
+        ("climb_back", lambda t: f"after {t.min_dwell_s:g} s" if t.climb_back else "no"),
+    ]
+    for name, show in rows:
+        table.add_row(name, *(show(t) for t in tiers))
     return table
 
 
