@@ -83,13 +83,15 @@ def backtest_row(v100: SpotTrace | NodeTrace, repeat: int) -> Row:
 def held_out_rows(paths: list[Path], base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> Iterator[Row]:
     """Plan on every trace but one, backtest on that one: what the planner promises on a trace it never saw."""
     procs = [load_process(str(p)) for p in paths]
+    markets = Ladder(tiers=(req.spot_tier(0), req.on_demand_tier()))  # the optimum may use spot, whatever is recommended
     for i, path in enumerate(paths):
         others = [p for j, p in enumerate(procs) if j != i]
         t0 = time.perf_counter()
         held = plan(req, others[0], more=others[1:])
         plan_s = time.perf_counter() - t0
         assert held.recommended.ladder is not None
-        r = backtest(held.recommended.ladder, [procs[i]], req.job(held.recommended.tau_h), window_h=window_h)
+        r = backtest(held.recommended.ladder, [procs[i]], req.job(held.recommended.tau_h), window_h=window_h,
+                     optimum_over=markets)
         yield {"kind": "held_out", "case": str(path.relative_to(base)), "windows": r.windows,
                "x_optimum_mean": r.vs_optimum.mean, "x_optimum_p95": r.vs_optimum.p95,
                "costlier_than_on_demand": r.costlier_than_on_demand, "on_time_pct": 100 * r.on_time_share,

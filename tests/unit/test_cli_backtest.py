@@ -105,6 +105,26 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     assert r.exit_code == 2 and "--deadline-h: required" in r.output
 
 
+def test_an_on_demand_ladder_is_measured_against_the_spot_it_could_have_used(app, tmp_path, job_file):
+    """Without a spot tier the trace never applies: the optimum needs a spot price, else it would be the ladder itself."""
+    od_only = tmp_path / "od.yaml"
+    od_only.write_text(JOB.split("  - {name: spot")[0]
+                       + "  - {name: on-demand, market: on-demand, num_workers: 1, price_per_worker_hour: 1.0}\n")
+    args = ["--trace", TRACE, "--hours", "10", "--deadline-h", "15", "--json"]
+    r = invoke(app, str(od_only), *args)
+    assert r.exit_code == 2 and r.output.startswith("Error: --spot-price: JOB.yaml's ladder has no spot tier"), r.output
+    r = invoke(app, str(od_only), *args, "--spot-price", "0.3")
+    assert r.exit_code == 0, r.output
+    od = json.loads(r.output)
+    spot = json.loads(invoke(app, str(job_file), *args).output)  # the same prices, with a spot tier
+    assert [w["optimum"] for w in od["windows_detail"]] == [w["optimum"] for w in spot["windows_detail"]]
+    assert od["vs_optimum"]["mean"] > 2.0 and od["vs_on_demand"]["mean"] == pytest.approx(1.0)
+    r = invoke(app, str(job_file), *args, "--spot-price", "0.3")
+    assert r.exit_code == 2 and "Error: --spot-price: JOB.yaml's ladder has spot tiers" in r.output
+    r = invoke(app, str(od_only), *args, "--spot-price", "-1")
+    assert r.exit_code == 2 and "Error: --spot-price: must be a non-negative price" in r.output
+
+
 def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
     trace = load_spot_trace(TRACE)
     job = JobSpec(work_h=10, restart_overhead_h=0.1, provisioning_delay_h=0.05, notice_s=120, deadline_h=15,

@@ -12,7 +12,7 @@ from rich.console import Console
 from rich.table import Table
 
 from spotfallback.cli.common import output_problem, usage_error
-from spotfallback.config import JobConfig
+from spotfallback.config import JobConfig, Ladder, Tier
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
 from spotfallback.sim.job import JobSpec
@@ -35,6 +35,24 @@ def _table(res: BacktestResult, label: str) -> Table:
 
 
 
+def _optimum_tiers(ladder: Ladder, od: Tier, spot_price: float | None) -> Ladder | None:
+    """The tiers the optimum may use: the ladder's own, or for a ladder without spot, spot at ``--spot-price`` too."""
+    has_spot = any(t.is_spot for t in ladder.tiers)
+    if spot_price is None:
+        if not has_spot:
+            raise usage_error("--spot-price", "JOB.yaml's ladder has no spot tier, so the traces never apply to it; "
+                                              "give the spot price per worker-hour the optimum may use, e.g. "
+                                              "--spot-price 0.9")
+        return None
+    if has_spot:
+        raise usage_error("--spot-price", "JOB.yaml's ladder has spot tiers, and the optimum uses their prices; "
+                                          "leave --spot-price out")
+    if not (spot_price >= 0 and math.isfinite(spot_price)):
+        raise usage_error("--spot-price", f"must be a non-negative price per worker-hour, got {spot_price:g}")
+    spot = Tier.spot(od.num_workers, price_per_worker_hour=spot_price, cluster=od.cluster)
+    return Ladder(tiers=(spot, od))
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``backtest`` command to the spotfallback CLI."""
 
@@ -52,6 +70,10 @@ def register(app: typer.Typer) -> None:
         provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
         notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
         no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
+        spot_price: float | None = typer.Option(
+            None, "--spot-price",
+            help="Spot price per worker-hour the optimum may use when JOB.yaml's ladder has no spot tier (the "
+                 "traces' capacity at this price, beside its on-demand tier); a ladder with spot tiers uses theirs."),
         csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per window to this CSV file."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary and every window as JSON instead of tables."),
     ) -> None:
@@ -93,9 +115,10 @@ def register(app: typer.Typer) -> None:
             if csv_path is not None and (problem := output_problem(csv_path, ".csv")) is not None:
                 raise usage_error("--csv", problem)
             try:
-                on_demand_tier(job.ladder)
+                od = on_demand_tier(job.ladder)
             except ValueError as e:
                 raise usage_error("JOB.yaml", str(e)) from None
+            optimum_over = _optimum_tiers(job.ladder, od, spot_price)
             spec = JobSpec(work_h=hours, checkpoint_interval_h=tau, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                            restart_overhead_h=restart_overhead_s / 3600.0,
                            provisioning_delay_h=provisioning_delay_s / 3600.0, notice_s=notice_s,
@@ -107,7 +130,7 @@ def register(app: typer.Typer) -> None:
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
             try:
-                res = backtest(job.ladder, traces, spec, window_h=window_h)
+                res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over)
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise usage_error("--trace", str(e)) from None
         except UsageError as e:

@@ -130,18 +130,22 @@ def backtest(
     job: JobSpec,
     window_h: float = 24.0,
     on_demand: Process | None = None,
+    optimum_over: Ladder | Sequence[Tier] | None = None,
 ) -> BacktestResult:
     """Replay the ladder, unchanged, from the start of every ``window_h`` window of each trace.
 
     Every spot tier runs on the trace (``world_for``), the others on ``on_demand`` (default:
     always there). ``job.deadline_h`` is required: windows are judged by it, and the optimum
-    is the cheapest schedule that meets it.
+    is the cheapest schedule that meets it, on the tiers of ``optimum_over`` (default: the
+    ladder's own). A ladder without a spot tier never touches the trace, so its own optimum
+    is itself: give the spot and on-demand tiers it could have used to see what it leaves.
     """
     if job.deadline_h is None:
         raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
     if not traces:
         raise ValueError("give at least one trace")
     lad = ladder.ladder if isinstance(ladder, FallbackPolicy) else make_ladder(ladder)
+    best = lad if optimum_over is None else make_ladder(optimum_over)
     od_tier = on_demand_tier(lad)
     od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
@@ -151,7 +155,7 @@ def backtest(
         world = world_for(lad, trace, on_demand)
         ws = window_starts(trace, window_h, spot_workers)
         res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
-        optima = optimum_for(lad, job, world, ws)
+        optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand), ws)
         names += [trace.name] * len(ws)
         starts.append(ws)
         spend.append(res.spend)
