@@ -10,6 +10,7 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
+    rich_markup_mode="markdown",  # joins a docstring's wrapped lines, so --help reflows to any terminal width
 )
 
 

@@ -327,6 +327,7 @@ def register(app: typer.Typer) -> None:
         name="manifest",
         help="Deployment files (KubeRay, Karpenter NodePools, ray up) for a job's tier ladder, validated offline.",
         no_args_is_help=True,
+        rich_markup_mode="markdown",  # as the main app: wrapped docstring lines reflow
     )
     manifest.command("kuberay")(kuberay_command)
     manifest.command("cluster-launcher")(launcher_command)

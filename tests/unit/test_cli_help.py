@@ -1,0 +1,39 @@
+"""Every command's --help on an 80-column terminal: the description reflows, no line broken where the source was."""
+
+from __future__ import annotations
+
+import pytest
+from typer.testing import CliRunner
+
+from spotfallback.cli.app import _register_subcommands, app
+
+COMMANDS = ["run", "demo", "plan", "backtest", "notice-agent", "status", "report", "init", "manifest kuberay",
+            "manifest nodepools", "manifest cluster-launcher", "manifest validate"]
+
+
+@pytest.fixture(scope="module")
+def cli():
+    if not getattr(_register_subcommands, "done", False):
+        _register_subcommands()
+        _register_subcommands.done = True  # type: ignore[attr-defined]
+    return app
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_text_reflows_to_an_80_column_terminal(cli, command):
+    r = CliRunner().invoke(cli, [*command.split(), "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    lines = r.output.splitlines()
+    assert max(len(line) for line in lines) <= 80
+    # The description: the lines after the usage line, before the first box of arguments or options.
+    text = lines[next(i for i, ln in enumerate(lines) if "Usage:" in ln) + 1:]
+    text = text[:next((i for i, ln in enumerate(text) if ln.startswith("╭")), len(text))]
+    paragraphs: list[list[str]] = [[]]
+    for line in text:
+        if line.strip():
+            paragraphs[-1].append(line.rstrip())
+        elif paragraphs[-1]:
+            paragraphs.append([])
+    for para in paragraphs:
+        for line in para[:-1]:  # only a paragraph's last line may be short
+            assert len(line) >= 60, (command, line, r.output)
