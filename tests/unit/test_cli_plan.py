@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -63,6 +64,15 @@ def test_plan_on_a_trace_writes_a_job_file_and_a_plot(app, tmp_path):
     assert r.exit_code == 0, r.output
     job = JobConfig.from_yaml(yaml_path)
     assert (job.name, job.storage_path) == ("nightly", "s3://bucket/runs") and job.plan.deadline_h is None
+
+
+def test_trace_takes_a_node_trace_csv_by_its_extension_as_backtest_does(app):
+    nodes = str(FIXTURES / "aws-p3-trace.csv")
+    args = ["--hours", "10", "--workers", "4", "--runs", "20", "--deadline-h", "15", "--json"]
+    by_trace = invoke(app, *args, "--trace", nodes)
+    assert by_trace.exit_code == 0, by_trace.output
+    by_option = invoke(app, *args, "--node-trace", nodes)
+    assert json.loads(by_trace.output) == json.loads(by_option.output)
 
 
 def test_plan_on_a_rate_model_and_a_node_trace(app):

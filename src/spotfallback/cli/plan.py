@@ -231,13 +231,12 @@ def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str
     procs: list[Process] = []
     if trace_counts not in ("available", "preempted"):
         raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
-    for path in trace:
+    for path in trace:  # by extension, as backtest and --sample read them: a .csv is a node trace
         try:
-            proc = load_process(str(path), "spot")
+            proc = load_process(str(path))
         except TraceError as e:
             raise usage_error("--trace", str(e)) from None
-        assert isinstance(proc, SpotTrace)
-        procs.append(complement_trace(proc) if trace_counts == "preempted" else proc)
+        procs.append(complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc)
     for path in node_trace:
         try:
             procs.append(load_process(str(path), "node"))
@@ -346,7 +345,7 @@ def register(app: typer.Typer) -> None:
         on_demand_price: float = typer.Option(3.06, "--on-demand-price", help="On-demand price per worker-hour."),
         deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from the start."),
         deadline_prob: float = typer.Option(0.95, "--deadline-prob", help="Required probability of meeting the deadline."),
-        trace: list[Path] = typer.Option([], "--trace", help="SkyPilot JSON spot trace; repeat for more spot pools, tried in order."),
+        trace: list[Path] = typer.Option([], "--trace", help="Spot trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more spot pools, tried in order."),
         trace_counts: str = typer.Option("available", "--trace-counts", help="What trace ticks count: 'available' or 'preempted' instances."),
         node_trace: list[Path] = typer.Option([], "--node-trace", help="Node add/remove CSV trace (time_ms,add|remove,node)."),
         sample: list[Path] = typer.Option(
