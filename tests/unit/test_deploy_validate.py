@@ -107,6 +107,16 @@ def test_broken_copies_fail_naming_the_field(what: str, mutate: Mutation, expect
     assert any(e.startswith(head) and tail in e for e in found), found
 
 
+def test_a_required_field_with_a_default_may_be_left_out_as_the_api_server_defaults_it() -> None:
+    """minReplicas/maxReplicas are required in the CRD but defaulted (0, 2^31-1); KubeRay's own samples omit them."""
+    doc = sample(JOB_SAMPLE)
+    group = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]
+    del group["minReplicas"], group["maxReplicas"]
+    assert errors(doc) == []
+    del group["groupName"]  # required, no default: still missing
+    assert errors(doc) == ["spec.rayClusterSpec.workerGroupSpecs[0].groupName: required field is missing"]
+
+
 def _drop_cluster_group_name(doc: dict[str, Any]) -> None:
     del doc["spec"]["workerGroupSpecs"][1]["groupName"]
 

@@ -159,8 +159,18 @@ def _format(validator: Any, fmt: str, instance: Any, schema: Mapping[str, Any]) 
         yield ValidationError(f"{instance} is out of range for {fmt}")
 
 
+def _required(validator: Any, required: list[str], instance: Any, schema: Mapping[str, Any]) -> Iterator[ValidationError]:
+    """A required field with a ``default`` may be left out: the API server applies defaults before it validates."""
+    if not validator.is_type(instance, "object"):
+        return
+    props = schema.get("properties") or {}
+    for name in required:
+        if name not in instance and "default" not in (props.get(name) or {}):
+            yield ValidationError(f"{name!r} is a required property")
+
+
 KubernetesValidator = validators.extend(
-    Draft7Validator, {"x-kubernetes-list-type": _list_type, "format": _format}
+    Draft7Validator, {"x-kubernetes-list-type": _list_type, "format": _format, "required": _required}
 )
 
 
