@@ -146,6 +146,45 @@ def _alive(pid: int) -> bool:
     return True
 
 
+IDLE_DRIVER = """
+import sys, time, ray
+ray.init(address=sys.argv[1], logging_level="ERROR")
+
+@ray.remote(num_cpus=0)
+class Idle:
+    def ping(self):
+        return 1
+
+idle = Idle.remote()
+ray.get(idle.ping.remote())
+print(ray.get_runtime_context().get_job_id(), flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_killed_drivers_job_is_dead_in_the_gcs_at_once(cluster, tmp_path):
+    """What keeps a killed driver's teardown out of the ledger (``hooks._driver_gone``).
+
+    The GCS marks the job finished before it destroys the job's actors, so a controller that
+    sees its workers die in that teardown finds its job dead and records no node loss.
+    """
+    from spotfallback.runtime.hooks import job_is_dead
+
+    script = tmp_path / "idle_driver.py"
+    script.write_text(IDLE_DRIVER)
+    proc = subprocess.Popen([sys.executable, str(script), cluster.address], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        job_id = proc.stdout.readline().strip()
+        gcs = cluster.gcs_client()
+        assert job_id and not job_is_dead(gcs, job_id)
+        sigkill(proc)
+        wait_until(lambda: job_is_dead(gcs, job_id), 10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
 def test_two_drivers_started_at_the_same_instant_exactly_one_runs(cluster, s3, tmp_path):
     """On object storage (no exclusive create): one driver trains, the other exits 5 and says why."""
     from spotfallback.store.ledger import Ledger

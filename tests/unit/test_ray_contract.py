@@ -371,6 +371,10 @@ def test_gcs_contract():
     assert names(inner.drain_node)[:5] == ["self", "node_id", "reason", "reason_message", "deadline_timestamp_ms"]
     assert names(inner.get_draining_nodes)[:2] == ["self", "timeout"]
     assert names(inner.get_all_node_info)[:2] == ["self", "timeout"]
+    # hooks.job_is_dead: a killed driver's job, dead in the job table before its actors are destroyed.
+    assert names(inner.get_all_job_info) == ["self", "job_or_submission_id", "skip_submission_job_info_field",
+                                             "skip_is_running_tasks_field", "timeout"]
+    assert {"job_id", "is_dead"} <= set(gcs_pb2.JobTableData.DESCRIPTOR.fields_by_name)
     assert autoscaler_pb2.DrainNodeReason.Value(PREEMPTION_REASON) > 0
     node = gcs_pb2.GcsNodeInfo
     assert {"state", "labels", "death_info", "node_manager_address"} <= set(node.DESCRIPTOR.fields_by_name)

@@ -76,6 +76,28 @@ def _node_troubles(node_ids: list[str]) -> set[str]:
     return troubles
 
 
+def job_is_dead(gcs: Any, job_id: str) -> bool:
+    """Whether the GCS has marked job ``job_id`` (hex) finished: its driver exited or was killed."""
+    infos = gcs.get_all_job_info(job_or_submission_id=job_id, skip_submission_job_info_field=True,
+                                 skip_is_running_tasks_field=True, timeout=5)
+    return any(j.hex() == job_id and info.is_dead for j, info in infos.items())
+
+
+def _driver_gone() -> bool:
+    """Whether this run's driver is gone, so the failure at hand is the job being torn down.
+
+    When a driver exits or is killed, the GCS marks its job finished first and then destroys
+    the job's actors in no particular order: the controller (an actor on the driver's node)
+    may still see its workers die and would record a node loss that never happened, charged
+    to the tier's budget. Checked against the GCS, which has the job dead by then.
+    """
+    try:
+        return job_is_dead(gcs_client(), ray.get_runtime_context().get_job_id())
+    except Exception:  # the check is a refinement; never let it break failure handling
+        logger.debug("could not read the job table", exc_info=True)
+        return False
+
+
 def _error_types(error: BaseException) -> list[str]:
     """The failure's shape for the ledger: the error type and each worker's error type."""
     types = [type(error).__name__]
@@ -99,6 +121,9 @@ class TierFailurePolicy(FailurePolicy):
         storage = storage_failure(training_failed_error)
         if storage is not None:  # storage is gone: stop, record nothing, resume when it is back
             logger.error("[spotfallback] stopping the run: %s", storage)
+            return FailureDecision.RAISE
+        if _driver_gone():  # the job is being torn down: its workers died with the driver, not with a node
+            logger.info("[spotfallback] the run's driver is gone; its workers ended with it: nothing recorded")
             return FailureDecision.RAISE
         rt = runtime_for(self.spec)
         failure = classify(training_failed_error, lambda: _node_troubles(rt.worker_nodes))
