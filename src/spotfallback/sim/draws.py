@@ -69,7 +69,7 @@ def acquire(proc: RateModel | TraceCapacity, draws: Draws, rows: np.ndarray, col
 def interrupt(proc: RateModel | TraceCapacity, draws: Draws, rows: np.ndarray, cols: np.ndarray, t_abs: np.ndarray, workers: np.ndarray):
     """(time of the next interruption, True if it is a preemption rather than a node failure)."""
     if isinstance(proc, RateModel):
-        with np.errstate(divide="ignore"):
+        with np.errstate(divide="ignore", over="ignore"):  # a rate too small to matter: no interruption (inf)
             lp = proc.preemptions_per_node_hour * workers
             lf = proc.failures_per_node_hour * workers
             tp = np.where(lp > 0, draws.e_pre[rows, cols] / np.where(lp > 0, lp, 1.0), np.inf)
