@@ -147,6 +147,18 @@ def test_jit_notice_covering_the_checkpoint_makes_periodic_checkpoints_optional(
     assert any("optional" in n for n in p.notes)
 
 
+def test_a_climbing_recommendation_without_periodic_checkpoints_says_it_never_climbs():
+    """The runner (and the simulator) climb back just after a commit; with none due, the plan must say so."""
+    trace = load_process(str(TRACES / "spot-traces/availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json"))
+    p = plan(request(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, deadline_h=15, spot_price=0.3,
+                     on_demand_price=1.0), trace)
+    rec = p.recommended
+    assert rec.tau_h is None and rec.ladder is not None and rec.ladder[0].climb_back
+    assert any("does not return" in n for n in p.notes)
+    periodic = plan(request(work_h=10, num_workers=1, deadline_h=15, spot_price=0.3, on_demand_price=1.0), trace)
+    assert periodic.recommended.tau_h is not None and not any("does not return" in n for n in periodic.notes)
+
+
 def test_observed_mtbf_of_a_trace():
     tr = SpotTrace("t", 3600.0, np.array([1, 1, 0, 1, 1, 1, 0, 0]))
     mtbf, lossy = observed_mtbf_h(tr, 4)

@@ -151,8 +151,8 @@ def _distribution_table(c: Candidate) -> Table:
 def _ladder_table(p: Plan) -> Table:
     """One column per tier, one row per setting: any ladder fits an 80-column terminal."""
     rec = p.recommended
-    tau = "none (no periodic checkpoint)" if rec.tau_h is None else _fmt_h(rec.tau_h)
-    table = Table(title=f"Recommended ladder (checkpoint every {tau})", box=box.SIMPLE_HEAD)
+    tau = "no periodic checkpoint" if rec.tau_h is None else f"checkpoint every {_fmt_h(rec.tau_h)}"
+    table = Table(title=f"Recommended ladder ({tau})", box=box.SIMPLE_HEAD)
     assert rec.ladder is not None
     tiers = rec.ladder.tiers
     table.add_column("tier", no_wrap=True)

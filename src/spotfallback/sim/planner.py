@@ -641,6 +641,10 @@ def plan(
             f"no ladder meets the deadline with probability {prob:g}; "
             f"the best reaches {best.p_deadline:.3f}"
         )
+    if best.tau_h is None and best.ladder is not None and any(t.climb_back for t in best.ladder.tiers):
+        notes.append("climbing back needs checkpoints: the ladder climbs back only just after a commit (the runner "
+                     "looks then, so a move loses no work), so without periodic ones a run that left a tier does not "
+                     "return to it")
     seed_check = None
     res = best.result
     if best.ladder is not None and len(best.ladder) > 1:
