@@ -145,3 +145,29 @@ def test_cli_writes_the_pools_and_refuses_other_clouds(tmp_path: Path) -> None:
     assert out.read_text() == render_nodepools(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.AKS_NAP))
     bad = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "gke", "--job", str(job)])
     assert bad.exit_code == 2 and bad.stderr == "error: --cloud: 'gke' is not one of: eks-karpenter, aks-nap\n"
+
+
+EAST = {"address": "http://head-east:8265", "name": "east", "region": "us-east-1"}
+WEST = {"address": "http://head-west:8265", "name": "west", "region": "us-west-2"}
+
+
+@pytest.mark.parametrize("cloud", list(KarpenterCloud))
+def test_a_ladder_across_clusters_gets_each_clusters_pools_labelled_for_it(cloud: KarpenterCloud) -> None:
+    """Each Kubernetes cluster holds only its tiers' pools: one file, applied per cluster by label."""
+    job = make_job({**SPOT, "cluster": EAST}, {**SPOT_B, "cluster": WEST}, {**ON_DEMAND, "cluster": EAST})
+    pools = nodepools_for(job, NodePoolOptions(cloud=cloud))
+    assert [(p["metadata"]["name"], p["metadata"]["labels"]["spotfallback/cluster"]) for p in pools] == [
+        ("churn-model-east-spot", "east"), ("churn-model-west-spot", "west"), ("churn-model-east-on-demand", "east")]
+    assert [p["spec"]["limits"] for p in pools] == [{"cpu": "16"}] * 3  # one tier's 2 workers x 4 CPUs each, twice
+    assert list(nodepool_findings(pools, job, cloud)) == []
+    # East's spot pool does not serve the west tier: that cluster has no spot pool of its own.
+    west = pools.pop(1)
+    assert list(nodepool_findings(pools, job, cloud)) == [
+        "tiers[1] ('spot-b', spot): no NodePool of cluster 'west' allows karpenter.sh/capacity-type 'spot'; its pods "
+        "would stay pending until the tier's capacity timeout. Add 'spot' to a pool's requirements"]
+    del west["metadata"]["labels"]["spotfallback/cluster"]  # a pool that names no cluster serves any
+    assert list(nodepool_findings([*pools, west], job, cloud)) == []
+    text = render_nodepools(job, NodePoolOptions(cloud=cloud))
+    assert "Cluster 'east' in us-east-1: the pools of tiers spot, on-demand. Apply them in that Kubernetes cluster: " \
+           "kubectl apply -f FILE -l spotfallback/cluster=east" in text
+    assert "kubectl apply -f FILE -l spotfallback/cluster=west" in text.split("---")[1]

@@ -281,7 +281,11 @@ def nodepools_command(
     name: NameOpt = None,
     out: OutOpt = None,
 ) -> None:
-    """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors."""
+    """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors.
+
+    A ladder across clusters gets each cluster's pools, labelled spotfallback/cluster=NAME as its
+    RayCluster is, in the one file: apply them with `kubectl apply -f FILE -l spotfallback/cluster=NAME`.
+    """
     karpenter = _choice("--cloud", cloud, KarpenterCloud)
     problem = object_name_error(node_class)
     if problem:

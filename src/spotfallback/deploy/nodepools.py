@@ -47,6 +47,7 @@ from spotfallback.errors import ConfigError, ManifestInvalid
 
 API_VERSION = "karpenter.sh/v1"
 ZONE_KEY = "topology.kubernetes.io/zone"
+CLUSTER_LABEL = "spotfallback/cluster"  # which cluster of a ladder across clusters a document is for
 
 
 class KarpenterCloud(StrEnum):
@@ -121,22 +122,27 @@ def _requirements(tiers: list[tuple[int, Tier]], market: str, provider: _Provide
 
 
 def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]:
-    """One NodePool per market the ladder uses, in ladder order, ready for YAML."""
+    """One NodePool per market the ladder uses, in ladder order, ready for YAML.
+
+    A ladder across clusters gets its pools per cluster, each labelled ``spotfallback/cluster``
+    as its RayCluster is: a NodePool lives in one Kubernetes cluster, and a pool shared by tiers
+    of two clusters would ask each for the other's machines and limits.
+    """
     provider = PROVIDERS[opts.cloud]
     job = with_run_name(job, opts.run_name)
     name = job.name
-    # One pool per market and machine pool: tiers of one market on different GPU types or
-    # instance types need their own, or Karpenter may give either tier the other's machines.
-    by_pool: dict[tuple[str, tuple[tuple[str, str], ...], bool], list[tuple[int, Tier]]] = {}
+    # One pool per cluster, market and machine pool: tiers of one market on different GPU types
+    # or instance types need their own, or Karpenter may give either tier the other's machines.
+    by_pool: dict[tuple[str | None, str, tuple[tuple[str, str], ...], bool], list[tuple[int, Tier]]] = {}
     for i, tier in enumerate(job.tiers):
         gpu = worker_shape(tier, i)[1] > 0
-        key = (_market(tier, i), tuple(sorted(_pool_selector(opts.cloud, tier, i).items())), gpu)
+        key = (job.ladder.cluster_key(i), _market(tier, i), tuple(sorted(_pool_selector(opts.cloud, tier, i).items())), gpu)
         by_pool.setdefault(key, []).append((i, tier))
-    per_market: dict[str, int] = {}
-    for market, _, _ in by_pool:
-        per_market[market] = per_market.get(market, 0) + 1
+    per_market: dict[tuple[str | None, str], int] = {}
+    for cluster, market, _, _ in by_pool:
+        per_market[cluster, market] = per_market.get((cluster, market), 0) + 1
     pools = []
-    for (market, selector, gpu), tiers in by_pool.items():
+    for (cluster, market, selector, gpu), tiers in by_pool.items():
         node_spec: dict[str, Any] = {
             "nodeClassRef": {"group": provider.node_class_group, "kind": provider.node_class_kind, "name": opts.node_class},
             "requirements": _requirements(tiers, market, provider, dict(selector)),
@@ -147,14 +153,17 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
             taints.append(dict(GPU_NODE_TAINT))
         if taints:
             node_spec["taints"] = taints
-        suffix = CAPACITY_TYPES[market] if per_market[market] == 1 else tiers[0][1].name
+        suffix = CAPACITY_TYPES[market] if per_market[cluster, market] == 1 else tiers[0][1].name
+        labels = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(name, 63)}
+        if cluster is not None:
+            labels[CLUSTER_LABEL] = k8s_name(cluster, 63)
         pools.append(
             {
                 "apiVersion": API_VERSION,
                 "kind": "NodePool",
                 "metadata": {
-                    "name": k8s_name(f"{name}-{suffix}", 63),
-                    "labels": {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(name, 63)},
+                    "name": k8s_name(f"{name}-{suffix}" if cluster is None else f"{name}-{cluster}-{suffix}", 63),
+                    "labels": labels,
                 },
                 "spec": {
                     "template": {"spec": node_spec},
@@ -213,7 +222,6 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
     market has a pool that allows it (a spot tier with no pool allowing spot waits until its
     capacity timeout) and whether AKS spot pools taint their nodes as the pods expect."""
     validator = _validator(cloud)
-    allowed: set[str] = set()
     valid_pools: list[dict[str, Any]] = []
     for i, doc in enumerate(docs):
         where = f"NodePool[{i}]"
@@ -223,7 +231,6 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
         for error in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
             yield f"{where}.{_path(error)}: {error.message}"
         types = _capacity_types(doc)
-        allowed |= types if types is not None else set(CAPACITY_TYPES.values())
         valid_pools.append(doc)
         taints = doc.get("spec", {}).get("template", {}).get("spec", {}).get("taints") or []
         if cloud is KarpenterCloud.AKS_NAP and types == {"spot"} and not any(
@@ -234,20 +241,36 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
                 f"{AKS_SPOT_TAINT['key']}=spot:NoSchedule, or on-demand pods land on spot nodes"
             )
     for i, tier in enumerate(job.tiers):
+        # A tier of a ladder across clusters is served only by its own cluster's pools (and by
+        # pools that name no cluster).
+        key = job.ladder.cluster_key(i)
+        mine = valid_pools if key is None else [p for p in valid_pools if _pool_cluster(p) in (None, k8s_name(key, 63))]
+        which = "NodePool" if key is None else f"NodePool of cluster {key!r}"
+        allowed: set[str] = set()
+        for pool in mine:
+            types = _capacity_types(pool)
+            allowed |= types if types is not None else set(CAPACITY_TYPES.values())
         wanted = CAPACITY_TYPES.get(tier.market)
         if wanted and wanted not in allowed:
             yield (
-                f"tiers[{i}] ({tier.name!r}, {tier.market}): no NodePool allows {KARPENTER_KEY} {wanted!r}; its pods "
+                f"tiers[{i}] ({tier.name!r}, {tier.market}): no {which} allows {KARPENTER_KEY} {wanted!r}; its pods "
                 f"would stay pending until the tier's capacity timeout. Add {wanted!r} to a pool's requirements"
             )
             continue
         needs = {KARPENTER_KEY: wanted, **_pool_selector(cloud, tier, i)} if wanted else {}
-        if needs and not any(all(_allows(pool, key, value) for key, value in needs.items()) for pool in valid_pools):
+        if needs and not any(all(_allows(pool, k, value) for k, value in needs.items()) for pool in mine):
             pairs = ", ".join(f"{k}={v}" for k, v in needs.items())
             yield (
-                f"tiers[{i}] ({tier.name!r}): no NodePool allows nodes labelled {pairs}; its pods would stay pending "
+                f"tiers[{i}] ({tier.name!r}): no {which} allows nodes labelled {pairs}; its pods would stay pending "
                 "until the tier's capacity timeout. Add a pool whose requirements allow them"
             )
+
+
+def _pool_cluster(pool: dict[str, Any]) -> str | None:
+    """The cluster a pool is labelled for (None: any)."""
+    labels = pool.get("metadata", {}).get("labels") or {}
+    value = labels.get(CLUSTER_LABEL) if isinstance(labels, dict) else None
+    return value if isinstance(value, str) else None
 
 
 def _allows(pool: dict[str, Any], key: str, value: str) -> bool:
@@ -277,4 +300,15 @@ def render_nodepools(job: JobConfig, opts: NodePoolOptions) -> str:
     ]
     if opts.cloud is KarpenterCloud.EKS_KARPENTER:
         header.append("Karpenter drains spot nodes on AWS's 2-minute notice only with its interruption queue configured.")
-    return "---\n".join(to_yaml(p, header if i == 0 else []) for i, p in enumerate(pools))
+    headers: list[list[str]] = [header] + [[] for _ in pools[1:]]
+    if job.ladder.across_clusters:
+        # One file for every cluster: each applies its own pools by their label.
+        headers = [[] for _ in pools]
+        for key, ref in job.ladder.clusters.items():
+            first = next(i for i, p in enumerate(pools) if _pool_cluster(p) == k8s_name(key, 63))
+            tiers = ", ".join(t.name for i, t in enumerate(job.tiers) if job.ladder.cluster_key(i) == key)
+            region = f" in {ref.region}" if ref.region else ""
+            headers[first] = [*(header if first == 0 else []),
+                              f"Cluster {key!r}{region}: the pools of tiers {tiers}. Apply them in that Kubernetes "
+                              f"cluster: kubectl apply -f FILE -l {CLUSTER_LABEL}={k8s_name(key, 63)}"]
+    return "---\n".join(to_yaml(p, h) for p, h in zip(pools, headers, strict=True))
