@@ -24,6 +24,7 @@ from spotfallback.deploy.nodepools import (
     nodepools_for,
     render_nodepools,
 )
+from spotfallback.deploy.validate import validate_text
 
 DATA = Path(__file__).resolve().parents[2] / "src" / "spotfallback" / "data" / "karpenter"
 SPOT = {"name": "spot", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4}}
@@ -171,3 +172,71 @@ def test_a_ladder_across_clusters_gets_each_clusters_pools_labelled_for_it(cloud
     assert "Cluster 'east' in us-east-1: the pools of tiers spot, on-demand. Apply them in that Kubernetes cluster: " \
            "kubectl apply -f FILE -l spotfallback/cluster=east" in text
     assert "kubectl apply -f FILE -l spotfallback/cluster=west" in text.split("---")[1]
+
+
+# -- `manifest validate` on a NodePool file: one of ours edited by hand, or anyone's ----------------
+
+
+def _dump(pools: list[dict[str, Any]]) -> str:
+    return yaml.safe_dump_all(pools, sort_keys=False)
+
+
+@pytest.mark.parametrize("cloud", list(KarpenterCloud))
+def test_validate_checks_a_nodepool_file_against_its_providers_schema(cloud: KarpenterCloud) -> None:
+    pools = nodepools_for(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=cloud))
+    report = validate_text(_dump(pools))
+    assert report.ok and report.kinds == ("NodePool", "NodePool") and not report.findings
+    pools[1]["spec"]["disruption"]["consolidationPolicy"] = "WhenIdle"
+    pools[1]["spec"]["template"]["spec"]["expireAfter"] = "forever"
+    report = validate_text(_dump(pools))
+    assert sorted((f.document, f.path) for f in report.errors) == [
+        (1, "spec.disruption.consolidationPolicy"), (1, "spec.template.spec.expireAfter")]
+    if cloud is KarpenterCloud.AKS_NAP:  # the spot pool's taint, which the spot pods tolerate
+        del pools[0]["spec"]["template"]["spec"]["taints"]
+        assert ("spec.template.spec.taints", 0) in {(f.path, f.document) for f in validate_text(_dump(pools)).errors}
+
+
+def test_validate_refuses_a_misspelt_field_the_api_server_would_drop() -> None:
+    """As in one of Karpenter's own examples: a grace period that silently never applies."""
+    pool = {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "default"},
+            "spec": {"template": {"spec": {
+                "requirements": [{"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}],
+                "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": "default"},
+                "expireAfter": "168h", "terminationGracePeirod": "24h"}}}}
+    assert [str(f) for f in validate_text(_dump([pool])).errors] == [
+        "spec.template.spec.terminationGracePeirod: unknown field; did you mean 'terminationGracePeriod'?"]
+    pool["spec"]["template"]["spec"]["terminationGracePeriod"] = pool["spec"]["template"]["spec"].pop("terminationGracePeirod")
+    assert validate_text(_dump([pool])).ok
+
+
+def test_validate_names_a_nodepool_it_cannot_check_and_one_of_an_unknown_provider() -> None:
+    (pool,) = nodepools_for(make_job(SPOT), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    old = {**pool, "apiVersion": "karpenter.sh/v1beta1"}
+    assert [str(f) for f in validate_text(_dump([old])).errors] == [
+        "apiVersion: 'karpenter.sh/v1beta1': only karpenter.sh/v1 NodePools are checked (Karpenter v1)"]
+    pool["spec"]["template"]["spec"]["nodeClassRef"]["group"] = "karpenter.example.com"
+    report = validate_text(_dump([pool]))
+    assert report.ok and [f.path for f in report.warnings] == ["spec.template.spec.nodeClassRef.group"]
+
+
+def test_validate_with_the_job_checks_that_the_files_pools_serve_its_ladder(tmp_path: Path) -> None:
+    from spotfallback.cli import manifest as cli_manifest
+
+    job = make_job(SPOT, ON_DEMAND)
+    spot, on_demand = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    assert validate_text(_dump([spot, on_demand]), job=job).ok
+    (finding,) = validate_text(_dump([on_demand, on_demand]), job=job).errors
+    assert finding.of_file and str(finding).startswith(
+        "(job): tiers[0] ('spot', spot): no NodePool allows karpenter.sh/capacity-type 'spot'")
+    # Through the CLI: a file-wide finding names the file, not one of its documents.
+    app = typer.Typer()
+    app.command("noop")(lambda: None)
+    cli_manifest.register(app)
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(job.model_dump(mode="json", exclude_unset=True)))
+    (tmp_path / "pools.yaml").write_text(_dump([on_demand, on_demand]))
+    args = ["manifest", "validate", str(tmp_path / "pools.yaml"), "--job", str(tmp_path / "job.yaml")]
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code == 1 and bad.stderr.startswith(f"{tmp_path / 'pools.yaml'}: (job): tiers[0] ('spot', spot)")
+    (tmp_path / "pools.yaml").write_text(_dump([spot, on_demand]))
+    ok = CliRunner().invoke(app, args)
+    assert ok.exit_code == 0 and ok.stdout == f"{tmp_path / 'pools.yaml'}: ok (NodePool, NodePool)\n"

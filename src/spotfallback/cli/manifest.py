@@ -267,7 +267,7 @@ def launcher_command(
 def _print_report(path: Path, report: Report) -> None:
     many = len(report.kinds) > 1
     for finding in report.findings:
-        where = f"{path}[doc {finding.document + 1}]" if many else str(path)
+        where = f"{path}[doc {finding.document + 1}]" if many and not finding.of_file else str(path)
         prefix = "warning: " if finding.warning else ""
         typer.echo(f"{prefix}{where}: {finding}", err=True)
 
@@ -302,7 +302,9 @@ def nodepools_command(
 
 
 def validate_command(
-    file: Annotated[Path, typer.Argument(exists=True, dir_okay=False, help="RayJob/RayCluster YAML or ray up config.")],
+    file: Annotated[
+        Path, typer.Argument(exists=True, dir_okay=False, help="RayJob/RayCluster YAML, Karpenter NodePools or ray up config.")
+    ],
     kuberay_version: Annotated[
         str | None,
         typer.Option(
@@ -310,14 +312,24 @@ def validate_command(
             "(group labels and resources, SidecarMode need 1.5.0).",
         ),
     ] = None,
+    job: Annotated[
+        Path | None,
+        typer.Option("--job", help="Job file: check that the file's NodePools let every tier's nodes exist."),
+    ] = None,
 ) -> None:
-    """Check a file offline: KubeRay v1 schema (strict) + operator rules, or Ray's launcher schema."""
+    """Check a file offline: KubeRay v1 schema (strict) + operator rules, Karpenter's NodePool schema, or Ray's
+    launcher schema.
+
+    A NodePool is checked against its provider's CRD (by `nodeClassRef.group`); with `--job`, the file's
+    pools are also checked against the ladder, as `manifest nodepools` checks its own.
+    """
     if kuberay_version is not None:
         try:
             parse_version(kuberay_version)
         except ValueError as e:
             _fail(str(e))
-    report = validate_file(file, kuberay_version)
+    config = _load(job, None, False)[0] if job is not None else None
+    report = validate_file(file, kuberay_version, config)
     _print_report(file, report)
     if not report.ok:
         typer.echo(f"{file}: {len(report.errors)} error(s)", err=True)

@@ -194,7 +194,8 @@ def _limits(tiers: list[tuple[int, Tier]]) -> dict[str, str]:
 
 
 @cache
-def _validator(cloud: KarpenterCloud) -> Any:
+def nodepool_validator(cloud: KarpenterCloud) -> Any:
+    """The provider's vendored ``karpenter.sh_nodepools`` CRD schema, made strict, as a validator."""
     text = resources.files("spotfallback").joinpath("data", "karpenter", PROVIDERS[cloud].data_dir, "karpenter.sh_nodepools.yaml").read_text("utf-8")
     return KubernetesValidator(make_strict(extract_crd_schema(yaml.safe_load(text))))
 
@@ -221,7 +222,7 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
     """Errors, each naming the document and field: the CRD schema, then whether every tier's
     market has a pool that allows it (a spot tier with no pool allowing spot waits until its
     capacity timeout) and whether AKS spot pools taint their nodes as the pods expect."""
-    validator = _validator(cloud)
+    validator = nodepool_validator(cloud)
     valid_pools: list[dict[str, Any]] = []
     for i, doc in enumerate(docs):
         where = f"NodePool[{i}]"
@@ -230,21 +231,41 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
             continue
         for error in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
             yield f"{where}.{_path(error)}: {error.message}"
-        types = _capacity_types(doc)
         valid_pools.append(doc)
-        taints = doc.get("spec", {}).get("template", {}).get("spec", {}).get("taints") or []
-        if cloud is KarpenterCloud.AKS_NAP and types == {"spot"} and not any(
-            isinstance(t, dict) and t.get("key") == AKS_SPOT_TAINT["key"] for t in taints
-        ):
-            yield (
-                f"{where}.spec.template.spec.taints: a spot pool on AKS must taint its nodes "
-                f"{AKS_SPOT_TAINT['key']}=spot:NoSchedule, or on-demand pods land on spot nodes"
-            )
+        problem = aks_spot_taint_problem(doc, cloud)
+        if problem:
+            yield f"{where}.{TAINTS_PATH}: {problem}"
+    yield from ladder_findings(valid_pools, job, cloud)
+
+
+TAINTS_PATH = "spec.template.spec.taints"
+
+
+def aks_spot_taint_problem(pool: dict[str, Any], cloud: KarpenterCloud) -> str | None:
+    """Why a spot-only pool on AKS breaks the KubeRay file's placement (no spot taint), or None."""
+    taints = pool.get("spec", {}).get("template", {}).get("spec", {}).get("taints") or []
+    if cloud is KarpenterCloud.AKS_NAP and _capacity_types(pool) == {"spot"} and not any(
+        isinstance(t, dict) and t.get("key") == AKS_SPOT_TAINT["key"] for t in taints
+    ):
+        return (f"a spot pool on AKS must taint its nodes {AKS_SPOT_TAINT['key']}=spot:NoSchedule, or on-demand pods "
+                "land on spot nodes")
+    return None
+
+
+def nodepool_cloud(pool: dict[str, Any]) -> KarpenterCloud | None:
+    """The provider a NodePool is for, by its ``nodeClassRef.group`` (None: neither's)."""
+    ref = pool.get("spec", {}).get("template", {}).get("spec", {}).get("nodeClassRef")
+    group = ref.get("group") if isinstance(ref, dict) else None
+    return next((cloud for cloud, p in PROVIDERS.items() if p.node_class_group == group), None)
+
+
+def ladder_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: KarpenterCloud) -> Iterator[str]:
+    """Whether every tier of ``job`` has a pool of its cluster that lets its pods' nodes exist."""
     for i, tier in enumerate(job.tiers):
         # A tier of a ladder across clusters is served only by its own cluster's pools (and by
         # pools that name no cluster).
         key = job.ladder.cluster_key(i)
-        mine = valid_pools if key is None else [p for p in valid_pools if _pool_cluster(p) in (None, k8s_name(key, 63))]
+        mine = pools if key is None else [p for p in pools if _pool_cluster(p) in (None, k8s_name(key, 63))]
         which = "NodePool" if key is None else f"NodePool of cluster {key!r}"
         allowed: set[str] = set()
         for pool in mine:

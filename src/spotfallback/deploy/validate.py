@@ -1,11 +1,13 @@
-"""Offline validation of KubeRay manifests and Ray cluster-launcher configs.
+"""Offline validation of KubeRay manifests, Karpenter NodePools and Ray cluster-launcher configs.
 
 Two layers, both without a cluster or network:
-1. the shipped schema (KubeRay CRD v1, made strict; Ray's launcher schema), with the
-   Kubernetes list-map/int32 rules the API server adds;
+1. the shipped schema (KubeRay CRD v1, made strict; the Karpenter provider's NodePool CRD, picked
+   by the pool's ``nodeClassRef.group``; Ray's launcher schema), with the Kubernetes
+   list-map/int32 rules the API server adds;
 2. the checks the KubeRay operator (``ray-operator/controllers/ray/utils/validation.go``) makes
    only after the object is accepted, where a mistake surfaces as a failed RayJob much later,
-   plus spotfallback's own rule that the head never runs on spot capacity.
+   plus spotfallback's own rules: the head never runs on spot capacity, and an AKS spot pool
+   taints its nodes as the KubeRay file's pods expect.
 
 Every finding names the field, e.g. ``spec.rayClusterSpec.workerGroupSpecs[0].groupName: required``.
 """
@@ -25,7 +27,8 @@ import yaml
 from jsonschema import ValidationError
 from jsonschema.protocols import Validator
 
-from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig
+from spotfallback.deploy import nodepools as karpenter
 from spotfallback.deploy.clouds import (
     K8S_DEFAULT_GRACE_S,
     ON_DEMAND_NODE_LABELS,
@@ -55,7 +58,7 @@ _RAY_RESOURCE_PARAMS = ("num-cpus", "num-gpus", "memory", "resources")
 
 @dataclass(frozen=True)
 class Finding:
-    """One problem, at one field of one YAML document (0-based)."""
+    """One problem, at one field of one YAML document (0-based), or of the whole file (``of_file``)."""
 
     path: str
     message: str
@@ -64,6 +67,10 @@ class Finding:
 
     def __str__(self) -> str:
         return f"{self.path}: {self.message}"
+
+    @property
+    def of_file(self) -> bool:
+        return self.path in ("(file)", "(job)")
 
 
 @dataclass(frozen=True)
@@ -762,6 +769,26 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
         yield Finding(where, f"the file needs KubeRay {needed}, the operator is {running}; upgrade the operator to {needed} or later")
 
 
+def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
+    """A Karpenter NodePool: its provider's CRD schema, and the AKS spot taint."""
+    if api != karpenter.API_VERSION:
+        return [Finding("apiVersion", f"{api!r}: only {karpenter.API_VERSION} NodePools are checked (Karpenter v1)")]
+    cloud = karpenter.nodepool_cloud(doc)
+    findings: list[Finding] = []
+    if cloud is None:
+        group = _get(doc, "spec", "template", "spec", "nodeClassRef", "group")
+        cloud = karpenter.KarpenterCloud.EKS_KARPENTER
+        if group is not None:
+            findings.append(Finding("spec.template.spec.nodeClassRef.group", f"{_short(group)} is neither "
+                                    "karpenter.k8s.aws (EKS) nor karpenter.azure.com (AKS): checked against EKS's "
+                                    "NodePool schema", warning=True))
+    findings += _schema_check(karpenter.nodepool_validator(cloud), doc)
+    problem = karpenter.aks_spot_taint_problem(doc, cloud)
+    if problem:
+        findings.append(Finding(karpenter.TAINTS_PATH, problem))
+    return findings
+
+
 # --- entry points ------------------------------------------------------------------------------
 
 
@@ -778,6 +805,8 @@ def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str
             findings = _schema_check(launcher_validator(), doc) + list(_launcher_findings(doc))
             return LAUNCHER_KIND, findings
         return "?", [Finding("(top level)", "neither a Kubernetes object (apiVersion, kind) nor a Ray cluster-launcher config")]
+    if kind == "NodePool" and isinstance(api, str) and api.startswith("karpenter.sh/"):
+        return kind, _nodepool_findings(doc, api)
     if not (isinstance(api, str) and api.startswith("ray.io/")):
         return f"{kind} (not checked)", []
     if kind not in KUBERAY_FILES:
@@ -794,32 +823,43 @@ def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str
     return kind, findings
 
 
-def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None) -> Report:
+def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, job: JobConfig | None = None) -> Report:
+    """Every document's findings; with ``job``, also whether the file's NodePools serve its ladder."""
     kinds: list[str] = []
     findings: list[Finding] = []
+    pools: list[dict[str, Any]] = []
     for i, doc in enumerate(d for d in docs if d is not None):
         kind, found = validate_document(doc, kuberay_version)
         kinds.append(kind)
         findings += [Finding(f.path, f.message, f.warning, i) for f in found]
+        if kind == "NodePool":
+            pools.append(_normalize(doc))
     if not kinds:
         findings.append(Finding("(top level)", "the file holds no YAML document"))
+    elif job is not None:
+        if not pools:
+            findings.append(Finding("(file)", "--job checks a file's Karpenter NodePools against the ladder; this file "
+                                    "has none", warning=True))
+        else:
+            cloud = next(filter(None, map(karpenter.nodepool_cloud, pools)), karpenter.KarpenterCloud.EKS_KARPENTER)
+            findings += [Finding("(job)", problem) for problem in karpenter.ladder_findings(pools, job, cloud)]
     return Report(tuple(kinds), tuple(findings))
 
 
-def validate_text(text: str, kuberay_version: str | None = None) -> Report:
+def validate_text(text: str, kuberay_version: str | None = None, job: JobConfig | None = None) -> Report:
     try:
         docs = load_documents(text)
     except ValueError as e:
         return Report((), (Finding("(file)", str(e)),))
-    return validate_documents(docs, kuberay_version)
+    return validate_documents(docs, kuberay_version, job)
 
 
-def validate_file(path: str | Path, kuberay_version: str | None = None) -> Report:
+def validate_file(path: str | Path, kuberay_version: str | None = None, job: JobConfig | None = None) -> Report:
     try:
         text = Path(path).read_text("utf-8")
     except OSError as e:
         return Report((), (Finding("(file)", f"cannot read {path}: {e.strerror}"),))
-    return validate_text(text, kuberay_version)
+    return validate_text(text, kuberay_version, job)
 
 
 def assert_valid(doc: Any) -> None:
