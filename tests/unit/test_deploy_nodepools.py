@@ -240,3 +240,22 @@ def test_validate_with_the_job_checks_that_the_files_pools_serve_its_ladder(tmp_
     (tmp_path / "pools.yaml").write_text(_dump([spot, on_demand]))
     ok = CliRunner().invoke(app, args)
     assert ok.exit_code == 0 and ok.stdout == f"{tmp_path / 'pools.yaml'}: ok (NodePool, NodePool)\n"
+    # A ladder no pool could be matched against is the job file's error, as for `manifest nodepools`.
+    odd = make_job({**SPOT, "label_selector": {"ray.io/market-type": "spot", "ray.io/accelerator-type": "Z9"}})
+    (tmp_path / "job.yaml").write_text(yaml.safe_dump(odd.model_dump(mode="json", exclude_unset=True)))
+    bad = CliRunner().invoke(app, args)
+    assert bad.exit_code == 2 and bad.stderr.startswith(
+        f"error: {tmp_path / 'job.yaml'}: tiers[0].label_selector.ray.io/accelerator-type: 'Z9' is not a GPU type")
+
+
+@pytest.mark.parametrize("spec", [[], "x", {"template": []}, {"template": {"spec": {"requirements": "x", "taints": 3}}},
+                                  {"template": {"spec": {"requirements": [1, {"key": "karpenter.sh/capacity-type",
+                                                                               "operator": "In", "values": "spot"}]}}}])
+def test_validate_reports_a_malformed_nodepool_without_crashing(spec: Any) -> None:
+    """A hand-edited file may hold anything where a mapping belongs: findings, with or without the job."""
+    doc = {"apiVersion": "karpenter.sh/v1", "kind": "NodePool", "metadata": {"name": "p", "labels": []}, "spec": spec}
+    for cloud in ("karpenter.k8s.aws", "karpenter.azure.com"):
+        if isinstance(spec, dict) and isinstance(spec.get("template"), dict):
+            spec["template"]["spec"]["nodeClassRef"] = {"group": cloud, "kind": "X", "name": "d"}
+        report = validate_text(_dump([doc]), job=make_job(SPOT, ON_DEMAND))
+        assert not report.ok and all(f.document == 0 and f.path != "(top level)" for f in report.errors), report

@@ -329,7 +329,11 @@ def validate_command(
         except ValueError as e:
             _fail(str(e))
     config = _load(job, None, False)[0] if job is not None else None
-    report = validate_file(file, kuberay_version, config)
+    try:
+        report = validate_file(file, kuberay_version, config)
+    except ConfigError as e:  # a tier the NodePools cannot be matched against (as `manifest nodepools` says)
+        assert job is not None
+        _config_error(e, job)
     _print_report(file, report)
     if not report.ok:
         typer.echo(f"{file}: {len(report.errors)} error(s)", err=True)

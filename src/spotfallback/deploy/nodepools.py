@@ -205,12 +205,27 @@ def _path(error: ValidationError) -> str:
     return "".join(parts).lstrip(".") or "(top level)"
 
 
+def _node_spec(pool: Any, field: str) -> Any:
+    """``spec.template.spec.<field>`` of a pool, or None where any level is missing or not a mapping
+    (a hand-edited file may hold anything)."""
+    node: Any = pool
+    for key in ("spec", "template", "spec", field):
+        node = node.get(key) if isinstance(node, dict) else None
+    return node
+
+
+def _requirement_list(pool: Any) -> list[dict[str, Any]]:
+    reqs = _node_spec(pool, "requirements")
+    return [r for r in reqs if isinstance(r, dict)] if isinstance(reqs, list) else []
+
+
 def _capacity_types(pool: dict[str, Any]) -> set[str] | None:
     """The capacity types a pool allows (None: unrestricted)."""
     allowed: set[str] | None = None
-    for req in pool.get("spec", {}).get("template", {}).get("spec", {}).get("requirements", []) or []:
-        if isinstance(req, dict) and req.get("key") == KARPENTER_KEY:
-            values = set(req.get("values") or [])
+    for req in _requirement_list(pool):
+        if req.get("key") == KARPENTER_KEY:
+            raw = req.get("values")
+            values = {v for v in raw if isinstance(v, str)} if isinstance(raw, list) else set()
             if req.get("operator") == "In":
                 allowed = values if allowed is None else allowed & values
             elif req.get("operator") == "NotIn":
@@ -243,7 +258,8 @@ TAINTS_PATH = "spec.template.spec.taints"
 
 def aks_spot_taint_problem(pool: dict[str, Any], cloud: KarpenterCloud) -> str | None:
     """Why a spot-only pool on AKS breaks the KubeRay file's placement (no spot taint), or None."""
-    taints = pool.get("spec", {}).get("template", {}).get("spec", {}).get("taints") or []
+    taints = _node_spec(pool, "taints")
+    taints = taints if isinstance(taints, list) else []
     if cloud is KarpenterCloud.AKS_NAP and _capacity_types(pool) == {"spot"} and not any(
         isinstance(t, dict) and t.get("key") == AKS_SPOT_TAINT["key"] for t in taints
     ):
@@ -254,7 +270,7 @@ def aks_spot_taint_problem(pool: dict[str, Any], cloud: KarpenterCloud) -> str |
 
 def nodepool_cloud(pool: dict[str, Any]) -> KarpenterCloud | None:
     """The provider a NodePool is for, by its ``nodeClassRef.group`` (None: neither's)."""
-    ref = pool.get("spec", {}).get("template", {}).get("spec", {}).get("nodeClassRef")
+    ref = _node_spec(pool, "nodeClassRef")
     group = ref.get("group") if isinstance(ref, dict) else None
     return next((cloud for cloud, p in PROVIDERS.items() if p.node_class_group == group), None)
 
@@ -289,17 +305,19 @@ def ladder_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: Karpente
 
 def _pool_cluster(pool: dict[str, Any]) -> str | None:
     """The cluster a pool is labelled for (None: any)."""
-    labels = pool.get("metadata", {}).get("labels") or {}
+    metadata = pool.get("metadata")
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
     value = labels.get(CLUSTER_LABEL) if isinstance(labels, dict) else None
     return value if isinstance(value, str) else None
 
 
 def _allows(pool: dict[str, Any], key: str, value: str) -> bool:
     """Whether a NodePool's requirements let it make a node labelled ``key=value``."""
-    for req in pool.get("spec", {}).get("template", {}).get("spec", {}).get("requirements", []) or []:
-        if not isinstance(req, dict) or req.get("key") != key:
+    for req in _requirement_list(pool):
+        if req.get("key") != key:
             continue
-        op, values = req.get("operator"), req.get("values") or []
+        op, raw = req.get("operator"), req.get("values")
+        values: list[Any] = raw if isinstance(raw, list) else []
         if (op == "In" and value not in values) or (op == "NotIn" and value in values) or op == "DoesNotExist":
             return False
     return True
