@@ -46,7 +46,10 @@ SMALL = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=5 / 60, restart_
 SMALL_FITS = SMALL.model_copy(update={"checkpoint_cost_h": 1 / 60})
 # Leave one trace out and the ladder bound run for each: whether JIT saves the work at a notice
 # changes what separates a ladder from the optimum, which writes once, just before each stop.
-HELD_OUT_JOBS = {"5 min write, longer than the notice": SMALL, "1 min write, within the notice": SMALL_FITS}
+# The latter, also answering the controller's checkpoint requests: climbs back between checkpoints.
+SMALL_ASKED = SMALL_FITS.model_copy(update={"checkpoint_on_request": True})
+HELD_OUT_JOBS = {"5 min write, longer than the notice": SMALL, "1 min write, within the notice": SMALL_FITS,
+                 "1 min write, checkpoints on request": SMALL_ASKED}
 # The README's job: 100 h on 8 workers, 150 h deadline.
 LARGE = PlanRequest(work_h=100, num_workers=8, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
                     provisioning_delay_h=0.05, spot_price=0.9, on_demand_price=3.06, deadline_h=150, runs=400)
@@ -178,7 +181,8 @@ def main() -> None:
 def leave_one_trace_out(base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> None:
     """Print ``held_out_rows`` for every trace under ``base`` as each is done."""
     paths = trace_paths(base)
-    print(f"\nleave one trace out: the 10 h job ({60 * req.checkpoint_cost_h:g} min write, {req.notice_s:g} s notice, "
+    asked = ", checkpoints on request" if req.checkpoint_on_request else ""
+    print(f"\nleave one trace out: the 10 h job ({60 * req.checkpoint_cost_h:g} min write, {req.notice_s:g} s notice{asked}, "
           f"{req.deadline_probability:g} on time asked), planned on the other "
           f"{len(paths) - 1} traces, replayed unchanged on every {window_h:g} h window of the held-out one:")
     print(f"  {'held-out trace':50s} {'windows':>7s} {'vs optimum mean / p95':>22s} {'> OD':>5s} {'on time':>8s}  "

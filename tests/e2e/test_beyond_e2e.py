@@ -10,6 +10,7 @@ the controller shell's own logic need no cluster.
 from __future__ import annotations
 
 import itertools
+import time
 
 import pytest
 
@@ -79,6 +80,28 @@ def actions(records) -> list[str]:
     return [r.decision["action"] for r in records if r.decision and r.decision["action"] != "continue"]
 
 
+def fall_then_climb_back(injector, trainer, driver, notice_s: float, on_spot, on_demand, linger_s: float = 0.0):
+    """The spot gang (all three spot nodes) is preempted with its budget spent, waits on on-demand while
+    two spot nodes cannot hold it, and climbs back once the third is replenished: (records, result).
+
+    ``on_spot`` / ``on_demand``: ledger conditions that say the run is on each, ``linger_s`` after them.
+    """
+    ledger = trainer.ledger
+    wait_for(ledger, on_spot, 120, driver)
+    time.sleep(linger_s)
+    injector.preempt_one("spot", notice_s=notice_s)
+    wait_for(ledger, on_demand, 120, driver)
+    time.sleep(linger_s)
+    assert "climb_back" not in actions(ledger.read())  # two nodes cannot hold the spot gang
+    injector.replenish("spot", count=1)
+    result = driver.join(240)
+    assert driver.error is None, driver.error
+    records = ledger.read()
+    assert actions(records) == ["switch_tier", "climb_back", "complete"]
+    assert [tier for tier, _ in acquired(records)] == [0, 1, 0]
+    return records, result
+
+
 # ----------------------------------------------------------------- the controller shell, no cluster needed
 
 
@@ -145,18 +168,11 @@ def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there
     ]
     trainer = make_trainer(tmp_path, unique_name("climb"), ladder)
     driver = Background(trainer.fit)
-    ledger = trainer.ledger
-    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, driver)
-    injector.preempt_one("spot", notice_s=1.0)  # budget spent, and two spot nodes are left
-    wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 2, 120, driver)
-    assert "climb_back" not in actions(ledger.read())  # two nodes cannot hold the spot gang
-    injector.replenish("spot", count=1)
-    result = driver.join(240)
-    assert driver.error is None, driver.error
-
-    records = ledger.read()
-    assert actions(records) == ["switch_tier", "climb_back", "complete"]
-    assert [tier for tier, _ in acquired(records)] == [0, 1, 0]
+    records, result = fall_then_climb_back(
+        injector, trainer, driver, 1.0,
+        on_spot=lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1,
+        on_demand=lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 2,
+    )
     climb = next(r for r in records if r.event.kind == "capacity_observed")
     assert (climb.tier, climb.event.tier, climb.event.available_workers) == (1, 0, 3)
     summary = summarize(trainer.ladder, records)
@@ -167,6 +183,34 @@ def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there
     assert summary.tiers[0].running_s == pytest.approx(spot_s)
     assert summary.tiers[0].spend == pytest.approx(spot_s / 3600 * 3 * 0.9)
     assert summary.tiers[1].spend > 0 and summary.spend == pytest.approx(summary.tiers[0].spend + summary.tiers[1].spend)
+    assert result.metrics["step"] == STEPS
+    print_timeline(records)
+
+
+def test_without_periodic_checkpoints_the_climb_back_asks_the_gang_for_one_and_loses_no_work(cluster, injector, tmp_path):
+    from spotfallback import Tier
+
+    ladder = [
+        Tier.spot(3, max_preemptions=0, climb_back=True, min_dwell_s=2, price_per_worker_hour=0.9),
+        Tier.on_demand(2, price_per_worker_hour=3.06),
+    ]
+    # Checkpoints only just in time: on the notice, and when the controller asks for one.
+    trainer = make_trainer(tmp_path, unique_name("askclimb"), ladder, checkpoint_every=10**6,
+                           preemption_check_every=1, preemption_answer_requests=True)
+    driver = Background(trainer.fit)
+    records, result = fall_then_climb_back(  # no checkpoints to wait for: some steps after each start
+        injector, trainer, driver, 10.0, linger_s=5.0,
+        on_spot=lambda rs: [t for t, _ in acquired(rs)] == [0],
+        on_demand=lambda rs: [t for t, _ in acquired(rs)] == [0, 1],
+    )
+    decided = [r.decision["action"] if r.decision else None for r in records]
+    switch, climb = decided.index("switch_tier"), decided.index("climb_back")
+    back = max(i for i, r in enumerate(records) if r.event.kind == "workers_acquired")
+    asked = [r for r in records[climb:back] if r.event.kind == "checkpoint_committed"]
+    on_demand = [r for r in records[switch:climb] if r.event.kind == "checkpoint_committed"]
+    assert len(asked) == 1 and not on_demand  # the one checkpoint on on-demand is the one the climb asked for
+    jit = [r for r in records[:switch] if r.event.kind == "checkpoint_committed"]
+    assert jit and asked[0].event.step > jit[-1].event.step  # the steps on on-demand were kept
     assert result.metrics["step"] == STEPS
     print_timeline(records)
 

@@ -157,6 +157,9 @@ def test_a_climbing_recommendation_without_periodic_checkpoints_says_it_never_cl
     assert any("does not return" in n for n in p.notes)
     periodic = plan(request(work_h=10, num_workers=1, deadline_h=15, spot_price=0.3, on_demand_price=1.0), trace)
     assert periodic.recommended.tau_h is not None and not any("does not return" in n for n in periodic.notes)
+    asked = plan(request(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, deadline_h=15, spot_price=0.3,
+                         on_demand_price=1.0, checkpoint_on_request=True), trace)
+    assert not any("does not return" in n for n in asked.notes)  # its climbs ask for their own checkpoint
 
 
 def test_observed_mtbf_of_a_trace():

@@ -54,6 +54,7 @@ def worlds(draw):
         provisioning_delay_h=draw(st.sampled_from([0.0, 0.05, 0.2])),
         notice_s=draw(st.sampled_from([0.0, 120.0, 600.0])),
         jit_checkpoint=draw(st.booleans()),
+        checkpoint_on_request=draw(st.booleans()),
         deadline_h=work * draw(st.sampled_from([1.1, 1.5, 2.5])),
     )
     return trace, job, draw(st.sampled_from([0.1, 0.3, 0.9])), draw(st.integers(0, 1000))

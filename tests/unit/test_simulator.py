@@ -175,6 +175,7 @@ def scenarios(draw):
         provisioning_delay_h=draw(st.sampled_from([0.0, 0.05, 0.5])),
         notice_s=draw(st.sampled_from([0.0, 30.0, 120.0, 600.0])),
         jit_checkpoint=draw(st.booleans()),
+        checkpoint_on_request=draw(st.booleans()),
         move_restart_h=draw(st.sampled_from([0.0, 0.2])) if across else 0.0,
         move_cost=draw(st.sampled_from([0.0, 2.0])) if across else 0.0,
     )
@@ -213,15 +214,18 @@ def assert_same_runs(fast, ref) -> None:
                 assert a[key] == b[key], (i, key, a, b)
 
 
+@pytest.mark.parametrize("on_request", [False, True])
 @pytest.mark.parametrize("world_name", ["spot", "spot4", "nodes", "rate"])
 @pytest.mark.parametrize(("pace", "climb", "m", "budgets", "lead"),
                          [(1.0, True, -1, "carry", 0.0), (0.0, True, 3, "carry", 0.0), (0.5, True, 2, "fresh", 0.0),
                           (1.0, False, -1, "carry", 0.0), (1.0, True, -1, "carry", 0.1 + 0.7 + 5 / 60),
                           (1.0, False, -1, "carry", 0.1 + 0.7 + 5 / 60)])
-def test_fast_engine_matches_policy_engine_on_guarded_climbing_ladders(world_name, pace, climb, m, budgets, lead):
-    """The planner's ladders, which the random scenarios above rarely reach: many climbs."""
+def test_fast_engine_matches_policy_engine_on_guarded_climbing_ladders(world_name, pace, climb, m, budgets, lead,
+                                                                       on_request):
+    """The planner's ladders, which the random scenarios above rarely reach: many climbs, at checkpoint
+    ends or, for a gang that checkpoints on request, at any look."""
     job = JobSpec(work_h=24, checkpoint_interval_h=0.7, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
-                  provisioning_delay_h=0.05, notice_s=120, deadline_h=36)
+                  provisioning_delay_h=0.05, notice_s=120, deadline_h=36, checkpoint_on_request=on_request)
     guard = {"deadline_h": 36, "work_h": float(wall_to_finish(24, 0.7, 5 / 60)), "pace": pace, "margin_h": 0.4,
              "first_commit_h": lead}
     spot = Tier.spot(4, max_preemptions=m, capacity_timeout_s=None if m == -1 else 1800, price_per_worker_hour=0.9,
@@ -459,3 +463,30 @@ def test_a_move_to_another_cluster_pays_its_egress_and_longer_restart(engine):
     np.testing.assert_allclose(across.spend[moved] - within.spend[moved], 2.0 + 0.25 * 1.0)
     np.testing.assert_allclose(across.wall_h[moved] - within.wall_h[moved], 0.25)
     np.testing.assert_allclose(across.spend[~moved], within.spend[~moved])
+
+
+@pytest.mark.parametrize("engine", ["policy", "fast"])
+def test_a_gang_that_checkpoints_on_request_climbs_back_between_checkpoints(engine):
+    """No periodic checkpoint: a run that fell to on-demand returns to spot only if it can ask for a checkpoint.
+
+    Spot is there for 2 h, gone for 2 h, then back; the notice holds the 1-minute write, so the
+    fall loses nothing. Asked, the on-demand gang saves at the first look after spot is back
+    (a 5-minute grid) and the climb costs that write and one restart.
+    """
+    trace = SpotTrace("back", 1800.0, np.array([1] * 4 + [0] * 4 + [1] * 60, dtype=np.int64))
+    ladder = [Tier.spot(1, max_preemptions=0, capacity_timeout_s=None, climb_back=True, min_dwell_s=0,
+                        price_per_worker_hour=0.3),
+              Tier.on_demand(1, price_per_worker_hour=1.0)]
+    world = world_for(ladder, trace)
+    runs = {}
+    for asked in (False, True):
+        job = JobSpec(work_h=10, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1, notice_s=120,
+                      checkpoint_on_request=asked)
+        runs[asked] = simulate(ladder, job, world, runs=1, start_h=np.array([0.0]), engine=engine).outcome(0)
+    stays, climbs = runs[False], runs[True]
+    assert (stays["switches"], stays["final_tier"]) == (1, 1)
+    assert (climbs["switches"], climbs["final_tier"]) == (2, 0)
+    # On-demand from the preemption at 2 h (workers up at once, computing 0.1 h later) to the first
+    # look at or after 4 h on its 5-minute grid, 2.1 + 23 / 12 h, and the write after it.
+    assert climbs["billed_h"] - climbs["spot_h"] == pytest.approx(2.1 + 23 / 12 + 1 / 60 - 2.0)
+    assert climbs["spend"] < stays["spend"] and climbs["lost_work_h"] == stays["lost_work_h"] == 0.0

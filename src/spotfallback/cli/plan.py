@@ -338,6 +338,11 @@ def register(app: typer.Typer) -> None:
         provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
         notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
         no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
+        on_request: bool = typer.Option(
+            False, "--checkpoint-on-request",
+            help="The training function answers the controller's checkpoint requests (PreemptionWatch("
+            "answer_requests=True)): climbs back come between periodic checkpoints, at the cost of one write.",
+        ),
         spot_price: list[float] = typer.Option(
             [0.9], "--spot-price",
             help="Spot price per worker-hour; repeat to price each spot pool (--trace / --node-trace, in order) on its own.",
@@ -419,7 +424,7 @@ def register(app: typer.Typer) -> None:
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                 restart_overhead_h=restart_overhead_s / 3600.0, provisioning_delay_h=provisioning_delay_s / 3600.0,
-                notice_s=notice_s, jit_checkpoint=not no_jit, spot_price=spot_price[0],
+                notice_s=notice_s, jit_checkpoint=not no_jit, checkpoint_on_request=on_request, spot_price=spot_price[0],
                 pool_prices=tuple(spot_price) if len(spot_price) > 1 else (), on_demand_price=on_demand_price,
                 deadline_h=deadline_h, deadline_probability=deadline_prob, seed_max_preemptions=seed_m,
                 runs=runs, seed=seed, clusters=tuple(cluster), move_restart_h=move_restart_s / 3600.0,

@@ -40,7 +40,9 @@ seconds / every N steps and, on one, checkpoint just in time and restart off the
 node, through ``spotfallback.notices.PreemptionWatch``), ``preemption_train_on`` (True: train
 through the notice and save when a replacement is up or the deadline is the save's lead away,
 planned with the longest periodic checkpoint write so far; False: save at the notice),
-``preemption_move`` (True: False holds until the node goes instead), ``preemption_hold_s``
+``preemption_move`` (True: False holds until the node goes instead), ``preemption_answer_requests``
+(False: True also answers the controller's checkpoint requests at the same checks, so a climb
+back to a higher tier need not wait for a periodic checkpoint), ``preemption_hold_s``
 (60: how long past the deadline a hold lasts), ``jit_checkpoint_delay_s`` (0: extra seconds a
 just-in-time checkpoint write takes, to test notices shorter than a write), ``step_log`` (None: a file
 where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to measure lost work),
@@ -96,6 +98,7 @@ DEFAULTS: dict[str, Any] = {
     "preemption_hold_s": 60.0,
     "preemption_move": True,
     "preemption_train_on": True,
+    "preemption_answer_requests": False,
     "jit_checkpoint_delay_s": 0.0,
     "step_log": None,
     "step_gate": None,
@@ -356,7 +359,8 @@ def train_fn(config: dict[str, Any]) -> None:
             metrics["weights_sha256"] = state_hash(model)
         # Every rank reaches check() at the same steps (it is a collective); on a notice the
         # gang trains on until the save is due, then checkpoints the full state and restarts
-        # off the draining node.
+        # off the draining node; on the controller's request it checkpoints and the controller
+        # moves it.
         if watch is not None and not last and watch.check():
             watch.save_and_move(
                 functools.partial(
@@ -385,6 +389,7 @@ def _preemption_watch(cfg: dict[str, Any]) -> Any:
         max_hold_s=float(cfg["preemption_hold_s"]),
         move=bool(cfg["preemption_move"]),
         train_on=bool(cfg["preemption_train_on"]),
+        answer_requests=bool(cfg["preemption_answer_requests"]),
     )
 
 

@@ -3,7 +3,8 @@
 ``agent``: ``NoticeAgent`` and the AWS / GCP / Azure / Kubernetes pollers behind
 ``spotfallback notice-agent``. ``drain``: the one drain call shared with the local injector.
 ``health``: each agent's health record in the run's storage, which `spotfallback status` shows.
-``jit``: ``PreemptionWatch`` for training functions. Nothing here imports Ray at import time.
+``jit``: ``PreemptionWatch`` for training functions. ``requests``: the controller's checkpoint requests
+that a watch with ``answer_requests`` answers. Nothing here imports Ray at import time.
 """
 
 from spotfallback.notices.agent import LedgerRecorder, NoticeAgent, RayDrain
@@ -20,6 +21,7 @@ from spotfallback.notices.metadata import (
     detect_cloud,
     make_poller,
 )
+from spotfallback.notices.requests import CheckpointRequest, CheckpointRequests
 from spotfallback.notices.runlog import RunLog
 
 __all__ = [
@@ -27,6 +29,8 @@ __all__ = [
     "AgentState",
     "AwsPoller",
     "AzurePoller",
+    "CheckpointRequest",
+    "CheckpointRequests",
     "GcpPoller",
     "HealthReporter",
     "LedgerRecorder",

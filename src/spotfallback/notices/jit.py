@@ -53,6 +53,7 @@ from spotfallback.errors import GangMovedError, JitHoldExpiredError
 from spotfallback.events import CheckpointCommitted, JitCheckpoint, LedgerRecord
 from spotfallback.notice_window import RAY_TRAIN_POLL_S, commit_margin_s, save_due
 from spotfallback.notices.move import Move, Placement
+from spotfallback.notices.requests import CheckpointRequest, CheckpointRequests
 from spotfallback.notices.runlog import RunLog
 
 logger = logging.getLogger("spotfallback")
@@ -141,6 +142,12 @@ class PreemptionWatch:
     ``look_every_s``: how often rank 0 looks again while training on; ``save_margin_s``: the
     lead's fixed part (default: one poll of Ray Train's controller, which collects the report,
     at the interval this worker runs under, plus clock skew: ``notice_window.commit_margin_s``).
+
+    ``answer_requests``: in a spotfallback run, also answer the controller's checkpoint
+    requests (``notices/requests.py``) at the same asks, so a climb back to a higher tier need
+    not wait for a periodic checkpoint: ``check()`` then returns a ``CheckpointRequest``, and
+    ``save_and_move`` saves and holds until the controller stops the gang. Costs one more
+    barrier per ask; pass the same value on every rank. ``requests`` replaces the channel in tests.
     """
 
     def __init__(
@@ -162,6 +169,8 @@ class PreemptionWatch:
         save_s: float | None = None,
         look_every_s: float = 1.0,
         save_margin_s: float | None = None,
+        answer_requests: bool = False,
+        requests: CheckpointRequests | None = None,
     ) -> None:
         if every_steps is not None and every_steps < 1:
             raise ValueError("every_steps must be >= 1")
@@ -196,15 +205,21 @@ class PreemptionWatch:
         self._per_call_s: float | None = None  # rank 0's pace: seconds per check() call
         self._due = False  # the save is due: every rank agreed
         self._noticed: tuple[float, int] | None = None  # (wall clock, calls) when the notice was seen
+        self.answer_requests = answer_requests
+        self._requests: CheckpointRequests | None = None
         if record and self.rank == 0:
             self._log = self.session.run_log()
             if self._log is not None:
                 self._reconcile()
+        if answer_requests and self.rank == 0 and (requests is not None or self._log is not None):
+            self._requests = requests or CheckpointRequests(self._log.location.name)  # type: ignore[union-attr]
+            self._requests.listen()
 
     # -- asking ---------------------------------------------------------------------------
 
     def check(self) -> Any:
-        """Call at every step boundary on every rank: Ray's PreemptionInfo once the save is due, else None.
+        """Call at every step boundary on every rank: Ray's PreemptionInfo once the save is due (or,
+        with ``answer_requests``, the controller's ``CheckpointRequest``), else None.
 
         Without a notice it asks Ray about every ``every_s``. After one, while the gang trains
         on, rank 0 looks about every ``look_every_s`` and every rank gets its answer.
@@ -225,7 +240,7 @@ class PreemptionWatch:
         self._last_ask = (now, self.calls)
         self._next_ask = self.calls + self.interval
         if info is None:
-            return None
+            return self._requested() if self.answer_requests else None
         self.notice = info
         self._noticed = (self.wall(), self.calls)
         if self.rank == 0:
@@ -241,6 +256,17 @@ class PreemptionWatch:
             self._due = True
             return info
         return self._look()
+
+    def _requested(self) -> CheckpointRequest | None:
+        """Every rank, at an ask: the controller's checkpoint request, as rank 0 read it."""
+        pending = self._requests.pending() if self._requests is not None else None
+        request = self.session.broadcast(pending)  # barrier
+        if not isinstance(request, CheckpointRequest):
+            return None
+        self.notice, self._due = request, True
+        if self.rank == 0:
+            logger.warning("the controller asks for a checkpoint: %s", request.reason)
+        return request
 
     def _look(self) -> Any:
         """Every rank, at the same call: rank 0 says whether the save is due and when it looks next."""
@@ -356,6 +382,12 @@ class PreemptionWatch:
         """Record ``started``, run ``report``, record ``reported``; returns the attempt id."""
         if self.notice is None:
             raise RuntimeError("save_and_move() and save_and_hold() need the notice check() returned")
+        if isinstance(self.notice, CheckpointRequest):  # no notice: the controller's own move records itself
+            t0 = time.time()
+            report()
+            if self.rank == 0:
+                logger.warning("requested checkpoint of step %s reported in %.2fs", step, time.time() - t0)
+            return self.notice.id
         deadline = deadline_s_of(self.notice)
         attempt = uuid.uuid4().hex[:12]
         info: dict[str, Any] = {
@@ -434,11 +466,17 @@ class PreemptionWatch:
         logger.warning("nothing could be placed off the draining node(s) before the deadline: holding")
 
     def hold(self) -> NoReturn:
-        """Wait for the node to go (neither train on nor return); raise if it never does."""
+        """Wait for the node to go, or the controller to stop the gang (neither train on nor return);
+        raise if neither happens."""
         deadline = deadline_s_of(self.notice) or time.time() + NO_DEADLINE_WAIT_S
         until = deadline + self.max_hold_s
         while time.time() < until:
             time.sleep(0.2)
+        if isinstance(self.notice, CheckpointRequest):
+            raise JitHoldExpiredError(
+                f"the workers were still running {self.max_hold_s:g}s after the controller's wait for the requested "
+                "checkpoint ended; the controller normally stops them as soon as it is committed"
+            )
         raise JitHoldExpiredError(
             f"the workers were still running {self.max_hold_s:g}s after the preemption deadline; "
             "Ray Train normally restarts them at the deadline"

@@ -3,8 +3,10 @@
 Capacity itself (``notices.placement.tier_capacity``) is the number of workers the alive,
 non-draining nodes matching a tier's label selector could hold, counted from their total
 resources: the question is "could this tier's gang be placed", and the current gang's own
-nodes count for an elastic tier. Observations are made only shortly after a checkpoint commit
-(so a move loses little work) and at most every ``SPOTFALLBACK_CAPACITY_POLL_S`` seconds.
+nodes count for an elastic tier. Observations are made at most every
+``SPOTFALLBACK_CAPACITY_POLL_S`` seconds, and only shortly after a checkpoint commit (so a move
+loses little work), except the higher tiers' while the gang answers checkpoint requests
+(``notices/requests.py``): a climb then asks for its own checkpoint first.
 """
 
 from __future__ import annotations
@@ -73,14 +75,26 @@ class CapacityWatch:
             self.moved_at = event.t
             self.checkpoints = []  # checkpoints of the stopped gang say nothing about the next
 
-    def due(self, now: float, running_since: float | None) -> bool:
-        """Observe now? Only after a checkpoint of the running gang, and not too often."""
-        if now - self.last_poll < self.poll_s or not self.checkpoints or running_since is None:
+    def due(self, now: float, running_since: float | None, any_time: bool = False) -> bool:
+        """Observe now? Not too often, and only after a checkpoint of the running gang unless ``any_time``."""
+        if now - self.last_poll < self.poll_s or running_since is None:
             return False
-        if self.checkpoints[-1] < running_since or now - self.checkpoints[-1] > self.after_checkpoint_s:
+        if not any_time and not self.after_commit(now, running_since):
             return False
         self.last_poll = now
         return True
+
+    def after_commit(self, now: float, running_since: float) -> bool:
+        """Whether the running gang committed a checkpoint in the last ``after_checkpoint_s``."""
+        return bool(self.checkpoints) and running_since <= self.checkpoints[-1] >= now - self.after_checkpoint_s
+
+    def remaining_now_s(self, now: float, running_since: float) -> float | None:
+        """The work left now, for a checkpoint taken now: the last report less the time the gang has run since
+        (since its last commit, or since it started from the checkpoint that report came with)."""
+        if self.remaining_work_s is None:
+            return None
+        since = self.checkpoints[-1] if self.checkpoints and self.checkpoints[-1] >= running_since else running_since
+        return max(0.0, self.remaining_work_s - max(0.0, now - since))
 
 
 def start_size(tier: Tier) -> int:

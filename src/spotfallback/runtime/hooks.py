@@ -126,6 +126,12 @@ class TierFailurePolicy(FailurePolicy):
             logger.info("[spotfallback] the run's driver is gone; its workers ended with it: nothing recorded")
             return FailureDecision.RAISE
         rt = runtime_for(self.spec)
+        if rt.climbing is not None:
+            # The policy has already moved the run up; the gang it was stopping ended on its own.
+            logger.info("[spotfallback] the gang ended while saving the checkpoint asked for the climb to %r: "
+                        "starting there from the latest checkpoint", rt.climbing.tier.name)
+            rt.end_climb()
+            return FailureDecision.RETRY
         failure = classify(training_failed_error, lambda: _node_troubles(rt.worker_nodes))
         if looks_collateral(failure):
             # A peer's node may still be dying; give the GCS a moment before blaming the code.
@@ -236,6 +242,9 @@ class TierScalingPolicy(FixedScalingPolicy):
 
     def on_controller_start_worker_group(self, *, scaling_config: ScalingConfig, num_workers: int) -> dict[str, str] | None:
         withdraw_replacement(self._coordinator_client, self.spec.location.name)  # the run's own request covers it now
+        rt = self._runtime()
+        rt.end_climb()
+        rt.requests.new_gang()  # an old request is not for this gang; it says itself whether it answers
         return dict(self._runtime().tier.label_selector) or None
 
     async def before_controller_shutdown(self) -> None:

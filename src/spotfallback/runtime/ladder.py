@@ -13,6 +13,11 @@ the higher tier's capacity, hand the count to the pure policy as ``CapacityObser
 on ``ClimbBack`` (the runtime has already moved to the higher tier) answer with a
 ``ResizeDecision`` of that tier's size. Elastic growth is the same with ``Resize``, and a
 shrunk gang that its tier's deadline guard sends down gets a ``SwitchTier`` answered the same way.
+
+A gang that answers checkpoint requests (``notices/requests.py``) has its higher tiers'
+capacity watched all the time, not only just after its periodic checkpoints: on ``ClimbBack``
+the runtime asks it for a checkpoint and answers with the ``ResizeDecision`` once that
+checkpoint is committed (or the wait for it ends), so the climb loses no work.
 """
 
 from __future__ import annotations
@@ -32,6 +37,7 @@ from ray.train.v2._internal.constants import (
 from spotfallback.config import Ladder, Tier
 from spotfallback.events import CapacityObserved, ClimbBack, Decision, Event, Resize, SwitchTier
 from spotfallback.notices.placement import tier_capacity
+from spotfallback.notices.requests import CheckpointRequests
 from spotfallback.policy import FallbackPolicy, PolicyState
 from spotfallback.runtime.capacity import CapacityWatch, start_size
 from spotfallback.store.heartbeat import HeartbeatThrottle
@@ -42,6 +48,17 @@ logger = logging.getLogger("spotfallback")
 
 # How often a capacity wait wakes up to re-check its deadline when there is none nearer.
 _MAX_START_WAIT_S = float(os.environ.get(WORKER_GROUP_START_TIMEOUT_S_ENV_VAR, DEFAULT_WORKER_GROUP_START_TIMEOUT_S))
+# How long a climb waits for the checkpoint it asked for before it stops the gang anyway.
+REQUEST_WAIT_S = float(os.environ.get("SPOTFALLBACK_CHECKPOINT_REQUEST_WAIT_S", "300"))
+
+
+@dataclass(frozen=True)
+class PendingClimb:
+    """A climb decided while the gang writes the checkpoint it was asked for."""
+
+    tier: Tier
+    num_workers: int
+    asked_at: float
 
 
 @dataclass(frozen=True)
@@ -68,6 +85,8 @@ class LadderRuntime:
         self.worker_nodes: list[str] = []
         self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
         self.watch = CapacityWatch()  # measurements for climbing back / elastic growth
+        self.requests = CheckpointRequests(spec.location.name)
+        self.climbing: PendingClimb | None = None
 
     @property
     def tier(self) -> Tier:
@@ -100,28 +119,44 @@ class LadderRuntime:
         """Feed capacity observations to the policy; (new tier, gang size) when it says move."""
         now = time.time()
         with self.lock:
+            if self.climbing is not None:
+                return self._climb_when_saved(now)
             state = self.state
-            if not self.watch.due(now, state.running_since):
+            if state.running_since is None:
                 return None
             tiers = self.policy.tiers
             cur = state.tier
-            targets = [j for j in range(cur) if tiers[j].climb_back and self.policy.ladder.same_cluster(j, cur)]
-            if tiers[cur].is_elastic and state.workers < tiers[cur].num_workers:
+            climbs = [j for j in range(cur) if tiers[j].climb_back and self.policy.ladder.same_cluster(j, cur)]
+            on_request = bool(climbs) and self.requests.listened()
+            after_commit = self.watch.after_commit(now, state.running_since)
+            if not self.watch.due(now, state.running_since, any_time=on_request):
+                return None
+            targets = climbs if after_commit or on_request else []
+            if after_commit and tiers[cur].is_elastic and state.workers < tiers[cur].num_workers:
                 targets.append(cur)
             for j in targets:
                 available = tier_capacity(tiers[j])
+                ask = on_request and j < cur
                 event = CapacityObserved(
                     t=now,
                     tier=j,
                     available_workers=available,
-                    remaining_work_s=self.watch.remaining_work_s,
+                    remaining_work_s=self.watch.remaining_now_s(now, state.running_since) if ask
+                    else self.watch.remaining_work_s,
                     restart_s=self.watch.restart_s,
                     checkpoint_interval_s=self.watch.checkpoint_interval_s,
                 )
                 decision = self.apply(event, {"tier": tiers[j].name})
                 if isinstance(decision, ClimbBack):
+                    size = max(tiers[j].fewest_workers, available)
+                    if ask:
+                        self.requests.ask(f"climbing back to {tiers[j].name!r}", REQUEST_WAIT_S)
+                        self.climbing = PendingClimb(tiers[j], size, now)
+                        logger.info("[spotfallback] climbing back from %r to %r once the gang has saved a checkpoint: %s",
+                                    tiers[cur].name, tiers[j].name, decision.reason)
+                        return None
                     logger.info("[spotfallback] climbing back from %r to %r: %s", tiers[cur].name, tiers[j].name, decision.reason)
-                    return tiers[j], max(tiers[j].fewest_workers, available)
+                    return tiers[j], size
                 if isinstance(decision, Resize):
                     logger.info("[spotfallback] resizing %r to %d workers", tiers[cur].name, decision.num_workers)
                     return tiers[cur], decision.num_workers
@@ -130,6 +165,25 @@ class LadderRuntime:
                     logger.info("[spotfallback] leaving %r for %r: %s", tiers[cur].name, to.name, decision.reason)
                     return to, start_size(to)
         return None
+
+    def _climb_when_saved(self, now: float) -> tuple[Tier, int] | None:
+        """The pending climb's move, once the checkpoint asked for is committed or the wait for it is over."""
+        climb = self.climbing
+        assert climb is not None
+        saved = any(t >= climb.asked_at for t in self.watch.checkpoints)
+        if not saved and now - climb.asked_at < REQUEST_WAIT_S:
+            return None
+        if not saved:
+            logger.warning("[spotfallback] no checkpoint was committed within %.0fs of the request: climbing back "
+                           "to %r from the last one", REQUEST_WAIT_S, climb.tier.name)
+        self.end_climb()
+        return climb.tier, climb.num_workers
+
+    def end_climb(self) -> None:
+        """The pending climb is over (moved, or the gang it was for has gone): nothing waits for a checkpoint."""
+        if self.climbing is not None:
+            self.requests.withdraw()
+            self.climbing = None
 
 
 _RUNTIMES: dict[str, LadderRuntime] = {}

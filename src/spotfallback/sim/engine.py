@@ -9,7 +9,9 @@ runs it also makes the controller shell's ``CapacityObserved`` calls:
 * the tiers above that allow a climb back: at the end of every checkpoint write after the
   tier's dwell at which their capacity is there (the shell observes after each commit, so a
   climb or a resize loses no work), until the policy says climb; a climb costs one restart
-  (``R``) and the provisioning delay like any other move;
+  (``R``) and the provisioning delay like any other move. A gang that checkpoints on request
+  (``JobSpec.checkpoint_on_request``) is observed every ``LOOK_EVERY_H`` instead, and its
+  climb waits for the checkpoint it asks for: one write, billed on the gang it leaves;
 * an elastic tier (``min_workers``): it starts with whatever the trace offers between min
   and max, a gang of ``s`` of ``N`` workers progresses at ``s/N`` of the full rate and costs
   ``s`` workers; losing a node restarts it smaller at once; a shrunk gang is observed at
@@ -255,12 +257,14 @@ class _Engine:
         return self._interrupted(run, att, t_int, is_pre)
 
     def _moved(self, run: _Run, att: _Attempt, t_move: float, step: Step) -> Step:
-        """The policy moved the gang at the end of a checkpoint write: all work so far is committed."""
+        """The policy moved the gang at ``t_move``: at the end of a checkpoint write all work so far is
+        committed; a climb on a requested checkpoint saves it too, and the gang is billed while it writes."""
         tier = self.policy.tiers[att.k]
-        run.bill(tier, att.size, t_move - att.t0)
+        write = self.job.climb_write_h if isinstance(step.decision, ClimbBack) else 0.0
+        run.bill(tier, att.size, t_move + write - att.t0)
         done, _ = cycle_progress(t_move - att.start, att.tau_w, self.job.checkpoint_cost_h)
         run.progress(tier, float(done) * att.f)
-        run.t = t_move
+        run.t = t_move + write
         return step
 
     def _interrupted(self, run: _Run, att: _Attempt, t_int: float, is_pre: bool) -> Step:
@@ -308,10 +312,14 @@ class _Engine:
 
         As in the controller shell, the policy is asked at the end of every checkpoint write
         (after the tier's dwell) at which the other tier, or a larger gang, could be placed, in
-        time order (lower tiers first at the same time), until it says move.
+        time order (lower tiers first at the same time), until it says move. A gang that
+        checkpoints on request is asked about higher tiers every ``LOOK_EVERY_H`` instead, and a
+        climb then waits for the requested checkpoint's write (``JobSpec.climb_write_h``).
         """
         policy, state, job = self.policy, run.state, self.job
         delta = job.checkpoint_cost_h
+        cycle = att.tau_w + delta
+        grids: dict[int, float] = {}
         since = state.tier_since if state.tier_since is not None else state.running_since
         assert since is not None, "the gang runs: WorkersAcquired set running_since"
         since_h = since / 3600.0
@@ -322,14 +330,16 @@ class _Engine:
             if j < att.k and target.climb_back and policy.ladder.same_cluster(j, att.k):  # as the shell: within a cluster
                 look = max(att.start, since_h + policy.climb_dwell_s(state, j) / 3600.0)
                 needs[j] = _observable(self.caps[j][min(self.caps[j])])
+                grids[j] = job.climb_grid_h(cycle)
             elif j == att.k and target.is_elastic and att.size < target.num_workers:
                 # The shell observes a shrunk elastic gang after every checkpoint, whatever the
                 # capacity (the policy checks its deadline guard and whether growing pays).
                 look = att.start
                 needs[j] = _ALWAYS
+                grids[j] = cycle
             else:
                 continue
-            at = _next_candidate(needs[j], look, att, delta, offset)
+            at = _next_candidate(needs[j], look, att, grids[j], self._write_h(j, att), offset)
             if at is not None:
                 pending[j] = at
         restart_s = (job.restart_overhead_h + job.provisioning_delay_h) * 3600.0
@@ -344,17 +354,22 @@ class _Engine:
                 available_workers=_available(self.caps[j], at + offset),
                 remaining_work_s=float(wall_to_finish(left_h, att.tau_w, delta)) * 3600.0,
                 restart_s=restart_s,
-                checkpoint_interval_s=att.tau_w * 3600.0 if math.isfinite(att.tau_w) else 0.0,
+                # What the shell measured between two commits: none without periodic checkpoints.
+                checkpoint_interval_s=att.tau_w * 3600.0 if job.checkpoint_interval_h is not None else 0.0,
             )
             step = policy.decide(state, event)
             if isinstance(step.decision, ClimbBack | Resize | SwitchTier | GiveUp):
                 return at, step
-            nxt = _next_candidate(needs[j], at + 0.5 * (att.tau_w + delta), att, delta, offset)
+            nxt = _next_candidate(needs[j], at + 0.5 * grids[j], att, grids[j], self._write_h(j, att), offset)
             if nxt is None:
                 del pending[j]
             else:
                 pending[j] = nxt
         return None
+
+    def _write_h(self, j: int, att: _Attempt) -> float:
+        """The write between deciding a move to tier ``j`` and the gang's end: a climb's requested checkpoint."""
+        return self.job.climb_write_h if j < att.k else 0.0
 
 
 def _observable(proc: Compiled) -> RateModel | TraceCapacity:
@@ -381,15 +396,16 @@ def _available(caps: dict[int, Compiled], t_abs: float) -> int:
     return max(ok) if ok else 0
 
 
-def _next_candidate(need: RateModel | TraceCapacity, look: float, att: _Attempt, delta: float, offset: float) -> float | None:
-    """First end of a checkpoint write at or after ``look`` and before the attempt's end at which ``need`` fits."""
-    cycle = att.tau_w + delta
+def _next_candidate(need: RateModel | TraceCapacity, look: float, att: _Attempt, grid: float, write: float,
+                    offset: float) -> float | None:
+    """First look (every ``grid`` hours from the attempt's compute start) at or after ``look`` at which ``need``
+    fits and whose move, ``write`` hours later, comes before the attempt's end."""
     while True:  # capacity may vanish again before the checkpoint ends
         found = _next_ok(need, look + offset) - offset
         if not math.isfinite(found) or found >= att.end:
             return None
-        at = att.start + max(1.0, math.ceil((found - att.start) / cycle - EPS)) * cycle
-        if at >= att.end:
+        at = att.start + max(1.0, math.ceil((found - att.start) / grid - EPS)) * grid
+        if at + write >= att.end:
             return None
         if _is_ok(need, at + offset):
             return at

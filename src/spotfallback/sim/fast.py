@@ -8,7 +8,8 @@ advances every live run by one wait-and-run cycle per loop. Each rule mirrors a 
 ``CLIMB_DWELL_DOUBLINGS``, ``capped_spend``, ``spend_cap``), in the policy's units and order
 of operations, so ties break alike: the capacity deadline (timeout or deadline guard), the
 budgets, the guard and the cost cap after an interruption, and the climb back at the first
-checkpoint end where the policy would say so, with the remaining work a shell would report.
+checkpoint end (or look, for a gang that checkpoints on request) where the policy would say
+so, with the remaining work a shell would report.
 ``tests/unit/test_simulator.py`` and ``tests/unit/test_fast_cost_cap.py`` check it against
 the policy engine run by run, on the same draws.
 
@@ -42,7 +43,7 @@ from spotfallback.policy import (
     waiting_cutoff,
 )
 from spotfallback.sim.draws import Draws, acquire, interrupt, run_offsets
-from spotfallback.sim.job import EPS, JobSpec, cycle_progress, wall_to_finish
+from spotfallback.sim.job import EPS, LOOK_EVERY_H, NEVER_H, JobSpec, cycle_progress, wall_to_finish
 from spotfallback.sim.results import FAILED, FINISHED, STUCK, SimResult
 from spotfallback.sim.world import RateModel, TraceCapacity
 
@@ -118,6 +119,8 @@ class _Rows:
     prov: np.ndarray
     jit_lead: np.ndarray  # hours before a preemption the just-in-time save begins
     jit: np.ndarray
+    on_request: np.ndarray  # JobSpec.checkpoint_on_request: climbs looked at every LOOK_EVERY_H
+    climb_write: np.ndarray  # JobSpec.climb_write_h
     any_climb: bool
     cap_on: np.ndarray  # (n, K): the tier has a cost_cap
     cap_risk: np.ndarray  # ... one lost attempt on the tier's gang: price x first_commit_h
@@ -173,6 +176,8 @@ class _Rows:
             prov=per_job(lambda j: j.provisioning_delay_h),
             jit_lead=per_job(lambda j: j.jit_lead_h),
             jit=per_job(lambda j: float(j.jit_checkpoint)).astype(bool) & (notice >= delta),
+            on_request=per_job(lambda j: float(j.checkpoint_on_request)).astype(bool),
+            climb_write=per_job(lambda j: j.climb_write_h),
             any_climb=bool(climbable[:, :-1].any()) if K > 1 else False,
             cap_on=flag(lambda t: t.cost_cap is not None),
             cap_risk=price * per_tier(lambda t: t.cost_cap.first_commit_h if t.cost_cap else 0.0),
@@ -219,6 +224,7 @@ class _State:
     tier_since: np.ndarray
     status: np.ndarray
     spend: np.ndarray
+    unseen: np.ndarray  # spend the policy does not bill a gang with: egress, a climb's requested checkpoint
     lost: np.ndarray
     billed: np.ndarray
     spot_h: np.ndarray
@@ -240,8 +246,12 @@ class _State:
         return cls(t=z(), committed=z(), tier=zi(), wait_from=z(), col=zi(),
                    cnt_pre=np.zeros((n, K)), cnt_fail=np.zeros((n, K)), run_s=np.zeros((n, K)),
                    reported_s=np.full(n, np.nan), reported_gang=z(), climbs_to=np.zeros((n, K)), tier_since=z(),
-                   status=zi(), spend=z(), lost=z(), billed=z(), spot_h=z(), work_spot=z(),
+                   status=zi(), spend=z(), unseen=z(), lost=z(), billed=z(), spot_h=z(), work_spot=z(),
                    pre=zi(), fail=zi(), switches=zi(), timeouts=zi(), cluster=np.full(n, -1, dtype=np.int64))
+
+    def policy_spent(self, idx: np.ndarray) -> np.ndarray:
+        """``PolicyState.spent`` of rows ``idx``: the gangs' billed hours, as the policy counts them."""
+        return self.spend[idx] - self.unseen[idx]
 
     def leave(self, idx: np.ndarray) -> None:
         """``FallbackPolicy._leave``: down one tier, or fail from the last."""
@@ -333,7 +343,7 @@ def _cap_moves(cfg: _Rows, s: _State, idx: np.ndarray, moved: np.ndarray) -> Non
     """Rows ``idx`` about to wait on their tier go straight to the last one where its cost cap says so."""
     live = s.status[idx] == 0
     i = idx[live]
-    jump = _cap_breaks(cfg, i, s.tier[i], s.spend[i], s.reported_s[i], s.reported_gang[i])
+    jump = _cap_breaks(cfg, i, s.tier[i], s.policy_spent(i), s.reported_s[i], s.reported_gang[i])
     s.to_last(i[jump], moved[live][jump])
 
 
@@ -391,6 +401,7 @@ def _run_attempts(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, t_acq: n
     moved = (s.cluster[gi] >= 0) & (here != s.cluster[gi])  # to another Ray cluster: egress, a longer restart
     overhead += np.where(moved, cfg.move_h[gi], 0.0)
     s.spend[gi] += np.where(moved, cfg.move_cost[gi], 0.0)
+    s.unseen[gi] += np.where(moved, cfg.move_cost[gi], 0.0)
     s.cluster[gi] = here
     rem = cfg.W[gi] - s.committed[gi]
     t_fin = t_acq + overhead + wall_to_finish(rem, cfg.tau[gi], cfg.delta[gi])
@@ -459,18 +470,20 @@ def _climb(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray,
     if not climbed.any():
         return climbed
     ci, kc, jc, tc = gi[climbed], kg[climbed], to[climbed], at[climbed]
-    dur = tc - t_acq[climbed]
+    write = cfg.climb_write[ci]  # a requested checkpoint's write: the gang is billed until it ends
+    dur = tc + write - t_acq[climbed]
     sp = cfg.is_spot[ci, kc]
     gain, _ = cycle_progress(tc - (t_acq[climbed] + overhead[climbed]), cfg.tau[ci], cfg.delta[ci])
     s.reported_s[ci] = obs_s[climbed]
     s.reported_gang[ci] = cfg.workers[ci, kc]
     s.spend[ci] += dur * cfg.price[ci, kc]
+    s.unseen[ci] += write * cfg.price[ci, kc]
     s.billed[ci] += dur
     s.spot_h[ci] += np.where(sp, dur, 0.0)
     s.work_spot[ci] += np.where(sp, gain, 0.0)
     s.committed[ci] += gain
     s.run_s[ci, kc] += tc * 3600.0 - t_acq[climbed] * 3600.0
-    s.t[ci] = tc
+    s.t[ci] = tc + write
     s.wait_from[ci] = tc
     s.tier[ci] = jc
     s.tier_since[ci] = tc
@@ -514,15 +527,20 @@ def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: 
 
 def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarray, k: np.ndarray, acq: np.ndarray,
                     st: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """(time, remaining_work_s) of the first checkpoint end at which rows ``idx`` on tiers ``k`` climb to ``j``."""
-    cyc = cfg.tau[idx] + cfg.delta[idx]
+    """(time, remaining_work_s) of the first look at which rows ``idx`` on tiers ``k`` climb to ``j``.
+
+    The looks are the checkpoint ends, or every ``LOOK_EVERY_H`` for a gang that checkpoints on
+    request (``JobSpec.climb_grid_h``), whose move comes a write later.
+    """
+    look_h = np.where(cfg.on_request[idx], LOOK_EVERY_H, cfg.tau[idx] + cfg.delta[idx])  # between looks
+    write = cfg.climb_write[idx]
     since_s = s.tier_since[idx] * 3600.0
     dwell = cfg.dwell_s[idx, j] * 2.0 ** np.minimum(s.climbs_to[idx, j], CLIMB_DWELL_DOUBLINGS)
     look = np.maximum(st, s.tier_since[idx] + dwell / 3600.0)
-    kk = np.maximum(1.0, np.ceil((look - st) / cyc - EPS))
+    kk = np.maximum(1.0, np.ceil((look - st) / look_h - EPS))
     # The observation's fields and the policy's state that do not change during the attempt.
     restart_s = (cfg.R[idx] + cfg.prov[idx]) * 3600.0
-    interval_s = cfg.tau[idx] * 3600.0
+    interval_s = np.where(cfg.tau[idx] >= NEVER_H, 0.0, cfg.tau[idx] * 3600.0)  # as measured: none without periodic ones
     w_cur, w_to = cfg.workers[idx, k], cfg.workers[idx, j]
     rate_cur, rate_to = cfg.price[idx, k], cfg.price[idx, j]
     per_pre = repreemption_cost(restart_s, interval_s, rate_to)
@@ -539,8 +557,11 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
     with np.errstate(divide="ignore", invalid="ignore"):
         kappa = np.where(gp > 0, gd / np.where(gp > 0, gp * gw, 1.0), 0.0)  # schedule hours per hour of work
         gaining = kappa * w_cur / w_to > 1.0
-        n_ahead = (st + 2.0 * (cfg.R[idx] + cfg.prov[idx]) + lead / 3600.0 - (gw - rem0) * kappa) / (cyc * (kappa * w_cur / w_to - 1.0))
-    kk = np.where(g & gaining & np.isfinite(n_ahead), np.maximum(kk, np.ceil(n_ahead) - 2.0), kk)
+        n_ahead = (st + 2.0 * (cfg.R[idx] + cfg.prov[idx]) + lead / 3600.0 - (gw - rem0) * kappa) / (look_h * (kappa * w_cur / w_to - 1.0))
+        # On the request grid the remaining work falls by a look per look, give or take a write:
+        # that many looks fewer, at the rate the line is gained.
+        back_off = 2.0 + np.ceil(write / (look_h * np.where(gaining, kappa * w_cur / w_to - 1.0, 1.0)))
+    kk = np.where(g & gaining & np.isfinite(n_ahead), np.maximum(kk, np.ceil(n_ahead) - back_off), kk)
     proc = world.procs[j]
     todo = np.ones(idx.size, dtype=bool)
     found_at = np.full(idx.size, np.inf)
@@ -550,8 +571,8 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         if q.size == 0:
             break
         iq = idx[q]
-        at = st[q] + kk[q] * cyc[q]
-        past = at >= e[q]
+        at = st[q] + kk[q] * look_h[q]
+        past = at + write[q] >= e[q]
         if isinstance(proc, TraceCapacity):
             ok = proc.is_ok(np.where(past, 0.0, at) + world.offset[iq]) & ~past
         else:
@@ -561,26 +582,38 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         done, _ = cycle_progress(at - st[q], cfg.tau[iq], cfg.delta[iq])
         left = np.maximum(cfg.W[iq] - s.committed[iq] - done, 0.0)
         rem_s = wall_to_finish(left, cfg.tau[iq], cfg.delta[iq]) * 3600.0  # the observation's remaining_work_s
-        # FallbackPolicy.climb_pays
-        rem_cur_h = rem_s / 3600.0
-        saving, restart, expected = climb_balance(rem_cur_h, on_gang(rem_cur_h, w_cur[q], w_to[q]), rate_cur[q],
-                                                  rate_to[q], restart_s[q] / 3600.0, lam[q], per_pre[q])
-        pays = saving > restart + expected
-        # FallbackPolicy.guard_allows_climb
-        behind, must_go = _guard_limits_s(on_gang(rem_s, w_cur[q], w_to[q]), gw[q], gd[q], gm[q], gp[q])
+        spent = s.policy_spent(iq) + (at - acq[q]) * rate_cur[q]
         need = t_s + 2.0 * restart_s[q] + lead[q]
-        on_line = behind - gm[q] * 3600.0 >= need
-        slack_ok = must_go >= need
-        ahead = ~g[q] | (on_line & slack_ok)
-        # FallbackPolicy.cost_cap_reason for tier j, the running gang billed up to the end
-        capped = _cap_breaks(cfg, iq, np.full(q.size, j), s.spend[iq] + (at - acq[q]) * rate_cur[q], rem_s,
-                             w_cur[q])
+
+        def verdicts(rem_s: np.ndarray, q: np.ndarray = q, iq: np.ndarray = iq, spent: np.ndarray = spent,
+                     need: np.ndarray = need) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+            """(climb pays, on the guard's line, slack to spare, tier j's cost cap breaks) with ``rem_s`` left."""
+            # FallbackPolicy.climb_pays
+            rem_cur_h = rem_s / 3600.0
+            saving, restart, expected = climb_balance(rem_cur_h, on_gang(rem_cur_h, w_cur[q], w_to[q]), rate_cur[q],
+                                                      rate_to[q], restart_s[q] / 3600.0, lam[q], per_pre[q])
+            # FallbackPolicy.guard_allows_climb
+            behind, must_go = _guard_limits_s(on_gang(rem_s, w_cur[q], w_to[q]), gw[q], gd[q], gm[q], gp[q])
+            # FallbackPolicy.cost_cap_reason for tier j, the running gang billed up to the look
+            capped = _cap_breaks(cfg, iq, np.full(q.size, j), spent, rem_s, w_cur[q])
+            return saving > restart + expected, behind - gm[q] * 3600.0 >= need, must_go - need, capped
+
+        pays, on_line, slack, capped = verdicts(rem_s)
+        ahead = ~g[q] | (on_line & (slack >= 0.0))
         yes = ok & ahead & pays & ~capped
         found_at[q[yes]] = at[yes]
         found_rem[q[yes]] = rem_s[yes]
-        # The slack is the same at every end of the attempt (up to rounding: stop only when
-        # it is short by more than a millisecond), the line is never reached when not gaining.
-        short = must_go - need < -1e-3
+        # Where a later look cannot do better, the search stops. At checkpoint ends the remaining
+        # work falls by a cycle per cycle: paying only gets worse, the slack stays (up to rounding:
+        # stop only when it is short by more than a millisecond), the guard's line is never reached
+        # when not gaining. Between checkpoint ends (looks on request) the remaining work also
+        # holds still during each write, so it wanders a write above that trend: judged at the
+        # edge of that band a verdict holds for every later look too.
+        band_s = cfg.climb_write[iq] * 3600.0
+        if band_s.any():
+            pays, _, _, _ = verdicts(rem_s + band_s)
+            _, on_line, slack, capped = verdicts(np.maximum(rem_s - band_s, 0.0))
+        short = slack < -1e-3
         never = ~pays | (g[q] & short & (w_cur[q] == w_to[q])) | (g[q] & ~on_line & ~gaining[q])
         # The cap's slack grows only while this gang's hour costs less than the hour of work it saves on the last tier.
         never |= capped & (rate_cur[q] >= on_gang(cfg.price[iq, cfg.K - 1], w_cur[q], cfg.workers[iq, cfg.K - 1]))
@@ -591,8 +624,8 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         off = ~ok[~stop]
         if isinstance(proc, TraceCapacity) and off.any():  # jump to where the capacity is back
             r = cont[off]
-            back = proc.next_available(st[r] + kk[r] * cyc[r] + world.offset[idx[r]]) - world.offset[idx[r]]
-            nxt[off] = np.maximum(nxt[off], np.ceil((back - st[r]) / cyc[r] - EPS))
+            back = proc.next_available(st[r] + kk[r] * look_h[r] + world.offset[idx[r]]) - world.offset[idx[r]]
+            nxt[off] = np.maximum(nxt[off], np.ceil((back - st[r]) / look_h[r] - EPS))
         kk[cont] = nxt
     return found_at, found_rem
 

@@ -15,6 +15,10 @@ from spotfallback.notice_window import save_lead_s
 
 NEVER_H = 1e12  # "no periodic checkpoint": an interval no job reaches
 EPS = 1e-9
+# How often a simulated shell looks at a higher tier's capacity when it can ask the gang for a
+# checkpoint (``JobSpec.checkpoint_on_request``). The runtime looks every few seconds; a coarser
+# grid keeps the engines fast and makes a simulated climb come at most this late.
+LOOK_EVERY_H = 5.0 / 60.0
 
 
 class JobSpec(BaseModel):
@@ -31,6 +35,11 @@ class JobSpec(BaseModel):
     provisioning_delay_h: float = Field(default=0.0, ge=0, description="Unbilled time to get workers once capacity exists.")
     notice_s: float = Field(default=0.0, ge=0, description="Preemption notice (AWS: 120 s, GCP/Azure: 30 s).")
     jit_checkpoint: bool = Field(default=True, description="Checkpoint on a preemption notice (no lost work if it fits).")
+    checkpoint_on_request: bool = Field(
+        default=False,
+        description="The gang checkpoints when the controller asks (a PreemptionWatch with answer_requests): a climb "
+        "back need not wait for a periodic checkpoint; it costs one write, billed on the gang it leaves.",
+    )
     deadline_h: float | None = Field(default=None, gt=0, description="Wall-clock deadline, if any.")
     move_restart_h: float = Field(
         default=0.0, ge=0,
@@ -55,6 +64,17 @@ class JobSpec(BaseModel):
         """How long before a preemption the just-in-time save begins: the gang trains through the
         notice until the save's lead is left (``notice_window``), or saves at once on a shorter one."""
         return min(self.notice_s, save_lead_s(self.checkpoint_cost_h * 3600.0)) / 3600.0
+
+    def climb_grid_h(self, cycle_h: float) -> float:
+        """Hours between the looks at a higher tier's capacity, for a gang whose checkpoint cycle is ``cycle_h``:
+        every ``LOOK_EVERY_H`` when it checkpoints on request, else at the end of each checkpoint write."""
+        return LOOK_EVERY_H if self.checkpoint_on_request else cycle_h
+
+    @property
+    def climb_write_h(self) -> float:
+        """Time from a climb's decision to the old gang's end: the requested checkpoint's write, or none at a
+        periodic checkpoint's end (it has been written)."""
+        return self.checkpoint_cost_h if self.checkpoint_on_request else 0.0
 
     def with_interval(self, tau_h: float | None) -> JobSpec:
         return self.model_copy(update={"checkpoint_interval_h": tau_h})
@@ -83,6 +103,7 @@ def wall_to_finish(w: np.ndarray | float, tau: np.ndarray | float, delta: np.nda
 
 __all__ = [
     "EPS",
+    "LOOK_EVERY_H",
     "NEVER_H",
     "JobSpec",
     "cycle_progress",

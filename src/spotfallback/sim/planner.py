@@ -86,6 +86,11 @@ class PlanRequest(BaseModel):
     provisioning_delay_h: float = Field(default=0.0, ge=0)
     notice_s: float = Field(default=120.0, ge=0)
     jit_checkpoint: bool = True
+    checkpoint_on_request: bool = Field(
+        default=False,
+        description="The training function checkpoints when the controller asks (PreemptionWatch(answer_requests="
+        "True)): climbs back come between periodic checkpoints.",
+    )
     spot_price: float = Field(ge=0, description="Spot price per worker-hour.")
     pool_prices: tuple[Annotated[float, Field(ge=0)], ...] = Field(
         default=(),
@@ -137,6 +142,7 @@ class PlanRequest(BaseModel):
             provisioning_delay_h=self.provisioning_delay_h,
             notice_s=self.notice_s,
             jit_checkpoint=self.jit_checkpoint,
+            checkpoint_on_request=self.checkpoint_on_request,
             deadline_h=self.deadline_h,
             move_restart_h=self.move_restart_h,  # charged only where the ladder changes cluster
             move_cost=self.move_cost,
@@ -641,10 +647,11 @@ def plan(
             f"no ladder meets the deadline with probability {prob:g}; "
             f"the best reaches {best.p_deadline:.3f}"
         )
-    if best.tau_h is None and best.ladder is not None and any(t.climb_back for t in best.ladder.tiers):
+    if (best.tau_h is None and not req.checkpoint_on_request and best.ladder is not None
+            and any(t.climb_back for t in best.ladder.tiers)):
         notes.append("climbing back needs checkpoints: the ladder climbs back only just after a commit (the runner "
                      "looks then, so a move loses no work), so without periodic ones a run that left a tier does not "
-                     "return to it")
+                     "return to it, unless the training function answers checkpoint requests (--checkpoint-on-request)")
     seed_check = None
     res = best.result
     if best.ladder is not None and len(best.ladder) > 1:
