@@ -268,10 +268,15 @@ def aks_spot_taint_problem(pool: dict[str, Any], cloud: KarpenterCloud) -> str |
     return None
 
 
+def nodeclass_group(pool: dict[str, Any]) -> Any:
+    """A NodePool's ``spec.template.spec.nodeClassRef.group``, as written (None where it is missing)."""
+    ref = _node_spec(pool, "nodeClassRef")
+    return ref.get("group") if isinstance(ref, dict) else None
+
+
 def nodepool_cloud(pool: dict[str, Any]) -> KarpenterCloud | None:
     """The provider a NodePool is for, by its ``nodeClassRef.group`` (None: neither's)."""
-    ref = _node_spec(pool, "nodeClassRef")
-    group = ref.get("group") if isinstance(ref, dict) else None
+    group = nodeclass_group(pool)
     return next((cloud for cloud, p in PROVIDERS.items() if p.node_class_group == group), None)
 
 

@@ -776,7 +776,7 @@ def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
     cloud = karpenter.nodepool_cloud(doc)
     findings: list[Finding] = []
     if cloud is None:
-        group = _get(doc, "spec", "template", "spec", "nodeClassRef", "group")
+        group = karpenter.nodeclass_group(doc)
         cloud = karpenter.KarpenterCloud.EKS_KARPENTER
         if group is not None:
             findings.append(Finding("spec.template.spec.nodeClassRef.group", f"{_short(group)} is neither "
@@ -798,7 +798,11 @@ def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str
     version = parse_version(kuberay_version) if kuberay_version else None
     if not isinstance(doc, dict):
         return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
-    doc = _normalize(doc)
+    return _validate_normalized(_normalize(doc), version)
+
+
+def _validate_normalized(doc: dict[str, Any], version: tuple[int, ...] | None) -> tuple[str, list[Finding]]:
+    """``validate_document`` of a document ``_normalize`` has already been through."""
     api, kind = doc.get("apiVersion"), doc.get("kind")
     if api is None and kind is None:
         if {"available_node_types", "provider", "head_node_type"} & doc.keys():
@@ -828,12 +832,17 @@ def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, 
     kinds: list[str] = []
     findings: list[Finding] = []
     pools: list[dict[str, Any]] = []
+    version = parse_version(kuberay_version) if kuberay_version else None
     for i, doc in enumerate(d for d in docs if d is not None):
-        kind, found = validate_document(doc, kuberay_version)
+        if isinstance(doc, dict):
+            doc = _normalize(doc)
+            kind, found = _validate_normalized(doc, version)
+        else:
+            kind, found = validate_document(doc, kuberay_version)
         kinds.append(kind)
         findings += [Finding(f.path, f.message, f.warning, i) for f in found]
         if kind == "NodePool":
-            pools.append(_normalize(doc))
+            pools.append(doc)
     if not kinds:
         findings.append(Finding("(top level)", "the file holds no YAML document"))
     elif job is not None:
