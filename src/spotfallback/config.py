@@ -703,6 +703,11 @@ class PlanPrediction(BaseModel):
     deadline_h: float | None = Field(default=None, gt=0, description="The deadline the plan was made for, hours.")
     on_time_probability: float | None = Field(default=None, ge=0, le=1, description="Share of simulated runs that met the deadline.")
     checkpoint_interval_h: float | None = Field(default=None, gt=0, description="Recommended checkpoint interval (tau), hours.")
+    checkpoint_on_request: bool = Field(
+        default=False,
+        description="The plan assumed the training function answers checkpoint requests (PreemptionWatch("
+        "answer_requests=True)), so its climbs back come between checkpoints.",
+    )
     made_with: str = Field(default="", description="What the plan was made from: trace or rate model, job size, number of runs.")
 
 

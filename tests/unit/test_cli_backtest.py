@@ -150,3 +150,18 @@ def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
         backtest(ladder, [trace], job.model_copy(update={"deadline_h": None}))
     with pytest.raises(ValueError, match="on-demand tier"):
         backtest(Ladder(tiers=(Tier.spot(1),)), [trace], job)
+
+
+def test_a_plan_made_for_checkpoint_requests_is_backtested_with_them_unless_told_otherwise(app, tmp_path):
+    job = tmp_path / "job.yaml"
+    plan = "plan: {spend: 4.0, wall_h: 11.0, deadline_h: 15, checkpoint_on_request: true}\n"
+    job.write_text(JOB + plan)
+
+    def spends(*flags: str) -> list[float]:
+        r = invoke(app, str(job), "--trace", TRACE, "--hours", "10", "--checkpoint-cost-s", "60", "--json", *flags)
+        assert r.exit_code == 0, r.output
+        return [w["spend"] for w in json.loads(r.output)["windows_detail"]]
+
+    asked = spends()
+    assert asked == spends("--checkpoint-on-request")
+    assert asked != spends("--no-checkpoint-on-request")  # without requests no climb comes between checkpoints

@@ -160,6 +160,9 @@ def test_a_climbing_recommendation_without_periodic_checkpoints_says_it_never_cl
     asked = plan(request(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, deadline_h=15, spot_price=0.3,
                          on_demand_price=1.0, checkpoint_on_request=True), trace)
     assert not any("does not return" in n for n in asked.notes)  # its climbs ask for their own checkpoint
+    assert any("must answer checkpoint requests" in n for n in asked.notes)
+    assert asked.prediction().checkpoint_on_request
+    assert "answers checkpoint requests" in asked.job_yaml("asked", "./runs", "m:f")
 
 
 def test_observed_mtbf_of_a_trace():

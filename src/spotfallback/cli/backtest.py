@@ -70,10 +70,11 @@ def register(app: typer.Typer) -> None:
         provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
         notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
         no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
-        on_request: bool = typer.Option(
-            False, "--checkpoint-on-request",
+        on_request: bool | None = typer.Option(
+            None, "--checkpoint-on-request/--no-checkpoint-on-request",
             help="The training function answers the controller's checkpoint requests (PreemptionWatch("
-            "answer_requests=True)): climbs back come between periodic checkpoints, at the cost of one write.",
+            "answer_requests=True)): climbs back come between periodic checkpoints, at the cost of one write. "
+            "Default: the job file's plan, else no.",
         ),
         spot_price: float | None = typer.Option(
             None, "--spot-price",
@@ -127,7 +128,8 @@ def register(app: typer.Typer) -> None:
             spec = JobSpec(work_h=hours, checkpoint_interval_h=tau, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                            restart_overhead_h=restart_overhead_s / 3600.0,
                            provisioning_delay_h=provisioning_delay_s / 3600.0, notice_s=notice_s,
-                           jit_checkpoint=not no_jit, checkpoint_on_request=on_request, deadline_h=deadline)
+                           jit_checkpoint=not no_jit, deadline_h=deadline,
+                           checkpoint_on_request=on_request if on_request is not None else bool(plan and plan.checkpoint_on_request))
             traces: list[SpotTrace | NodeTrace] = []
             for path in trace:
                 try:

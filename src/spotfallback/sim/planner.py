@@ -291,6 +291,7 @@ class Plan:
             deadline_h=d,
             on_time_probability=None if d is None else round(rec.p_deadline, 6),
             checkpoint_interval_h=None if rec.tau_h is None else round(rec.tau_h, 6),
+            checkpoint_on_request=self.request.checkpoint_on_request,
             made_with=self.made_with,
         )
 
@@ -325,6 +326,9 @@ class Plan:
         )
         if tau is not None:
             head += f"# Checkpoint every {tau * 60:.1f} min of training (tau, chosen by the plan).\n"
+        if self.request.checkpoint_on_request and any(t.climb_back for t in self.recommended.ladder.tiers):
+            head += ("# The plan assumes the training function answers checkpoint requests (PreemptionWatch(\n"
+                     "# answer_requests=True)); without that the run climbs back only just after a periodic checkpoint.\n")
         readers = [f for f in ("deadline_guard", "cost_cap")
                    if any(getattr(t, f) is not None for t in self.recommended.ladder.tiers)]
         if readers:
@@ -647,8 +651,12 @@ def plan(
             f"no ladder meets the deadline with probability {prob:g}; "
             f"the best reaches {best.p_deadline:.3f}"
         )
-    if (best.tau_h is None and not req.checkpoint_on_request and best.ladder is not None
-            and any(t.climb_back for t in best.ladder.tiers)):
+    climbs = best.ladder is not None and any(t.climb_back for t in best.ladder.tiers)
+    if climbs and req.checkpoint_on_request:
+        notes.append("the recommended ladder climbs back between checkpoints: the training function must answer "
+                     "checkpoint requests (PreemptionWatch(answer_requests=True)), or it climbs back only just after "
+                     "a periodic checkpoint")
+    elif climbs and best.tau_h is None:
         notes.append("climbing back needs checkpoints: the ladder climbs back only just after a commit (the runner "
                      "looks then, so a move loses no work), so without periodic ones a run that left a tier does not "
                      "return to it, unless the training function answers checkpoint requests (--checkpoint-on-request)")
