@@ -129,8 +129,13 @@ def test_sigterm_drains_a_generated_spot_pod_for_its_window_and_ends_inside_its_
                         proc.kill()
                     assert not left, f"Ray left {[p.name() for p in left]} running"  # the raylet, agents: all gone
 
+                    # The raylet records a drain-preempted death when the SIGTERM from `ray start` reaches it
+                    # after the drain's deadline, else an expected termination: `ray start` ends its wait on
+                    # a monotonic clock that can close a few milliseconds before the deadline it sent the GCS
+                    # on the wall clock. Either way an expected end on SIGTERM, never a crash.
                     info = node_table(client)[worker_id]
-                    assert death_reasons.values_by_number[info.death_info.reason].name == "AUTOSCALER_DRAIN_PREEMPTED"
+                    reason = death_reasons.values_by_number[info.death_info.reason].name
+                    assert reason in ("AUTOSCALER_DRAIN_PREEMPTED", "EXPECTED_TERMINATION"), reason
                     assert "SIGTERM" in info.death_info.reason_message
                 finally:
                     holder.kill()

@@ -22,7 +22,7 @@ from spotfallback.runtime import ladder as ladder_module
 from spotfallback.runtime.ladder import LadderRuntime, RunSpec
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import resolve_run
-from tests.unit.test_jit import FakeSession, Group, as_ranks
+from tests.support.ranks import FakeSession, Group, as_ranks
 
 
 class DictStore:

@@ -25,7 +25,7 @@ from spotfallback.store.ledger import Ledger
 from spotfallback.store.ledger_snapshot import KEEP_CHECKPOINTS
 from spotfallback.store.location import resolve_run
 from tests.support.ledgers import counting_reads
-from tests.unit.test_jit import FakeSession, Group, Info
+from tests.support.ranks import FakeSession, Group, Info
 
 LADDER = Ladder(tiers=(Tier.spot(4, max_preemptions=1), Tier.on_demand(2)))
 

@@ -23,7 +23,7 @@ from spotfallback.notice_window import (
 from spotfallback.notices.jit import PreemptionWatch
 from spotfallback.notices.runlog import RunLog
 from spotfallback.sim.job import JobSpec
-from tests.unit.test_jit import FakeSession, Group, Info, as_ranks
+from tests.support.ranks import FakeSession, Group, Info, as_ranks
 from tests.unit.test_jit_move import FakeCluster, run_log  # noqa: F401 - the fixture
 
 WALL0 = 1_000_000.0

@@ -796,13 +796,13 @@ def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str
     """(what the document is, its findings) for one parsed YAML document; with
     ``kuberay_version``, also what that operator would drop (ValueError if it is no version)."""
     version = parse_version(kuberay_version) if kuberay_version else None
-    if not isinstance(doc, dict):
-        return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
     return _validate_normalized(_normalize(doc), version)
 
 
-def _validate_normalized(doc: dict[str, Any], version: tuple[int, ...] | None) -> tuple[str, list[Finding]]:
+def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str, list[Finding]]:
     """``validate_document`` of a document ``_normalize`` has already been through."""
+    if not isinstance(doc, dict):
+        return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
     api, kind = doc.get("apiVersion"), doc.get("kind")
     if api is None and kind is None:
         if {"available_node_types", "provider", "head_node_type"} & doc.keys():
@@ -834,11 +834,8 @@ def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, 
     pools: list[dict[str, Any]] = []
     version = parse_version(kuberay_version) if kuberay_version else None
     for i, doc in enumerate(d for d in docs if d is not None):
-        if isinstance(doc, dict):
-            doc = _normalize(doc)
-            kind, found = _validate_normalized(doc, version)
-        else:
-            kind, found = validate_document(doc, kuberay_version)
+        doc = _normalize(doc)
+        kind, found = _validate_normalized(doc, version)
         kinds.append(kind)
         findings += [Finding(f.path, f.message, f.warning, i) for f in found]
         if kind == "NodePool":

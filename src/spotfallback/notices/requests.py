@@ -61,7 +61,7 @@ class RayKeyValue:
 
 @dataclass(frozen=True)
 class CheckpointRequest:
-    """The controller's request, as ``PreemptionWatch.check()`` returns it: truthy, like a notice.
+    """The controller's request, as ``PreemptionWatch.check()`` returns it (truthy, like a notice).
 
     ``deadline_ms`` (as Ray's ``PreemptionInfo``): how long the controller waits for the
     checkpoint; it stops the gang as soon as the checkpoint is committed, and at this deadline
@@ -72,9 +72,6 @@ class CheckpointRequest:
     reason: str
     asked_at: float
     deadline_ms: int
-
-    def __bool__(self) -> bool:
-        return True
 
 
 class CheckpointRequests:
@@ -130,18 +127,12 @@ class CheckpointRequests:
     def new_gang(self) -> None:
         """A new gang starts: no request is for it, and it says itself whether it answers."""
         self.withdraw()
-        try:
-            self.store.delete(self._listener_key)
-        except Exception:
-            logger.debug("could not clear the checkpoint listener", exc_info=True)
+        self._delete(self._listener_key)
         self._listened = None
 
     def withdraw(self) -> None:
         """No request waits any more: answered, or the gang it was for has gone."""
-        try:
-            self.store.delete(self._request_key)
-        except Exception:
-            logger.debug("could not withdraw the checkpoint request", exc_info=True)
+        self._delete(self._request_key)
 
     # -- best effort ----------------------------------------------------------------------------
 
@@ -158,3 +149,9 @@ class CheckpointRequests:
             self.store.put(key, json.dumps(value).encode())
         except Exception:
             logger.debug("could not write %s", key, exc_info=True)
+
+    def _delete(self, key: str) -> None:
+        try:
+            self.store.delete(key)
+        except Exception:
+            logger.debug("could not delete %s", key, exc_info=True)

@@ -245,7 +245,7 @@ class TierScalingPolicy(FixedScalingPolicy):
         rt = self._runtime()
         rt.end_climb()
         rt.requests.new_gang()  # an old request is not for this gang; it says itself whether it answers
-        return dict(self._runtime().tier.label_selector) or None
+        return dict(rt.tier.label_selector) or None
 
     async def before_controller_shutdown(self) -> None:
         self._probe.cancel()
