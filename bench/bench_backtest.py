@@ -4,7 +4,7 @@ Targets: `plan` with the optimum on one trace in under 5 s; a backtest of 400 wi
 under 10 s. Then leave one trace out: for each shared trace, the ladder planned on all the
 others, replayed unchanged on every 24-hour window of it, against the optimum and on-demand
 only, and the share of windows on time. Beside it, what ladders can reach at all on the same
-windows, chosen with hindsight from a grid of 1,200 (``ladder_bound_rows``): the best single
+windows, chosen with hindsight from a grid of 2,000 (``ladder_bound_rows``): the best single
 ladder for the whole trace, and the best ladder for each window on its own. Both for the 10 h
 job with a checkpoint write longer than the 2-minute notice and with one within it.
 """
@@ -26,8 +26,9 @@ from bench.harness import Figure, Measurement, Stat, Target, best_of, cpu_model,
 from spotfallback.cli.plan import plan_optimum
 from spotfallback.config import Ladder, Tier
 from spotfallback.sim.backtesting import BacktestResult, backtest, window_starts
+from spotfallback.sim.job import NEVER_H, wall_to_finish
 from spotfallback.sim.optimum import optimum_for
-from spotfallback.sim.planner import Plan, PlanRequest, load_process, plan
+from spotfallback.sim.planner import RESERVE_SHARES, Plan, PlanRequest, load_process, plan
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 from spotfallback.sim.world import world_for
@@ -114,17 +115,22 @@ def ladder_grid(req: PlanRequest) -> Iterator[tuple[Ladder, float | None]]:
 
     Checkpoint interval (work_h / 4 ... / 33, or none) x budget (1, 3, 5, 8, unlimited) x
     capacity timeout (10 min ... 2 h, none) x (one-way; climbing back; a deadline guard with
-    a margin of one or two changeovers plus a write, climbing back or not). Built from the
-    request's own job, so it carries over to any job and trace.
+    a margin of one or two changeovers plus a write, climbing back or not, and climbing back
+    with the planner's reserves of slack). Built from the request's own job, so it carries
+    over to any job and trace.
     """
     change = req.restart_overhead_h + req.provisioning_delay_h
     margins = (change + req.checkpoint_cost_h, 2 * change + req.checkpoint_cost_h)
     taus = [req.work_h / k for k in (4, 6, 8, 12, 17, 24, 33)] + [None]
+    climbing = {"climb_back": True, "min_dwell_s": 0.0}
     for tau, m, timeout in itertools.product(taus, (1, 3, 5, 8, -1), (600.0, 1800.0, 3600.0, 7200.0, None)):
-        rules: list[dict[str, Any]] = [{}, {"climb_back": True, "min_dwell_s": 0.0}]
+        rules: list[dict[str, Any]] = [{}, climbing]
         if req.deadline_h is not None:
+            slack = req.deadline_h - float(wall_to_finish(req.work_h, tau or NEVER_H, req.checkpoint_cost_h))
             rules += [{"deadline_guard": req.guard(tau, 0.0, margin), **climb}
-                      for margin in margins for climb in ({}, {"climb_back": True, "min_dwell_s": 0.0})]
+                      for margin in margins for climb in ({}, climbing)]
+            rules += [{"deadline_guard": req.guard(tau, 0.0, margin, share * slack), **climbing}
+                      for margin in margins for share in RESERVE_SHARES]
         for extra in rules:
             spot: Tier = req.spot_tier(0, m, timeout, **extra)
             yield Ladder(tiers=(spot, req.on_demand_tier())), tau

@@ -101,6 +101,14 @@ class DeadlineGuard(BaseModel):
     that much more ahead: a gang that comes up at the cut-off and is lost just before its
     first commit, or one lost just before any later commit, still leaves ``margin_h`` of slack
     for the move to the next tier (which ``margin_h`` must cover: its provisioning and restore).
+
+    Once the run has left for a reliable tier its slack stops shrinking, and stops growing:
+    a guard that left at ``margin_h`` can never climb back, however long capacity returns
+    before the deadline. ``reserve_h`` keeps slack for that: the guard leaves (after a failure,
+    or while waiting) ``reserve_h`` earlier, and a climb may spend it (it still needs the
+    margin, two restarts and the lead); waiting for the gang just after a climb and a gang
+    that runs are judged without it, so a climb is not undone before its gang has started.
+    Each return costs its restarts, so a run comes back only as often as the reserve allows.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
@@ -120,6 +128,12 @@ class DeadlineGuard(BaseModel):
         ge=0,
         description="Hours a new gang risks before its progress is safe: restore + interval + write (restore + notice "
         "when the notice holds a checkpoint). Waiting for capacity stops this much earlier; a climb needs it ahead.",
+    )
+    reserve_h: float = Field(
+        default=0.0,
+        ge=0,
+        description="Slack kept for climbing back: the guard leaves this much earlier than margin_h alone, so a run "
+        "on the next tier can still return when capacity does (with climb_back; 0 = leave at the margin).",
     )
 
 

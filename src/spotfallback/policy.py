@@ -202,6 +202,11 @@ def latest_start(started_at, deadline_h, remaining_s, margin_s):
     return started_at + deadline_h * 3600.0 - remaining_s - margin_s
 
 
+def guard_kept_h(guard: DeadlineGuard, with_reserve: bool) -> float:
+    """Slack a guard keeps when it leaves: its margin, and its reserve for climbing back when leaving."""
+    return guard.margin_h + (guard.reserve_h if with_reserve else 0.0)
+
+
 def waiting_cutoff(leave_at, lead_s):
     """When a guard stops waiting for capacity: ``lead_s`` before it would leave, so a gang started then can commit first."""
     return leave_at - lead_s
@@ -298,7 +303,7 @@ class FallbackPolicy:
         """While waiting: when the current tier's deadline guard says leave (progress is frozen)."""
         if state.waiting_since is None:
             return None
-        limits = self.guard_limits(state, state.tier)
+        limits = self.guard_limits(state, state.tier, with_reserve=not self.just_climbed(state))
         if limits is None:
             return None
         return max(state.waiting_since, waiting_cutoff(min(limits), self.guard_lead_s(state.tier)))
@@ -368,7 +373,7 @@ class FallbackPolicy:
                 timeout_at = None if timeout is None or state.waiting_since is None else state.waiting_since + timeout
                 if guard_at is not None and (timeout_at is None or guard_at <= timeout_at):
                     lead = self.guard_lead_s(state.tier)
-                    why = self.guard_reason(state, max(t, guard_at) + lead) or "deadline guard"
+                    why = self.guard_reason(state, max(t, guard_at) + lead, not self.just_climbed(state)) or "deadline guard"
                     if lead:
                         why += f", less a new gang's time to its first commit ({lead / 3600.0:.2f} h)"
                     return self._leave(state, t, f"{why} while waiting for capacity (waited {waited:.1f}s)")
@@ -543,17 +548,19 @@ class FallbackPolicy:
 
     # -- deadline guard: Uniform Progress as a leave rule and a climb test ------------------
 
-    def guard_limits(self, state: PolicyState, tier: int, remaining_s: float | None = None) -> tuple[float, float] | None:
+    def guard_limits(self, state: PolicyState, tier: int, remaining_s: float | None = None,
+                     with_reserve: bool = False) -> tuple[float, float] | None:
         """(when the run falls more than the margin behind schedule, when its slack is down to the margin).
 
         Both for progress frozen where it is now (``remaining_s`` on ``tier``'s full gang, else
         the latest reported, scaled to it from the gang that ran, else all of the guard's
-        ``work_h``). None without a guard or a start.
+        ``work_h``). ``with_reserve``: the margin and the guard's ``reserve_h``, as for leaving.
+        None without a guard or a start.
         """
         guard = self.tiers[tier].deadline_guard
         if guard is None or state.started_at is None:
             return None
-        work, margin = guard.work_h * 3600.0, guard.margin_h * 3600.0
+        work, margin = guard.work_h * 3600.0, guard_kept_h(guard, with_reserve) * 3600.0
         rem = remaining_s
         if rem is None and state.remaining_work_s is not None:
             # Reported on the gang that ran; progress is measured on the tier's full gang.
@@ -564,21 +571,32 @@ class FallbackPolicy:
         must_go = latest_start(state.started_at, guard.deadline_h, rem, margin)
         return behind, must_go
 
-    def guard_reason(self, state: PolicyState, t: float) -> str | None:
-        """Why the deadline guard of the current tier says leave at ``t``, or None."""
-        limits = self.guard_limits(state, state.tier)
+    def guard_reason(self, state: PolicyState, t: float, with_reserve: bool = True) -> str | None:
+        """Why the deadline guard of the current tier says leave at ``t``, or None.
+
+        ``with_reserve=False`` for a gang that runs: the reserve is slack kept by leaving earlier,
+        not a reason to stop a gang that keeps pace (one that has just climbed back spends it).
+        """
+        limits = self.guard_limits(state, state.tier, with_reserve=with_reserve)
         if limits is None:
             return None
         guard = self.tiers[state.tier].deadline_guard
         assert guard is not None and state.started_at is not None
         behind, must_go = limits
+        kept = guard_kept_h(guard, with_reserve)
+        kept_why = f"margin_h={guard.margin_h:g}" + (f" + reserve_h={guard.reserve_h:g}" if kept > guard.margin_h else "")
         if t >= must_go:
-            slack_h = (must_go - t) / 3600.0 + guard.margin_h
-            return f"deadline slack down to {slack_h:.2f} h (margin_h={guard.margin_h:g}, deadline_h={guard.deadline_h:g})"
+            slack_h = (must_go - t) / 3600.0 + kept
+            return f"deadline slack down to {slack_h:.2f} h ({kept_why}, deadline_h={guard.deadline_h:g})"
         if t >= behind:
-            late_h = (t - behind) / 3600.0 + guard.margin_h
-            return f"{late_h:.2f} h behind schedule for deadline_h={guard.deadline_h:g} (pace={guard.pace:g}, margin_h={guard.margin_h:g})"
+            late_h = (t - behind) / 3600.0 + kept
+            return f"{late_h:.2f} h behind schedule for deadline_h={guard.deadline_h:g} (pace={guard.pace:g}, {kept_why})"
         return None
+
+    def just_climbed(self, state: PolicyState) -> bool:
+        """Whether the run waits for the gang of a climb back (it came up the ladder and has not run since)."""
+        h = state.tier_history
+        return len(h) > 1 and h[-2] > h[-1] and state.waiting_since is not None and state.waiting_since == state.tier_since
 
     def guard_allows_climb(self, state: PolicyState, event: CapacityObserved) -> tuple[bool, str]:
         """Climb back to a guarded tier only when ahead of schedule by two restarts and the guard's lead.
@@ -705,7 +723,7 @@ class FallbackPolicy:
             # to send it down while it runs, not only after its next failure.
             state = self._reported(state, event)
             # Only towards a next tier: a running gang is never given up on, only moved.
-            why = self.guard_reason(state, t) if to + 1 < len(self.tiers) else None
+            why = self.guard_reason(state, t, with_reserve=False) if to + 1 < len(self.tiers) else None
             if why:
                 state = replace(self._ran(state, t), running_since=None)
                 return self._leave(state, t, f"{why} (running {state.workers} of {tier.num_workers} workers)")

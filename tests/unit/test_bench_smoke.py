@@ -228,9 +228,9 @@ def test_no_ladder_chosen_with_hindsight_beats_the_optimum():
     """
     path = FIXTURES / "traces/spot-traces/preemption/1-node/aws-04-22-2023/us-east-1c_v100_1.json"
     grid = list(bench_backtest.ladder_grid(bench_backtest.SMALL))
-    assert len(grid) == 1200 and len({(lad.model_dump_json(), tau) for lad, tau in grid}) == 1200
+    assert len(grid) == 2000 and len({(lad.model_dump_json(), tau) for lad, tau in grid}) == 2000
     (row,) = bench_backtest.ladder_bound_rows([path], path.parent)
-    assert row["windows"] == 7 and row["ladders"] == 1200 and row["single_mean"] is not None
+    assert row["windows"] == 7 and row["ladders"] == 2000 and row["single_mean"] is not None
     assert 1.0 - 1e-9 <= row["per_window_mean"] <= row["single_mean"] + 1e-12
 
 

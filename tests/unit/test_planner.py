@@ -8,7 +8,14 @@ import numpy as np
 import pytest
 
 from spotfallback.config import JobConfig, ladder_from_yaml
-from spotfallback.sim.planner import PlanRequest, guarded, load_process, observed_mtbf_h, plan
+from spotfallback.sim.planner import (
+    PlanRequest,
+    guarded,
+    ladder_yaml,
+    load_process,
+    observed_mtbf_h,
+    plan,
+)
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import SpotTrace
 from spotfallback.sim.world import RateModel
@@ -193,3 +200,25 @@ def test_guard_lead_covers_what_a_new_gang_can_lose_before_its_progress_is_safe(
     assert held.guard(0.7, 1.0, 0.4).first_commit_h == pytest.approx(0.1 + (1.5 * 300 + 3) / 3600)
     short = request(deadline_h=72, notice_s=400)  # a notice shorter than the lead: saved at once, all of it lost
     assert short.guard(0.7, 1.0, 0.4).first_commit_h == pytest.approx(0.1 + 400 / 3600)
+
+
+def reserving_guards(p) -> list:
+    """(candidate, guard) of every candidate whose first tier's guard keeps a reserve."""
+    return [(c, c.ladder[0].deadline_guard) for c in p.candidates
+            if c.ladder is not None and c.ladder[0].deadline_guard is not None and c.ladder[0].deadline_guard.reserve_h]
+
+
+def test_slack_rule_guards_that_climb_back_also_try_keeping_slack_for_the_way_back():
+    """On-demand keeps the slack where the guard left it: only a reserve kept on leaving lets the run return."""
+    trace = load_process(str(TRACES / "spot-traces/availability/1-node/aws-10-26-2022/us-west-2a_v100_1.json"))
+    p = plan(request(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, deadline_h=15, spot_price=0.3,
+                     on_demand_price=1.0, checkpoint_on_request=True), trace)
+    guards = reserving_guards(p)
+    assert sorted({g.reserve_h for _, g in guards}) == pytest.approx([0.15 * 5, 0.3 * 5])  # shares of the 5 h of slack
+    assert all(g.pace == 0 and c.ladder[0].climb_back and f"reserve={g.reserve_h * 60:.0f}m" in c.label for c, g in guards)
+    reserving = guards[0][0]
+    assert ladder_from_yaml(ladder_yaml(reserving.ladder)) == reserving.ladder  # the reserve reaches the runner's file
+    # Only reserves a climb can spend, at least its two changeovers (6 + 3 min each) and the guard's lead: with
+    # a write the notice cannot hold, the lead is a whole interval and the shares of the slack fall short.
+    for job in (p, plan(request(work_h=10, num_workers=1, deadline_h=15, spot_price=0.3, on_demand_price=1.0), trace)):
+        assert all(g.reserve_h >= 2 * 0.15 + g.first_commit_h for _, g in reserving_guards(job))

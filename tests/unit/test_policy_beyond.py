@@ -489,6 +489,75 @@ def test_guarded_climbs_never_flap_under_alternating_availability(steps):
             state = policy.decide(state, WorkersAcquired(t, 2)).state
 
 
+def reserved(reserve_h: float) -> FallbackPolicy:
+    """``guarded(pace=0, climb=True)`` whose guard keeps ``reserve_h`` of slack for climbing back."""
+    base = guarded(pace=0.0, climb=True)
+    g = base.tiers[0].deadline_guard
+    assert g is not None
+    spot = base.tiers[0].model_copy(update={"deadline_guard": g.model_copy(update={"reserve_h": reserve_h})})
+    return FallbackPolicy([spot, base.tiers[1]])
+
+
+def test_a_reserve_leaves_early_enough_to_climb_back_when_capacity_returns():
+    # 4 h left at 2 h; on-demand from there keeps the slack where it left.
+    for reserve, leave_h, climbs in ((0.0, 5.5, False), (1.0, 4.5, True)):
+        policy = reserved(reserve)
+        events: list[Event] = [*one_hour_done(), Preempted(2 * H)]
+        state, _ = run(policy, events)
+        assert policy.capacity_deadline(state) == pytest.approx(leave_h * H)  # 10 - 4 left - 0.5 margin - reserve
+        events += [CapacityTimedOut(leave_h * H, waited_s=(leave_h - 2) * H)]
+        _, decisions = run(policy, events)
+        assert isinstance(decisions[-1], SwitchTier) and ("reserve_h=1" in decisions[-1].reason) is climbs
+        # Spot is back 0.5 h later, with 0.5 h of the work done on on-demand: the same slack as on leaving.
+        events += [WorkersAcquired(leave_h * H + 60, 2), seen((leave_h + 0.5) * H, remaining=3.5 * H, restart=600)]
+        state, decisions = run(policy, events)
+        assert isinstance(decisions[-1], ClimbBack) is climbs
+    # The climb spends the reserve: its own gang is waited for, and runs, on the margin alone.
+    assert policy.just_climbed(state) and policy.capacity_deadline(state) == pytest.approx(6.0 * H)  # 10 - 3.5 - 0.5
+    events += [WorkersAcquired(5.1 * H, 2), seen(5.5 * H, remaining=3.2 * H, restart=600)]  # slack 1.3 h
+    state, decisions = run(policy, events)
+    assert not policy.just_climbed(state) and not isinstance(decisions[-1], SwitchTier) and state.tier == 0
+    # Its next failure finds less than the margin and the reserve: it leaves at once, without waiting.
+    events += [CheckpointCommitted(5.9 * H, remaining_work_s=3.0 * H), Preempted(6 * H)]
+    state, decisions = run(policy, events)
+    assert isinstance(decisions[-1], SwitchTier) and "reserve_h=1" in decisions[-1].reason and state.tier == 1
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.tuples(st.floats(60.0, 1800.0), st.sampled_from(["seen", "gone", "preempt"])),
+                      min_size=1, max_size=60), reserve=st.sampled_from([0.5, 1.0, 2.0]))
+def test_a_reserve_climbs_only_with_the_margin_and_two_restarts_of_slack_and_is_on_time(steps, reserve):
+    """Whatever the availability, every climb to a reserve guard leaves the margin for a fall after
+    its two restarts, and the run never waits on spot past the margin: it finishes on time."""
+    policy = reserved(reserve)
+    state = policy.decide(policy.initial_state(), RunStarted(0)).state
+    state = policy.decide(state, WorkersAcquired(1, 2)).state
+    t, done = 1.0, 0.0
+    for gap, what in steps:
+        deadline_at = policy.capacity_deadline(state)
+        if deadline_at is not None and t + gap >= deadline_at:  # the wait ends at the guard's cut-off
+            t = max(deadline_at, t)
+            state = policy.decide(state, CapacityTimedOut(t, waited_s=0.0)).state
+        else:
+            t += gap
+            if state.running_since is not None:
+                done += gap
+            remaining = max(5 * H - done, 0.0)
+            if what == "preempt" and state.running_since is not None and state.tier == 0:
+                state = policy.decide(state, CheckpointCommitted(t - 1, remaining_work_s=remaining)).state
+                step = policy.decide(state, Preempted(t))
+            else:
+                step = policy.decide(state, seen(t, tier=0, n=2 if what == "seen" else 0, remaining=remaining, restart=600))
+            if isinstance(step.decision, ClimbBack):
+                assert 10 * H - t - remaining >= 0.5 * H + 1200 - 1e-6
+            state = step.state
+        # Capacity comes up 30 s later: on-demand always, spot when it was just seen.
+        if state.waiting_since is not None and (state.tier == 1 or what == "seen"):
+            t += 30.0
+            state = policy.decide(state, WorkersAcquired(t, 2)).state
+    assert 10 * H - t - max(5 * H - done, 0.0) >= 0.0  # on time from here, on on-demand at the latest
+
+
 def test_deadline_guard_config_is_validated_and_round_trips():
     tier = guarded().tiers[0]
     assert Tier.model_validate(tier.model_dump(mode="json")) == tier

@@ -148,6 +148,7 @@ def scenarios(draw):
                 pace=draw(st.sampled_from([0.0, 0.5, 1.0])),
                 margin_h=draw(st.sampled_from([0.0, 0.25, 0.7])),
                 first_commit_h=draw(st.sampled_from([0.0, 0.0, 0.4, 1.25])),
+                reserve_h=draw(st.sampled_from([0.0, 0.0, 0.5, 2.0])),
             )
         if across:
             c = draw(st.sampled_from([0, 1]))
@@ -216,18 +217,19 @@ def assert_same_runs(fast, ref) -> None:
 
 @pytest.mark.parametrize("on_request", [False, True])
 @pytest.mark.parametrize("world_name", ["spot", "spot4", "nodes", "rate"])
-@pytest.mark.parametrize(("pace", "climb", "m", "budgets", "lead"),
-                         [(1.0, True, -1, "carry", 0.0), (0.0, True, 3, "carry", 0.0), (0.5, True, 2, "fresh", 0.0),
-                          (1.0, False, -1, "carry", 0.0), (1.0, True, -1, "carry", 0.1 + 0.7 + 5 / 60),
-                          (1.0, False, -1, "carry", 0.1 + 0.7 + 5 / 60)])
+@pytest.mark.parametrize(("pace", "climb", "m", "budgets", "lead", "reserve"),
+                         [(1.0, True, -1, "carry", 0.0, 0.0), (0.0, True, 3, "carry", 0.0, 0.0),
+                          (0.5, True, 2, "fresh", 0.0, 0.0), (1.0, False, -1, "carry", 0.0, 0.0),
+                          (1.0, True, -1, "carry", 0.1 + 0.7 + 5 / 60, 0.0), (1.0, False, -1, "carry", 0.1 + 0.7 + 5 / 60, 0.0),
+                          (0.0, True, -1, "carry", 0.1 + 0.7 + 5 / 60, 3.0), (0.0, True, 3, "carry", 0.0, 1.5)])
 def test_fast_engine_matches_policy_engine_on_guarded_climbing_ladders(world_name, pace, climb, m, budgets, lead,
-                                                                       on_request):
+                                                                       reserve, on_request):
     """The planner's ladders, which the random scenarios above rarely reach: many climbs, at checkpoint
     ends or, for a gang that checkpoints on request, at any look."""
     job = JobSpec(work_h=24, checkpoint_interval_h=0.7, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
                   provisioning_delay_h=0.05, notice_s=120, deadline_h=36, checkpoint_on_request=on_request)
     guard = {"deadline_h": 36, "work_h": float(wall_to_finish(24, 0.7, 5 / 60)), "pace": pace, "margin_h": 0.4,
-             "first_commit_h": lead}
+             "first_commit_h": lead, "reserve_h": reserve}
     spot = Tier.spot(4, max_preemptions=m, capacity_timeout_s=None if m == -1 else 1800, price_per_worker_hour=0.9,
                      climb_back=climb, min_dwell_s=0 if pace else 600, climb_budgets=budgets, deadline_guard=guard)
     ladder = [spot, Tier.on_demand(4, price_per_worker_hour=3.06)]

@@ -161,7 +161,10 @@ def _ladder_table(p: Plan) -> Table:
 
     def guard(t: Tier) -> str:
         g = t.deadline_guard
-        return "none" if g is None else f"pace {g.pace:g}, margin {g.margin_h * 60:.0f} min, by {g.deadline_h:g} h"
+        if g is None:
+            return "none"
+        reserve = f", reserve {g.reserve_h * 60:.0f} min" if g.reserve_h else ""
+        return f"pace {g.pace:g}, margin {g.margin_h * 60:.0f} min{reserve}, by {g.deadline_h:g} h"
 
     rows: list[tuple[str, Callable[[Tier], str]]] = [
         ("market", lambda t: t.market),

@@ -107,6 +107,7 @@ class _Rows:
     g_work: np.ndarray
     g_deadline: np.ndarray
     g_margin: np.ndarray
+    g_reserve: np.ndarray  # DeadlineGuard.reserve_h
     g_pace: np.ndarray
     g_lead_s: np.ndarray  # FallbackPolicy.guard_lead_s
     climbable: np.ndarray
@@ -164,6 +165,7 @@ class _Rows:
             g_work=per_tier(lambda t: t.deadline_guard.work_h if t.deadline_guard else 1.0),
             g_deadline=per_tier(lambda t: t.deadline_guard.deadline_h if t.deadline_guard else 1.0),
             g_margin=per_tier(lambda t: t.deadline_guard.margin_h if t.deadline_guard else 0.0),
+            g_reserve=per_tier(lambda t: t.deadline_guard.reserve_h if t.deadline_guard else 0.0),
             g_pace=per_tier(lambda t: t.deadline_guard.pace if t.deadline_guard else 0.0),
             g_lead_s=per_tier(lambda t: t.deadline_guard.first_commit_h * 3600.0 if t.deadline_guard else 0.0),
             climbable=climbable,
@@ -234,6 +236,7 @@ class _State:
     switches: np.ndarray
     timeouts: np.ndarray
     cluster: np.ndarray  # the last attempt's Ray cluster (-1: none yet)
+    after_climb: np.ndarray  # waiting for the gang of a climb back (FallbackPolicy.just_climbed)
 
     @classmethod
     def start(cls, n: int, K: int) -> _State:
@@ -247,7 +250,8 @@ class _State:
                    cnt_pre=np.zeros((n, K)), cnt_fail=np.zeros((n, K)), run_s=np.zeros((n, K)),
                    reported_s=np.full(n, np.nan), reported_gang=z(), climbs_to=np.zeros((n, K)), tier_since=z(),
                    status=zi(), spend=z(), unseen=z(), lost=z(), billed=z(), spot_h=z(), work_spot=z(),
-                   pre=zi(), fail=zi(), switches=zi(), timeouts=zi(), cluster=np.full(n, -1, dtype=np.int64))
+                   pre=zi(), fail=zi(), switches=zi(), timeouts=zi(), cluster=np.full(n, -1, dtype=np.int64),
+                   after_climb=np.zeros(n, dtype=bool))
 
     def policy_spent(self, idx: np.ndarray) -> np.ndarray:
         """``PolicyState.spent`` of rows ``idx``: the gangs' billed hours, as the policy counts them."""
@@ -308,8 +312,9 @@ def _guard_limits_s(rem_s: np.ndarray, work_h: np.ndarray, deadline_h: np.ndarra
     return behind, latest_start(0.0, deadline_h, rem_s, margin_h * 3600.0)
 
 
-def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray) -> np.ndarray:
-    """When tier k's guard says leave with progress frozen, seconds (inf: no guard).
+def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray, reserve: np.ndarray) -> np.ndarray:
+    """When tier k's guard says leave with progress frozen, seconds (inf: no guard); ``reserve``
+    (over ``idx``): with the guard's reserve kept, as ``guard_limits(with_reserve=True)``.
 
     The remaining work is what the policy was last told: the shell reports it with every
     commit, so after any progress it is the wall time to finish from ``committed``.
@@ -321,8 +326,8 @@ def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray) -> np.nda
         gang, full = s.reported_gang[i], cfg.workers[i, kk]
         scaled = np.where(gang == full, s.reported_s[i], on_gang(s.reported_s[i], gang, full))
         rem_s = np.where(np.isnan(s.reported_s[i]), cfg.g_work[i, kk] * 3600.0, scaled)
-        behind, must_go = _guard_limits_s(rem_s, cfg.g_work[i, kk], cfg.g_deadline[i, kk], cfg.g_margin[i, kk],
-                                          cfg.g_pace[i, kk])
+        kept = cfg.g_margin[i, kk] + np.where(reserve[on], cfg.g_reserve[i, kk], 0.0)  # policy.guard_kept_h
+        behind, must_go = _guard_limits_s(rem_s, cfg.g_work[i, kk], cfg.g_deadline[i, kk], kept, cfg.g_pace[i, kk])
         out[on] = np.minimum(behind, must_go)
     return out
 
@@ -360,7 +365,8 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     acq = np.empty(act.size)
     # FallbackPolicy.capacity_deadline, in its own units (seconds), so ties break alike.
     since_s = s.wait_from[act] * 3600.0
-    guard_s = waiting_cutoff(_guard_at_s(cfg, s, act, k_act), cfg.g_lead_s[act, k_act])
+    guard_s = waiting_cutoff(_guard_at_s(cfg, s, act, k_act, ~s.after_climb[act]), cfg.g_lead_s[act, k_act])
+    s.after_climb[act] = False  # the climb's gang comes up now, or the run leaves the tier
     cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, guard_s)) / 3600.0
     off = world.offset
     for k in np.unique(k_act):
@@ -452,7 +458,7 @@ def _interrupted(cfg: _Rows, s: _State, world: _World, ni: np.ndarray, t_acq: np
     lim_p = cfg.maxpre[ni, kn]
     lim_f = cfg.maxfail[ni, kn]
     over = ((lim_p != -1) & (s.cnt_pre[ni, kn] > lim_p)) | ((lim_f != -1) & (s.cnt_fail[ni, kn] > lim_f))
-    over |= s.t[ni] * 3600.0 >= _guard_at_s(cfg, s, ni, kn)
+    over |= s.t[ni] * 3600.0 >= _guard_at_s(cfg, s, ni, kn, np.ones(ni.size, dtype=bool))
     s.leave(ni[over])
     _cap_moves(cfg, s, ni, over)
     s.stuck_past(ni, world.horizon_h)
@@ -487,6 +493,7 @@ def _climb(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray,
     s.wait_from[ci] = tc
     s.tier[ci] = jc
     s.tier_since[ci] = tc
+    s.after_climb[ci] = True
     s.climbs_to[ci, jc] += 1
     s.switches[ci] += 1
     reset = cfg.fresh[ci, jc]

@@ -51,6 +51,9 @@ TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
 # Deadline guards: paces of the start-to-deadline line (1 = Uniform Progress, 0 = slack only).
 PACE_GRID: tuple[float, ...] = (1.0, 0.9, 0.75, 0.5, 0.0)
 GUARD_TAU_FACTORS: tuple[float, ...] = (0.71, 1.0, 1.41)
+# Slack-rule guards that climb back: reserves, as shares of the job's slack (deadline less the
+# wall hours to finish) the guard keeps for coming back (``DeadlineGuard.reserve_h``).
+RESERVE_SHARES: tuple[float, ...] = (0.15, 0.3)
 # Climbing back without a guard: dwell times and capacity timeouts tried with them.
 DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
 CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
@@ -60,14 +63,14 @@ class Rung(NamedTuple):
     """Settings of one spot tier.
 
     ``dwell_s`` None = one-way (the tier is never climbed back to); ``guard`` = (pace,
-    margin_h) of a ``deadline_guard`` for the request's deadline, None = no guard.
+    margin_h, reserve_h) of a ``deadline_guard`` for the request's deadline, None = no guard.
     """
 
     max_preemptions: int
     timeout_s: float | None
     dwell_s: float | None = None
     budgets: Literal["carry", "fresh"] = "carry"
-    guard: tuple[float, float] | None = None
+    guard: tuple[float, float, float] | None = None
 
     @property
     def climbs(self) -> bool:
@@ -173,7 +176,7 @@ class PlanRequest(BaseModel):
     def on_demand_tier(self) -> Tier:
         return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price, cluster=self.cluster(-1))
 
-    def guard(self, tau_h: float | None, pace: float, margin_h: float) -> DeadlineGuard:
+    def guard(self, tau_h: float | None, pace: float, margin_h: float, reserve_h: float = 0.0) -> DeadlineGuard:
         """A deadline guard for this job: its work in wall hours includes the checkpoint writes.
 
         Its lead (``first_commit_h``) is what a new gang risks before its progress is safe: the
@@ -190,7 +193,7 @@ class PlanRequest(BaseModel):
         elif tau_h is not None:
             first += tau_h + self.checkpoint_cost_h
         return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9),
-                             first_commit_h=round(first, 9))
+                             first_commit_h=round(first, 9), reserve_h=round(reserve_h, 9))
 
 
     def cost_cap(self, tau_h: float | None) -> CostCap | None:
@@ -417,6 +420,8 @@ def _label(spots: Sequence[Rung]) -> str:
         extra = ""
         if r.guard is not None:
             extra += f",guard pace={r.guard[0]:g} margin={r.guard[1] * 60:.0f}m"
+            if r.guard[2]:
+                extra += f" reserve={r.guard[2] * 60:.0f}m"
         if r.climbs:
             extra += f",climb back after {r.dwell_s / 60:g}m"  # type: ignore[operator]
             if r.budgets == "fresh":
@@ -438,6 +443,10 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
     Margins: one changeover (restart + provisioning) plus a checkpoint write; two of them
     (room for a last failed attempt); and the same plus half or all of a checkpoint interval
     (work lost to a preemption without notice, since the guard decides only after one).
+    Slack-rule guards that climb back also try keeping ``RESERVE_SHARES`` of the slack: the
+    slack rule alone leaves when the slack is down to the margin, where on-demand can never
+    make room to return. Only reserves a climb can spend: at least its two changeovers and
+    the guard's lead, else the run only leaves earlier.
     """
     change = req.restart_overhead_h + req.provisioning_delay_h
     tau = tau_h or 0.0
@@ -447,11 +456,16 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
                   change + req.checkpoint_cost_h + tau / 2, 2 * change + req.checkpoint_cost_h + tau)
     )
     budgets = dict.fromkeys([(-1, None), (best.max_preemptions, best.timeout_s)])
+    assert req.deadline_h is not None
+    slack = max(req.deadline_h - float(wall_to_finish(req.work_h, tau_h or NEVER_H, req.checkpoint_cost_h)), 0.0)
+    climb_needs = 2 * change + req.guard(tau_h, 0.0, 0.0).first_commit_h
+    reserves = [0.0, *dict.fromkeys(round(share * slack, 6) for share in RESERVE_SHARES if share * slack >= climb_needs)]
     return [
-        Rung(m, to, dwell, "carry", (pace, margin))
+        Rung(m, to, dwell, "carry", (pace, margin, reserve))
         for pace in PACE_GRID
         for margin in margins
         for dwell in (0.0, None)
+        for reserve in (reserves if pace == 0 and dwell is not None else [0.0])
         for m, to in budgets
     ]
 
@@ -692,7 +706,8 @@ def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
         return tuple([Rung(0, 600.0)] * n_spot)
     rungs = []
     for t in c.ladder.tiers[:n_spot]:
-        guard = (t.deadline_guard.pace, t.deadline_guard.margin_h) if t.deadline_guard is not None else None
+        g = t.deadline_guard
+        guard = (g.pace, g.margin_h, g.reserve_h) if g is not None else None
         dwell = t.min_dwell_s if t.climb_back else None
         budgets = t.climb_budgets if t.climb_back else "carry"
         rungs.append(Rung(t.max_preemptions, t.capacity_timeout_s, dwell, budgets, guard))
