@@ -106,9 +106,10 @@ class DeadlineGuard(BaseModel):
     a guard that left at ``margin_h`` can never climb back, however long capacity returns
     before the deadline. ``reserve_h`` keeps slack for that: the guard leaves (after a failure,
     or while waiting) ``reserve_h`` earlier, and a climb may spend it (it still needs the
-    margin, two restarts and the lead); waiting for the gang just after a climb and a gang
-    that runs are judged without it, so a climb is not undone before its gang has started.
-    Each return costs its restarts, so a run comes back only as often as the reserve allows.
+    margin, two restarts and the lead). A climb's gang is given ``margin_h`` to come up (a
+    move's provisioning and restore), and a gang that runs is judged on the margin alone, so a
+    climb is not undone before its gang has started. Each return costs its restarts, so a run
+    comes back only as often as the reserve allows.
     """
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

@@ -207,6 +207,13 @@ def guard_kept_h(guard: DeadlineGuard, with_reserve: bool) -> float:
     return guard.margin_h + (guard.reserve_h if with_reserve else 0.0)
 
 
+def climbed_cutoff(kept: float, plain: float, waiting_since: float, margin_s: float) -> float:
+    """When the wait for a climb's gang ends: the cut-off that keeps the reserve (``kept``), but not
+    before the margin has passed (the move's provisioning and restore), nor after the margin's own
+    cut-off (``plain``)."""
+    return min(plain, max(kept, waiting_since + margin_s))
+
+
 def waiting_cutoff(leave_at, lead_s):
     """When a guard stops waiting for capacity: ``lead_s`` before it would leave, so a gang started then can commit first."""
     return leave_at - lead_s
@@ -300,13 +307,24 @@ class FallbackPolicy:
         return deadline
 
     def _guard_deadline(self, state: PolicyState) -> float | None:
-        """While waiting: when the current tier's deadline guard says leave (progress is frozen)."""
+        """While waiting: when the current tier's deadline guard says leave (progress is frozen).
+
+        With the guard's reserve kept; but a climb's gang, which the reserve paid for, is given
+        the margin (a move's provisioning and restore) to come up, within the margin alone.
+        """
         if state.waiting_since is None:
             return None
-        limits = self.guard_limits(state, state.tier, with_reserve=not self.just_climbed(state))
+        limits = self.guard_limits(state, state.tier, with_reserve=True)
         if limits is None:
             return None
-        return max(state.waiting_since, waiting_cutoff(min(limits), self.guard_lead_s(state.tier)))
+        lead = self.guard_lead_s(state.tier)
+        at = waiting_cutoff(min(limits), lead)
+        if self.just_climbed(state):
+            guard = self.tiers[state.tier].deadline_guard
+            plain = self.guard_limits(state, state.tier)
+            assert guard is not None and plain is not None
+            at = climbed_cutoff(at, waiting_cutoff(min(plain), lead), state.waiting_since, guard.margin_h * 3600.0)
+        return max(state.waiting_since, at)
 
     def guard_lead_s(self, tier: int) -> float:
         """How much earlier than its leave time the guard of ``tier`` stops waiting: a new gang's time to its first commit."""
@@ -373,7 +391,7 @@ class FallbackPolicy:
                 timeout_at = None if timeout is None or state.waiting_since is None else state.waiting_since + timeout
                 if guard_at is not None and (timeout_at is None or guard_at <= timeout_at):
                     lead = self.guard_lead_s(state.tier)
-                    why = self.guard_reason(state, max(t, guard_at) + lead, not self.just_climbed(state)) or "deadline guard"
+                    why = self.guard_reason(state, max(t, guard_at) + lead) or "deadline guard"
                     if lead:
                         why += f", less a new gang's time to its first commit ({lead / 3600.0:.2f} h)"
                     return self._leave(state, t, f"{why} while waiting for capacity (waited {waited:.1f}s)")

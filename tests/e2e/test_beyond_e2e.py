@@ -80,11 +80,13 @@ def actions(records) -> list[str]:
     return [r.decision["action"] for r in records if r.decision and r.decision["action"] != "continue"]
 
 
-def fall_then_climb_back(injector, trainer, driver, notice_s: float, on_spot, on_demand, linger_s: float = 0.0):
+def fall_then_climb_back(injector, trainer, driver, notice_s: float, on_spot, on_demand, linger_s: float = 0.0,
+                         moves: tuple[str, ...] = ("switch_tier", "climb_back", "complete")):
     """The spot gang (all three spot nodes) is preempted with its budget spent, waits on on-demand while
     two spot nodes cannot hold it, and climbs back once the third is replenished: (records, result).
 
-    ``on_spot`` / ``on_demand``: ledger conditions that say the run is on each, ``linger_s`` after them.
+    ``on_spot`` / ``on_demand``: ledger conditions that say the run is on each, ``linger_s`` after them;
+    ``moves``: the policy's decisions other than continue, in order.
     """
     ledger = trainer.ledger
     wait_for(ledger, on_spot, 120, driver)
@@ -97,7 +99,7 @@ def fall_then_climb_back(injector, trainer, driver, notice_s: float, on_spot, on
     result = driver.join(240)
     assert driver.error is None, driver.error
     records = ledger.read()
-    assert actions(records) == ["switch_tier", "climb_back", "complete"]
+    assert actions(records) == list(moves)
     assert [tier for tier, _ in acquired(records)] == [0, 1, 0]
     return records, result
 
@@ -183,6 +185,39 @@ def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there
     assert summary.tiers[0].running_s == pytest.approx(spot_s)
     assert summary.tiers[0].spend == pytest.approx(spot_s / 3600 * 3 * 0.9)
     assert summary.tiers[1].spend > 0 and summary.spend == pytest.approx(summary.tiers[0].spend + summary.tiers[1].spend)
+    assert result.metrics["step"] == STEPS
+    print_timeline(records)
+
+
+def test_a_guard_reserve_leaves_spot_early_and_pays_for_the_climb_back(cluster, injector, tmp_path):
+    from spotfallback import Tier
+
+    # 3 min of work due in 1 h, slack rule only, no budget and no timeout: after the preemption the guard
+    # alone waits for spot (a retry), until the slack is down to the margin and the reserve, 90 s after
+    # the start (no progress is reported, so the slack shrinks as time passes). The lost node is not
+    # replaced, so the run leaves for on-demand there. The climb back needs only the margin and two
+    # restarts of slack, and spends the reserve: its gang is given the margin (2 min) to come up, where
+    # the reserve alone would send the run straight back down.
+    work_h, deadline_h, margin_h, leave_after_s = 0.05, 1.0, 120 / 3600, 90.0
+    guard = {"deadline_h": deadline_h, "work_h": work_h, "pace": 0.0, "margin_h": margin_h,
+             "reserve_h": round(deadline_h - work_h - margin_h - leave_after_s / 3600, 6)}
+    ladder = [
+        Tier.spot(3, max_preemptions=-1, capacity_timeout_s=None, climb_back=True, min_dwell_s=2,
+                  deadline_guard=guard, price_per_worker_hour=0.9),
+        Tier.on_demand(2, price_per_worker_hour=3.06),
+    ]
+    trainer = make_trainer(tmp_path, unique_name("reserve"), ladder)
+    driver = Background(trainer.fit)
+    records, result = fall_then_climb_back(
+        injector, trainer, driver, 1.0,
+        on_spot=lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1,
+        on_demand=lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 2,
+        moves=("retry", "switch_tier", "climb_back", "complete"),
+    )
+    started = records[0].t
+    switch = next(r for r in records if r.decision and r.decision["action"] == "switch_tier")
+    assert switch.event.kind == "capacity_timed_out" and "reserve_h=0.891667" in switch.decision["reason"]
+    assert switch.t - started == pytest.approx(leave_after_s, abs=5.0)
     assert result.metrics["step"] == STEPS
     print_timeline(records)
 

@@ -512,8 +512,11 @@ def test_a_reserve_leaves_early_enough_to_climb_back_when_capacity_returns():
         events += [WorkersAcquired(leave_h * H + 60, 2), seen((leave_h + 0.5) * H, remaining=3.5 * H, restart=600)]
         state, decisions = run(policy, events)
         assert isinstance(decisions[-1], ClimbBack) is climbs
-    # The climb spends the reserve: its own gang is waited for, and runs, on the margin alone.
-    assert policy.just_climbed(state) and policy.capacity_deadline(state) == pytest.approx(6.0 * H)  # 10 - 3.5 - 0.5
+    # The climb spends the reserve: its own gang is given the margin to come up (not the 6 h the margin
+    # alone would allow, 10 - 3.5 left - 0.5, nor the 5 h the reserve would), and runs on the margin alone.
+    assert policy.just_climbed(state) and policy.capacity_deadline(state) == pytest.approx(5.5 * H)
+    _, decisions = run(policy, [*events, CapacityTimedOut(5.5 * H, waited_s=0.5 * H)])  # gone again before it came up
+    assert isinstance(decisions[-1], SwitchTier) and "reserve_h=1" in decisions[-1].reason
     events += [WorkersAcquired(5.1 * H, 2), seen(5.5 * H, remaining=3.2 * H, restart=600)]  # slack 1.3 h
     state, decisions = run(policy, events)
     assert not policy.just_climbed(state) and not isinstance(decisions[-1], SwitchTier) and state.tier == 0

@@ -312,9 +312,9 @@ def _guard_limits_s(rem_s: np.ndarray, work_h: np.ndarray, deadline_h: np.ndarra
     return behind, latest_start(0.0, deadline_h, rem_s, margin_h * 3600.0)
 
 
-def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray, reserve: np.ndarray) -> np.ndarray:
-    """When tier k's guard says leave with progress frozen, seconds (inf: no guard); ``reserve``
-    (over ``idx``): with the guard's reserve kept, as ``guard_limits(with_reserve=True)``.
+def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray, with_reserve: bool) -> np.ndarray:
+    """When tier k's guard says leave with progress frozen, seconds (inf: no guard); ``with_reserve``
+    as ``FallbackPolicy.guard_limits``.
 
     The remaining work is what the policy was last told: the shell reports it with every
     commit, so after any progress it is the wall time to finish from ``committed``.
@@ -326,7 +326,7 @@ def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray, reserve: 
         gang, full = s.reported_gang[i], cfg.workers[i, kk]
         scaled = np.where(gang == full, s.reported_s[i], on_gang(s.reported_s[i], gang, full))
         rem_s = np.where(np.isnan(s.reported_s[i]), cfg.g_work[i, kk] * 3600.0, scaled)
-        kept = cfg.g_margin[i, kk] + np.where(reserve[on], cfg.g_reserve[i, kk], 0.0)  # policy.guard_kept_h
+        kept = cfg.g_margin[i, kk] + (cfg.g_reserve[i, kk] if with_reserve else 0.0)  # policy.guard_kept_h
         behind, must_go = _guard_limits_s(rem_s, cfg.g_work[i, kk], cfg.g_deadline[i, kk], kept, cfg.g_pace[i, kk])
         out[on] = np.minimum(behind, must_go)
     return out
@@ -365,7 +365,13 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     acq = np.empty(act.size)
     # FallbackPolicy.capacity_deadline, in its own units (seconds), so ties break alike.
     since_s = s.wait_from[act] * 3600.0
-    guard_s = waiting_cutoff(_guard_at_s(cfg, s, act, k_act, ~s.after_climb[act]), cfg.g_lead_s[act, k_act])
+    lead = cfg.g_lead_s[act, k_act]
+    guard_s = waiting_cutoff(_guard_at_s(cfg, s, act, k_act, True), lead)
+    climbed = s.after_climb[act]
+    if climbed.any():  # policy.climbed_cutoff: a climb's gang gets the margin to come up, within the margin's cut-off
+        plain = waiting_cutoff(_guard_at_s(cfg, s, act, k_act, False), lead)
+        given = np.minimum(plain, np.maximum(guard_s, since_s + cfg.g_margin[act, k_act] * 3600.0))
+        guard_s = np.where(climbed, given, guard_s)
     s.after_climb[act] = False  # the climb's gang comes up now, or the run leaves the tier
     cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, guard_s)) / 3600.0
     off = world.offset
@@ -458,7 +464,7 @@ def _interrupted(cfg: _Rows, s: _State, world: _World, ni: np.ndarray, t_acq: np
     lim_p = cfg.maxpre[ni, kn]
     lim_f = cfg.maxfail[ni, kn]
     over = ((lim_p != -1) & (s.cnt_pre[ni, kn] > lim_p)) | ((lim_f != -1) & (s.cnt_fail[ni, kn] > lim_f))
-    over |= s.t[ni] * 3600.0 >= _guard_at_s(cfg, s, ni, kn, np.ones(ni.size, dtype=bool))
+    over |= s.t[ni] * 3600.0 >= _guard_at_s(cfg, s, ni, kn, True)
     s.leave(ni[over])
     _cap_moves(cfg, s, ni, over)
     s.stuck_past(ni, world.horizon_h)

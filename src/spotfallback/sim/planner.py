@@ -617,9 +617,14 @@ def plan(
     best = cache[(tuple(current), tau)]
 
     if climb:
-        # 2. Deadline guards (the same on every spot tier), around the best one-way budgets.
+        # 2. Deadline guards (the same on every spot tier), around the best one-way budgets; with
+        # no periodic checkpoints, also with the interval grid's: a guard that climbs back looks
+        # at the higher tier only at commits, unless the gang answers checkpoint requests.
         if req.deadline_h is not None:
-            guard_taus = [tau] if tau is None else sorted({min(round(tau * f, 6), req.work_h) for f in GUARD_TAU_FACTORS})
+            if tau is None:
+                guard_taus: Sequence[float | None] = taus
+            else:
+                guard_taus = sorted({min(round(tau * f, 6), req.work_h) for f in GUARD_TAU_FACTORS})
             for t in guard_taus:
                 best = best_of([best, *same_on_every_tier(_guard_grid(current[0], req, t), t)])
         # 3. Climbing back without a guard (it pays by climb_pays alone).
