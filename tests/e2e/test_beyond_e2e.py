@@ -80,7 +80,13 @@ def actions(records) -> list[str]:
     return [r.decision["action"] for r in records if r.decision and r.decision["action"] != "continue"]
 
 
-def fall_then_climb_back(injector, trainer, driver, notice_s: float, on_spot, on_demand, linger_s: float = 0.0,
+def committed_on(tier: int, commits: int):
+    """A ledger condition: the run has committed ``commits`` checkpoints on ``tier`` since its gang there came up."""
+    return lambda rs: checkpoints_since(rs, "workers_acquired", tier=tier) >= commits
+
+
+def fall_then_climb_back(injector, trainer, driver, notice_s: float = 1.0, on_spot=committed_on(0, 1),
+                         on_demand=committed_on(1, 2), linger_s: float = 0.0,
                          moves: tuple[str, ...] = ("switch_tier", "climb_back", "complete")):
     """The spot gang (all three spot nodes) is preempted with its budget spent, waits on on-demand while
     two spot nodes cannot hold it, and climbs back once the third is replenished: (records, result).
@@ -169,12 +175,7 @@ def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there
         Tier.on_demand(2, price_per_worker_hour=3.06),
     ]
     trainer = make_trainer(tmp_path, unique_name("climb"), ladder)
-    driver = Background(trainer.fit)
-    records, result = fall_then_climb_back(
-        injector, trainer, driver, 1.0,
-        on_spot=lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1,
-        on_demand=lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 2,
-    )
+    records, result = fall_then_climb_back(injector, trainer, Background(trainer.fit))
     climb = next(r for r in records if r.event.kind == "capacity_observed")
     assert (climb.tier, climb.event.tier, climb.event.available_workers) == (1, 0, 3)
     summary = summarize(trainer.ladder, records)
@@ -207,13 +208,8 @@ def test_a_guard_reserve_leaves_spot_early_and_pays_for_the_climb_back(cluster, 
         Tier.on_demand(2, price_per_worker_hour=3.06),
     ]
     trainer = make_trainer(tmp_path, unique_name("reserve"), ladder)
-    driver = Background(trainer.fit)
-    records, result = fall_then_climb_back(
-        injector, trainer, driver, 1.0,
-        on_spot=lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1,
-        on_demand=lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 2,
-        moves=("retry", "switch_tier", "climb_back", "complete"),
-    )
+    records, result = fall_then_climb_back(injector, trainer, Background(trainer.fit),
+                                           moves=("retry", "switch_tier", "climb_back", "complete"))
     started = records[0].t
     switch = next(r for r in records if r.decision and r.decision["action"] == "switch_tier")
     assert switch.event.kind == "capacity_timed_out" and "reserve_h=0.891667" in switch.decision["reason"]
