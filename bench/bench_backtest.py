@@ -26,7 +26,6 @@ from bench.harness import Figure, Measurement, Stat, Target, best_of, cpu_model,
 from spotfallback.cli.plan import plan_optimum
 from spotfallback.config import Ladder, Tier
 from spotfallback.sim.backtesting import BacktestResult, backtest, window_starts
-from spotfallback.sim.job import NEVER_H, wall_to_finish
 from spotfallback.sim.optimum import optimum_for
 from spotfallback.sim.planner import RESERVE_SHARES, Plan, PlanRequest, load_process, plan
 from spotfallback.sim.simulate import simulate
@@ -126,7 +125,7 @@ def ladder_grid(req: PlanRequest) -> Iterator[tuple[Ladder, float | None]]:
     for tau, m, timeout in itertools.product(taus, (1, 3, 5, 8, -1), (600.0, 1800.0, 3600.0, 7200.0, None)):
         rules: list[dict[str, Any]] = [{}, climbing]
         if req.deadline_h is not None:
-            slack = req.deadline_h - float(wall_to_finish(req.work_h, tau or NEVER_H, req.checkpoint_cost_h))
+            slack = req.deadline_h - req.wall_h(tau)
             rules += [{"deadline_guard": req.guard(tau, 0.0, margin), **climb}
                       for margin in margins for climb in ({}, climbing)]
             rules += [{"deadline_guard": req.guard(tau, 0.0, margin, share * slack), **climbing}

@@ -602,7 +602,7 @@ class FallbackPolicy:
         assert guard is not None and state.started_at is not None
         behind, must_go = limits
         kept = guard_kept_h(guard, with_reserve)
-        kept_why = f"margin_h={guard.margin_h:g}" + (f" + reserve_h={guard.reserve_h:g}" if kept > guard.margin_h else "")
+        kept_why = f"margin_h={guard.margin_h:g}" + (f" + reserve_h={guard.reserve_h:g}" if with_reserve and guard.reserve_h else "")
         if t >= must_go:
             slack_h = (must_go - t) / 3600.0 + kept
             return f"deadline slack down to {slack_h:.2f} h ({kept_why}, deadline_h={guard.deadline_h:g})"

@@ -190,6 +190,21 @@ def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there
     print_timeline(records)
 
 
+def test_the_example_reports_the_work_left_at_its_own_pace_with_each_checkpoint(cluster, tmp_path):
+    """What a deadline guard judges the run by: the steps left at this attempt's pace, none once done."""
+    from spotfallback import Tier
+
+    steps = 20
+    trainer = make_trainer(tmp_path, unique_name("remaining"), [Tier.on_demand(2)], total_steps=steps,
+                           remaining_work=True)
+    result = trainer.fit()
+    commits = [r.event for r in trainer.ledger.read() if r.event.kind == "checkpoint_committed"]
+    assert [c.step for c in commits] == [5, 10, 15, 20]
+    assert commits[-1].remaining_work_s == 0.0 and result.metrics["remaining_work_s"] == 0.0
+    for c in commits[:-1]:  # each step takes its delay (0.15 s) and a wait for the controller's poll
+        assert 0.15 < c.remaining_work_s / (steps - c.step) < 5.0
+
+
 def test_a_guard_reserve_leaves_spot_early_and_pays_for_the_climb_back(cluster, injector, tmp_path):
     from spotfallback import Tier
 

@@ -216,7 +216,7 @@ def test_slack_rule_guards_that_climb_back_also_try_keeping_slack_for_the_way_ba
                      on_demand_price=1.0, checkpoint_on_request=True), trace)
     guards = reserving_guards(p)
     unwritten = sorted({g.reserve_h for c, g in guards if c.tau_h is None})
-    assert unwritten == pytest.approx([0.15 * 5, 0.3 * 5])  # shares of the 5 h of slack (less periodic writes, if any)
+    assert unwritten == pytest.approx([0.15 * 5, 0.3 * 5])  # shares of the 5 h of slack: these write no periodic checkpoints
     assert all(g.pace == 0 and c.ladder[0].climb_back and f"reserve={g.reserve_h * 60:.0f}m" in c.label for c, g in guards)
     reserving = guards[0][0]
     assert ladder_from_yaml(ladder_yaml(reserving.ladder)) == reserving.ladder  # the reserve reaches the runner's file

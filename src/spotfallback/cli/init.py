@@ -30,6 +30,7 @@ train_loop_config:
   checkpoint_every: 5
   step_delay_s: 0.2           # the example is tiny: slow each step so there is something to watch
   preemption_check_every: 2   # on a preemption notice, checkpoint at once and wait for the node to go
+  remaining_work: true        # report remaining_work_s, which a tier's deadline_guard judges the run by
 # 'local' starts a small Ray cluster on this machine (one node per worker of each tier, labelled
 # spot / on-demand) to try things out; 'auto' joins the cluster this machine belongs to; or an
 # address such as ray://head:10001.

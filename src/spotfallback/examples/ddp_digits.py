@@ -49,7 +49,10 @@ where rank 0 appends ``{"step", "t", "pid", "node"}`` per completed step, to mea
 ``step_gate`` (None: a file that must exist before each step starts; a test removes it to hold
 the workers at a precise moment, e.g. placed but not yet stepping, and puts it back to let them go),
 ``raise_at_step`` / ``raise_marker`` (an application error at that step, on every attempt,
-or only on the first when a marker path is given), ``global_batch_size`` (None: see below).
+or only on the first when a marker path is given), ``remaining_work`` (False: True adds
+``remaining_work_s`` to every report, the steps left at this attempt's pace so far, checkpoint
+writes included; the deadline guard, the cost cap and a climb's test judge the run by it, and
+without it take the whole job as left), ``global_batch_size`` (None: see below).
 
 When the world size changes (a tier with another worker count, or an elastic tier
 ``num_workers=[min, max]`` that shrinks on a lost node and grows back when capacity returns),
@@ -104,6 +107,7 @@ DEFAULTS: dict[str, Any] = {
     "step_gate": None,
     "raise_at_step": None,
     "raise_marker": None,
+    "remaining_work": False,
     "global_batch_size": None,
 }
 DROPOUT = 0.1
@@ -328,6 +332,7 @@ def train_fn(config: dict[str, Any]) -> None:
     model.train()
 
     watch = _preemption_watch(cfg)
+    attempt_started = time.monotonic()  # after the restore: the pace is the steps' own, writes included
     node_id = ray.get_runtime_context().get_node_id() if cfg["step_log"] else ""
     for step in range(start, cfg["total_steps"] + 1):
         _wait_for_gate(cfg["step_gate"])
@@ -353,6 +358,10 @@ def train_fn(config: dict[str, Any]) -> None:
         }
         if cfg["global_batch_size"] is not None:
             metrics.update(world_size=world, batch_size=batch_size)
+        if cfg["remaining_work"]:
+            metrics["remaining_work_s"] = remaining_work_s(
+                cfg["total_steps"] - step, step - start + 1, time.monotonic() - attempt_started
+            )
         last = step == cfg["total_steps"]
         if last:
             metrics["accuracy"] = accuracy(model, x_test, y_test)
@@ -374,6 +383,11 @@ def train_fn(config: dict[str, Any]) -> None:
                 _report_checkpoint(model, optimizer, scheduler, stream, step, metrics, rank)
         elif step % cfg["report_every"] == 0:
             ray.train.report(metrics)
+
+
+def remaining_work_s(steps_left: int, steps_done: int, elapsed_s: float) -> float:
+    """Wall seconds the steps left take at the pace of the ``steps_done`` this attempt took ``elapsed_s`` for."""
+    return steps_left * elapsed_s / steps_done
 
 
 def _preemption_watch(cfg: dict[str, Any]) -> Any:

@@ -176,6 +176,10 @@ class PlanRequest(BaseModel):
     def on_demand_tier(self) -> Tier:
         return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price, cluster=self.cluster(-1))
 
+    def wall_h(self, tau_h: float | None) -> float:
+        """Wall hours the work takes uninterrupted with a checkpoint every ``tau_h`` (None: no periodic ones), writes included."""
+        return float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
+
     def guard(self, tau_h: float | None, pace: float, margin_h: float, reserve_h: float = 0.0) -> DeadlineGuard:
         """A deadline guard for this job: its work in wall hours includes the checkpoint writes.
 
@@ -185,7 +189,7 @@ class PlanRequest(BaseModel):
         periodic checkpoints nothing bounds the risk: the restore alone).
         """
         assert self.deadline_h is not None
-        work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
+        work = self.wall_h(tau_h)
         first = self.restart_overhead_h
         job = self.job(tau_h)
         if job.jit_saves:
@@ -195,7 +199,6 @@ class PlanRequest(BaseModel):
         return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9),
                              first_commit_h=round(first, 9), reserve_h=round(reserve_h, 9))
 
-
     def cost_cap(self, tau_h: float | None) -> CostCap | None:
         """The spot tiers' cost cap for this job: on-demand alone runs its work and one restart.
 
@@ -204,7 +207,7 @@ class PlanRequest(BaseModel):
         """
         if self.cost_cap_factor is None:
             return None
-        work = float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
+        work = self.wall_h(tau_h)
         risk = self.restart_overhead_h + (work if tau_h is None else tau_h + self.checkpoint_cost_h)
         return CostCap(work_h=round(work, 9), restart_h=self.restart_overhead_h, first_commit_h=round(risk, 9),
                        factor=self.cost_cap_factor)
@@ -457,7 +460,7 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
     )
     budgets = dict.fromkeys([(-1, None), (best.max_preemptions, best.timeout_s)])
     assert req.deadline_h is not None
-    slack = max(req.deadline_h - float(wall_to_finish(req.work_h, tau_h or NEVER_H, req.checkpoint_cost_h)), 0.0)
+    slack = max(req.deadline_h - req.wall_h(tau_h), 0.0)
     climb_needs = 2 * change + req.guard(tau_h, 0.0, 0.0).first_commit_h
     reserves = [0.0, *dict.fromkeys(round(share * slack, 6) for share in RESERVE_SHARES if share * slack >= climb_needs)]
     return [
@@ -687,7 +690,7 @@ def plan(
         per_failure = req.restart_overhead_h + req.provisioning_delay_h
         lost = float(res.lost_work_h.mean() / m_mean) if m_mean > 0 else 0.0
         discount = 1.0 - req.pool_price(0) / req.on_demand_price
-        t_eff = float(wall_to_finish(req.work_h, best.tau_h or NEVER_H, req.checkpoint_cost_h))
+        t_eff = req.wall_h(best.tau_h)
         seed_check = compare_seed_with_exact(
             t_eff, min(alpha_work, 1.0), max(round(m_mean), 0), per_failure,
             req.on_demand_price * req.num_workers, min(max(discount, 0.0), 1.0), lost,
