@@ -320,6 +320,27 @@ def test_capacity_watch_observes_only_after_a_checkpoint_of_the_running_gang():
     assert watch.restart_s == 25.0 and watch.checkpoints == []
 
 
+def test_the_work_left_now_counts_from_the_running_gangs_latest_report():
+    from spotfallback.events import CheckpointCommitted
+    from spotfallback.runtime.capacity import CapacityWatch
+
+    watch = CapacityWatch()
+    assert watch.remaining_now_s(100.0, running_since=50.0) is None  # nothing reported
+    watch.record(CheckpointCommitted(90.0, remaining_work_s=800), Continue())
+    assert watch.remaining_now_s(100.0, running_since=50.0) == 790.0  # from the commit
+    watch.reported(120.0, 760.0)  # a plain report: further along than the commit says
+    assert watch.remaining_now_s(130.0, running_since=50.0) == 750.0
+    watch.reported(140.0, None)  # a report without the metric changes nothing
+    assert watch.remaining_now_s(130.0, running_since=50.0) == 750.0
+    watch.record(Preempted(150.0), Retry(tier=0))
+    watch.record(WorkersAcquired(170.0, 2), Continue())
+    # The next gang resumes from the commit (800 s left): until it reports, its time since the start counts.
+    assert watch.remaining_now_s(200.0, running_since=170.0) == 770.0
+    watch.reported(230.0, 790.0)  # the restore took most of it
+    assert watch.remaining_now_s(240.0, running_since=170.0) == 780.0
+    assert watch.remaining_now_s(2000.0, running_since=170.0) == 0.0
+
+
 def test_no_climb_when_the_deadline_slack_cannot_absorb_a_failed_climb():
     policy = climbing_ladder()
     state, _ = run(policy, on_demand_after_budget())

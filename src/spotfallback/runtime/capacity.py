@@ -44,7 +44,8 @@ class CapacityWatch:
 
     ``remaining_work_s`` comes from the training function: report it as a metric with a
     checkpoint (``{"remaining_work_s": ...}``); without it the policy treats the remaining
-    work as unknown and climbs whenever the higher tier is cheaper.
+    work as unknown and climbs whenever the higher tier is cheaper. Reported with every
+    report as well, it also tells how far the running gang has got since its last commit.
     """
 
     def __init__(self) -> None:
@@ -52,7 +53,8 @@ class CapacityWatch:
         self.after_checkpoint_s = _env_float("SPOTFALLBACK_CLIMB_AFTER_CHECKPOINT_S", 30.0)
         self.last_poll = float("-inf")
         self.checkpoints: list[float] = []
-        self.remaining_work_s: float | None = None
+        self.remaining_work_s: float | None = None  # at the latest commit: where a new gang resumes
+        self.latest: tuple[float, float] | None = None  # (when, remaining_work_s) of the running gang's latest report
         self.restart_s = DEFAULT_RESTART_S
         self.moved_at: float | None = None
 
@@ -68,12 +70,14 @@ class CapacityWatch:
             self.checkpoints = [*self.checkpoints[-1:], event.t]
             if event.remaining_work_s is not None:
                 self.remaining_work_s = event.remaining_work_s
+                self.latest = (event.t, event.remaining_work_s)
         elif isinstance(event, WorkersAcquired) and self.moved_at is not None:
             self.restart_s = max(0.0, event.t - self.moved_at)
             self.moved_at = None
         if isinstance(decision, Retry | SwitchTier | ClimbBack | Resize):
             self.moved_at = event.t
             self.checkpoints = []  # checkpoints of the stopped gang say nothing about the next
+            self.latest = None  # the next gang resumes from the latest commit
 
     def due(self, now: float, running_since: float | None, any_time: bool = False) -> bool:
         """Observe now? Not too often, and only after a checkpoint of the running gang unless ``any_time``."""
@@ -88,13 +92,25 @@ class CapacityWatch:
         """Whether the running gang committed a checkpoint in the last ``after_checkpoint_s``."""
         return bool(self.checkpoints) and running_since <= self.checkpoints[-1] >= now - self.after_checkpoint_s
 
+    def reported(self, t: float, remaining_work_s: float | None) -> None:
+        """A report of the running gang without a checkpoint: how much work it has left now."""
+        if remaining_work_s is not None:
+            self.latest = (t, remaining_work_s)
+
     def remaining_now_s(self, now: float, running_since: float) -> float | None:
-        """The work left now, for a checkpoint taken now: the last report less the time the gang has run since
-        (since its last commit, or since it started from the checkpoint that report came with)."""
-        if self.remaining_work_s is None:
+        """The work left now, for a checkpoint taken now: the running gang's latest report less the time since.
+
+        Before the gang's first report, the latest commit's less the time since the gang started
+        (its restore counted as progress: a function that reports only with checkpoints, and
+        writes none, would otherwise never be seen to progress).
+        """
+        if self.latest is not None and self.latest[0] >= running_since:
+            at, left = self.latest
+        elif self.remaining_work_s is not None:
+            at, left = running_since, self.remaining_work_s
+        else:
             return None
-        since = self.checkpoints[-1] if self.checkpoints and self.checkpoints[-1] >= running_since else running_since
-        return max(0.0, self.remaining_work_s - max(0.0, now - since))
+        return max(0.0, left - max(0.0, now - at))
 
 
 def start_size(tier: Tier) -> int:

@@ -278,6 +278,7 @@ class LedgerCallback(WorkerGroupCallback, ReportCallback, ControllerCallback):
             write_heartbeat(rt.ledger.location, rt.state.tier, first)
         checkpoint = getattr(training_report, "checkpoint", None)
         if checkpoint is None:
+            rt.reported(time.time(), remaining_work(first))
             return
         step = None
         for m in metrics:

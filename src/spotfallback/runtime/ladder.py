@@ -108,6 +108,11 @@ class LadderRuntime:
             self.watch.record(event, step.decision)
             return step.decision
 
+    def reported(self, t: float, remaining_work_s: float | None) -> None:
+        """A report without a checkpoint: the running gang's remaining work, for a climb's test."""
+        with self.lock:
+            self.watch.reported(t, remaining_work_s)
+
     def start_timeout_s(self, now: float) -> float:
         """How long the next placement-group wait may block: until the capacity deadline."""
         deadline = self.policy.capacity_deadline(self.state)
