@@ -125,7 +125,7 @@ def ladder_grid(req: PlanRequest) -> Iterator[tuple[Ladder, float | None]]:
     for tau, m, timeout in itertools.product(taus, (1, 3, 5, 8, -1), (600.0, 1800.0, 3600.0, 7200.0, None)):
         rules: list[dict[str, Any]] = [{}, climbing]
         if req.deadline_h is not None:
-            slack = req.deadline_h - req.wall_h(tau)
+            slack = req.slack_h(tau)
             rules += [{"deadline_guard": req.guard(tau, 0.0, margin), **climb}
                       for margin in margins for climb in ({}, climbing)]
             rules += [{"deadline_guard": req.guard(tau, 0.0, margin, share * slack), **climbing}

@@ -202,9 +202,9 @@ def latest_start(started_at, deadline_h, remaining_s, margin_s):
     return started_at + deadline_h * 3600.0 - remaining_s - margin_s
 
 
-def guard_kept_h(guard: DeadlineGuard, with_reserve: bool) -> float:
-    """Slack a guard keeps when it leaves: its margin, and its reserve for climbing back when leaving."""
-    return guard.margin_h + (guard.reserve_h if with_reserve else 0.0)
+def guard_kept_h(margin_h, reserve_h, with_reserve: bool):
+    """Slack a guard keeps when it leaves: its margin, and its reserve for climbing back when leaving; on floats or arrays."""
+    return margin_h + (reserve_h if with_reserve else 0.0)
 
 
 def climbed_cutoff(kept: float, plain: float, waiting_since: float, margin_s: float) -> float:
@@ -578,7 +578,7 @@ class FallbackPolicy:
         guard = self.tiers[tier].deadline_guard
         if guard is None or state.started_at is None:
             return None
-        work, margin = guard.work_h * 3600.0, guard_kept_h(guard, with_reserve) * 3600.0
+        work, margin = guard.work_h * 3600.0, guard_kept_h(guard.margin_h, guard.reserve_h, with_reserve) * 3600.0
         rem = remaining_s
         if rem is None and state.remaining_work_s is not None:
             # Reported on the gang that ran; progress is measured on the tier's full gang.
@@ -601,7 +601,7 @@ class FallbackPolicy:
         guard = self.tiers[state.tier].deadline_guard
         assert guard is not None and state.started_at is not None
         behind, must_go = limits
-        kept = guard_kept_h(guard, with_reserve)
+        kept = guard_kept_h(guard.margin_h, guard.reserve_h, with_reserve)
         kept_why = f"margin_h={guard.margin_h:g}" + (f" + reserve_h={guard.reserve_h:g}" if with_reserve and guard.reserve_h else "")
         if t >= must_go:
             slack_h = (must_go - t) / 3600.0 + kept

@@ -32,6 +32,7 @@ from spotfallback.policy import (
     FallbackPolicy,
     capped_spend,
     climb_balance,
+    guard_kept_h,
     latest_start,
     leave_rule_for,
     observed_rate,
@@ -326,7 +327,7 @@ def _guard_at_s(cfg: _Rows, s: _State, idx: np.ndarray, k: np.ndarray, with_rese
         gang, full = s.reported_gang[i], cfg.workers[i, kk]
         scaled = np.where(gang == full, s.reported_s[i], on_gang(s.reported_s[i], gang, full))
         rem_s = np.where(np.isnan(s.reported_s[i]), cfg.g_work[i, kk] * 3600.0, scaled)
-        kept = cfg.g_margin[i, kk] + (cfg.g_reserve[i, kk] if with_reserve else 0.0)  # policy.guard_kept_h
+        kept = guard_kept_h(cfg.g_margin[i, kk], cfg.g_reserve[i, kk], with_reserve)
         behind, must_go = _guard_limits_s(rem_s, cfg.g_work[i, kk], cfg.g_deadline[i, kk], kept, cfg.g_pace[i, kk])
         out[on] = np.minimum(behind, must_go)
     return out

@@ -180,6 +180,11 @@ class PlanRequest(BaseModel):
         """Wall hours the work takes uninterrupted with a checkpoint every ``tau_h`` (None: no periodic ones), writes included."""
         return float(wall_to_finish(self.work_h, tau_h or NEVER_H, self.checkpoint_cost_h))
 
+    def slack_h(self, tau_h: float | None) -> float:
+        """Hours the deadline leaves beyond the uninterrupted work (``wall_h``), at least 0."""
+        assert self.deadline_h is not None
+        return max(self.deadline_h - self.wall_h(tau_h), 0.0)
+
     def guard(self, tau_h: float | None, pace: float, margin_h: float, reserve_h: float = 0.0) -> DeadlineGuard:
         """A deadline guard for this job: its work in wall hours includes the checkpoint writes.
 
@@ -459,8 +464,7 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
                   change + req.checkpoint_cost_h + tau / 2, 2 * change + req.checkpoint_cost_h + tau)
     )
     budgets = dict.fromkeys([(-1, None), (best.max_preemptions, best.timeout_s)])
-    assert req.deadline_h is not None
-    slack = max(req.deadline_h - req.wall_h(tau_h), 0.0)
+    slack = req.slack_h(tau_h)
     climb_needs = 2 * change + req.guard(tau_h, 0.0, 0.0).first_commit_h
     reserves = [0.0, *dict.fromkeys(round(share * slack, 6) for share in RESERVE_SHARES if share * slack >= climb_needs)]
     return [
