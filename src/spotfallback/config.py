@@ -552,7 +552,7 @@ def cluster_ladder_error(tiers: tuple[Tier, ...]) -> str | None:
 
 def _models() -> dict[str, type[BaseModel]]:
     """The configuration models by name (a ValidationError's ``title``), for field suggestions."""
-    found = [globals().get(n) for n in ("Tier", "Ladder", "ClusterRef", "PreemptionRate", "DeadlineGuard", "CostCap", "PlanPrediction", "JobConfig")]
+    found = [globals().get(n) for n in ("Tier", "Ladder", "ClusterRef", "PreemptionRate", "DeadlineGuard", "CostCap", "PlannedJob", "PlanPrediction", "JobConfig")]
     return {m.__name__: m for m in found if isinstance(m, type) and issubclass(m, BaseModel)}
 
 
@@ -703,6 +703,24 @@ def run_name_error(name: str) -> str | None:
     return None
 
 
+class PlannedJob(BaseModel):
+    """The job a plan was made for, so ``spotfallback backtest`` replays the same job from the file alone.
+
+    Durations in hours, as in the planner's request; the notice in seconds.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
+
+    work_h: float = Field(gt=0, description="Training hours on an uninterrupted gang.")
+    checkpoint_cost_h: float = Field(ge=0, description="Hours to write one checkpoint.")
+    restart_overhead_h: float = Field(ge=0, description="Billed hours of every start before training moves (restore).")
+    provisioning_delay_h: float = Field(default=0.0, ge=0, description="Hours to get workers once capacity exists.")
+    notice_s: float = Field(default=120.0, ge=0, description="Preemption notice in seconds.")
+    jit_checkpoint: bool = Field(default=True, description="The gang checkpoints on a preemption notice.")
+    move_restart_h: float = Field(default=0.0, ge=0, description="Extra billed hours of a start on another cluster.")
+    move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
+
+
 class PlanPrediction(BaseModel):
     """What ``spotfallback plan`` predicted for this job, kept so ``report`` can set it beside the outcome.
 
@@ -724,6 +742,9 @@ class PlanPrediction(BaseModel):
         "answer_requests=True)), so its climbs back come between checkpoints.",
     )
     made_with: str = Field(default="", description="What the plan was made from: trace or rate model, job size, number of runs.")
+    job: PlannedJob | None = Field(
+        default=None, description="The job the plan was made for; `backtest` replays it unless told otherwise."
+    )
 
 
 class JobConfig(BaseModel):

@@ -12,9 +12,10 @@ import typer
 from typer.testing import CliRunner
 
 from spotfallback.cli import backtest as cli_backtest
-from spotfallback.config import Ladder, Tier
+from spotfallback.config import JobConfig, Ladder, Tier
 from spotfallback.sim import backtest
 from spotfallback.sim.job import JobSpec
+from spotfallback.sim.planner import PlanRequest, load_process, plan
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import load_node_trace, load_spot_trace
 from spotfallback.sim.world import world_for
@@ -165,3 +166,29 @@ def test_a_plan_made_for_checkpoint_requests_is_backtested_with_them_unless_told
     asked = spends()
     assert asked == spends("--checkpoint-on-request")
     assert asked != spends("--no-checkpoint-on-request")  # without requests no climb comes between checkpoints
+
+
+def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_says_otherwise(app, tmp_path):
+    """`plan --write-yaml` records the job (work, write, restart, notice): `backtest JOB.yaml --trace` needs no more."""
+    req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1,
+                      provisioning_delay_h=0.05, notice_s=30, spot_price=0.3, on_demand_price=1.0, deadline_h=15,
+                      checkpoint_on_request=True, runs=40)
+    planned = tmp_path / "planned.yaml"
+    planned.write_text(plan(req, load_process(TRACE)).job_yaml("planned", "./runs", "m:f"))
+    r = invoke(app, str(planned), "--trace", TRACE, "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["replayed"] == {"work_h": 10, "checkpoint_interval_h": JobConfig.from_yaml(planned).plan.checkpoint_interval_h,
+                               "checkpoint_cost_s": pytest.approx(60), "restart_overhead_s": pytest.approx(360),
+                               "provisioning_delay_s": pytest.approx(180), "notice_s": 30, "jit_checkpoint": True,
+                               "checkpoint_on_request": True}
+    flags = ["--hours", "10", "--checkpoint-cost-s", "60", "--restart-overhead-s", "360", "--provisioning-delay-s", "180",
+             "--notice-s", "30", "--jit", "--checkpoint-on-request"]
+    stated = json.loads(invoke(app, str(planned), "--trace", TRACE, "--json", *flags).output)
+    assert stated["windows_detail"] == doc["windows_detail"]
+    # A flag wins over the plan: a 5-minute write is longer than the 30 s notice, so the notice saves nothing.
+    slower = json.loads(invoke(app, str(planned), "--trace", TRACE, "--json", "--checkpoint-cost-s", "300").output)
+    assert slower["replayed"]["checkpoint_cost_s"] == 300 and slower["replayed"]["notice_s"] == 30
+    assert slower["spend"]["mean"] > doc["spend"]["mean"]
+    r = invoke(app, str(planned), "--trace", TRACE)
+    assert r.exit_code == 0 and "Job: 10 h of training" in r.output and "as planned in the job file" in r.output

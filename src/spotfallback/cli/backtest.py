@@ -5,14 +5,16 @@ from __future__ import annotations
 import csv
 import json
 import math
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 import typer
 from rich.console import Console
 from rich.table import Table
 
 from spotfallback.cli.common import output_problem, usage_error
-from spotfallback.config import JobConfig, Ladder, Tier
+from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
 from spotfallback.sim.job import JobSpec
@@ -33,6 +35,34 @@ def _table(res: BacktestResult, label: str) -> Table:
     row("spend / hindsight optimum", res.vs_optimum, ".3f")
     return table
 
+
+def _job_line(replayed: Mapping[str, Any], planned: bool) -> str:
+    """The job a backtest replays, in one line, so a default that differs from the plan is seen."""
+    tau = replayed["checkpoint_interval_h"]
+    return (f"Job: {replayed['work_h']:g} h of training, "
+            f"{'a checkpoint every ' + format(tau, '.3g') + ' h' if tau is not None else 'no periodic checkpoint'} "
+            f"({replayed['checkpoint_cost_s']:g} s to write), {replayed['restart_overhead_s']:g} s restart, "
+            f"{replayed['provisioning_delay_s']:g} s provisioning, {replayed['notice_s']:g} s notice, "
+            f"{'' if replayed['jit_checkpoint'] else 'no '}just-in-time checkpoint"
+            f"{', checkpoints on request' if replayed['checkpoint_on_request'] else ''}. "
+            f"{'What the command line does not give is as planned in the job file.' if planned else 'The job file records no planned job: what the command line does not give is the default.'}")
+
+
+# The job's durations (seconds) by option: the plan's field (hours, the notice in seconds) and the
+# default when neither the command line nor the job file's plan gives one.
+DURATIONS = {"checkpoint_cost_s": ("checkpoint_cost_h", 300.0), "restart_overhead_s": ("restart_overhead_h", 360.0),
+             "provisioning_delay_s": ("provisioning_delay_h", 180.0), "notice_s": ("notice_s", 120.0)}
+
+
+def _seconds(given: dict[str, float | None], planned: PlannedJob | None) -> dict[str, float]:
+    """Each duration in seconds: as given on the command line, else as planned, else the default."""
+    out = {}
+    for key, v in given.items():
+        field, default = DURATIONS[key]
+        if v is None and planned is not None:
+            v = getattr(planned, field) * (1.0 if field == "notice_s" else 3600.0)
+        out[key] = default if v is None else v
+    return out
 
 
 def _optimum_tiers(ladder: Ladder, od: Tier, spot_price: float | None) -> Ladder | None:
@@ -61,15 +91,24 @@ def register(app: typer.Typer) -> None:
         job_file: Path = typer.Argument(..., metavar="JOB.yaml", help="Job file whose ladder is replayed unchanged."),
         trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more."),
         window_h: float = typer.Option(24.0, "--window-h", help="Hours between window starts; every window starts the job afresh."),
-        hours: float | None = typer.Option(None, "--hours", help="Training hours of the job on an uninterrupted gang."),
+        hours: float | None = typer.Option(
+            None, "--hours", help="Training hours of the job on an uninterrupted gang. Default: the job file's plan."),
         deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from each window's start. Default: the job file's plan."),
         checkpoint_interval_h: float | None = typer.Option(
             None, "--checkpoint-interval-h", help="Work between periodic checkpoints, hours. Default: the job file's plan, else none."),
-        checkpoint_cost_s: float = typer.Option(300.0, "--checkpoint-cost-s", help="Seconds to write one checkpoint."),
-        restart_overhead_s: float = typer.Option(360.0, "--restart-overhead-s", help="Billed seconds of every start before training moves."),
-        provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
-        notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
-        no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
+        checkpoint_cost_s: float | None = typer.Option(
+            None, "--checkpoint-cost-s", help=f"Seconds to write one checkpoint. Default: the job file's plan, else {DURATIONS['checkpoint_cost_s'][1]:g}."),
+        restart_overhead_s: float | None = typer.Option(
+            None, "--restart-overhead-s",
+            help=f"Billed seconds of every start before training moves. Default: the job file's plan, else {DURATIONS['restart_overhead_s'][1]:g}."),
+        provisioning_delay_s: float | None = typer.Option(
+            None, "--provisioning-delay-s",
+            help=f"Seconds to get workers once capacity exists. Default: the job file's plan, else {DURATIONS['provisioning_delay_s'][1]:g}."),
+        notice_s: float | None = typer.Option(
+            None, "--notice-s",
+            help=f"Preemption notice in seconds (AWS 120, GCP/Azure 30). Default: the job file's plan, else {DURATIONS['notice_s'][1]:g}."),
+        jit: bool | None = typer.Option(
+            None, "--jit/--no-jit", help="Checkpoint on a preemption notice. Default: the job file's plan, else yes."),
         on_request: bool | None = typer.Option(
             None, "--checkpoint-on-request/--no-checkpoint-on-request",
             help="The training function answers the controller's checkpoint requests (PreemptionWatch("
@@ -100,19 +139,25 @@ def register(app: typer.Typer) -> None:
                 raise usage_error("--trace", "give at least one recorded trace (SkyPilot .json or node .csv)")
             if not (window_h > 0 and math.isfinite(window_h)):
                 raise usage_error("--window-h", f"must be a positive number of hours, e.g. --window-h 24; got {window_h:g}")
-            if hours is None:
-                raise usage_error("--hours", "required: training hours of the job on an uninterrupted gang")
             plan = job.plan
+            planned = plan.job if plan is not None else None
+            if hours is None:
+                if planned is None:
+                    raise usage_error("--hours", "required: training hours of the job on an uninterrupted gang (the "
+                                                 "job file's plan: does not record them; `spotfallback plan --write-yaml` does)")
+                hours = planned.work_h
+            given = {"checkpoint_cost_s": checkpoint_cost_s, "restart_overhead_s": restart_overhead_s,
+                     "provisioning_delay_s": provisioning_delay_s, "notice_s": notice_s}
+            secs = _seconds(given, planned)
             guards = [t.deadline_guard for t in job.tiers if t.deadline_guard is not None]
             deadline = deadline_h if deadline_h is not None else (plan.deadline_h if plan and plan.deadline_h else
                                                                  guards[0].deadline_h if guards else None)
             if deadline is None:
                 raise usage_error("--deadline-h", "required: the job file's plan: gives none")
             tau = checkpoint_interval_h if checkpoint_interval_h is not None else (plan.checkpoint_interval_h if plan else None)
-            for opt, v in (("--checkpoint-cost-s", checkpoint_cost_s), ("--restart-overhead-s", restart_overhead_s),
-                           ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
+            for key, v in secs.items():
                 if v < 0 or not math.isfinite(v):
-                    raise usage_error(opt, f"must be a non-negative number of seconds, got {v:g}")
+                    raise usage_error("--" + key.replace("_", "-"), f"must be a non-negative number of seconds, got {v:g}")
             for opt, v2 in (("--hours", hours), ("--deadline-h", deadline), ("--checkpoint-interval-h", tau)):
                 if v2 is not None and not (v2 > 0 and math.isfinite(v2)):
                     raise usage_error(opt, f"must be a positive number of hours, got {v2:g}")
@@ -125,11 +170,14 @@ def register(app: typer.Typer) -> None:
             except ValueError as e:
                 raise usage_error("JOB.yaml", str(e)) from None
             optimum_over = _optimum_tiers(job.ladder, od, spot_price)
-            spec = JobSpec(work_h=hours, checkpoint_interval_h=tau, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
-                           restart_overhead_h=restart_overhead_s / 3600.0,
-                           provisioning_delay_h=provisioning_delay_s / 3600.0, notice_s=notice_s,
-                           jit_checkpoint=not no_jit, deadline_h=deadline,
-                           checkpoint_on_request=on_request if on_request is not None else bool(plan and plan.checkpoint_on_request))
+            spec = JobSpec(work_h=hours, checkpoint_interval_h=tau, checkpoint_cost_h=secs["checkpoint_cost_s"] / 3600.0,
+                           restart_overhead_h=secs["restart_overhead_s"] / 3600.0,
+                           provisioning_delay_h=secs["provisioning_delay_s"] / 3600.0, notice_s=secs["notice_s"],
+                           jit_checkpoint=jit if jit is not None else (planned.jit_checkpoint if planned else True),
+                           deadline_h=deadline,
+                           checkpoint_on_request=on_request if on_request is not None else bool(plan and plan.checkpoint_on_request),
+                           move_restart_h=planned.move_restart_h if planned else 0.0,
+                           move_cost=planned.move_cost if planned else 0.0)
             traces: list[SpotTrace | NodeTrace] = []
             for path in trace:
                 try:
@@ -150,10 +198,14 @@ def register(app: typer.Typer) -> None:
                 writer = csv.DictWriter(f, fieldnames=list(rows[0]))
                 writer.writeheader()
                 writer.writerows(rows)
+        replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
+                    "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
         if as_json:
-            typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace], **res.summary(),
+            typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace], "replayed": replayed,
+                                   **res.summary(),
                                    "windows_detail": res.rows()}, indent=2))
             return
+        console.print(_job_line(replayed, planned is not None))
         console.print(_table(res, job.name))
         console.print(
             f"On-demand only: {res.on_demand_spend:,.2f} per window. Costlier than on-demand only: "

@@ -31,7 +31,15 @@ import numpy as np
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from spotfallback.config import ClusterRef, CostCap, DeadlineGuard, Ladder, PlanPrediction, Tier
+from spotfallback.config import (
+    ClusterRef,
+    CostCap,
+    DeadlineGuard,
+    Ladder,
+    PlannedJob,
+    PlanPrediction,
+    Tier,
+)
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
     SeedComparison,
@@ -57,6 +65,10 @@ RESERVE_SHARES: tuple[float, ...] = (0.15, 0.3)
 # Climbing back without a guard: dwell times and capacity timeouts tried with them.
 DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
 CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
+
+
+# The planned job's costs of a move between clusters, left out of a ladder on one cluster's job file.
+_MOVE_COSTS = {"move_restart_h", "move_cost"}
 
 
 class Rung(NamedTuple):
@@ -204,6 +216,12 @@ class PlanRequest(BaseModel):
         return DeadlineGuard(deadline_h=self.deadline_h, work_h=round(work, 9), pace=pace, margin_h=round(margin_h, 9),
                              first_commit_h=round(first, 9), reserve_h=round(reserve_h, 9))
 
+    def planned_job(self) -> PlannedJob:
+        """The job itself, for the job file's ``plan:`` block (prices and deadline are kept elsewhere); a move's
+        costs only for a ladder across clusters, the only one that moves."""
+        fields = set(PlannedJob.model_fields) - (set() if self.clusters else _MOVE_COSTS)
+        return PlannedJob(**self.model_dump(include=fields))
+
     def cost_cap(self, tau_h: float | None) -> CostCap | None:
         """The spot tiers' cost cap for this job: on-demand alone runs its work and one restart.
 
@@ -304,6 +322,7 @@ class Plan:
             checkpoint_interval_h=None if rec.tau_h is None else round(rec.tau_h, 6),
             checkpoint_on_request=self.request.checkpoint_on_request,
             made_with=self.made_with,
+            job=self.request.planned_job(),
         )
 
     def job_yaml(self, name: str, storage_path: str, entrypoint: str,
@@ -324,7 +343,7 @@ class Plan:
             "entrypoint": entrypoint,
             "train_loop_config": dict(train_loop_config or {}),
             "tiers": yaml.safe_load(ladder_yaml(self.recommended.ladder))["tiers"],
-            "plan": self.prediction().model_dump(mode="json"),
+            "plan": self.prediction().model_dump(mode="json", exclude=None if self.request.clusters else {"job": _MOVE_COSTS}),
         }
         try:
             JobConfig.model_validate(data)
@@ -333,7 +352,8 @@ class Plan:
         tau = self.recommended.tau_h
         head = (
             "# Written by `spotfallback plan`. `spotfallback run` runs it; `plan:` is the prediction that\n"
-            "# `spotfallback report` sets beside what the run did.\n"
+            "# `spotfallback report` sets beside what the run did, and `plan.job` the job it was made for,\n"
+            "# which `spotfallback backtest` replays.\n"
         )
         if tau is not None:
             head += f"# Checkpoint every {tau * 60:.1f} min of training (tau, chosen by the plan).\n"
