@@ -5,8 +5,10 @@ under 10 s. Then leave one trace out: for each shared trace, the ladder planned 
 others, replayed unchanged on every 24-hour window of it, against the optimum and on-demand
 only, and the share of windows on time. Beside it, what ladders can reach at all on the same
 windows, chosen with hindsight from a grid of 2,000 (``ladder_bound_rows``): the best single
-ladder for the whole trace, and the best ladder for each window on its own. Both for the 10 h
-job with a checkpoint write longer than the 2-minute notice and with one within it.
+ladder for the whole trace, and the best ladder for each window on its own. For the 10 h job
+three ways: a checkpoint write longer than the 2-minute notice, one within it, and one within
+it answering checkpoint requests. Last, the ladder planned on every shared trace, replayed on generated
+families none of them resembles (``bench/trace_families.py``), with the same hindsight bounds.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from bench.harness import Figure, Measurement, Stat, Target, best_of, cpu_model, table, values
+from bench.trace_families import FAMILIES, Family
 from spotfallback.cli.plan import plan_optimum
 from spotfallback.config import Ladder, Tier
 from spotfallback.sim.backtesting import BacktestResult, backtest, window_starts
@@ -136,32 +139,66 @@ def ladder_grid(req: PlanRequest) -> Iterator[tuple[Ladder, float | None]]:
 
 
 def ladder_bound_rows(paths: list[Path], base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> Iterator[Row]:
-    """What any ladder of ``ladder_grid`` reaches on each trace's windows when chosen with hindsight.
+    """What any ladder of ``ladder_grid`` reaches on each trace's windows when chosen with hindsight."""
+    grid = list(ladder_grid(req))
+    for path in paths:
+        trace = load_process(str(path))
+        yield {"kind": "bound", "case": str(path.relative_to(base)), **ladder_bounds(grid, trace, req, window_h)}
+
+
+def ladder_bounds(grid: list[tuple[Ladder, float | None]], trace: SpotTrace | NodeTrace, req: PlanRequest,
+                  window_h: float) -> Row:
+    """The best of ``grid`` on the trace's windows, chosen with hindsight (spend / optimum).
 
     The best single ladder for the trace (least mean spend / optimum among those on time in
     the requested share of windows) bounds what any planning of this family can do there;
     the best ladder for each window on its own (on time in that window) bounds it further.
     """
-    grid = list(ladder_grid(req))
-    for path in paths:
-        trace = load_process(str(path))
-        starts = window_starts(trace, window_h, req.num_workers)
-        # Every ladder of the grid runs on the same two markets: one world and one optimum per trace.
-        world = world_for(grid[0][0], trace)
-        optimum = np.array([o.spend for o in optimum_for(grid[0][0], req.job(None), world, starts)])
-        ratios, on_time = [], []
-        for ladder, tau in grid:
-            res = simulate(ladder, req.job(tau), world, runs=len(starts), start_h=starts)
-            ratios.append(res.spend / optimum)
-            on_time.append(res.met_deadline())
-        x, ok = np.array(ratios), np.array(on_time)
-        single = [i for i in range(len(grid)) if ok[i].mean() >= req.deadline_probability]
-        best = min(single, key=lambda i: float(x[i].mean())) if single else None
-        per_window = np.where(ok, x, np.inf).min(axis=0)
-        yield {"kind": "bound", "case": str(path.relative_to(base)), "windows": len(starts), "ladders": len(grid),
-               "single_mean": float(x[best].mean()) if best is not None else None,
-               "single_p95": float(np.percentile(x[best], 95)) if best is not None else None,
-               "per_window_mean": float(per_window.mean()), "per_window_p95": float(np.percentile(per_window, 95))}
+    starts = window_starts(trace, window_h, req.num_workers)
+    # Every ladder of the grid runs on the same two markets: one world and one optimum per trace.
+    world = world_for(grid[0][0], trace)
+    optimum = np.array([o.spend for o in optimum_for(grid[0][0], req.job(None), world, starts)])
+    ratios, on_time = [], []
+    for ladder, tau in grid:
+        res = simulate(ladder, req.job(tau), world, runs=len(starts), start_h=starts)
+        ratios.append(res.spend / optimum)
+        on_time.append(res.met_deadline())
+    x, ok = np.array(ratios), np.array(on_time)
+    single = [i for i in range(len(grid)) if ok[i].mean() >= req.deadline_probability]
+    best = min(single, key=lambda i: float(x[i].mean())) if single else None
+    per_window = np.where(ok, x, np.inf).min(axis=0)
+    return {"windows": len(starts), "ladders": len(grid),
+            "single_mean": float(x[best].mean()) if best is not None else None,
+            "single_p95": float(np.percentile(x[best], 95)) if best is not None else None,
+            "per_window_mean": float(per_window.mean()), "per_window_p95": float(np.percentile(per_window, 95))}
+
+
+def family_rows(req: PlanRequest = SMALL, families: tuple[Family, ...] = FAMILIES, seed: int = 0,
+                window_h: float = 24.0, bounds: bool = True) -> Iterator[Row]:
+    """The ladder planned on every shared trace, replayed on each generated family (``bench/trace_families.py``).
+
+    With ``bounds``, also the best ladders of ``ladder_grid`` chosen with hindsight on each
+    family: where they too stay far from the optimum, the family of ladders is the limit, not
+    the planning.
+    """
+    base = traces_base()
+    procs = [load_process(str(p)) for p in trace_paths(base)]
+    held = plan(req, procs[0], more=procs[1:])
+    assert held.recommended.ladder is not None
+    markets = Ladder(tiers=(req.spot_tier(0), req.on_demand_tier()))
+    grid = list(ladder_grid(req)) if bounds else []
+    for family in families:
+        trace = family.trace(seed)
+        r = backtest(held.recommended.ladder, [trace], req.job(held.recommended.tau_h), window_h=window_h,
+                     optimum_over=markets)
+        over = r.spend / r.on_demand_spend
+        row: Row = {"kind": "family", "case": family.name, "windows": r.windows, "x_optimum_mean": r.vs_optimum.mean,
+                    "x_optimum_p95": r.vs_optimum.p95, "x_on_demand_mean": r.vs_on_demand.mean,
+                    "costlier_than_on_demand": r.costlier_than_on_demand, "most_over_on_demand_pct": 100 * (over.max() - 1),
+                    "on_time_pct": 100 * r.on_time_share, "recommended": held.recommended.label}
+        if grid:
+            row.update(ladder_bounds(grid, trace, req, window_h))
+        yield row
 
 
 def main() -> None:
@@ -181,6 +218,8 @@ def main() -> None:
           f"ladder: {r['seconds']:.2f} s (target < 10 s for 400)")
     for req in HELD_OUT_JOBS.values():
         leave_one_trace_out(base, req)
+    for req in HELD_OUT_JOBS.values():
+        generated_families(req)
 
 
 def leave_one_trace_out(base: Path, req: PlanRequest = SMALL, window_h: float = 24.0) -> None:
@@ -204,6 +243,22 @@ def leave_one_trace_out(base: Path, req: PlanRequest = SMALL, window_h: float = 
               flush=True)
 
 
+def generated_families(req: PlanRequest = SMALL, seed: int = 0, window_h: float = 24.0) -> None:
+    """Print ``family_rows`` as each family is done."""
+    asked = ", checkpoints on request" if req.checkpoint_on_request else ""
+    print(f"\ngenerated families (bench/trace_families.py, seed {seed}): the 10 h job ({60 * req.checkpoint_cost_h:g} min "
+          f"write{asked}) planned on every shared trace, replayed on every {window_h:g} h window; beside it the best "
+          f"ladders chosen with hindsight (spend / optimum, mean / p95):")
+    print(f"  {'family':18s} {'windows':>7s} {'vs optimum':>15s} {'vs OD':>6s} {'> OD':>5s} {'worst':>6s} {'on time':>8s} "
+          f"{'best single':>15s} {'best per window':>16s}")
+    for r in family_rows(req, seed=seed, window_h=window_h):
+        single = "none on time" if r["single_mean"] is None else f"{r['single_mean']:.3f} / {r['single_p95']:.3f}"
+        print(f"  {r['case']:18s} {r['windows']:7d} {r['x_optimum_mean']:6.3f} / {r['x_optimum_p95']:6.3f} "
+              f"{r['x_on_demand_mean']:6.3f} {r['costlier_than_on_demand']:5d} {r['most_over_on_demand_pct']:+5.1f}% "
+              f"{r['on_time_pct']:7.1f}% {single:>15s} {r['per_window_mean']:7.3f} / {r['per_window_p95']:.3f}", flush=True)
+    print(f"  recommended: {r['recommended']}")
+
+
 # ----------------------------------------------------------------------------- `python -m bench`
 
 
@@ -216,6 +271,8 @@ def run(ctx: Any) -> list[Row]:
     rows = [*plan_rows(v100, repeat), backtest_row(v100, repeat)]
     for name, req in HELD_OUT_JOBS.items():
         rows += [{**r, "job": name} for r in [*held_out_rows(paths, base, req), *ladder_bound_rows(paths, base, req)]]
+    for name, req in HELD_OUT_JOBS.items():
+        rows += [{**r, "job": name} for r in family_rows(req)]
     return rows
 
 
@@ -260,6 +317,17 @@ def describe(rows: list[dict[str, Any]]) -> str:
             ["job", "trace", "windows", "ladders", "best single ladder, mean", "p95", "best ladder per window, mean", "p95"],
             [(r.get("job", "–"), r["case"], r["windows"], r["ladders"], _or_dash(r["single_mean"]),
               _or_dash(r["single_p95"]), r["per_window_mean"], r["per_window_p95"]) for r in bounds])
+    families = [r for r in rows if r["kind"] == "family"]
+    if families:
+        text += ("\n\nGenerated families (`bench/trace_families.py`, seed 0), planned on every shared trace; beside "
+                 "it the best ladders chosen with hindsight (spend / optimum):\n\n" + table(
+                     ["job", "family", "windows", "spend / optimum, mean", "p95", "spend / on-demand, mean",
+                      "costlier than on-demand", "most over on-demand (%)", "on time (%)", "best single ladder, mean",
+                      "best ladder per window, mean"],
+                     [(r.get("job", "–"), r["case"], r["windows"], r["x_optimum_mean"], r["x_optimum_p95"],
+                       r["x_on_demand_mean"], r["costlier_than_on_demand"], r["most_over_on_demand_pct"],
+                       r["on_time_pct"], _or_dash(r.get("single_mean")), r.get("per_window_mean", "–"))
+                      for r in families]))
     return text
 
 

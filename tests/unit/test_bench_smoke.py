@@ -15,6 +15,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 from bench import (
     bench_backtest,
@@ -30,6 +31,7 @@ from bench import (
 from bench.cli import MODULES, main, parser, registry, selected
 from bench.harness import Figure, Results, Stat, Target, ratio_pairs, render
 from bench.runs import step_intervals
+from bench.trace_families import FAMILIES
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 
@@ -97,6 +99,10 @@ def rows_like_a_run() -> dict[str, list[dict]]:
          "single_p95": 1.2, "per_window_mean": 1.02, "per_window_p95": 1.1},
         {"kind": "bound", "case": "availability/b.json", "windows": 27, "ladders": 1200, "single_mean": None,
          "single_p95": None, "per_window_mean": 1.05, "per_window_p95": 1.2},
+        {"kind": "family", "case": "flaky", "windows": 30, "x_optimum_mean": 1.26, "x_optimum_p95": 1.45,
+         "x_on_demand_mean": 0.59, "costlier_than_on_demand": 0, "most_over_on_demand_pct": -6.7, "on_time_pct": 100.0,
+         "recommended": "M = 8, timeout 30 min", "ladders": 2000, "single_mean": 1.26,
+         "single_p95": 1.56, "per_window_mean": 1.16, "per_window_p95": 1.29},
     ]
     ledger = [
         {"kind": "layout", "store": store, "events": n, "objects": 100 if n == 100 else 40, "parse_s": n * 8e-6,
@@ -232,6 +238,24 @@ def test_no_ladder_chosen_with_hindsight_beats_the_optimum():
     (row,) = bench_backtest.ladder_bound_rows([path], path.parent)
     assert row["windows"] == 7 and row["ladders"] == 2000 and row["single_mean"] is not None
     assert 1.0 - 1e-9 <= row["per_window_mean"] <= row["single_mean"] + 1e-12
+
+
+def test_generated_trace_families_repeat_with_their_seed_and_hold_their_share_of_capacity():
+    for family in FAMILIES:
+        trace = family.trace(0)
+        assert trace.gap_seconds == family.gap_s and len(trace.available) == round(30 * 86400 / family.gap_s)
+        assert set(np.unique(trace.available)) <= {0, 1} and trace.name == f"generated {family.name}"
+        assert np.array_equal(trace.available, family.trace(0).available)
+        assert not np.array_equal(trace.available, family.trace(1).available)
+        assert abs(trace.available.mean() - family.up_h / (family.up_h + family.down_h)) < 0.1, family.name
+
+
+def test_a_generated_family_replays_the_ladder_planned_on_the_shared_traces():
+    """Every shared trace (or the fixtures' copies) plans; the family's 30 days give 30 windows, judged as a backtest."""
+    (row,) = bench_backtest.family_rows(bench_backtest.SMALL_ASKED, families=FAMILIES[:1], bounds=False)
+    assert row["kind"] == "family" and row["case"] == "calm" and row["windows"] == 30
+    assert row["x_on_demand_mean"] < 0.5 and row["on_time_pct"] == 100.0  # spot 97.5% of the time at 0.3x
+    assert "Generated families" in bench_backtest.describe([row])
 
 
 def test_the_ledger_benchmark_at_tiny_size():
