@@ -7,8 +7,9 @@ only, and the share of windows on time. Beside it, what ladders can reach at all
 windows, chosen with hindsight from a grid of 2,000 (``ladder_bound_rows``): the best single
 ladder for the whole trace, and the best ladder for each window on its own. For the 10 h job
 three ways: a checkpoint write longer than the 2-minute notice, one within it, and one within
-it answering checkpoint requests. Last, the ladder planned on every shared trace, replayed on generated
-families none of them resembles (``bench/trace_families.py``), with the same hindsight bounds.
+it answering checkpoint requests. Last, the ladder planned on every shared trace, replayed on
+generated families none of them resembles (``bench/trace_families.py``), with the same
+hindsight bounds.
 """
 
 from __future__ import annotations
