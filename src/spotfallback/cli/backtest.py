@@ -48,19 +48,20 @@ def _job_line(replayed: Mapping[str, Any], planned: bool) -> str:
             f"{'What the command line does not give is as planned in the job file.' if planned else 'The job file records no planned job: what the command line does not give is the default.'}")
 
 
-# The job's durations (seconds) by option: the plan's field (hours, the notice in seconds) and the
-# default when neither the command line nor the job file's plan gives one.
-DURATIONS = {"checkpoint_cost_s": ("checkpoint_cost_h", 300.0), "restart_overhead_s": ("restart_overhead_h", 360.0),
-             "provisioning_delay_s": ("provisioning_delay_h", 180.0), "notice_s": ("notice_s", 120.0)}
+# The job's durations (seconds) by option: the plan's field, its seconds per unit (hours, or the
+# notice in seconds) and the default when neither the command line nor the job file's plan gives one.
+DURATIONS = {"checkpoint_cost_s": ("checkpoint_cost_h", 3600.0, 300.0),
+             "restart_overhead_s": ("restart_overhead_h", 3600.0, 360.0),
+             "provisioning_delay_s": ("provisioning_delay_h", 3600.0, 180.0), "notice_s": ("notice_s", 1.0, 120.0)}
 
 
 def _seconds(given: dict[str, float | None], planned: PlannedJob | None) -> dict[str, float]:
     """Each duration in seconds: as given on the command line, else as planned, else the default."""
     out = {}
     for key, v in given.items():
-        field, default = DURATIONS[key]
+        field, unit_s, default = DURATIONS[key]
         if v is None and planned is not None:
-            v = getattr(planned, field) * (1.0 if field == "notice_s" else 3600.0)
+            v = getattr(planned, field) * unit_s
         out[key] = default if v is None else v
     return out
 
@@ -97,16 +98,16 @@ def register(app: typer.Typer) -> None:
         checkpoint_interval_h: float | None = typer.Option(
             None, "--checkpoint-interval-h", help="Work between periodic checkpoints, hours. Default: the job file's plan, else none."),
         checkpoint_cost_s: float | None = typer.Option(
-            None, "--checkpoint-cost-s", help=f"Seconds to write one checkpoint. Default: the job file's plan, else {DURATIONS['checkpoint_cost_s'][1]:g}."),
+            None, "--checkpoint-cost-s", help=f"Seconds to write one checkpoint. Default: the job file's plan, else {DURATIONS['checkpoint_cost_s'][2]:g}."),
         restart_overhead_s: float | None = typer.Option(
             None, "--restart-overhead-s",
-            help=f"Billed seconds of every start before training moves. Default: the job file's plan, else {DURATIONS['restart_overhead_s'][1]:g}."),
+            help=f"Billed seconds of every start before training moves. Default: the job file's plan, else {DURATIONS['restart_overhead_s'][2]:g}."),
         provisioning_delay_s: float | None = typer.Option(
             None, "--provisioning-delay-s",
-            help=f"Seconds to get workers once capacity exists. Default: the job file's plan, else {DURATIONS['provisioning_delay_s'][1]:g}."),
+            help=f"Seconds to get workers once capacity exists. Default: the job file's plan, else {DURATIONS['provisioning_delay_s'][2]:g}."),
         notice_s: float | None = typer.Option(
             None, "--notice-s",
-            help=f"Preemption notice in seconds (AWS 120, GCP/Azure 30). Default: the job file's plan, else {DURATIONS['notice_s'][1]:g}."),
+            help=f"Preemption notice in seconds (AWS 120, GCP/Azure 30). Default: the job file's plan, else {DURATIONS['notice_s'][2]:g}."),
         jit: bool | None = typer.Option(
             None, "--jit/--no-jit", help="Checkpoint on a preemption notice. Default: the job file's plan, else yes."),
         on_request: bool | None = typer.Option(

@@ -67,7 +67,8 @@ DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
 CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
 
 
-# The planned job's costs of a move between clusters, left out of a ladder on one cluster's job file.
+# The planned job's costs of a move between clusters, left out of a ladder on one cluster's job file:
+# only a ladder across clusters moves.
 _MOVE_COSTS = {"move_restart_h", "move_cost"}
 
 
@@ -217,10 +218,8 @@ class PlanRequest(BaseModel):
                              first_commit_h=round(first, 9), reserve_h=round(reserve_h, 9))
 
     def planned_job(self) -> PlannedJob:
-        """The job itself, for the job file's ``plan:`` block (prices and deadline are kept elsewhere); a move's
-        costs only for a ladder across clusters, the only one that moves."""
-        fields = set(PlannedJob.model_fields) - (set() if self.clusters else _MOVE_COSTS)
-        return PlannedJob(**self.model_dump(include=fields))
+        """The job itself, for the job file's ``plan:`` block (prices and deadline are kept elsewhere)."""
+        return PlannedJob(**self.model_dump(include=set(PlannedJob.model_fields)))
 
     def cost_cap(self, tau_h: float | None) -> CostCap | None:
         """The spot tiers' cost cap for this job: on-demand alone runs its work and one restart.
