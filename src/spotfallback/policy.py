@@ -207,11 +207,11 @@ def guard_kept_h(margin_h, reserve_h, with_reserve: bool):
     return margin_h + (reserve_h if with_reserve else 0.0)
 
 
-def climbed_cutoff(kept: float, plain: float, waiting_since: float, margin_s: float) -> float:
+def climbed_cutoff(kept, plain, waiting_since, margin_s, least=min, most=max):
     """When the wait for a climb's gang ends: the cut-off that keeps the reserve (``kept``), but not
     before the margin has passed (the move's provisioning and restore), nor after the margin's own
-    cut-off (``plain``)."""
-    return min(plain, max(kept, waiting_since + margin_s))
+    cut-off (``plain``). On floats, or on arrays with ``least=np.minimum, most=np.maximum``."""
+    return least(plain, most(kept, waiting_since + margin_s))
 
 
 def waiting_cutoff(leave_at, lead_s):

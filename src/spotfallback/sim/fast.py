@@ -32,6 +32,7 @@ from spotfallback.policy import (
     FallbackPolicy,
     capped_spend,
     climb_balance,
+    climbed_cutoff,
     guard_kept_h,
     latest_start,
     leave_rule_for,
@@ -369,9 +370,9 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     lead = cfg.g_lead_s[act, k_act]
     guard_s = waiting_cutoff(_guard_at_s(cfg, s, act, k_act, True), lead)
     climbed = s.after_climb[act]
-    if climbed.any():  # policy.climbed_cutoff: a climb's gang gets the margin to come up, within the margin's cut-off
+    if climbed.any():  # a climb's gang gets the margin to come up, within the margin's cut-off
         plain = waiting_cutoff(_guard_at_s(cfg, s, act, k_act, False), lead)
-        given = np.minimum(plain, np.maximum(guard_s, since_s + cfg.g_margin[act, k_act] * 3600.0))
+        given = climbed_cutoff(guard_s, plain, since_s, cfg.g_margin[act, k_act] * 3600.0, np.minimum, np.maximum)
         guard_s = np.where(climbed, given, guard_s)
     s.after_climb[act] = False  # the climb's gang comes up now, or the run leaves the tier
     cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, guard_s)) / 3600.0
