@@ -431,6 +431,9 @@ class Tier(BaseModel):
             for key, amount in v.items():
                 if amount < 0:
                     raise ValueError(f"resource {key!r} must not be negative (got {amount})")
+                upper = next((ray_name for ray_name in ("CPU", "GPU", "memory") if key.lower() == ray_name.lower()), None)
+                if upper is not None and key != upper:
+                    raise ValueError(f"resource {key!r}: Ray's name is {upper!r}; {key!r} would be a custom resource no node has")
         return v
 
     @classmethod
@@ -458,10 +461,16 @@ class Tier(BaseModel):
         return self.min_workers if self.min_workers is not None else self.num_workers
 
     def worker_resources(self) -> dict[str, float]:
-        """Resources of one worker as Ray will request them."""
-        if self.resources_per_worker is not None:
-            return dict(self.resources_per_worker)
-        return {"CPU": 1.0, "GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+        """Resources of one worker as Ray Train requests them (its ``ScalingConfig``'s rule):
+        zero amounts dropped, and ``use_gpu`` adds one GPU unless a count is given; with no
+        ``resources_per_worker``, one GPU (and no CPU) or one CPU."""
+        if self.resources_per_worker is None:
+            res = {"GPU": 1.0} if self.use_gpu else {"CPU": 1.0}
+        else:
+            res = {key: float(amount) for key, amount in self.resources_per_worker.items() if amount != 0}
+        if self.use_gpu:
+            res.setdefault("GPU", 1.0)
+        return res
 
     def price_per_hour(self) -> float:
         return self.num_workers * self.price_per_worker_hour

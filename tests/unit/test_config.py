@@ -25,7 +25,14 @@ def test_spot_and_on_demand_defaults():
     assert od.name == "on-demand" and od.label_selector == {"ray.io/market-type": "on-demand"}
     assert od.worker_resources() == {"CPU": 1.0}
     gpu = Tier(name="res", market="reserved", num_workers=1, use_gpu=True)
-    assert gpu.worker_resources() == {"CPU": 1.0, "GPU": 1.0}
+    assert gpu.worker_resources() == {"GPU": 1.0}  # as Ray Train asks: a GPU, no CPU
+    assert gpu.model_copy(update={"resources_per_worker": {"CPU": 8}}).worker_resources() == {"CPU": 8.0, "GPU": 1.0}
+
+
+@pytest.mark.parametrize("key", ["cpu", "gpu", "Memory"])
+def test_a_miscased_ray_resource_is_refused_naming_rays_spelling(key: str) -> None:
+    with pytest.raises(ValueError, match=rf"resource '{key}': Ray's name is '{key.upper() if key != 'Memory' else 'memory'}'"):
+        Tier(name="t", market="spot", num_workers=1, resources_per_worker={key: 1})
 
 
 def test_custom_selector_keeps_region_and_node_group():

@@ -172,6 +172,23 @@ def test_scaling_policy_contract():
     assert ScalingConfig(num_workers=1, label_selector={"ray.io/market-type": "spot"}).label_selector == {"ray.io/market-type": "spot"}
 
 
+@pytest.mark.parametrize(
+    ("use_gpu", "resources"),
+    [(False, None), (True, None), (True, {"CPU": 8}), (True, {"CPU": 8, "GPU": 2}), (False, {"CPU": 4, "GPU": 0, "memory": 2**30})],
+)
+def test_a_tiers_worker_resources_are_what_ray_train_requests(use_gpu, resources):
+    """The runtime hands ``Tier.worker_resources`` to each worker group it starts (a ResizeDecision)
+    and the deploy files size pods and nodes by it: with ``use_gpu`` and a CPU count only, Ray
+    still asks for a GPU, so a tier that dropped it would start its workers without one."""
+    from ray.train import ScalingConfig
+
+    from spotfallback import Tier
+
+    tier = Tier(name="t", market="spot", num_workers=2, use_gpu=use_gpu, resources_per_worker=resources)
+    ray_rule = ScalingConfig(num_workers=2, use_gpu=use_gpu, resources_per_worker=resources)._resources_per_worker_not_none
+    assert tier.worker_resources() == ray_rule
+
+
 def test_the_worker_group_start_timeout_is_read_from_the_environment_at_each_start():
     """The scaling policy bounds each placement wait by setting this variable before a start."""
     from ray.train.v2._internal import constants
