@@ -198,12 +198,21 @@ def test_validate_reports_errors_with_field_paths(app: typer.Typer, tmp_path: Pa
 
 def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     """Before KubeRay 1.5.0 the API server drops group labels/resources and SidecarMode silently:
-    no ray.io/market-type on any node, so no tier would ever find its workers."""
+    no ray.io/market-type on any node, so no tier would ever find its workers; before 1.5.1 the
+    autoscaler's scaling of a group for a label selector is not fully supported."""
     out = tmp_path / "job.yaml"
     assert run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--out", out).exit_code == 0
-    assert "KubeRay >= 1.5.0" in out.read_text()
-    assert run(app, "validate", out, "--kuberay-version", "1.5.0").exit_code == 0
+    assert "KubeRay >= 1.5.1" in out.read_text()
+    assert run(app, "validate", out, "--kuberay-version", "1.5.1").exit_code == 0
     assert run(app, "validate", out).exit_code == 0  # no version stated: the file alone is checked
+    almost = run(app, "validate", out, "--kuberay-version", "1.5.0")
+    assert almost.exit_code == 1, almost.stderr
+    assert (
+        "spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay 1.5.0 does not fully support scaling a worker group for a "
+        "label selector: a tier's group at zero replicas may never get nodes (it first appears in 1.5.1; upgrade the "
+        "operator to 1.5.1 or later)"
+    ) in almost.stderr
+    assert "SidecarMode" not in almost.stderr
     old = run(app, "validate", out, "--kuberay-version", "v1.4.2")
     assert old.exit_code == 1, old.stderr
     assert (
@@ -217,7 +226,7 @@ def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.
     assert "spec.rayClusterSpec.headGroupSpec.resources: KubeRay 1.4.2 drops this field silently" in old.stderr
     # The file says what it needs, and validate reads it back.
     assert (
-        'metadata.annotations["spotfallback/min-kuberay-version"]: the file needs KubeRay 1.5.0, the operator is 1.4.2'
+        'metadata.annotations["spotfallback/min-kuberay-version"]: the file needs KubeRay 1.5.1, the operator is 1.4.2'
     ) in old.stderr
     bad = run(app, "validate", out, "--kuberay-version", "latest")
     assert bad.exit_code == 2 and "error: --kuberay-version: 'latest' is not a version such as 1.5.0" in bad.stderr

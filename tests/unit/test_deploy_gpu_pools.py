@@ -156,9 +156,9 @@ def test_a_malformed_toleration_is_refused_naming_the_field(toleration: dict[str
 def test_nodepools_one_per_gpu_pool_each_making_only_its_tiers_machines(cloud: KarpenterCloud) -> None:
     k8s = K8sCloud(cloud.value)
     job = gpu_ladder(k8s)
-    pools = nodepools_for(job, NodePoolOptions(cloud=cloud))
-    assert list(nodepool_findings(pools, job, cloud)) == []  # the vendored CRD schema, and every tier served
-    assert [p["metadata"]["name"] for p in pools] == ["llm-ft-a100-spot", "llm-ft-t4-spot", "llm-ft-on-demand"]
+    *pools, head = nodepools_for(job, NodePoolOptions(cloud=cloud))
+    assert list(nodepool_findings([*pools, head], job, cloud)) == []  # the vendored CRD schema, and every tier served
+    assert [p["metadata"]["name"] for p in [*pools, head]] == ["llm-ft-a100-spot", "llm-ft-t4-spot", "llm-ft-on-demand", "llm-ft-head"]
     for pool in pools:
         assert GPU_NODE_TAINT in pool["spec"]["template"]["spec"]["taints"]
     pods = pod_specs(kuberay_manifest(job, KubeRayOptions(cloud=k8s, image="ghcr.io/acme/train:1")))
@@ -174,7 +174,7 @@ def test_nodepools_one_per_gpu_pool_each_making_only_its_tiers_machines(cloud: K
     broken[1]["spec"]["template"]["spec"]["requirements"] = [
         r for r in broken[1]["spec"]["template"]["spec"]["requirements"] if r["key"] not in (KARPENTER_GPU_NAME_KEY, INSTANCE_TYPE_KEY)
     ] + [{"key": INSTANCE_TYPE_KEY if cloud is KarpenterCloud.AKS_NAP else KARPENTER_GPU_NAME_KEY, "operator": "In", "values": ["other"]}]
-    assert any("tiers[1] ('t4-spot'): no NodePool allows nodes labelled" in f for f in nodepool_findings(broken, job, cloud))
+    assert any("tiers[1] ('t4-spot'): no NodePool allows nodes labelled" in f for f in nodepool_findings([*broken, head], job, cloud))
 
 
 @pytest.mark.parametrize(

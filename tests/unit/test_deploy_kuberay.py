@@ -32,6 +32,7 @@ from spotfallback.deploy import (
 )
 from spotfallback.deploy.common import k8s_name
 from spotfallback.deploy.kuberay import MIN_KUBERAY_VERSION
+from spotfallback.deploy.pools import HEAD_TOLERATION
 from spotfallback.deploy.validate import (
     KUBERAY_SINCE,
     MIN_KUBERAY_ANNOTATION,
@@ -146,7 +147,9 @@ def test_node_selection_is_exactly_the_clouds_documented_keys(cloud: K8sCloud) -
     assert _placement(od_group["template"]["spec"]) == on_demand
     # The head: on-demand by the same keys, labelled so, and never a home for training workers.
     head = cluster(manifest)["headGroupSpec"]
-    assert _placement(head["template"]["spec"]) == on_demand
+    # On Karpenter the head has a NodePool of its own (manifest nodepools), tainted for it alone.
+    own_pool = {"tolerations": [HEAD_TOLERATION]} if cloud in (K8sCloud.EKS_KARPENTER, K8sCloud.AKS_NAP) else {}
+    assert _placement(head["template"]["spec"]) == {**on_demand, **own_pool}
     assert head["labels"] == {"ray.io/market-type": "on-demand"}
     assert head["resources"] == {"CPU": "0"}
 
@@ -155,11 +158,12 @@ def test_node_selection_is_exactly_the_clouds_documented_keys(cloud: K8sCloud) -
 @pytest.mark.parametrize("cloud", list(K8sCloud))
 def test_the_stated_minimum_kuberay_is_what_the_file_uses(cloud: K8sCloud, kind: Kind) -> None:
     """Header and annotation name the oldest operator that keeps every field the file uses:
-    an older one would drop group labels (no ray.io/market-type on any node) without a word."""
+    an older one would drop group labels (no ray.io/market-type on any node) without a word, or not
+    scale a tier's group for its label selector."""
     text = render_kuberay(make_job(LADDERS[3]), KubeRayOptions(cloud=cloud, kind=kind, image="registry.example.com/t:1"))
     manifest = yaml.safe_load(text)
     needed = max((KUBERAY_SINCE[what] for _, what in kuberay_needs(manifest, manifest["kind"])), key=parse_version)
-    assert parse_version(needed) == parse_version(MIN_KUBERAY_VERSION) == (1, 5, 0)
+    assert parse_version(needed) == parse_version(MIN_KUBERAY_VERSION) == (1, 5, 1)
     assert manifest["metadata"]["annotations"][MIN_KUBERAY_ANNOTATION] == MIN_KUBERAY_VERSION
     assert f"Needs KubeRay >= {MIN_KUBERAY_VERSION}" in text
 

@@ -20,10 +20,12 @@ from spotfallback.deploy import K8sCloud, KubeRayOptions, kuberay_manifest
 from spotfallback.deploy.nodepools import (
     KarpenterCloud,
     NodePoolOptions,
+    ladder_findings,
     nodepool_findings,
     nodepools_for,
     render_nodepools,
 )
+from spotfallback.deploy.pools import GPU_NODE_TAINT, HEAD_NODE_TAINT, HEAD_TOLERATION
 from spotfallback.deploy.validate import validate_text
 
 DATA = Path(__file__).resolve().parents[2] / "src" / "spotfallback" / "data" / "karpenter"
@@ -50,12 +52,13 @@ def test_pools_validate_and_allow_each_market_the_pods_select(cloud: KarpenterCl
     job = make_job(SPOT, SPOT_B, ON_DEMAND)
     pools = nodepools_for(job, NodePoolOptions(cloud=cloud))
     assert list(nodepool_findings(pools, job, cloud)) == []
-    assert [p["metadata"]["name"] for p in pools] == ["churn-model-spot", "churn-model-on-demand"]
+    assert [p["metadata"]["name"] for p in pools] == ["churn-model-spot", "churn-model-on-demand", "churn-model-head"]
     # Each market's pods (the KubeRay file for the same cloud) select what its pool allows and
     # tolerate every taint it sets.
     manifest = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud(cloud.value)))
     groups = manifest["spec"]["rayClusterSpec"]["workerGroupSpecs"]
-    by_market = {p["spec"]["template"]["spec"]["requirements"][0]["values"][0]: p for p in pools}
+    *tiers_pools, head_pool = pools
+    by_market = {p["spec"]["template"]["spec"]["requirements"][0]["values"][0]: p for p in tiers_pools}
     for group, market in zip(groups, ["spot", "spot", "on-demand"], strict=True):
         pod, pool = group["template"]["spec"], by_market[market]["spec"]["template"]["spec"]
         assert pod["nodeSelector"]["karpenter.sh/capacity-type"] == market
@@ -64,10 +67,17 @@ def test_pools_validate_and_allow_each_market_the_pods_select(cloud: KarpenterCl
     spot_taints = by_market["spot"]["spec"]["template"]["spec"].get("taints", [])
     expected = [{"key": "kubernetes.azure.com/scalesetpriority", "value": "spot", "effect": "NoSchedule"}]
     assert spot_taints == (expected if cloud is KarpenterCloud.AKS_NAP else [])
+    # The head's own pool: on-demand, tainted so that only the head, which tolerates it, lands there.
+    head_pod = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    assert head_pool["spec"]["template"]["spec"]["requirements"] == [
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}]
+    assert head_pool["spec"]["template"]["spec"]["taints"] == [HEAD_NODE_TAINT]
+    assert HEAD_TOLERATION in head_pod["tolerations"] and head_pod["nodeSelector"] == {"karpenter.sh/capacity-type": "on-demand"}
+    assert all(HEAD_TOLERATION not in g["template"]["spec"].get("tolerations", []) for g in groups)
 
 
 def test_disruption_never_takes_a_running_gang() -> None:
-    (spot, _) = nodepools_for(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    (spot, _, _) = nodepools_for(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
     assert spot["spec"]["disruption"] == {
         "consolidationPolicy": "WhenEmpty",
         "consolidateAfter": "5m",
@@ -81,13 +91,14 @@ def test_zones_and_gpus_of_the_tiers_become_requirements() -> None:
     gpu = {"resources_per_worker": {"CPU": 8, "GPU": 1}}
     pinned = {**SPOT, **gpu, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "zone-a"}}
     job = make_job(pinned, {**SPOT_B, **gpu}, {**ON_DEMAND, **gpu})
-    spot, on_demand = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.AKS_NAP, node_class="gpu"))
+    spot, on_demand, _ = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.AKS_NAP, node_class="gpu"))
     reqs = spot["spec"]["template"]["spec"]["requirements"]
     assert {"key": "topology.kubernetes.io/zone", "operator": "In", "values": ["zone-a", "zone-b"]} in reqs
     assert {"key": "karpenter.azure.com/sku-gpu-count", "operator": "Gt", "values": ["0"]} in reqs
     # The on-demand tier is not pinned to a zone: its pool is not either.
     assert all(r["key"] != "topology.kubernetes.io/zone" for r in on_demand["spec"]["template"]["spec"]["requirements"])
-    assert spot["spec"]["limits"] == {"cpu": "64", "nvidia.com/gpu": "8"}
+    # GPU nodes are capped by GPUs alone: room for each of the 4 workers on a node of up to 16 GPUs, twice.
+    assert spot["spec"]["limits"] == {"nvidia.com/gpu": "128"}
     assert spot["spec"]["template"]["spec"]["nodeClassRef"]["kind"] == "AKSNodeClass"
 
 
@@ -142,7 +153,7 @@ def test_cli_writes_the_pools_and_refuses_other_clouds(tmp_path: Path) -> None:
     ok = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "aks-nap", "--job", str(job), "--out", str(out)])
     assert ok.exit_code == 0, ok.stderr
     docs = list(yaml.safe_load_all(out.read_text()))
-    assert [d["kind"] for d in docs] == ["NodePool", "NodePool"]
+    assert [d["kind"] for d in docs] == ["NodePool", "NodePool", "NodePool"]
     assert out.read_text() == render_nodepools(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.AKS_NAP))
     bad = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "gke", "--job", str(job)])
     assert bad.exit_code == 2 and bad.stderr == "error: --cloud: 'gke' is not one of: eks-karpenter, aks-nap\n"
@@ -158,8 +169,9 @@ def test_a_ladder_across_clusters_gets_each_clusters_pools_labelled_for_it(cloud
     job = make_job({**SPOT, "cluster": EAST}, {**SPOT_B, "cluster": WEST}, {**ON_DEMAND, "cluster": EAST})
     pools = nodepools_for(job, NodePoolOptions(cloud=cloud))
     assert [(p["metadata"]["name"], p["metadata"]["labels"]["spotfallback/cluster"]) for p in pools] == [
-        ("churn-model-east-spot", "east"), ("churn-model-west-spot", "west"), ("churn-model-east-on-demand", "east")]
-    assert [p["spec"]["limits"] for p in pools] == [{"cpu": "16"}] * 3  # one tier's 2 workers x 4 CPUs each, twice
+        ("churn-model-east-spot", "east"), ("churn-model-west-spot", "west"), ("churn-model-east-on-demand", "east"),
+        ("churn-model-east-head", "east"), ("churn-model-west-head", "west")]  # each cluster has its own head
+    assert [p["spec"]["limits"] for p in pools[:3]] == [{"cpu": "16"}] * 3  # one tier's 2 workers x 4 CPUs each, twice
     assert list(nodepool_findings(pools, job, cloud)) == []
     # East's spot pool does not serve the west tier: that cluster has no spot pool of its own.
     west = pools.pop(1)
@@ -185,7 +197,7 @@ def _dump(pools: list[dict[str, Any]]) -> str:
 def test_validate_checks_a_nodepool_file_against_its_providers_schema(cloud: KarpenterCloud) -> None:
     pools = nodepools_for(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=cloud))
     report = validate_text(_dump(pools))
-    assert report.ok and report.kinds == ("NodePool", "NodePool") and not report.findings
+    assert report.ok and report.kinds == ("NodePool", "NodePool", "NodePool") and not report.findings
     pools[1]["spec"]["disruption"]["consolidationPolicy"] = "WhenIdle"
     pools[1]["spec"]["template"]["spec"]["expireAfter"] = "forever"
     report = validate_text(_dump(pools))
@@ -210,7 +222,7 @@ def test_validate_refuses_a_misspelt_field_the_api_server_would_drop() -> None:
 
 
 def test_validate_names_a_nodepool_it_cannot_check_and_one_of_an_unknown_provider() -> None:
-    (pool,) = nodepools_for(make_job(SPOT), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    (pool, _head) = nodepools_for(make_job(SPOT), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
     old = {**pool, "apiVersion": "karpenter.sh/v1beta1"}
     assert [str(f) for f in validate_text(_dump([old])).errors] == [
         "apiVersion: 'karpenter.sh/v1beta1': only karpenter.sh/v1 NodePools are checked (Karpenter v1)"]
@@ -223,8 +235,8 @@ def test_validate_with_the_job_checks_that_the_files_pools_serve_its_ladder(tmp_
     from spotfallback.cli import manifest as cli_manifest
 
     job = make_job(SPOT, ON_DEMAND)
-    spot, on_demand = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
-    assert validate_text(_dump([spot, on_demand]), job=job).ok
+    spot, on_demand, _head = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    assert validate_text(_dump([spot, on_demand]), job=job).ok  # the untainted on-demand pool serves the head too
     (finding,) = validate_text(_dump([on_demand, on_demand]), job=job).errors
     assert finding.of_file and str(finding).startswith(
         "(job): tiers[0] ('spot', spot): no NodePool allows karpenter.sh/capacity-type 'spot'")
@@ -259,3 +271,51 @@ def test_validate_reports_a_malformed_nodepool_without_crashing(spec: Any) -> No
             spec["template"]["spec"]["nodeClassRef"] = {"group": cloud, "kind": "X", "name": "d"}
         report = validate_text(_dump([doc]), job=make_job(SPOT, ON_DEMAND))
         assert not report.ok and all(f.document == 0 and f.path != "(top level)" for f in report.errors), report
+
+
+GPU8 = {"resources_per_worker": {"CPU": 8, "GPU": 8}, "placement": {"instance_type": "p4d.24xlarge"}}
+
+
+def test_a_gpu_ladders_head_gets_a_pool_of_its_own() -> None:
+    """Every pool of a GPU ladder is tainted for GPU pods and requires GPUs: without a pool of its
+    own, the head (on-demand, no GPU, no toleration for them) would stay pending."""
+    job = make_job({**SPOT, **GPU8, "num_workers": 8}, {**ON_DEMAND, **GPU8, "num_workers": 8})
+    cloud = KarpenterCloud.EKS_KARPENTER
+    *gpu_pools, head = nodepools_for(job, NodePoolOptions(cloud=cloud))
+    assert all(GPU_NODE_TAINT in p["spec"]["template"]["spec"]["taints"] for p in gpu_pools)
+    assert head["metadata"]["name"] == "churn-model-head" and list(nodepool_findings([*gpu_pools, head], job, cloud)) == []
+    assert list(ladder_findings(gpu_pools, job, cloud)) == [
+        "the Ray head: no NodePool lets its on-demand node exist (every one that allows on-demand taints its nodes); the "
+        "run never starts. Add a pool that allows on-demand without taints, or tainted spotfallback/head as the head "
+        "pool `manifest nodepools` writes"]
+
+
+def test_limits_never_stop_the_pools_own_nodes() -> None:
+    """Karpenter counts node capacity: 8 workers of 8 CPUs on p4d.24xlarge (96 vCPUs each) under a
+    CPU cap sized from the requests (128) would get one node. GPU pools are capped by GPUs alone."""
+    job = make_job({**SPOT, **GPU8, "num_workers": 8}, {**ON_DEMAND, **GPU8, "num_workers": 8})
+    spot, on_demand, head = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    for pool in (spot, on_demand):
+        limits = pool["spec"]["limits"]
+        assert limits == {"nvidia.com/gpu": "256"}  # 8 workers, each on a node of up to 16 GPUs, twice over
+        assert int(limits["nvidia.com/gpu"]) >= 2 * 8 * 8  # the gang's 8 nodes and 8 replacements
+    assert head["spec"]["limits"] == {"cpu": "16"}
+    # A CPU pool of a pinned instance type: its vCPUs are unknown here, so no CPU cap that could stop it.
+    pinned = make_job({**SPOT, "placement": {"instance_type": "c7i.48xlarge"}}, ON_DEMAND)
+    spot, on_demand, _ = nodepools_for(pinned, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    assert "limits" not in spot["spec"] and on_demand["spec"]["limits"] == {"cpu": "16"}
+
+
+def test_pools_whose_taints_the_tiers_pods_do_not_tolerate_are_refused() -> None:
+    """GPU pools (tainted nvidia.com/gpu) checked against a CPU ladder: Karpenter skips a pool
+    whose taints a pending pod does not tolerate, so these tiers would wait out their timeouts."""
+    gpu_job = make_job({**SPOT, **GPU8}, {**ON_DEMAND, **GPU8})
+    pools = nodepools_for(gpu_job, NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    findings = list(ladder_findings(pools, make_job(SPOT, ON_DEMAND), KarpenterCloud.EKS_KARPENTER))
+    assert findings == [
+        f"tiers[{i}] ({name!r}): every NodePool that allows its nodes taints them ({taints}), "
+        "which its pods do not tolerate; they would stay pending until the tier's capacity timeout. Drop the taint, "
+        "or give the tier a matching placement.tolerations entry"
+        for i, name, taints in [(0, "spot", "nvidia.com/gpu=true:NoSchedule"),
+                                (1, "on-demand", "nvidia.com/gpu=true:NoSchedule, spotfallback/head=true:NoSchedule")]
+    ]

@@ -331,6 +331,8 @@ def _operator(doc: dict[str, Any], version: str | None) -> list[str]:
 @pytest.mark.parametrize(
     ("version", "first_missing"),
     [
+        ("1.5.0", "spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay 1.5.0 does not fully support scaling a worker "
+                  "group for a label selector"),
         ("1.4.2", "spec.submissionMode: SidecarMode: KubeRay 1.4.2 does not know this mode"),
         ("1.3.2", "spec.rayClusterSpec.autoscalerOptions.version: KubeRay 1.3.2 drops this field silently (it first appears in 1.4.0;"),
         ("1.1.1", "spec.backoffLimit: KubeRay 1.1.1 drops this field silently (it first appears in 1.2.0;"),
@@ -346,7 +348,7 @@ def test_each_stated_operator_refuses_the_fields_it_predates(version: str, first
     spec["rayClusterSpec"]["autoscalerOptions"] = {"version": "v2"}
     spec["rayClusterSpec"]["enableInTreeAutoscaling"] = True
     spec["rayClusterSpec"]["workerGroupSpecs"][0]["labels"] = {"ray.io/market-type": "spot"}
-    assert _operator(doc, None) == [] and _operator(doc, "1.5.0") == []
+    assert _operator(doc, None) == [] and _operator(doc, "1.5.1") == []
     found = _operator(doc, version)
     assert any(f.startswith(first_missing) for f in found), found
     assert any(f.startswith("spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay") for f in found)

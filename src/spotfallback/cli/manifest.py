@@ -309,7 +309,7 @@ def validate_command(
         str | None,
         typer.Option(
             help="The KubeRay operator's version on the target cluster: refuse fields it would drop "
-            "(group labels and resources, SidecarMode need 1.5.0).",
+            "(group labels and resources, SidecarMode need 1.5.0; autoscaling a tier's group for its label selector, 1.5.1).",
         ),
     ] = None,
     job: Annotated[

@@ -32,7 +32,7 @@ import yaml
 from jsonschema import ValidationError
 
 from spotfallback.config import ON_DEMAND, SPOT, JobConfig, Tier
-from spotfallback.deploy.clouds import AKS_SPOT_TAINT, KARPENTER_KEY, K8sCloud
+from spotfallback.deploy.clouds import AKS_SPOT_TAINT, KARPENTER_KEY, K8sCloud, pod_placement
 from spotfallback.deploy.common import (
     ZONE_LABEL,
     k8s_name,
@@ -41,7 +41,7 @@ from spotfallback.deploy.common import (
     with_run_name,
     worker_shape,
 )
-from spotfallback.deploy.pools import GPU_NODE_TAINT, k8s_pool
+from spotfallback.deploy.pools import GPU_NODE_TAINT, HEAD_NODE_TAINT, HEAD_TOLERATION, k8s_pool
 from spotfallback.deploy.schema import KubernetesValidator, extract_crd_schema, make_strict
 from spotfallback.errors import ConfigError, ManifestInvalid
 
@@ -82,6 +82,10 @@ PROVIDERS: dict[KarpenterCloud, _Provider] = {
 }
 # Karpenter's capacity types for the ladder's markets.
 CAPACITY_TYPES = {SPOT: "spot", ON_DEMAND: "on-demand", "reserved": "reserved"}
+# Room for the head's node (it asks for 2 CPUs and 8 GiB: a 4-vCPU instance) and its replacement.
+HEAD_POOL_CPU = 16
+# The most GPUs one node of the common GPU instance types has (GCE's a2-megagpu-16g).
+GPUS_PER_NODE_MAX = 16
 CONSOLIDATE_AFTER = "5m"  # an idle node outlives the Ray autoscaler's idle timeout (60 s) by far
 
 
@@ -154,40 +158,62 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
         if taints:
             node_spec["taints"] = taints
         suffix = CAPACITY_TYPES[market] if per_market[cluster, market] == 1 else tiers[0][1].name
-        labels = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(name, 63)}
-        if cluster is not None:
-            labels[CLUSTER_LABEL] = k8s_name(cluster, 63)
-        pools.append(
-            {
-                "apiVersion": API_VERSION,
-                "kind": "NodePool",
-                "metadata": {
-                    "name": k8s_name(f"{name}-{suffix}" if cluster is None else f"{name}-{cluster}-{suffix}", 63),
-                    "labels": labels,
-                },
-                "spec": {
-                    "template": {"spec": node_spec},
-                    "disruption": {
-                        "consolidationPolicy": "WhenEmpty",
-                        "consolidateAfter": CONSOLIDATE_AFTER,
-                        "budgets": [{"nodes": "0", "reasons": ["Drifted"]}],
-                    },
-                    "limits": _limits(tiers),
-                },
-            }
-        )
+        pools.append(_pool(name, cluster, suffix, node_spec, _limits(tiers, gpu)))
+    for cluster in dict.fromkeys(job.ladder.cluster_key(i) for i in range(len(job.tiers))):
+        # The Ray head: on-demand, CPU only, on a pool of its own that only it tolerates.
+        head_spec: dict[str, Any] = {
+            "nodeClassRef": {"group": provider.node_class_group, "kind": provider.node_class_kind, "name": opts.node_class},
+            "requirements": [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[ON_DEMAND]]}],
+            "expireAfter": "Never",
+            "taints": [dict(HEAD_NODE_TAINT)],
+        }
+        pools.append(_pool(name, cluster, "head", head_spec, {"cpu": str(HEAD_POOL_CPU)}))
     return pools
 
 
-def _limits(tiers: list[tuple[int, Tier]]) -> dict[str, str]:
-    """Room for every worker of the market's tiers at once, twice over (Karpenter counts node
-    capacity, not requests, and may pick larger instances): a cap on a runaway, not a fit."""
-    cpu = sum(t.num_workers * max(1, math.ceil(worker_shape(t, i)[0])) for i, t in tiers)
-    gpu = sum(t.num_workers * math.ceil(worker_shape(t, i)[1]) for i, t in tiers)
-    limits = {"cpu": str(2 * cpu)}
+def _pool(run: str, cluster: str | None, suffix: str, node_spec: dict[str, Any], limits: dict[str, str]) -> dict[str, Any]:
+    """One NodePool of the run (of ``cluster``'s, in a ladder across clusters): the gang's disruption rules."""
+    labels = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(run, 63)}
+    if cluster is not None:
+        labels[CLUSTER_LABEL] = k8s_name(cluster, 63)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "NodePool",
+        "metadata": {
+            "name": k8s_name(f"{run}-{suffix}" if cluster is None else f"{run}-{cluster}-{suffix}", 63),
+            "labels": labels,
+        },
+        "spec": {
+            "template": {"spec": node_spec},
+            "disruption": {
+                "consolidationPolicy": "WhenEmpty",
+                "consolidateAfter": CONSOLIDATE_AFTER,
+                "budgets": [{"nodes": "0", "reasons": ["Drifted"]}],
+            },
+            **({"limits": limits} if limits else {}),
+        },
+    }
+
+
+def _limits(tiers: list[tuple[int, Tier]], gpu: bool) -> dict[str, str]:
+    """A cap on a runaway, not a fit: it must never stop the pool's own workers.
+
+    Karpenter counts the capacity of the nodes it launches, not the pods' requests, and a node
+    being replaced still counts until it is gone. So a GPU pool (every node of it has a GPU) is
+    capped by GPUs alone, room for each worker on a node of its own of up to
+    ``GPUS_PER_NODE_MAX`` GPUs, twice over: a CPU cap sized from the workers' requests would
+    stop GPU instances, whose vCPUs are many (96 on a p4d.24xlarge, 8 workers of 8 CPUs capped
+    at 128 would get one node). A CPU pool is capped at twice its workers' CPUs (Karpenter
+    then picks instance types that fit under it), unless a tier pins the instance type: its
+    vCPUs are not known here, and the KubeRay groups' ``maxReplicas`` bound the workers.
+    """
     if gpu:
-        limits["nvidia.com/gpu"] = str(2 * gpu)
-    return limits
+        per_node = sum(t.num_workers * max(GPUS_PER_NODE_MAX, math.ceil(worker_shape(t, i)[1])) for i, t in tiers)
+        return {"nvidia.com/gpu": str(2 * per_node)}
+    if any(t.placement.instance_type for _, t in tiers):
+        return {}
+    cpu = sum(t.num_workers * max(1, math.ceil(worker_shape(t, i)[0])) for i, t in tiers)
+    return {"cpu": str(2 * cpu)}
 
 
 # --- validation -------------------------------------------------------------------------------
@@ -280,14 +306,56 @@ def nodepool_cloud(pool: dict[str, Any]) -> KarpenterCloud | None:
     return next((cloud for cloud, p in PROVIDERS.items() if p.node_class_group == group), None)
 
 
+def _cluster_pools(pools: list[dict[str, Any]], key: str | None) -> tuple[list[dict[str, Any]], str]:
+    """The pools that serve cluster ``key`` (its own and those that name no cluster), and how to say so."""
+    mine = pools if key is None else [p for p in pools if _pool_cluster(p) in (None, k8s_name(key, 63))]
+    return mine, "NodePool" if key is None else f"NodePool of cluster {key!r}"
+
+
+def _tolerated(taint: Any, tolerations: list[dict[str, str]]) -> bool:
+    """Whether a pod with ``tolerations`` may run on a node with ``taint`` (Kubernetes' matching)."""
+    if not isinstance(taint, dict):
+        return True
+    for t in tolerations:
+        if t.get("effect") not in (None, "", taint.get("effect")):
+            continue
+        if t.get("operator") == "Exists" and t.get("key") in (None, "", taint.get("key")):
+            return True
+        if t.get("key") == taint.get("key") and t.get("value", "") == taint.get("value", ""):
+            return True
+    return False
+
+
+def _untolerated(pool: dict[str, Any], tolerations: list[dict[str, str]]) -> list[str]:
+    """The pool's taints a pod with ``tolerations`` does not tolerate, as key=value:effect."""
+    taints = _node_spec(pool, "taints")
+    return [f"{t.get('key')}={t.get('value', '')}:{t.get('effect')}" for t in (taints if isinstance(taints, list) else [])
+            if isinstance(t, dict) and not _tolerated(t, tolerations)]
+
+
+def _head_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: KarpenterCloud) -> Iterator[str]:
+    """Whether each cluster's Ray head (on-demand, no GPU) has a pool that lets its node exist."""
+    tolerations = [*pod_placement(K8sCloud(cloud.value), ON_DEMAND).tolerations, dict(HEAD_TOLERATION)]
+    for key in dict.fromkeys(job.ladder.cluster_key(i) for i in range(len(job.tiers))):
+        mine, which = _cluster_pools(pools, key)
+        serving = [p for p in mine if _allows(p, KARPENTER_KEY, CAPACITY_TYPES[ON_DEMAND])]
+        if not any(not _untolerated(p, tolerations) for p in serving):
+            yield (
+                f"the Ray head{'' if key is None else f' of cluster {key!r}'}: no {which} lets its on-demand node exist "
+                f"({'every one that allows on-demand taints its nodes' if serving else 'none allows on-demand'}); the run "
+                f"never starts. Add a pool that allows on-demand without taints, or tainted {HEAD_NODE_TAINT['key']} "
+                "as the head pool `manifest nodepools` writes"
+            )
+
+
 def ladder_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: KarpenterCloud) -> Iterator[str]:
-    """Whether every tier of ``job`` has a pool of its cluster that lets its pods' nodes exist."""
+    """Whether every tier of ``job`` has a pool of its cluster that lets its pods' nodes exist, and
+    whether each cluster's head has one."""
+    yield from _head_findings(pools, job, cloud)
     for i, tier in enumerate(job.tiers):
         # A tier of a ladder across clusters is served only by its own cluster's pools (and by
         # pools that name no cluster).
-        key = job.ladder.cluster_key(i)
-        mine = pools if key is None else [p for p in pools if _pool_cluster(p) in (None, k8s_name(key, 63))]
-        which = "NodePool" if key is None else f"NodePool of cluster {key!r}"
+        mine, which = _cluster_pools(pools, job.ladder.cluster_key(i))
         allowed: set[str] = set()
         for pool in mine:
             types = _capacity_types(pool)
@@ -300,12 +368,29 @@ def ladder_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: Karpente
             )
             continue
         needs = {KARPENTER_KEY: wanted, **_pool_selector(cloud, tier, i)} if wanted else {}
-        if needs and not any(all(_allows(pool, k, value) for k, value in needs.items()) for pool in mine):
+        making = [pool for pool in mine if all(_allows(pool, k, value) for k, value in needs.items())]
+        if needs and not making:
             pairs = ", ".join(f"{k}={v}" for k, v in needs.items())
             yield (
                 f"tiers[{i}] ({tier.name!r}): no {which} allows nodes labelled {pairs}; its pods would stay pending "
                 "until the tier's capacity timeout. Add a pool whose requirements allow them"
             )
+            continue
+        tolerations = _tier_tolerations(cloud, tier, i)
+        if needs and all(_untolerated(pool, tolerations) for pool in making):
+            taints = sorted({t for pool in making for t in _untolerated(pool, tolerations)})
+            yield (
+                f"tiers[{i}] ({tier.name!r}): every {which} that allows its nodes taints them ({', '.join(taints)}), "
+                "which its pods do not tolerate; they would stay pending until the tier's capacity timeout. Drop the "
+                "taint, or give the tier a matching placement.tolerations entry"
+            )
+
+
+def _tier_tolerations(cloud: KarpenterCloud, tier: Tier, index: int) -> list[dict[str, str]]:
+    """The tolerations of the tier's pods in the KubeRay file for ``cloud``."""
+    k8s = K8sCloud(cloud.value)
+    pool = k8s_pool(k8s, tier, index, worker_shape(tier, index)[1] > 0)
+    return [*pod_placement(k8s, tier.market, f"tiers[{index}].market").tolerations, *pool.tolerations]
 
 
 def _pool_cluster(pool: dict[str, Any]) -> str | None:

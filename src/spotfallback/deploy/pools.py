@@ -41,6 +41,10 @@ GPU_TOLERATIONS: tuple[dict[str, str], ...] = (
 )
 # The taint ``manifest nodepools`` puts on GPU NodePools, so CPU pods keep off GPU nodes.
 GPU_NODE_TAINT = {"key": GPU_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
+# The taint of the head's own NodePool, which only the Ray head tolerates: on Karpenter a node
+# exists only if a pool allows it, and a GPU ladder's on-demand pool is tainted for GPU pods.
+HEAD_NODE_TAINT = {"key": "spotfallback/head", "value": "true", "effect": "NoSchedule"}
+HEAD_TOLERATION = {"key": HEAD_NODE_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 
 
 @dataclass(frozen=True)

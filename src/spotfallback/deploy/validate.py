@@ -684,6 +684,8 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
 #   RayJob spec.backoffLimit                   1.2.0
 #   autoscalerOptions.version                  1.4.0
 #   group labels and resources, SidecarMode    1.5.0
+#   autoscaling a group for a label selector   1.5.1  (Ray's "KubeRay label-based scheduling" guide:
+#                                                      full support with Ray 2.51 and KubeRay 1.5.1)
 KUBERAY_SINCE: dict[str, str] = {
     "ray.io/v1": "1.0.0",
     "submissionMode": "1.1.0",
@@ -694,6 +696,7 @@ KUBERAY_SINCE: dict[str, str] = {
     "group labels": "1.5.0",
     "group resources": "1.5.0",
     "SidecarMode": "1.5.0",
+    "label autoscaling": "1.5.1",
 }
 MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
 
@@ -726,8 +729,13 @@ def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     groups: list[tuple[list[str | int], Any]] = [([*at, "headGroupSpec"], spec.get("headGroupSpec"))]
     listed = spec.get("workerGroupSpecs")
     groups += [([*at, "workerGroupSpecs", i], g) for i, g in enumerate(listed if isinstance(listed, list) else [])]
+    autoscaled = spec.get("enableInTreeAutoscaling") is True
     for where, group in groups:
         needs += [(field_path([*where, key]), f"group {key}") for key in ("labels", "resources") if _dict(group).get(key)]
+        if autoscaled and where[-2:-1] == ["workerGroupSpecs"] and _dict(group).get("labels"):
+            # A fallback tier starts at zero replicas: only the autoscaler, scaling the group
+            # for the gang's label selector, ever gives it nodes.
+            needs.append((field_path([*where, "labels"]), "label autoscaling"))
         for i, init in enumerate(_get(group, "template", "spec", "initContainers") or []):
             if isinstance(init, dict) and "restartPolicy" in init:
                 needs.append((field_path([*where, "template", "spec", "initContainers", i, "restartPolicy"]), "native sidecar"))
@@ -757,6 +765,8 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
         "ray.io/v1": f"KubeRay {running} has no ray.io/v1 API",
         "SidecarMode": f"SidecarMode: KubeRay {running} does not know this mode and would never submit the job",
         "group labels": f"KubeRay {running} drops group labels silently: no node gets {MARKET_LABEL}, so no tier finds its workers",
+        "label autoscaling": (f"KubeRay {running} does not fully support scaling a worker group for a label selector: "
+                              "a tier's group at zero replicas may never get nodes"),
         "native sidecar": f"KubeRay {running} drops it silently: the sidecar becomes an ordinary init container, which must exit before Ray starts",
     }
     for path, what, since in needs:
