@@ -668,10 +668,27 @@ def make_ladder(tiers: Any) -> Ladder:
         raise ConfigError(format_validation_error(e)) from None
 
 
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML lets the last one
+    win without a word, so a job file with two ``tiers:`` would run a ladder its author did not read."""
+
+    def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
+        seen: set[Any] = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=deep)
+            if not isinstance(key, str | int | float | bool):
+                continue  # an unhashable key: the base class says what is wrong with it
+            if key in seen:
+                raise yaml.constructor.ConstructorError(
+                    None, None, f"{key!r} is given twice in one mapping; keep one", key_node.start_mark)
+            seen.add(key)
+        return super().construct_mapping(node, deep=deep)
+
+
 def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
-    """Parse YAML that must be a mapping; errors say where."""
+    """Parse YAML that must be a mapping (no key twice); errors say where."""
     try:
-        data = yaml.safe_load(text)
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

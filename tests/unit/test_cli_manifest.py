@@ -59,6 +59,24 @@ def test_kuberay_writes_a_valid_file(app: typer.Typer, job_file: Path, tmp_path:
     assert yaml.safe_load(out.read_text())["metadata"]["name"] == "churn-model"
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["kuberay", "--cloud", "gke", "--storage-secret", "creds"], ["nodepools", "--cloud", "eks-karpenter"],
+     ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]],
+)
+def test_out_never_replaces_a_file_unless_forced(app: typer.Typer, job_file: Path, tmp_path: Path, command: list[str]) -> None:
+    """A deployment file may have been edited by hand: a second write keeps it, and says how to replace it."""
+    out = tmp_path / "deploy.yaml"
+    out.write_text("# edited by hand\n")
+    kept = run(app, *command, "--job", job_file, "--out", out)
+    assert kept.exit_code == 2 and kept.stderr == f"error: --out: '{out}' already exists; pass --force to overwrite it\n"
+    assert out.read_text() == "# edited by hand\n"
+    assert run(app, *command, "--job", job_file, "--out", out, "--force").exit_code == 0 and validate_file(out).ok
+    folder = run(app, *command, "--job", job_file, "--out", tmp_path)
+    assert folder.exit_code == 2 and folder.stderr == f"error: --out: '{tmp_path}' is a directory; give a file name\n"
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
 def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")
     assert result.exit_code == 0 and result.stderr.startswith("run name: churn-v2 (from --name); ")
@@ -138,7 +156,7 @@ def test_bad_input_is_one_line_exit_2_and_no_file(app: typer.Typer, tmp_path: Pa
     job.write_text(job_text)
     out = tmp_path / "out.yaml"
     out.write_text("previous content\n")
-    result = run(app, "kuberay", "--job", job, "--out", out, *args)
+    result = run(app, "kuberay", "--job", job, "--out", out, "--force", *args)  # even --force keeps it on bad input
     assert result.exit_code == 2
     assert result.stdout == "" and result.stderr.count("\n") == 1 and "Traceback" not in result.output
     assert message in result.stderr, result.stderr
@@ -200,7 +218,7 @@ def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.
     """Before KubeRay 1.5.0 the API server drops group labels/resources and SidecarMode silently:
     no ray.io/market-type on any node, so no tier would ever find its workers; before 1.5.1 the
     autoscaler's scaling of a group for a label selector is not fully supported."""
-    out = tmp_path / "job.yaml"
+    out = tmp_path / "rayjob.yaml"
     assert run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--out", out).exit_code == 0
     assert "KubeRay >= 1.5.1" in out.read_text()
     assert run(app, "validate", out, "--kuberay-version", "1.5.1").exit_code == 0

@@ -59,8 +59,13 @@ def test_plan_on_a_trace_writes_a_job_file_and_a_plot(app, tmp_path):
     assert job.plan is not None and job.plan.deadline_h == 40 and job.plan.on_time_probability >= 0.95
     assert "us-west-2a_v100_1" in job.plan.made_with
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    r = invoke(app, "--hours", "24", "--workers", "4", "--rate", "0.01", "--runs", "20", "--write-yaml", str(yaml_path),
-               "--entrypoint", "train.py:main", "--name", "nightly", "--storage-path", "s3://bucket/runs")
+    again = ("--hours", "24", "--workers", "4", "--rate", "0.01", "--runs", "20", "--write-yaml", str(yaml_path),
+             "--entrypoint", "train.py:main", "--name", "nightly", "--storage-path", "s3://bucket/runs")
+    written = yaml_path.read_text()
+    r = invoke(app, *again)  # a job file there already (maybe edited, maybe a running run's) is kept
+    assert r.exit_code == 2 and f"--write-yaml: '{yaml_path}' already exists; pass --force to overwrite it" in r.output
+    assert yaml_path.read_text() == written
+    r = invoke(app, *again, "--force")
     assert r.exit_code == 0, r.output
     job = JobConfig.from_yaml(yaml_path)
     assert (job.name, job.storage_path) == ("nightly", "s3://bucket/runs") and job.plan.deadline_h is None
@@ -100,18 +105,20 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--trace", TRACE, "--trace-counts", "some"], "--trace-counts:"),
         (["--hours", "10", "--node-trace", str(FIXTURES / "aws-p3-trace.csv"), "--workers", "40"], "--workers:"),
         (["--hours", "10", "--rate", "0.1", "--plot", "/no/such/dir/p.png"], "--plot: directory"),
+        (["--hours", "10", "--rate", "0.1", "--plot", "p.txt"], "--plot: 'p.txt' must end in .png"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", ".", "--entrypoint", "m:f"], "--write-yaml: '.' is a directory; give a file name"),
         (["--seed-table", "--discount", "3"], "--discount:"),
-        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml"], "--entrypoint: required with --write-yaml"),
-        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "nocolon"], "--entrypoint: entrypoint 'nocolon'"),
-        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--name", "a/b"], "--name: run name 'a/b'"),
-        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--train-loop-config", "{x"],
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml"], "--entrypoint: required with --write-yaml"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "nocolon"], "--entrypoint: entrypoint 'nocolon'"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--name", "a/b"], "--name: run name 'a/b'"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--train-loop-config", "{x"],
          "--train-loop-config: not valid JSON"),
-        (["--hours", "10", "--rate", "0.1", "--write-yaml", "/tmp/j.yaml", "--entrypoint", "m:f", "--train-loop-config", "[1]"],
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--train-loop-config", "[1]"],
          "--train-loop-config: must be a JSON object"),
     ],
 )
-def test_bad_input_is_one_line_and_exit_code_2(app, args, needle):
-    r = invoke(app, *args)
+def test_bad_input_is_one_line_and_exit_code_2(app, args, needle, tmp_path):
+    r = invoke(app, *[str(tmp_path / a) if a == "JOB.yaml" else a for a in args])
     assert r.exit_code == 2, r.output
     assert "Traceback" not in r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]

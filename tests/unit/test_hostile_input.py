@@ -127,7 +127,8 @@ def test_a_bad_job_file_is_a_config_error_naming_the_field(case, tmp_path):
 @pytest.mark.parametrize("value", [".inf", "-.inf", ".nan"])
 def test_non_finite_numbers_in_a_tier_are_refused_by_name(field, value, tmp_path):
     path = tmp_path / "job.yaml"
-    path.write_text(_dump(VALID_JOB).replace("max_preemptions: 1", f"max_preemptions: 1\n  {field}: {value}", 1))
+    given = f"{field}: {value}" if field == "max_preemptions" else f"max_preemptions: 1\n  {field}: {value}"
+    path.write_text(_dump(VALID_JOB).replace("max_preemptions: 1", given, 1))
     with pytest.raises(ConfigError, match=rf"tiers\[0\]\.{field}"):
         JobConfig.from_yaml(path)
 
@@ -149,6 +150,20 @@ def test_yaml_errors_name_the_line(tmp_path):
     path = tmp_path / "job.yaml"
     path.write_text("name: a\nstorage_path: b\n  bad: indent\n")
     with pytest.raises(ConfigError, match=r"job.yaml: not valid YAML at line 3, column \d+"):
+        JobConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("text", "line", "key"),
+    [("name: a\ntiers: []\nstorage_path: b\ntiers: [x]\n", 4, "'tiers'"),
+     ("tiers:\n  - {name: s, market: spot, num_workers: 1, max_preemptions: 1, max_preemptions: 9}\n", 2, "'max_preemptions'")],
+)
+def test_a_key_given_twice_is_refused_naming_its_line(tmp_path, text, line, key):
+    """YAML lets the last of two equal keys win without a word: a job file with two tiers: lists
+    would run the ladder its author did not read."""
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"job.yaml: not valid YAML at line {line}, column \d+: {key} is given twice in one mapping; keep one"):
         JobConfig.from_yaml(path)
 
 

@@ -49,12 +49,19 @@ def setup_logging(verbose: bool) -> None:
         os.environ.setdefault("RAY_DEDUP_LOGS", "1")
 
 
-def output_problem(path: Path, suffix: str) -> str | None:
-    """What is wrong with a file the command will write (the suffix, a missing directory), or None."""
-    if path.suffix.lower() != suffix:
-        return f"{str(path)!r} must end in {suffix}"
+def output_problem(path: Path, suffix: str | tuple[str, ...] | None, *, keep_existing: bool = False) -> str | None:
+    """What is wrong with a file the command will write, or None: a directory, the suffix, a
+    missing directory, or (``keep_existing``: a file the user may have edited, such as a job
+    file or a deployment file) one that is there already."""
+    suffixes = (suffix,) if isinstance(suffix, str) else suffix
+    if path.is_dir():
+        return f"{str(path)!r} is a directory; give a file name"
+    if suffixes and path.suffix.lower() not in suffixes:
+        return f"{str(path)!r} must end in {' or '.join(suffixes)}"
     if not path.parent.is_dir():
         return f"directory {str(path.parent)!r} does not exist"
+    if keep_existing and path.exists():
+        return f"{str(path)!r} already exists; pass --force to overwrite it"
     return None
 
 

@@ -15,6 +15,7 @@ from typing import Annotated, NoReturn, TypeVar
 
 import typer
 
+from spotfallback.cli.common import output_problem
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
@@ -48,6 +49,7 @@ NameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of
 UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timestamp and random token to the run name: a new run.")]
 PipOpt = Annotated[list[str] | None, typer.Option("--pip", help="Package to pip-install at start (repeatable).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="File to write; stdout if omitted.")]
+ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --out file if it exists.")]
 
 
 def _choice(option: str, value: str, enum: type[E]) -> E:
@@ -113,12 +115,16 @@ def _say_run_name(job: JobConfig, name: str | None, unique: bool) -> None:
     )
 
 
+def _check_out(out: Path | None, force: bool) -> None:
+    """Before any work: the file --out names can be written, and is not one already there."""
+    if out is not None and (problem := output_problem(out, None, keep_existing=not force)) is not None:
+        _fail(f"--out: {problem}")
+
+
 def _emit(text: str, out: Path | None, what: str) -> None:
     if out is None:
         typer.echo(text, nl=False)
         return
-    if not out.parent.is_dir():
-        _fail(f"--out: directory {out.parent} does not exist")
     tmp = out.with_name(f".{out.name}.tmp")
     tmp.write_text(text, "utf-8")
     os.replace(tmp, out)  # whole file or none: a half-written manifest must not be applied
@@ -160,9 +166,11 @@ def kuberay_command(
         ),
     ] = None,
     out: OutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Write a KubeRay RayJob (or RayCluster): on-demand head, one worker group per tier."""
     k8s_cloud = _choice("--cloud", cloud, K8sCloud)
+    _check_out(out, force)
     _check_options(image, name, namespace=namespace, service_account=service_account, storage_secret=storage_secret, storage_pvc=storage_pvc)
     config, run_name = _load(job, name, unique_name)
     default_kind = Kind.RAYCLUSTER if config.ladder.across_clusters else Kind.RAYJOB
@@ -233,9 +241,11 @@ def launcher_command(
         ),
     ] = True,
     out: OutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Write a `ray up` config: on-demand head, one node type per tier."""
     vm_cloud = _choice("--cloud", cloud, VmCloud)
+    _check_out(out, force)
     _check_options(image, name)
     types = _instance_types(instance_type or [])
     config, run_name = _load(job, name, unique_name)
@@ -280,6 +290,7 @@ def nodepools_command(
     ] = "default",
     name: NameOpt = None,
     out: OutOpt = None,
+    force: ForceOpt = False,
 ) -> None:
     """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors.
 
@@ -287,6 +298,7 @@ def nodepools_command(
     RayCluster is, in the one file: apply them with `kubectl apply -f FILE -l spotfallback/cluster=NAME`.
     """
     karpenter = _choice("--cloud", cloud, KarpenterCloud)
+    _check_out(out, force)
     problem = object_name_error(node_class)
     if problem:
         _fail(f"--node-class: {problem}")

@@ -15,7 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import usage_error
+from spotfallback.cli.common import output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
@@ -391,6 +391,7 @@ def register(app: typer.Typer) -> None:
             help="Training function, 'package.module:function' or 'file.py:function'; required with --write-yaml.",
         ),
         train_loop_config: str = typer.Option("{}", "--train-loop-config", help="JSON object handed to the training function."),
+        force: bool = typer.Option(False, "--force", help="Overwrite the --write-yaml file if it exists."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison, the recommended ladder and the optimum as JSON."),
     ) -> None:
         """Recommend max_preemptions, capacity_timeout_s, a deadline guard, climb back and the checkpoint interval.
@@ -420,9 +421,13 @@ def register(app: typer.Typer) -> None:
                            ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
                 if v < 0 or not math.isfinite(v):
                     raise usage_error(opt, f"must be a non-negative number of seconds, got {v:g}")
-            for opt, path in [("--plot", plot), ("--write-yaml", write_yaml)]:
-                if path is not None and not path.parent.exists():
-                    raise usage_error(opt, f"directory {str(path.parent)!r} does not exist")
+            # Before the simulation: a bad path fails at once, and a job file there already (perhaps
+            # edited, perhaps a running run's) is kept unless --force says otherwise.
+            outputs: list[tuple[str, Path | None, tuple[str, ...], bool]] = [
+                ("--plot", plot, (".png",), False), ("--write-yaml", write_yaml, (".yaml", ".yml"), not force)]
+            for opt, path, suffix, keep in outputs:
+                if path is not None and (problem := output_problem(path, suffix, keep_existing=keep)) is not None:
+                    raise usage_error(opt, problem)
             job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config)
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
