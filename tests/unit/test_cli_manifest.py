@@ -77,6 +77,16 @@ def test_out_never_replaces_a_file_unless_forced(app: typer.Typer, job_file: Pat
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+def test_cluster_launcher_refuses_the_other_clouds_identity_and_notes_a_missing_one(app: typer.Typer, job_file: Path) -> None:
+    aws = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--service-account", "a@b.iam.gserviceaccount.com")
+    assert aws.exit_code == 2 and aws.stderr == "error: --service-account: a GCP service account; on aws give the workers --instance-profile ARN\n"
+    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+              "--instance-profile", "arn:aws:iam::1:instance-profile/x")
+    assert gcp.exit_code == 2 and "error: --instance-profile: an AWS instance profile" in gcp.stderr
+    bare = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
+    assert bare.exit_code == 0 and "note: Storage s3://" in bare.stderr and "the workers cannot write their checkpoints" in bare.stderr
+
+
 def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")
     assert result.exit_code == 0 and result.stderr.startswith("run name: churn-v2 (from --name); ")

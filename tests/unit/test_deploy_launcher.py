@@ -7,6 +7,7 @@ intended change with:  UPDATE_GOLDEN=1 .venv/bin/pytest tests/unit/test_deploy_l
 from __future__ import annotations
 
 import os
+import re
 import shlex
 from pathlib import Path
 from typing import Any
@@ -149,6 +150,24 @@ def test_storage_identity_goes_on_workers_only() -> None:
     gcp = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, service_account=email))["available_node_types"]
     assert "serviceAccounts" not in gcp["head"]["node_config"]
     assert gcp["on-demand"]["node_config"]["serviceAccounts"][0]["email"] == email
+
+
+def test_a_header_line_says_when_the_workers_have_no_identity_for_the_storage() -> None:
+    """Ray's launcher gives only the head a role: the workers, which write the checkpoints, need one given."""
+    job = make_job(LADDERS[2])
+    note = "Storage s3://ml-runs/spotfallback: the worker nodes get no identity for it (--instance-profile ARN gives them one"
+    assert note in render_cluster_launcher(job, opts(VmCloud.AWS))
+    arn = "arn:aws:iam::123456789012:instance-profile/ml-runs"
+    assert "no identity" not in render_cluster_launcher(job, opts(VmCloud.AWS, instance_profile=arn))
+    assert "--service-account EMAIL gives them one" in render_cluster_launcher(job, opts(VmCloud.GCP))
+
+
+@pytest.mark.parametrize("path", ["./runs", "/mnt/runs", "runs"])
+def test_a_local_storage_path_is_refused_as_the_nodes_do_not_share_it(path: str) -> None:
+    with pytest.raises(ConfigError, match=rf"^storage_path: '{re.escape(path)}' is a local path, which the cluster's nodes do not share"):
+        cluster_launcher_config(make_job(LADDERS[2], storage_path=path), opts(VmCloud.AWS))
+    # A filesystem every node mounts, said so with file://, is the user's call.
+    assert cluster_launcher_config(make_job(LADDERS[2], storage_path="file:///mnt/efs/runs"), opts(VmCloud.AWS))
 
 
 def test_header_tells_how_to_start_and_resume_the_run() -> None:

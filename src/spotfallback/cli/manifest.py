@@ -20,7 +20,7 @@ from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
-from spotfallback.deploy.launcher import LauncherOptions, render_cluster_launcher
+from spotfallback.deploy.launcher import LauncherOptions, identity_note, render_cluster_launcher
 from spotfallback.deploy.nodepools import KarpenterCloud, NodePoolOptions, render_nodepools
 from spotfallback.deploy.validate import Report, parse_version, validate_file
 from spotfallback.errors import EXIT_BAD_INPUT, EXIT_ERROR, ConfigError, ManifestInvalid
@@ -247,6 +247,10 @@ def launcher_command(
     vm_cloud = _choice("--cloud", cloud, VmCloud)
     _check_out(out, force)
     _check_options(image, name)
+    if vm_cloud is VmCloud.AWS and service_account:
+        _fail("--service-account: a GCP service account; on aws give the workers --instance-profile ARN")
+    if vm_cloud is VmCloud.GCP and instance_profile:
+        _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
     types = _instance_types(instance_type or [])
     config, run_name = _load(job, name, unique_name)
     try:
@@ -271,6 +275,8 @@ def launcher_command(
     except ManifestInvalid as e:
         _fail(f"internal error, the generated config does not validate: {e}", e.exit_code)
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
+    if (note := identity_note(config, opts)) is not None:
+        typer.echo(f"note: {note}", err=True)
     _say_run_name(config, run_name, unique_name)
 
 

@@ -217,6 +217,11 @@ def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
 def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     """The ``ray up`` config for ``job`` as a plain dict, ready for YAML."""
     job = with_run_name(job, opts.run_name)
+    if "://" not in job.storage_path:
+        raise ConfigError(
+            f"storage_path: {job.storage_path!r} is a local path, which the cluster's nodes do not share; use s3:// or "
+            "gs:// storage, or file:///PATH on a filesystem every node mounts (EFS, Filestore, NFS)"
+        )
     gpu = job.tiers[0].use_gpu
     image = check_image(opts.image or default_image(gpu, opts.ray_version))
     unknown = sorted(set(opts.instance_types) - {t.name for t in job.tiers})
@@ -294,6 +299,19 @@ def _with_spotfallback(opts: LauncherOptions) -> list[str]:
     return pip
 
 
+def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
+    """Why the workers may not reach the run's storage, or None: the cluster launcher gives only
+    the head an identity (Ray's own role), and every worker writes checkpoints to the storage."""
+    scheme = job.storage_path.split("://", 1)[0].lower()
+    given = opts.instance_profile if opts.cloud is VmCloud.AWS else opts.service_account
+    if scheme == "file" or given:
+        return None
+    flag = "--instance-profile ARN" if opts.cloud is VmCloud.AWS else "--service-account EMAIL"
+    return (f"Storage {job.storage_path}: the worker nodes get no identity for it ({flag} gives them one; Ray's "
+            "launcher gives one only to the head): without credentials in the image or environment, the workers "
+            "cannot write their checkpoints")
+
+
 def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
     run = opts.run_name or job.name
     job = with_run_name(job, opts.run_name)
@@ -312,6 +330,9 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
             if opts.notice_agent
             else "Notice agent: off (--no-notice-agent): spot notices are not drained, so no just-in-time checkpoints."
         )
+    note = identity_note(job, opts)
+    if note is not None:
+        lines.append(note + ".")
     return lines
 
 
