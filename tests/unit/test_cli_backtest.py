@@ -104,6 +104,13 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     plain.write_text(JOB.replace(", deadline_guard: {deadline_h: 15, work_h: 10, pace: 1.0, margin_h: 0.3}", ""))
     r = invoke(app, str(plain), "--trace", TRACE, "--hours", "10")
     assert r.exit_code == 2 and "--deadline-h: required" in r.output
+    # Unpriced tiers (the default price is 0): spend against on-demand would be 0 / 0.
+    unpriced = tmp_path / "unpriced.yaml"
+    unpriced.write_text(JOB.replace(", price_per_worker_hour: 1.0", ""))
+    r = invoke(app, str(unpriced), "--trace", TRACE, "--hours", "10")
+    assert r.exit_code == 2 and r.output.strip() == (
+        "Error: JOB.yaml: tiers[1].price_per_worker_hour: 'on-demand' has no price, and a backtest sets spend against "
+        "it; give every tier its price per worker-hour")
 
 
 def test_an_on_demand_ladder_is_measured_against_the_spot_it_could_have_used(app, tmp_path, job_file):

@@ -108,6 +108,8 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--rate", "0.1", "--plot", "p.txt"], "--plot: 'p.txt' must end in .png"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", ".", "--entrypoint", "m:f"], "--write-yaml: '.' is a directory; give a file name"),
         (["--seed-table", "--discount", "3"], "--discount:"),
+        (["--hours", "10", "--trace", TRACE, "--failure-rate", "0.5"], "--failure-rate: applies to the rate model only; give --rate too"),
+        (["--hours", "10", "--trace", TRACE, "--outage-h", "5"], "--outage-h: applies to the rate model only"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml"], "--entrypoint: required with --write-yaml"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "nocolon"], "--entrypoint: entrypoint 'nocolon'"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--name", "a/b"], "--name: run name 'a/b'"),

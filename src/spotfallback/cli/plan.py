@@ -245,7 +245,12 @@ def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str
             procs.append(load_process(str(path), "node"))
         except TraceError as e:
             raise usage_error("--node-trace", str(e)) from None
-    if rate is not None:
+    if rate is None:
+        # The rate model's own terms: without --rate they would be silently ignored.
+        given = [opt for opt, v in (("--failure-rate", failure_rate), ("--outage-prob", outage_prob), ("--outage-h", outage_h)) if v]
+        if given:
+            raise usage_error(given[0], "applies to the rate model only; give --rate too (a trace carries its own failures and outages)")
+    else:
         for opt, v in (("--rate", rate), ("--failure-rate", failure_rate), ("--outage-h", outage_h)):
             if v < 0 or not math.isfinite(v):
                 raise usage_error(opt, f"must be a non-negative number, got {v:g}")
@@ -370,9 +375,9 @@ def register(app: typer.Typer) -> None:
         checkpoint_gb: float = typer.Option(0.0, "--checkpoint-gb", help="With --cluster: checkpoint size in GB, moved on every move between clusters."),
         egress_price: float = typer.Option(0.02, "--egress-price", help="With --cluster: price per GB moved between clusters (AWS between regions: 0.02)."),
         rate: float | None = typer.Option(None, "--rate", help="Spot preemptions per node-hour (rate model)."),
-        failure_rate: float = typer.Option(0.0, "--failure-rate", help="Node failures without notice per node-hour."),
-        outage_prob: float = typer.Option(0.0, "--outage-prob", help="Chance an acquisition finds spot capacity gone."),
-        outage_h: float = typer.Option(0.0, "--outage-h", help="Mean length of such an outage in hours."),
+        failure_rate: float = typer.Option(0.0, "--failure-rate", help="With --rate: node failures without notice per node-hour."),
+        outage_prob: float = typer.Option(0.0, "--outage-prob", help="With --rate: chance an acquisition finds spot capacity gone."),
+        outage_h: float = typer.Option(0.0, "--outage-h", help="With --rate: mean length of such an outage in hours."),
         seed_m: int = typer.Option(5, "--seed-m", help="M of the seed's fixed-M baseline."),
         runs: int = typer.Option(400, "--runs", help="Simulated runs per candidate."),
         seed: int = typer.Option(0, "--seed", help="Random seed (same draws for every candidate)."),

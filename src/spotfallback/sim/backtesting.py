@@ -118,8 +118,12 @@ def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: in
 
 def on_demand_tier(ladder: Ladder) -> Tier:
     """The tier a backtest sets the ladder against: its last tier that is not on the spot market."""
-    for t in reversed(ladder.tiers):
+    for i in reversed(range(len(ladder.tiers))):
+        t = ladder.tiers[i]
         if not t.is_spot:
+            if t.price_per_worker_hour <= 0:
+                raise ValueError(f"tiers[{i}].price_per_worker_hour: {t.name!r} has no price, and a backtest sets spend "
+                                 "against it; give every tier its price per worker-hour")
             return t
     raise ValueError("the ladder has no tier off the spot market to compare with; add an on-demand tier")
 
