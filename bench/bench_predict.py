@@ -22,9 +22,10 @@ The model's inputs are never typed in: step time, checkpoint write and commit, s
 (placement, first-step overhead, teardown), restart overhead (kill → failure recorded → new
 gang placed, on the same tier or the next → first step), node start and how long training
 goes on into a notice before the just-in-time checkpoint are calibrated from the harness's
-own no-failure, recovery and eviction runs (items 1, 2, 3 and 5) made in the same run. The simulator charges no start-up on the first
-attempt (its restart overhead ``R`` applies to restarts), so the measured start-up and
-teardown are added as fixed terms. Measured: ``accounting.summarize`` of the run's ledger
+own no-failure, recovery and eviction runs (items 1, 2, 3 and 5) made in the same run. The simulator charges every
+start, the first included, its restart overhead ``R`` (billed) after ``provisioning_delay``;
+the measured first start (placement and the first step's overhead) differs from that, so the
+difference and the teardown are added as fixed terms. Measured: ``accounting.summarize`` of the run's ledger
 (spend = worker-seconds × price; wall time = ``run_started`` → ``finished``).
 """
 
@@ -111,7 +112,7 @@ def job_spec(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> Any
         checkpoint_cost_h=cal["checkpoint_s"] * h,
         # Billed from the kill until the new gang's first step: the kill itself, Ray noticing
         # it, and the restart (placement is unbilled: provisioning).
-        restart_overhead_h=(cal["kill_s"] + cal["detect_s"] + cal["restart_overhead_s"]) * h,
+        restart_overhead_h=restart_s(cal) * h,
         provisioning_delay_h=cal["switch_wait_s"] * h,
         # The simulator's just-in-time checkpoint is taken as the notice starts; the example's
         # comes jit_reaction_s later, so the notice it acts on is that much shorter.
@@ -120,10 +121,20 @@ def job_spec(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> Any
     )
 
 
+def restart_s(cal: dict[str, float]) -> float:
+    """The simulator's ``R``: billed from the kill until the new gang's first step."""
+    return cal["kill_s"] + cal["detect_s"] + cal["restart_overhead_s"]
+
+
+def first_step_s(cal: dict[str, float]) -> float:
+    """How much later the measured first step comes than the simulator's (its provisioning, then ``R``)."""
+    return cal["startup_wait_s"] + cal["first_overhead_s"] - cal["switch_wait_s"] - restart_s(cal)
+
+
 def fixed_terms(cal: dict[str, float]) -> tuple[float, float, float]:
-    """(extra wall s, billed s on the first tier, billed s on the last) that the simulator does not model."""
-    start_wall = cal["startup_wait_s"] + cal["first_overhead_s"] - cal["switch_wait_s"]
-    return start_wall + cal["teardown_s"], cal["first_overhead_s"], cal["teardown_s"]
+    """(extra wall s, billed s on the first tier, billed s on the last) that the simulator does not model:
+    the measured first start against the simulator's (which bills ``R``, as on every start), and the teardown."""
+    return first_step_s(cal) + cal["teardown_s"], cal["first_overhead_s"] - restart_s(cal), cal["teardown_s"]
 
 
 def predict(ladder: Any, job: Any, world: list[Any], cal: dict[str, float], start_h: float | None = None) -> dict[str, float]:
@@ -174,11 +185,12 @@ def demo_world(cal: dict[str, float], cfg: dict[str, Any], notice_s: float) -> l
     # From the attempt's first step: tau of work, the checkpoint written and recorded in the
     # ledger (commit lag), the injector noticing it (half a poll), then the notice.
     until_kill = tau + cal["commit_lag_s"] + POLL_S / 2 + notice_s
-    restart = cal["kill_s"] + cal["detect_s"] + cal["restart_overhead_s"]
+    restart = restart_s(cal)
     # A same-tier restart waits longer for placement than provisioning_delay (a switch's) and
     # needs the replacement node the demo adds.
     wait2 = max(0.0, max(cal["restart_wait_s"], cal["node_start_s"] - cal["detect_s"]) - cal["switch_wait_s"])
-    spot = ScriptedModel(uptimes_h=(until_kill * h, (restart + until_kill) * h), kind="preempt", waits_h=(0.0, wait2 * h))
+    # Uptimes count from the workers coming up; every start, the first included, pays R before its first step.
+    spot = ScriptedModel(uptimes_h=((restart + until_kill) * h,) * 2, kind="preempt", waits_h=(0.0, wait2 * h))
     return [spot, RateModel()]
 
 
@@ -266,9 +278,9 @@ def run_trace(ctx: Context, cal: dict[str, float], rep: int) -> dict[str, Any]:
     started = first(ledger_times(records), "run_started")
     assert started is not None
     summary = summarize(trainer.ladder, records)
-    # The simulator's t=0 is the run's start shifted so that its first acquisition lands when
-    # the calibration says the first step starts; the trace position then is:
-    start_s = (started - t0) + cal["startup_wait_s"] + cal["first_overhead_s"] - cal["switch_wait_s"]
+    # The simulator's t=0 is the run's start shifted so that its first step (after provisioning
+    # and R) lands when the calibration says the measured one does; the trace position then is:
+    start_s = max(0.0, (started - t0) + first_step_s(cal))
     job = job_spec(cal, cfg, 0.0)
     world = [trace, RateModel()]
     pred = predict(trainer.ladder, job, world, cal, start_h=start_s / 3600.0)

@@ -313,7 +313,10 @@ def test_the_cost_predictor_at_tiny_size():
 
     ladder = Ladder(tiers=tuple(tiers))
     demo = bench_predict.predict(ladder, bench_predict.job_spec(cal, cfg, notice), bench_predict.demo_world(cal, cfg, notice), cal)
-    assert demo["status"] == "finished" and demo["preemptions"] == 2 and demo["switches"] == 1
+    # The injector kills each spot attempt 23.6 s after its first step (5 steps, the commit, half a
+    # poll, the 20 s notice); every start pays R (7.4 s) first, and training stops a save's lead
+    # (3 s) before the kill: 2 x 20.6 s covers the 40.5 s of work, so the second attempt finishes.
+    assert demo["status"] == "finished" and demo["preemptions"] == 1 and demo["switches"] == 0
     assert demo["wall_s"] > cfg["total_steps"] * cal["step_s"] and demo["spend"] > 0
     tiers, cfg = bench_predict.trace_setup()
     trace, ticks = bench_predict.trace_window()

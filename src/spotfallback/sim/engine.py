@@ -245,12 +245,15 @@ class _Engine:
         start = acq + overhead
         rem = job.work_h - run.committed
         t_fin = acq + overhead + float(wall_to_finish(rem / f, tau_w, job.checkpoint_cost_h))
-        att = _Attempt(k, size, acq, overhead, start, t_fin if t_fin <= t_int else t_int, f, tau_w)
+        # A notice the just-in-time save acts on stops the training a lead before the kill (the
+        # runtime saves then and holds): a finish inside that lead is not reached on this gang.
+        finishes = t_fin <= t_int - (self.jit_lead_h if is_pre and self.jit else 0.0)
+        att = _Attempt(k, size, acq, overhead, start, t_fin if finishes else t_int, f, tau_w)
         move = self._move_while_running(run, att, offset) if self.moves else None
         if move is not None:
             return self._moved(run, att, *move)
         run.bill(tier, size, att.end - acq)
-        if t_fin <= t_int:
+        if finishes:
             run.progress(tier, rem)
             run.committed, run.t = job.work_h, t_fin
             return policy.decide(run.state, Finished(t=t_fin * 3600.0))

@@ -419,7 +419,7 @@ def _run_attempts(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, t_acq: n
     s.cluster[gi] = here
     rem = cfg.W[gi] - s.committed[gi]
     t_fin = t_acq + overhead + wall_to_finish(rem, cfg.tau[gi], cfg.delta[gi])
-    fin = t_fin <= t_int
+    fin = t_fin <= t_int - np.where(is_pre & cfg.jit[gi], cfg.jit_lead[gi], 0.0)  # the save's lead (policy engine)
     end = np.where(fin, t_fin, t_int)
     if cfg.any_climb:
         stay = ~_climb(cfg, s, world, gi, kg, t_acq, overhead, end)
