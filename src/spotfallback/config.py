@@ -688,7 +688,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
     """Parse YAML that must be a mapping (no key twice); errors say where."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -108,6 +108,11 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--rate", "0.1", "--plot", "p.txt"], "--plot: 'p.txt' must end in .png"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", ".", "--entrypoint", "m:f"], "--write-yaml: '.' is a directory; give a file name"),
         (["--seed-table", "--discount", "3"], "--discount:"),
+        (["--hours", "10", "--rate", "0.1", "--worker-resources", '{"GPU": 8}'], "--worker-resources: applies to the job file; give --write-yaml too"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--worker-resources", "{x"],
+         "--worker-resources: not valid JSON"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--worker-resources", '{"gpu": 8}'],
+         "--worker-resources: resource 'gpu': Ray's name is 'GPU'"),
         (["--hours", "10", "--trace", TRACE, "--failure-rate", "0.5"], "--failure-rate: applies to the rate model only; give --rate too"),
         (["--hours", "10", "--trace", TRACE, "--outage-h", "5"], "--outage-h: applies to the rate model only"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml"], "--entrypoint: required with --write-yaml"),
@@ -126,6 +131,26 @@ def test_bad_input_is_one_line_and_exit_code_2(app, args, needle, tmp_path):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1, r.output
     assert lines[0].startswith("Error: ") and needle in lines[0], r.output
+
+
+def test_the_written_job_carries_the_workers_shape(app, tmp_path):
+    """A 64-GPU job: 8 workers of 8 GPUs. The plan prices workers; the job file must say what one is,
+    or the runtime and the deployment files would start CPU workers."""
+    path = tmp_path / "gpu.yaml"
+    r = invoke(app, "--hours", "10", "--deadline-h", "15", "--workers", "8", "--rate", "0.01", "--runs", "20",
+               "--write-yaml", str(path), "--entrypoint", "m:f", "--worker-resources", '{"CPU": 90, "GPU": 8}')
+    assert r.exit_code == 0, r.output
+    job = JobConfig.from_yaml(path)
+    assert all(t.use_gpu and t.worker_resources() == {"CPU": 90.0, "GPU": 8.0} and t.num_workers == 8 for t in job.tiers)
+
+
+def test_a_trace_with_no_capacity_at_all_is_refused_with_the_likely_cause(app, tmp_path):
+    zeros = tmp_path / "zeros.json"
+    zeros.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0] * 50}))
+    r = invoke(app, "--hours", "10", "--deadline-h", "15", "--trace", str(zeros))
+    assert r.exit_code == 2 and r.output.strip() == (
+        f"Error: --trace: {zeros}: no spot capacity in any of its 50 ticks, so spot never starts; if it counts "
+        "preempted instances, pass --trace-counts preempted")
 
 
 def test_malformed_trace_names_the_file_and_field(app, tmp_path):

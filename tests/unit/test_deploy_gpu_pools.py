@@ -17,7 +17,7 @@ from pydantic import ValidationError
 
 from spotfallback.config import JobConfig, Tier
 from spotfallback.deploy import K8sCloud, KubeRayOptions, kuberay_manifest
-from spotfallback.deploy.clouds import VmCloud
+from spotfallback.deploy.clouds import AGENT_CLOUD, VmCloud
 from spotfallback.deploy.kuberay import Kind, render_kuberay
 from spotfallback.deploy.launcher import (
     LauncherOptions,
@@ -119,6 +119,21 @@ def test_a_gpu_type_without_a_node_label_needs_the_pool_named(cloud: K8sCloud) -
         kuberay_manifest(gpu_ladder(None), KubeRayOptions(cloud=cloud, image="ghcr.io/acme/train:1"))
 
 
+@pytest.mark.parametrize(
+    ("cloud", "foreign"),
+    [(K8sCloud.GKE, "p4d.24xlarge"), (K8sCloud.AKS, "a2-highgpu-8g"), (K8sCloud.AKS_NAP, "p4d.24xlarge"),
+     (K8sCloud.EKS_MANAGED, "Standard_ND96asr_v4"), (K8sCloud.EKS_KARPENTER, "a2-highgpu-8g")],
+)
+def test_a_machine_type_of_another_cloud_is_refused(cloud: K8sCloud, foreign: str) -> None:
+    """It would pin the tier's pods to node.kubernetes.io/instance-type values no node of this cloud has."""
+    tier = Tier.model_validate({**gpu_tier("x", "spot", "A100", 1), "placement": {"instance_type": foreign}})
+    with pytest.raises(ConfigError, match=rf"^tiers\[0\]\.placement\.instance_type: '{foreign}' is not an? .* so no "):
+        k8s_pool(cloud, tier, 0, gpu=True)
+    provider = {"aws": "p4d.24xlarge", "gcp": "a2-highgpu-8g", "azure": "Standard_ND96asr_v4"}[AGENT_CLOUD[cloud]]
+    own = Tier.model_validate({**gpu_tier("x", "spot", "A100", 1), "placement": {"instance_type": provider}})
+    assert k8s_pool(cloud, own, 0, gpu=True).node_selector["node.kubernetes.io/instance-type"] == provider
+
+
 def test_an_unknown_gpu_type_names_the_field_and_ray_names() -> None:
     tier = Tier.model_validate(gpu_tier("x", "spot", "A1000", 1))
     with pytest.raises(ConfigError, match=r"tiers\[2\]\.label_selector\.ray\.io/accelerator-type: 'A1000' .* A100, A100-80G"):
@@ -195,7 +210,8 @@ def test_ray_up_node_types_are_the_gpu_types_machines(cloud: VmCloud, where: dic
     if cloud is VmCloud.GCP:  # a T4 is attached to an N1 VM; A100 machine types come with theirs
         assert configs[1]["guestAccelerators"] == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 1}]
         assert "guestAccelerators" not in configs[0]
+    own = "p4de.24xlarge" if cloud is VmCloud.AWS else "a2-ultragpu-1g"
     pinned = JobConfig.model_validate(
-        {**job.model_dump(), "tiers": [{**job.tiers[0].model_dump(), "placement": {"instance_type": "p4de.24xlarge"}}]}
+        {**job.model_dump(), "tiers": [{**job.tiers[0].model_dump(), "placement": {"instance_type": own}}]}
     )
-    assert cluster_launcher_config(pinned, opts)["available_node_types"]["a100-spot"]["node_config"][key] == "p4de.24xlarge"
+    assert cluster_launcher_config(pinned, opts)["available_node_types"]["a100-spot"]["node_config"][key] == own

@@ -101,6 +101,11 @@ def test_labels_resources_and_instance_types() -> None:
     assert types["pinned"]["node_config"]["InstanceType"] == "c7i.large"
     with pytest.raises(ConfigError, match="^instance_type: no tier named 'nope'"):
         cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, instance_types={"nope": "m5.large"}))
+    # Another cloud's machine type would name a node type the provider cannot launch.
+    with pytest.raises(ConfigError, match="^instance_type: pinned: 'a2-highgpu-8g' is not an EC2 instance type"):
+        cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, instance_types={"pinned": "a2-highgpu-8g"}))
+    with pytest.raises(ConfigError, match="^head_instance_type: 'm5.large' is not a Compute Engine machine type"):
+        cluster_launcher_config(make_job(tiers), opts(VmCloud.GCP, head_instance_type="m5.large"))
     huge = make_job([{"name": "huge", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 500}}])
     with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: .*--instance-type huge=TYPE"):
         cluster_launcher_config(huge, opts(VmCloud.GCP))
@@ -134,6 +139,8 @@ def test_region_and_zone_come_from_tiers_or_options() -> None:
         cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="p", zone="us-central1-a"))
     with pytest.raises(ConfigError, match="^project_id"):
         cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP))
+    with pytest.raises(ConfigError, match="^zone: 'us-west-2a' is not in region 'us-east-1'; a zone's name starts with its region's"):
+        cluster_launcher_config(make_job(LADDERS[2]), LauncherOptions(cloud=VmCloud.AWS, region="us-east-1", zone="us-west-2a"))
     with pytest.raises(ConfigError, match="^region: required"):
         cluster_launcher_config(make_job(LADDERS[1]), LauncherOptions(cloud=VmCloud.AWS))
     regional = [{**SPOT_A, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-region": "eu-west-1"}}]

@@ -38,7 +38,7 @@ from spotfallback.errors import ConfigError
 
 IMAGE = "registry.example.com/ml/churn-train:1.4"
 SPOT = {"name": "spot", "market": "spot", "num_workers": 2}
-SPOT_B = {"name": "spot-b", "market": "spot", "num_workers": 2, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "zone-b"}}
+SPOT_B = {"name": "spot-b", "market": "spot", "num_workers": 2, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "us-east-1b"}}
 ON_DEMAND = {"name": "on-demand", "market": "on-demand", "num_workers": 2}
 
 

@@ -90,7 +90,7 @@ def register(app: typer.Typer) -> None:
     @app.command("backtest")
     def backtest_command(
         job_file: Path = typer.Argument(..., metavar="JOB.yaml", help="Job file whose ladder is replayed unchanged."),
-        trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more."),
+        trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more windows (each trace is replayed on every spot tier)."),
         window_h: float = typer.Option(24.0, "--window-h", help="Hours between window starts; every window starts the job afresh."),
         hours: float | None = typer.Option(
             None, "--hours", help="Training hours of the job on an uninterrupted gang. Default: the job file's plan."),

@@ -298,7 +298,7 @@ def nodepools_command(
     out: OutOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors.
+    """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors, and the head's.
 
     A ladder across clusters gets each cluster's pools, labelled spotfallback/cluster=NAME as its
     RayCluster is, in the one file: apply them with `kubectl apply -f FILE -l spotfallback/cluster=NAME`.

@@ -239,7 +239,12 @@ def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str
             proc = load_process(str(path))
         except TraceError as e:
             raise usage_error("--trace", str(e)) from None
-        procs.append(complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc)
+        proc = complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc
+        if isinstance(proc, SpotTrace) and not proc.available.any():
+            hint = "" if trace_counts == "preempted" else "; if it counts preempted instances, pass --trace-counts preempted"
+            raise usage_error("--trace", f"{path}: no spot capacity in any of its {proc.available.size:,} ticks, so spot "
+                                         f"never starts{hint}")
+        procs.append(proc)
     for path in node_trace:
         try:
             procs.append(load_process(str(path), "node"))
@@ -302,10 +307,27 @@ _JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoin
                   "train_loop_config": "--train-loop-config"}
 
 
+def _worker_resources(text: str) -> dict[str, float] | None:
+    """``--worker-resources``: one worker's Ray resources, checked as a tier would check them."""
+    if not text:
+        return None
+    try:
+        resources = json.loads(text)
+    except json.JSONDecodeError as e:
+        raise usage_error("--worker-resources", f"not valid JSON: {e.msg} at character {e.pos}") from None
+    try:
+        tier = Tier(name="probe", market="on-demand", num_workers=1, resources_per_worker=resources)
+    except ValidationError as e:
+        raise usage_error("--worker-resources", format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
+    return tier.resources_per_worker
+
+
 def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers: int, storage_path: str,
-                entrypoint: str | None, train_loop_config: str) -> dict[str, Any] | None:
+                entrypoint: str | None, train_loop_config: str, worker_resources: str = "") -> dict[str, Any] | None:
     """The job file's own fields, checked before minutes of simulation are spent."""
     if write_yaml is None:
+        if worker_resources:
+            raise usage_error("--worker-resources", "applies to the job file; give --write-yaml too")
         return None
     if not entrypoint:
         raise usage_error("--entrypoint", "required with --write-yaml: the training function as "
@@ -323,13 +345,14 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
         "train_loop_config": loop_config,
     }
     probe = {**fields, "tiers": [{"name": "probe", "market": "on-demand", "num_workers": 1}]}
+    resources = _worker_resources(worker_resources)
     try:
         JobConfig.model_validate(probe)
     except ValidationError as e:
         first = e.errors()[0]
         option = _JOB_OPTION_OF.get(str(first["loc"][0]) if first["loc"] else "", "--write-yaml")
         raise usage_error(option, format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
-    return fields
+    return {**fields, "resources_per_worker": resources}
 
 
 def register(app: typer.Typer) -> None:
@@ -396,6 +419,10 @@ def register(app: typer.Typer) -> None:
             help="Training function, 'package.module:function' or 'file.py:function'; required with --write-yaml.",
         ),
         train_loop_config: str = typer.Option("{}", "--train-loop-config", help="JSON object handed to the training function."),
+        worker_resources: str = typer.Option(
+            "", "--worker-resources",
+            help="With --write-yaml: JSON resources of one worker on every tier, e.g. '{\"CPU\": 8, \"GPU\": 8}' (a GPU count sets use_gpu).",
+        ),
         force: bool = typer.Option(False, "--force", help="Overwrite the --write-yaml file if it exists."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison, the recommended ladder and the optimum as JSON."),
     ) -> None:
@@ -433,7 +460,8 @@ def register(app: typer.Typer) -> None:
             for opt, path, suffix, keep in outputs:
                 if path is not None and (problem := output_problem(path, suffix, keep_existing=keep)) is not None:
                     raise usage_error(opt, problem)
-            job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config)
+            job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config,
+                                     worker_resources)
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                 restart_overhead_h=restart_overhead_s / 3600.0, provisioning_delay_h=provisioning_delay_s / 3600.0,

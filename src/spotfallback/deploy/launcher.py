@@ -40,7 +40,7 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.pools import vm_pool
+from spotfallback.deploy.pools import machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -130,7 +130,10 @@ def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, 
     cpu, gpu, _ = worker_shape(tier, index)
     pooled, extra = vm_pool(opts.cloud, tier, index, cpu, gpu)
     if tier.name in opts.instance_types:
-        return opts.instance_types[tier.name], extra
+        chosen = opts.instance_types[tier.name]
+        if problem := machine_type_error(opts.cloud.value, chosen, f"instance_type: {tier.name}"):
+            raise ConfigError(problem)
+        return chosen, extra
     if pooled:
         return pooled, extra
     return _default_fit(tier, index, opts, cpu, gpu), extra
@@ -197,6 +200,10 @@ def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     if opts.zone and zone and opts.zone != zone:
         raise ConfigError(f"zone: {opts.zone!r} differs from the tiers' {ZONE_LABEL} {zone!r}")
     region, zone = opts.region or region, opts.zone or zone
+    # A zone's name starts with its region's on both clouds (us-east-1a, us-west-2-lax-1a; us-central1-a).
+    if region and zone and not zone.startswith(region):
+        raise ConfigError(f"zone: {zone!r} is not in region {region!r}; a zone's name starts with its region's, e.g. "
+                          f"{region}{'-a' if opts.cloud is VmCloud.GCP else 'a'}")
     if opts.cloud is VmCloud.GCP:
         if not zone:
             raise ConfigError(f"zone: required on GCP; pass --zone or give the tiers {ZONE_LABEL}")
@@ -227,6 +234,8 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     unknown = sorted(set(opts.instance_types) - {t.name for t in job.tiers})
     if unknown:
         raise ConfigError(f"instance_type: no tier named {unknown[0]!r} (tiers: {', '.join(t.name for t in job.tiers)})")
+    if opts.head_instance_type and (problem := machine_type_error(opts.cloud.value, opts.head_instance_type, "head_instance_type")):
+        raise ConfigError(problem)
     for i, tier in enumerate(job.tiers):
         if tier.name == HEAD_TYPE:
             raise ConfigError(f"tiers[{i}].name: {HEAD_TYPE!r} is the head node type's name; rename the tier")

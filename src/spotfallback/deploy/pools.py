@@ -21,11 +21,12 @@ CPU tiers by the worker's CPUs and GPUs.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Any
 
 from spotfallback.config import Tier
-from spotfallback.deploy.clouds import K8sCloud, VmCloud
+from spotfallback.deploy.clouds import AGENT_CLOUD, K8sCloud, VmCloud
 from spotfallback.errors import ConfigError
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -102,6 +103,23 @@ GPUS: dict[str, Gpu] = {
 }
 
 
+# How each provider spells a machine type: a type of another cloud would pin the tier's pods (or
+# node type) to machines that never exist there.
+MACHINE_TYPE_FORMS: dict[str, tuple[re.Pattern[str], str]] = {
+    "aws": (re.compile(r"[a-z][a-z0-9-]*\.[a-z0-9-]+"), "an EC2 instance type such as 'p4d.24xlarge'"),
+    "gcp": (re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)+"), "a Compute Engine machine type such as 'a2-highgpu-8g'"),
+    "azure": (re.compile(r"(Standard|Basic)_[A-Za-z0-9_]+"), "an Azure VM size such as 'Standard_ND96asr_v4'"),
+}
+
+
+def machine_type_error(provider: str, value: str, where: str) -> str | None:
+    """Why ``value`` cannot be a machine type of ``provider`` (aws, gcp, azure), or None."""
+    pattern, form = MACHINE_TYPE_FORMS[provider]
+    if pattern.fullmatch(value):
+        return None
+    return f"{where}: {value!r} is not {form}, so no {provider} node would ever match it; name one of {provider}'s"
+
+
 def tier_gpu(tier: Tier, index: int) -> tuple[str, Gpu] | None:
     """(Ray's name, its table entry) of the GPU type the tier's label selector names, if any."""
     name = tier.label_selector.get(ACCELERATOR_LABEL)
@@ -142,6 +160,9 @@ def k8s_pool(cloud: K8sCloud, tier: Tier, index: int, gpu: bool) -> PoolSelectio
                 "group's instance type or VM size) or placement.node_selector"
             )
     if tier.placement.instance_type:
+        problem = machine_type_error(AGENT_CLOUD[cloud], tier.placement.instance_type, f"tiers[{index}].placement.instance_type")
+        if problem:
+            raise ConfigError(problem)
         selector[INSTANCE_TYPE_KEY] = tier.placement.instance_type
     for key, value in tier.placement.node_selector.items():
         if selector.get(key, value) != value:
@@ -159,6 +180,10 @@ def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int) -> tu
     """(``ray up`` instance/machine type, extra ``node_config``) of the tier's pool: its own
     ``placement.instance_type``, else the smallest machine of its GPU type that fits the worker.
     (None, {}) when neither is named: the launcher's CPU/GPU default fit applies."""
+    if tier.placement.instance_type and (
+        problem := machine_type_error(cloud.value, tier.placement.instance_type, f"tiers[{index}].placement.instance_type")
+    ):
+        raise ConfigError(problem)
     named = tier_gpu(tier, index)
     if named is None:
         return tier.placement.instance_type, {}

@@ -325,11 +325,14 @@ class Plan:
         )
 
     def job_yaml(self, name: str, storage_path: str, entrypoint: str,
-                 train_loop_config: dict[str, Any] | None = None) -> str:
+                 train_loop_config: dict[str, Any] | None = None,
+                 resources_per_worker: dict[str, float] | None = None) -> str:
         """A complete job file for ``spotfallback run``: the recommended tiers and the plan's prediction.
 
-        Validated through ``JobConfig`` before it is returned, so a bad name or entrypoint is a
-        ``ConfigError`` naming the field, not a file the runner later rejects.
+        ``resources_per_worker`` goes on every tier (a GPU count sets ``use_gpu``): the plan prices
+        workers, the runtime and the deployment files need their shape. Validated through
+        ``JobConfig`` before it is returned, so a bad name or entrypoint is a ``ConfigError``
+        naming the field, not a file the runner later rejects.
         """
         from spotfallback.config import JobConfig, format_validation_error
         from spotfallback.errors import ConfigError
@@ -341,7 +344,7 @@ class Plan:
             "storage_path": storage_path,
             "entrypoint": entrypoint,
             "train_loop_config": dict(train_loop_config or {}),
-            "tiers": yaml.safe_load(ladder_yaml(self.recommended.ladder))["tiers"],
+            "tiers": [{**tier, **_shape(resources_per_worker)} for tier in yaml.safe_load(ladder_yaml(self.recommended.ladder))["tiers"]],
             "plan": self.prediction().model_dump(mode="json", exclude=None if self.request.clusters else {"job": _MOVE_COSTS}),
         }
         try:
@@ -366,6 +369,13 @@ class Plan:
                      "(wall seconds left, checkpoints included)\n# that the training function reports with each "
                      "checkpoint.\n")
         return head + yaml.safe_dump(data, sort_keys=False)
+
+
+def _shape(resources_per_worker: dict[str, float] | None) -> dict[str, Any]:
+    """A tier's worker shape in a job file: its resources, and ``use_gpu`` when they hold a GPU."""
+    if not resources_per_worker:
+        return {}
+    return {"resources_per_worker": dict(resources_per_worker), **({"use_gpu": True} if resources_per_worker.get("GPU") else {})}
 
 
 def _m_key(m: int) -> float:
