@@ -267,6 +267,10 @@ class ClusterRef(BaseModel):
         return self.name or self.address.split("://", 1)[1]
 
 
+# Spellings of the markets spotfallback knows, and the market each means.
+_MARKET_SPELLINGS = {"spot": SPOT, "preemptible": SPOT, "on-demand": ON_DEMAND, "ondemand": ON_DEMAND, "reserved": "reserved"}
+
+
 class Tier(BaseModel):
     """One rung of the fallback ladder: where the workers run and when to give up on it.
 
@@ -413,6 +417,11 @@ class Tier(BaseModel):
                 f"market {v!r} must be a label value such as 'spot' or 'on-demand' "
                 "(1-63 characters, alphanumeric at both ends)"
             )
+        # Another spelling of a market spotfallback knows would be a market of its own: no spot
+        # budgets or notices, no node selection in the deployment files.
+        meant = _MARKET_SPELLINGS.get(v.lower().replace("_", "-"))
+        if meant is not None and v != meant:
+            raise ValueError(f"market {v!r}: did you mean {meant!r}? (markets are lower case; GCP's preemptible VMs are 'spot')")
         return v
 
     @field_validator("label_selector")

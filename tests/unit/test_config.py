@@ -29,6 +29,15 @@ def test_spot_and_on_demand_defaults():
     assert gpu.model_copy(update={"resources_per_worker": {"CPU": 8}}).worker_resources() == {"CPU": 8.0, "GPU": 1.0}
 
 
+@pytest.mark.parametrize(("market", "meant"), [("Spot", "spot"), ("SPOT", "spot"), ("preemptible", "spot"),
+                                               ("On-Demand", "on-demand"), ("on_demand", "on-demand"), ("ondemand", "on-demand")])
+def test_another_spelling_of_a_known_market_is_refused_naming_it(market: str, meant: str) -> None:
+    """It would be a market of its own: no spot budgets or notices, no node selection in the deployment files."""
+    with pytest.raises(ValueError, match=rf"market '{market}': did you mean '{meant}'\?"):
+        Tier(name="t", market=market, num_workers=1)
+    assert Tier(name="t", market="gpu-reserved", num_workers=1).market == "gpu-reserved"  # any other label value stays a market
+
+
 @pytest.mark.parametrize("key", ["cpu", "gpu", "Memory"])
 def test_a_miscased_ray_resource_is_refused_naming_rays_spelling(key: str) -> None:
     with pytest.raises(ValueError, match=rf"resource '{key}': Ray's name is '{key.upper() if key != 'Memory' else 'memory'}'"):

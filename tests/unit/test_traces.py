@@ -121,6 +121,7 @@ def test_integral_floats_are_accepted(tmp_path):
     [
         ("0,add,node1\n60000,add\n", "line 2: expected 3 fields"),
         ("0,add,node1\nsoon,add,node2\n", "line 2: time_ms 'soon' is not a number"),
+        ("timestamp,event,node_id\n0,add,node1\n", "line 1: time_ms 'timestamp' is not a number; a header line must read 'time_ms,action,node'"),
         ("0,add,node1\n-5,add,node2\n", "line 2: time_ms must be a non-negative number"),
         ("60000,add,node1\n0,add,node2\n", "line 2: time_ms 0 goes back in time"),
         ("0,add,node1\n0,evict,node1\n", "line 2: action must be 'add' or 'remove'"),

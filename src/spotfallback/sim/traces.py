@@ -145,7 +145,8 @@ def load_node_trace(path: str | Path) -> NodeTrace:
         try:
             t_ms = float(t_raw)
         except ValueError:
-            raise TraceError(f"{where}: time_ms {t_raw!r} is not a number") from None
+            header = f"; a header line must read '{','.join(_HEADER)}'" if lineno == 1 else ""
+            raise TraceError(f"{where}: time_ms {t_raw!r} is not a number{header}") from None
         if not math.isfinite(t_ms) or t_ms < 0:
             raise TraceError(f"{where}: time_ms must be a non-negative number, got {t_raw!r}")
         if t_ms < last_ms:
