@@ -528,6 +528,11 @@ class Ladder(BaseModel):
         cluster = self.tiers[tier].cluster
         return None if cluster is None else cluster.key
 
+    @property
+    def cluster_keys(self) -> list[str | None]:
+        """Each cluster's key once, in ladder order; ``[None]`` for a ladder on one cluster."""
+        return list(dict.fromkeys(self.cluster_key(i) for i in range(len(self.tiers))))
+
     def same_cluster(self, a: int, b: int) -> bool:
         """Whether tiers ``a`` and ``b`` run on one Ray cluster: a gang can only move (climb, resize) within one."""
         return self.cluster_key(a) == self.cluster_key(b)

@@ -93,13 +93,13 @@ def test_bad_input_is_one_line_naming_the_option(app, job_file, args, needle):
     r = invoke(app, str(job_file), *args)
     assert r.exit_code == 2, r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
-    assert len(lines) == 1 and lines[0].startswith("Error: ") and needle in lines[0], r.output
+    assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
     assert "Traceback" not in r.output
 
 
 def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_path):
     r = invoke(app, str(tmp_path / "missing.yaml"), "--trace", TRACE, "--hours", "10")
-    assert r.exit_code == 2 and "Error: JOB.yaml:" in r.output
+    assert r.exit_code == 2 and "error: JOB.yaml:" in r.output
     plain = tmp_path / "plain.yaml"
     plain.write_text(JOB.replace(", deadline_guard: {deadline_h: 15, work_h: 10, pace: 1.0, margin_h: 0.3}", ""))
     r = invoke(app, str(plain), "--trace", TRACE, "--hours", "10")
@@ -109,7 +109,7 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     unpriced.write_text(JOB.replace(", price_per_worker_hour: 1.0", ""))
     r = invoke(app, str(unpriced), "--trace", TRACE, "--hours", "10")
     assert r.exit_code == 2 and r.output.strip() == (
-        "Error: JOB.yaml: tiers[1].price_per_worker_hour: 'on-demand' has no price, and a backtest sets spend against "
+        "error: JOB.yaml: tiers[1].price_per_worker_hour: 'on-demand' has no price, and a backtest sets spend against "
         "it; give every tier its price per worker-hour")
 
 
@@ -120,7 +120,7 @@ def test_an_on_demand_ladder_is_measured_against_the_spot_it_could_have_used(app
                        + "  - {name: on-demand, market: on-demand, num_workers: 1, price_per_worker_hour: 1.0}\n")
     args = ["--trace", TRACE, "--hours", "10", "--deadline-h", "15", "--json"]
     r = invoke(app, str(od_only), *args)
-    assert r.exit_code == 2 and r.output.startswith("Error: --spot-price: JOB.yaml's ladder has no spot tier"), r.output
+    assert r.exit_code == 2 and r.output.startswith("error: --spot-price: JOB.yaml's ladder has no spot tier"), r.output
     r = invoke(app, str(od_only), *args, "--spot-price", "0.3")
     assert r.exit_code == 0, r.output
     od = json.loads(r.output)
@@ -128,9 +128,9 @@ def test_an_on_demand_ladder_is_measured_against_the_spot_it_could_have_used(app
     assert [w["optimum"] for w in od["windows_detail"]] == [w["optimum"] for w in spot["windows_detail"]]
     assert od["vs_optimum"]["mean"] > 2.0 and od["vs_on_demand"]["mean"] == pytest.approx(1.0)
     r = invoke(app, str(job_file), *args, "--spot-price", "0.3")
-    assert r.exit_code == 2 and "Error: --spot-price: JOB.yaml's ladder has spot tiers" in r.output
+    assert r.exit_code == 2 and "error: --spot-price: JOB.yaml's ladder has spot tiers" in r.output
     r = invoke(app, str(od_only), *args, "--spot-price", "-1")
-    assert r.exit_code == 2 and "Error: --spot-price: must be a non-negative price" in r.output
+    assert r.exit_code == 2 and "error: --spot-price: must be a non-negative price" in r.output
 
 
 def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():

@@ -130,7 +130,7 @@ def test_bad_input_is_one_line_and_exit_code_2(app, args, needle, tmp_path):
     assert "Traceback" not in r.output
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1, r.output
-    assert lines[0].startswith("Error: ") and needle in lines[0], r.output
+    assert lines[0].startswith("error: ") and needle in lines[0], r.output
 
 
 def test_the_written_job_carries_the_workers_shape(app, tmp_path):
@@ -149,7 +149,7 @@ def test_a_trace_with_no_capacity_at_all_is_refused_with_the_likely_cause(app, t
     zeros.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0] * 50}))
     r = invoke(app, "--hours", "10", "--deadline-h", "15", "--trace", str(zeros))
     assert r.exit_code == 2 and r.output.strip() == (
-        f"Error: --trace: {zeros}: no spot capacity in any of its 50 ticks, so spot never starts; if it counts "
+        f"error: --trace: {zeros}: no spot capacity in any of its 50 ticks, so spot never starts; if it counts "
         "preempted instances, pass --trace-counts preempted")
 
 

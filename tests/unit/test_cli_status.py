@@ -213,6 +213,19 @@ def test_status_and_report_read_a_run_on_s3(app, tmp_path, monkeypatch):
         assert_usage_error(invoke(app, "status", f"s3://{s3.bucket}/runs/missing"), "run: no spotfallback run at")
 
 
+@pytest.mark.parametrize("command", ["status", "report"])
+def test_storage_that_cannot_be_reached_is_one_line_within_the_read_limit(app, command, monkeypatch):
+    """A wrong endpoint (nothing listens there): exit 1 with a line that says nothing was written,
+    not the run's advice to resume from a checkpoint, after the read-only wait, not the run's."""
+    from tests.support.s3server import free_port
+
+    monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "1")
+    r = invoke(app, command, f"s3://bucket/runs/x?endpoint_override=http://127.0.0.1:{free_port()}")
+    assert r.exit_code == 1, r.output
+    assert "cannot reach the run's storage: storage unavailable for" in r.output and "(limit 1s" in r.output
+    assert "Nothing was written" in r.output and "resume" not in r.output and "Traceback" not in r.output
+
+
 def test_status_lists_the_notice_agents_and_flags_a_stale_one(app, run_uri):
     """An agent that waits for its Ray node, or stopped writing, shows where the user looks."""
     import time

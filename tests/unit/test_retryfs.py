@@ -15,7 +15,17 @@ from ray.train.v2.api.exceptions import ControllerError, WorkerGroupError
 
 from spotfallback.errors import LedgerError, StorageUnavailableError
 from spotfallback.store.location import resolve_run
-from spotfallback.store.retry import call_with_retry, ray_run_config, retrying, storage_failure
+from spotfallback.store.retry import (
+    DEFAULT_RETRY_S,
+    READ_ONLY_RETRY_S,
+    RETRY_ENV,
+    call_with_retry,
+    ray_run_config,
+    read_only,
+    retry_limit_s,
+    retrying,
+    storage_failure,
+)
 from tests.support.faultyfs import FaultControl, faulty_filesystem
 
 
@@ -128,6 +138,17 @@ def test_a_uri_with_an_explicit_filesystem_is_refused_not_mangled(tmp_path):
 
     with pytest.raises(ConfigError, match=r"storage_path: 's3://bucket/runs' is a URI.*'bucket/runs'"):
         resolve_run("s3://bucket/runs", "job", pafs.LocalFileSystem())
+
+
+def test_commands_that_only_read_wait_less_unless_the_environment_says_how_long(monkeypatch):
+    monkeypatch.delenv(RETRY_ENV, raising=False)
+    assert retry_limit_s() == DEFAULT_RETRY_S
+    with read_only():
+        assert retry_limit_s() == READ_ONLY_RETRY_S < DEFAULT_RETRY_S
+    assert retry_limit_s() == DEFAULT_RETRY_S  # only inside
+    monkeypatch.setenv(RETRY_ENV, "300")
+    with read_only():
+        assert retry_limit_s() == 300
 
 
 def test_storage_failure_is_found_behind_workers_and_controller():

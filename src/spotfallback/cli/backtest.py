@@ -13,7 +13,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import output_problem, usage_error
+from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
@@ -190,8 +190,7 @@ def register(app: typer.Typer) -> None:
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise usage_error("--trace", str(e)) from None
         except UsageError as e:
-            typer.echo(f"Error: {e}", err=True)
-            raise typer.Exit(e.exit_code) from None
+            raise fail(str(e), e.exit_code) from None
 
         if csv_path is not None:
             with csv_path.open("w", newline="") as f:

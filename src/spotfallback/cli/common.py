@@ -18,9 +18,16 @@ from rich.console import Console
 from rich.markup import escape
 
 from spotfallback.config import Ladder
-from spotfallback.errors import EXIT_BAD_INPUT, ConfigError, LedgerError, UsageError
+from spotfallback.errors import (
+    EXIT_BAD_INPUT,
+    ConfigError,
+    LedgerError,
+    StorageUnavailableError,
+    UsageError,
+)
 from spotfallback.store.ledger import Ledger, LedgerView
 from spotfallback.store.location import STATE_DIR, RunLocation, resolve_run, split_run_uri
+from spotfallback.store.retry import RESUME_HINT, read_only
 
 RUN_HELP = "The run as STORAGE_PATH/NAME, e.g. ./runs/digits-1 or s3://bucket/runs/digits-1."
 
@@ -34,7 +41,7 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
 
 
 def usage_error(option: str, message: str) -> UsageError:
-    """Bad input to ``option``, printed as one ``Error:`` line; a path or value with a newline is shown escaped."""
+    """Bad input to ``option``, printed as one ``error:`` line; a path or value with a newline is shown escaped."""
     return UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))
 
 
@@ -93,14 +100,19 @@ def load_run(run: str, every_event: bool | Callable[[LedgerView], bool] = False,
 
     The ledger is its stored snapshot and the records after it, so a run of weeks reads as fast
     as a new one; every record (no snapshot) when ``every_event`` says so, of the view read.
+    Storage that cannot be reached is given ``READ_ONLY_RETRY_S`` (the command only looks).
     """
     try:
-        location, ledger, ladder = open_run(run)
-        view = LedgerView(None, ledger.read()) if every_event is True else ledger.read_view(ladder)
-        if view.snapshot is not None and callable(every_event) and every_event(view):
-            view = LedgerView(None, ledger.read())
-        return location, ladder, view, ledger.read_meta() or {}
+        with read_only():
+            location, ledger, ladder = open_run(run)
+            view = LedgerView(None, ledger.read()) if every_event is True else ledger.read_view(ladder)
+            if view.snapshot is not None and callable(every_event) and every_event(view):
+                view = LedgerView(None, ledger.read())
+            return location, ladder, view, ledger.read_meta() or {}
     except ConfigError as e:
         raise fail(str(e), e.exit_code) from None
+    except StorageUnavailableError as e:
+        raise fail(f"cannot reach the run's storage: {str(e).removesuffix(RESUME_HINT)} Nothing was written; check the "
+                   "storage path, its endpoint and credentials, or try again once it is back.", e.exit_code) from None
     except LedgerError as e:
         raise fail(f"cannot read the run's ledger: {e}", e.exit_code) from None

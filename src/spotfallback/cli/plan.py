@@ -15,7 +15,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import output_problem, usage_error
+from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
@@ -307,18 +307,27 @@ _JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoin
                   "train_loop_config": "--train-loop-config"}
 
 
+def _json_option(option: str, text: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as e:
+        raise usage_error(option, f"not valid JSON: {e.msg} at character {e.pos}") from None
+
+
+def _first_problem(e: ValidationError) -> str:
+    """The first problem pydantic found, without the field path the option already names."""
+    return format_validation_error(e).splitlines()[0].split(": ", 1)[-1]
+
+
 def _worker_resources(text: str) -> dict[str, float] | None:
     """``--worker-resources``: one worker's Ray resources, checked as a tier would check them."""
     if not text:
         return None
-    try:
-        resources = json.loads(text)
-    except json.JSONDecodeError as e:
-        raise usage_error("--worker-resources", f"not valid JSON: {e.msg} at character {e.pos}") from None
+    resources = _json_option("--worker-resources", text)
     try:
         tier = Tier(name="probe", market="on-demand", num_workers=1, resources_per_worker=resources)
     except ValidationError as e:
-        raise usage_error("--worker-resources", format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
+        raise usage_error("--worker-resources", _first_problem(e)) from None
     return tier.resources_per_worker
 
 
@@ -332,10 +341,7 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
     if not entrypoint:
         raise usage_error("--entrypoint", "required with --write-yaml: the training function as "
                                     "'package.module:function' or 'path/file.py:function'")
-    try:
-        loop_config = json.loads(train_loop_config)
-    except json.JSONDecodeError as e:
-        raise usage_error("--train-loop-config", f"not valid JSON: {e.msg} at character {e.pos}") from None
+    loop_config = _json_option("--train-loop-config", train_loop_config)
     if not isinstance(loop_config, dict):
         raise usage_error("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
     fields: dict[str, Any] = {
@@ -351,7 +357,7 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
     except ValidationError as e:
         first = e.errors()[0]
         option = _JOB_OPTION_OF.get(str(first["loc"][0]) if first["loc"] else "", "--write-yaml")
-        raise usage_error(option, format_validation_error(e).splitlines()[0].split(": ", 1)[-1]) from None
+        raise usage_error(option, _first_problem(e)) from None
     return {**fields, "resources_per_worker": resources}
 
 
@@ -484,8 +490,7 @@ def register(app: typer.Typer) -> None:
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise usage_error("--workers", str(e)) from None
         except UsageError as e:
-            typer.echo(f"Error: {e}", err=True)
-            raise typer.Exit(e.exit_code) from None
+            raise fail(str(e), e.exit_code) from None
 
         optimum = plan_optimum(result, spots, more)
         if as_json:
@@ -525,8 +530,7 @@ def register(app: typer.Typer) -> None:
             try:
                 text = result.job_yaml(**job_fields)
             except ConfigError as e:
-                typer.echo(f"Error: {usage_error('--write-yaml', '; '.join(str(e).splitlines()))}", err=True)
-                raise typer.Exit(e.exit_code) from None
+                raise fail(str(usage_error("--write-yaml", "; ".join(str(e).splitlines()))), e.exit_code) from None
             write_yaml.write_text(text)
             console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
         if plot is not None:

@@ -161,7 +161,7 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
             node_spec["taints"] = taints
         suffix = CAPACITY_TYPES[market] if per_market[cluster, market] == 1 else tiers[0][1].name
         pools.append(_pool(name, cluster, suffix, node_spec, _limits(tiers, gpu)))
-    for cluster in dict.fromkeys(job.ladder.cluster_key(i) for i in range(len(job.tiers))):
+    for cluster in job.ladder.cluster_keys:
         # The Ray head: on-demand, CPU only, on a pool of its own that only it tolerates.
         head_spec: dict[str, Any] = {
             "nodeClassRef": dict(node_class),
@@ -338,7 +338,7 @@ def _untolerated(pool: dict[str, Any], tolerations: list[dict[str, str]]) -> lis
 def _head_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: KarpenterCloud) -> Iterator[str]:
     """Whether each cluster's Ray head (on-demand, no GPU) has a pool that lets its node exist."""
     tolerations = [*pod_placement(K8sCloud(cloud.value), ON_DEMAND).tolerations, dict(HEAD_TOLERATION)]
-    for key in dict.fromkeys(job.ladder.cluster_key(i) for i in range(len(job.tiers))):
+    for key in job.ladder.cluster_keys:
         mine, which = _cluster_pools(pools, key)
         serving = [p for p in mine if _allows(p, KARPENTER_KEY, CAPACITY_TYPES[ON_DEMAND])]
         if not any(not _untolerated(p, tolerations) for p in serving):

@@ -22,7 +22,9 @@ import io
 import logging
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from typing import Any, TypeVar
 
 import pyarrow as pa
@@ -37,6 +39,12 @@ T = TypeVar("T")
 RETRY_ENV = "SPOTFALLBACK_STORAGE_RETRY_S"
 WHOLE_READ_BYTES = 64 * 1024 * 1024  # Ray's copy chunk: larger objects are streamed
 DEFAULT_RETRY_S = 120.0
+# A command that only reads (status, report) has nothing to ride out: a wrong endpoint or an
+# outage is better said within seconds than after the run's two minutes.
+READ_ONLY_RETRY_S = 20.0
+RESUME_HINT = (" Everything written before is intact; run the same command again once storage is back to resume "
+               "from the latest checkpoint.")
+_read_only: ContextVar[bool] = ContextVar("spotfallback_read_only", default=False)
 # Errors no wait can fix: retrying them would only delay the real message.
 PERMANENT_ERRORS = (FileNotFoundError, FileExistsError, IsADirectoryError, NotADirectoryError, PermissionError)
 PERMANENT_MARKS = (
@@ -48,14 +56,26 @@ PERMANENT_MARKS = (
 
 
 def retry_limit_s() -> float:
-    """This process's storage outage limit in seconds (0 turns retrying off)."""
+    """This process's storage outage limit in seconds (0 turns retrying off); without
+    ``SPOTFALLBACK_STORAGE_RETRY_S``, 120 s, or 20 s inside ``read_only()``."""
+    default = READ_ONLY_RETRY_S if _read_only.get() else DEFAULT_RETRY_S
     raw = os.environ.get(RETRY_ENV, "")
     try:
-        value = float(raw) if raw else DEFAULT_RETRY_S
+        value = float(raw) if raw else default
     except ValueError:
-        logger.warning("ignoring %s=%r: not a number; using %gs", RETRY_ENV, raw, DEFAULT_RETRY_S)
-        return DEFAULT_RETRY_S
+        logger.warning("ignoring %s=%r: not a number; using %gs", RETRY_ENV, raw, default)
+        return default
     return max(0.0, value)
+
+
+@contextmanager
+def read_only() -> Iterator[None]:
+    """Storage calls made inside wait ``READ_ONLY_RETRY_S`` by default: for commands that only look."""
+    token = _read_only.set(True)
+    try:
+        yield
+    finally:
+        _read_only.reset(token)
 
 
 def _quiet(e: BaseException) -> str:
@@ -94,8 +114,7 @@ def call_with_retry(
             if waited + delay > limit:
                 raise StorageUnavailableError(
                     f"storage unavailable for {waited:.0f}s (limit {limit:g}s, {RETRY_ENV}) while trying to "
-                    f"{what}: {type(e).__name__}: {_quiet(e)}. Everything written before is intact; run the "
-                    "same command again once storage is back to resume from the latest checkpoint."
+                    f"{what}: {type(e).__name__}: {_quiet(e)}." + RESUME_HINT
                 ) from None
             logger.warning("storage error while trying to %s (%s); retrying in %.1fs", what, _quiet(e), delay)
             time.sleep(delay)
