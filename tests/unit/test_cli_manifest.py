@@ -132,7 +132,9 @@ def test_notice_agent_switch(app: typer.Typer, job_file: Path) -> None:
     assert _containers(stock.stdout) == [["ray-worker"], ["ray-worker"]]
     own = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--spot-grace", "12")
     assert _containers(own.stdout) == [["ray-worker", "notice-agent"], ["ray-worker"]]
-    assert "within a 12 s grace" in own.stdout
+    assert "within a 12 s grace" in own.stdout and "note:" not in own.output
+    longer = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--spot-grace", "90")
+    assert longer.exit_code == 0 and "note: a 90 s spot grace needs a GKE Standard node pool" in longer.stderr
     off = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--image", IMAGE, "--no-notice-agent")
     assert _containers(off.stdout) == [["ray-worker"], ["ray-worker"]] and "# Notice agent: off (--no-notice-agent)" in off.stdout
     vm = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)

@@ -24,6 +24,7 @@ from spotfallback.deploy.launcher import (
     cluster_launcher_config,
     render_cluster_launcher,
 )
+from spotfallback.deploy.machines import Machine, machine
 from spotfallback.deploy.nodepools import (
     KarpenterCloud,
     NodePoolOptions,
@@ -36,6 +37,7 @@ from spotfallback.deploy.pools import (
     INSTANCE_TYPE_KEY,
     KARPENTER_GPU_NAME_KEY,
     k8s_pool,
+    vm_pool,
 )
 from spotfallback.deploy.validate import validate_document
 from spotfallback.errors import ConfigError
@@ -43,8 +45,8 @@ from spotfallback.errors import ConfigError
 # Clouds whose nodes carry no GPU-type label: the job names each pool's machines.
 INSTANCE_TYPES: dict[K8sCloud, dict[str, str]] = {
     K8sCloud.EKS_MANAGED: {"A100": "p4d.24xlarge", "T4": "g4dn.12xlarge"},
-    K8sCloud.AKS: {"A100": "Standard_NC24ads_A100_v4", "T4": "Standard_NC4as_T4_v3"},
-    K8sCloud.AKS_NAP: {"A100": "Standard_NC24ads_A100_v4", "T4": "Standard_NC4as_T4_v3"},
+    K8sCloud.AKS: {"A100": "Standard_NC24ads_A100_v4", "T4": "Standard_NC16as_T4_v3"},
+    K8sCloud.AKS_NAP: {"A100": "Standard_NC24ads_A100_v4", "T4": "Standard_NC16as_T4_v3"},
 }
 
 
@@ -128,16 +130,16 @@ def test_a_machine_type_of_another_cloud_is_refused(cloud: K8sCloud, foreign: st
     """It would pin the tier's pods to node.kubernetes.io/instance-type values no node of this cloud has."""
     tier = Tier.model_validate({**gpu_tier("x", "spot", "A100", 1), "placement": {"instance_type": foreign}})
     with pytest.raises(ConfigError, match=rf"^tiers\[0\]\.placement\.instance_type: '{foreign}' is not an? .* so no "):
-        k8s_pool(cloud, tier, 0, gpu=True)
+        k8s_pool(cloud, tier, 0)
     provider = {"aws": "p4d.24xlarge", "gcp": "a2-highgpu-8g", "azure": "Standard_ND96asr_v4"}[AGENT_CLOUD[cloud]]
     own = Tier.model_validate({**gpu_tier("x", "spot", "A100", 1), "placement": {"instance_type": provider}})
-    assert k8s_pool(cloud, own, 0, gpu=True).node_selector["node.kubernetes.io/instance-type"] == provider
+    assert k8s_pool(cloud, own, 0).node_selector["node.kubernetes.io/instance-type"] == provider
 
 
 def test_an_unknown_gpu_type_names_the_field_and_ray_names() -> None:
     tier = Tier.model_validate(gpu_tier("x", "spot", "A1000", 1))
     with pytest.raises(ConfigError, match=r"tiers\[2\]\.label_selector\.ray\.io/accelerator-type: 'A1000' .* A100, A100-80G"):
-        k8s_pool(K8sCloud.GKE, tier, 2, gpu=True)
+        k8s_pool(K8sCloud.GKE, tier, 2)
 
 
 def test_placement_node_selector_and_tolerations_reach_the_pods_and_contradictions_are_refused() -> None:
@@ -150,12 +152,12 @@ def test_placement_node_selector_and_tolerations_reach_the_pods_and_contradictio
             },
         }
     )
-    pool = k8s_pool(K8sCloud.GKE, tier, 0, gpu=True)
+    pool = k8s_pool(K8sCloud.GKE, tier, 0)
     assert pool.node_selector == {GKE_ACCELERATOR_KEY: "nvidia-tesla-a100", "cloud.google.com/gke-nodepool": "a100-spot"}
     assert {"key": "team", "operator": "Equal", "value": "ml", "effect": "NoSchedule"} in pool.tolerations
     clash = tier.model_copy(update={"placement": tier.placement.model_copy(update={"node_selector": {GKE_ACCELERATOR_KEY: "nvidia-l4"}})})
     with pytest.raises(ConfigError, match=r"tiers\[0\]\.placement\.node_selector\.cloud\.google\.com/gke-accelerator"):
-        k8s_pool(K8sCloud.GKE, clash, 0, gpu=True)
+        k8s_pool(K8sCloud.GKE, clash, 0)
 
 
 @pytest.mark.parametrize(
@@ -215,3 +217,45 @@ def test_ray_up_node_types_are_the_gpu_types_machines(cloud: VmCloud, where: dic
         {**job.model_dump(), "tiers": [{**job.tiers[0].model_dump(), "placement": {"instance_type": own}}]}
     )
     assert cluster_launcher_config(pinned, opts)["available_node_types"]["a100-spot"]["node_config"][key] == own
+
+
+def _pinned(machine: str, cpu: float, gpus: int) -> Tier:
+    return Tier.model_validate({**gpu_tier("a100-spot", "spot", "A100", 8), "resources_per_worker": {"CPU": cpu, "GPU": gpus},
+                                "placement": {"instance_type": machine}})
+
+
+def test_a_machine_smaller_than_one_worker_is_refused_naming_one_that_holds_it() -> None:
+    """The 64-GPU job's workers (8 GPUs each) pinned to a 1-GPU machine would pend forever."""
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.placement\.instance_type: 'p3\.2xlarge' has 8 vCPUs and 1 GPU, "
+                                          r"and one worker asks for 8 CPUs and 8 GPUs .*such as 'p3\.16xlarge'\), or give each worker fewer CPUs "
+                                          r"than its 8 \(the kubelet keeps part of every node\) and at most 1 GPU$"):
+        k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p3.2xlarge", 8, 8), 0)
+    with pytest.raises(ConfigError, match=r"'a2-highgpu-4g' has 48 vCPUs and 4 GPUs.*such as 'a2-highgpu-8g'"):
+        vm_pool(VmCloud.GCP, _pinned("a2-highgpu-4g", 8, 8), 0, 8, 8)
+    assert k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p4d.24xlarge", 8, 8), 0).node_selector[INSTANCE_TYPE_KEY] == "p4d.24xlarge"
+
+
+def test_a_pod_cannot_ask_for_every_cpu_of_its_node_but_a_ray_up_worker_can() -> None:
+    """The kubelet keeps part of each node's CPU, so a pod asking for all 96 of a p4d never schedules."""
+    whole = _pinned("p4d.24xlarge", 96, 8)
+    with pytest.raises(ConfigError, match=r"give each worker fewer CPUs than its 96 \(the kubelet keeps part of every node\)"):
+        k8s_pool(K8sCloud.EKS_MANAGED, whole, 0)
+    assert vm_pool(VmCloud.AWS, whole, 0, 96, 8)[0] == "p4d.24xlarge"
+    assert k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p4d.24xlarge", 90, 8), 0).node_selector[INSTANCE_TYPE_KEY] == "p4d.24xlarge"
+
+
+def test_machines_outside_the_catalog_are_not_checked_and_azure_sizes_match_in_any_case() -> None:
+    assert machine("p5en.48xlarge") is None
+    assert k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p5en.48xlarge", 8, 8), 0).node_selector[INSTANCE_TYPE_KEY] == "p5en.48xlarge"
+    assert machine("standard_nd96asr_v4") == machine("Standard_ND96asr_v4") == Machine("azure", 96, 8)
+    with pytest.raises(ConfigError, match=r"'Standard_NC6s_v3' has 6 vCPUs and 1 GPU"):
+        k8s_pool(K8sCloud.AKS, _pinned("Standard_NC6s_v3", 4, 2), 0)
+
+
+def test_a_launcher_instance_type_smaller_than_a_worker_is_refused() -> None:
+    job = gpu_ladder()
+    opts = LauncherOptions(cloud=VmCloud.AWS, region="us-east-1", instance_types={"a100-spot": "g5.xlarge"})
+    with pytest.raises(ConfigError, match=r"^instance_type: a100-spot: 'g5\.xlarge' has 4 vCPUs and 1 GPU, and one worker "
+                                          r"asks for 8 CPUs and 1 GPU .*such as 'g5\.2xlarge'\), or give each worker at most 4 CPUs$"):
+        cluster_launcher_config(job, opts)
+

@@ -34,6 +34,7 @@ from spotfallback.deploy import (
     validate_text,
 )
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN
+from spotfallback.deploy.kuberay import kuberay_header, spot_grace_note
 from spotfallback.errors import ConfigError
 
 IMAGE = "registry.example.com/ml/churn-train:1.4"
@@ -254,6 +255,21 @@ def test_grace_bounds() -> None:
     with pytest.raises(ConfigError, match=r"^spot_grace_seconds: 121 s is longer than the spot notice on eks-managed \(120 s\)"):
         KubeRayOptions(cloud=K8sCloud.EKS_MANAGED, spot_grace_seconds=121)
     assert KubeRayOptions(cloud=K8sCloud.GKE, spot_grace_seconds=120).grace_seconds == 120
+
+
+def test_a_gke_grace_past_its_default_shutdown_names_the_node_pool_it_needs() -> None:
+    """GKE gives ordinary pods 15 s of a Spot VM's shutdown unless a Standard node pool extends
+    it; a longer grace is allowed (such pools exist) but said, in the file and by the command."""
+    job = make_job(SPOT, ON_DEMAND)
+    longer = KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE, spot_grace_seconds=60)
+    note = spot_grace_note(job, longer)
+    assert note is not None and note.startswith("a 60 s spot grace needs a GKE Standard node pool")
+    assert "1.35.0-gke.1171000" in note and "15 s after the preemption notice" in note
+    assert f"# Spot grace: {note}." in "\n".join(f"# {line}" for line in kuberay_header(job, longer, "x"))
+    # The default, a grace within it, other clouds, and a ladder with no spot tier: nothing to say.
+    for cloud, grace in ((K8sCloud.GKE, None), (K8sCloud.GKE, 15), (K8sCloud.EKS_KARPENTER, 110), (K8sCloud.AKS, 30)):
+        assert spot_grace_note(job, KubeRayOptions(cloud=cloud, image=IMAGE, spot_grace_seconds=grace)) is None
+    assert spot_grace_note(make_job(ON_DEMAND), longer) is None
 
 
 def test_every_clouds_default_grace_fits_its_notice_and_leaves_ray_a_window() -> None:

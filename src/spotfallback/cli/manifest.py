@@ -19,7 +19,7 @@ from spotfallback.cli.common import output_problem
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
-from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay
+from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, spot_grace_note
 from spotfallback.deploy.launcher import LauncherOptions, identity_note, render_cluster_launcher
 from spotfallback.deploy.nodepools import KarpenterCloud, NodePoolOptions, render_nodepools
 from spotfallback.deploy.validate import Report, parse_version, validate_file
@@ -202,6 +202,8 @@ def kuberay_command(
     else:
         what = f"{'RayJob' if kind_ is Kind.RAYJOB else 'RayCluster'}, {len(config.tiers)} worker groups"
     _emit(text, out, what)
+    if (note := spot_grace_note(config, opts)) is not None:
+        typer.echo(f"note: {note}", err=True)
     if config.ladder.across_clusters:
         typer.echo("the moving driver: run `spotfallback run JOB.yaml` outside the clusters, where it reaches every "
                    "cluster's Jobs API and the storage (docs/clusters.md)", err=True)

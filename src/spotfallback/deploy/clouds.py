@@ -100,11 +100,14 @@ class SpotShutdown:
     ``notice_s``: the longest warning the cloud gives before the VM stops; a pod's grace period
     longer than that ends with the VM, not with the pod. ``grace_s``: the spot pods' default
     ``terminationGracePeriodSeconds``. ``sigterm_from``: what sends the pods their SIGTERM.
+    ``longer_needs``: what the nodes need for a grace longer than ``grace_s`` to be honoured,
+    where the cloud's default shutdown cuts pods off sooner than its notice.
     """
 
     notice_s: int
     grace_s: int
     sigterm_from: str
+    longer_needs: str | None = None
 
 
 # Spot pods' timing, per cloud. Whatever drains a spot node sends its pods SIGTERM; Ray 2.60's
@@ -128,7 +131,12 @@ SPOT_SHUTDOWN: dict[K8sCloud, SpotShutdown] = {
     K8sCloud.EKS_MANAGED: SpotShutdown(120, 90, "EKS, through the node group's Capacity Rebalancing"),
     K8sCloud.AKS: SpotShutdown(30, 25, "AKS node auto-drain on the Preempt scheduled event"),
     K8sCloud.AKS_NAP: SpotShutdown(30, 25, "Karpenter node repair at best (nothing documented drains these VMs on Preempt: keep the agent)"),
-    K8sCloud.GKE: SpotShutdown(120, 15, "GKE graceful node shutdown"),
+    K8sCloud.GKE: SpotShutdown(
+        120, 15, "GKE graceful node shutdown",
+        "a GKE Standard node pool (control plane 1.35.0-gke.1171000 or later) whose node system configuration "
+        "extends the Spot VMs' graceful termination to match; on any other pool GKE stops ordinary pods "
+        "15 s after the preemption notice, whatever their grace",
+    ),
 }
 # What Ray keeps of the grace for stopping its processes after the drain window.
 DRAIN_MARGIN_S = 5

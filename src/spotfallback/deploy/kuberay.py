@@ -361,7 +361,7 @@ def _worker_group(
     labels = tier_labels(tier, index)
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
-    pool = k8s_pool(opts.cloud, tier, index, gpu > 0)
+    pool = k8s_pool(opts.cloud, tier, index)
     selector = dict(placement.node_selector)
     for key, value in {**topology, **pool.node_selector}.items():
         if selector.get(key, value) != value:
@@ -523,6 +523,15 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
     return [head, needs + ".", check, *how, *_drain_note(job, opts)]
 
 
+def spot_grace_note(job: JobConfig, opts: KubeRayOptions) -> str | None:
+    """What the spot nodes need for the pods' grace to hold, when it is longer than the cloud's
+    default shutdown gives them (GKE: 15 s unless the node pool is set up for more), or None."""
+    needs = SPOT_SHUTDOWN[opts.cloud].longer_needs
+    if needs is None or opts.grace_seconds <= SPOT_SHUTDOWN[opts.cloud].grace_s or not any(t.market == SPOT for t in job.tiers):
+        return None
+    return f"a {opts.grace_seconds} s spot grace needs {needs}"
+
+
 def _drain_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:
     if not any(t.market == SPOT for t in job.tiers):
         return []
@@ -540,6 +549,8 @@ def _drain_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:
     else:
         why = "--no-notice-agent" if opts.notice_agent is False else "the stock Ray image has no spotfallback; pass --image"
         lines.append(f"Notice agent: off ({why}): only the SIGTERM drain above, no earlier cloud notice.")
+    if (note := spot_grace_note(job, opts)) is not None:
+        lines.append(f"Spot grace: {note}.")
     return lines
 
 

@@ -40,7 +40,8 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.pools import machine_type_error, vm_pool
+from spotfallback.deploy.machines import machine_fit_error, sized
+from spotfallback.deploy.pools import GPUS, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -49,10 +50,10 @@ GCP_CPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 GCP_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 # (instance type, vCPUs, GPUs), smallest first: the default is the first that fits one worker.
-_AWS_TYPES = [(f"m5.{s}", c, 0) for s, c in (("large", 2), ("xlarge", 4), ("2xlarge", 8), ("4xlarge", 16), ("8xlarge", 32), ("12xlarge", 48), ("16xlarge", 64), ("24xlarge", 96))]
-_AWS_GPU_TYPES = [(f"g5.{s}", c, g) for s, c, g in (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4), ("24xlarge", 96, 4), ("48xlarge", 192, 8))]
-_GCP_TYPES = [(f"n2-standard-{c}", c, 0) for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)]
-_GCP_GPU_TYPES = [(f"g2-standard-{c}", c, g) for c, g in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))]
+_AWS_TYPES = sized(*(f"m5.{s}" for s in ("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge")))
+_AWS_GPU_TYPES = GPUS["A10G"].aws
+_GCP_TYPES = sized(*(f"n2-standard-{c}" for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)))
+_GCP_GPU_TYPES = GPUS["L4"].gcp
 _HEAD_TYPES = {VmCloud.AWS: "m5.2xlarge", VmCloud.GCP: "n2-standard-8"}
 
 # Ray's own default worker start (ray/autoscaler/{aws,gcp}/defaults.yaml); a config that sets
@@ -131,7 +132,8 @@ def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, 
     pooled, extra = vm_pool(opts.cloud, tier, index, cpu, gpu)
     if tier.name in opts.instance_types:
         chosen = opts.instance_types[tier.name]
-        if problem := machine_type_error(opts.cloud.value, chosen, f"instance_type: {tier.name}"):
+        where = f"instance_type: {tier.name}"
+        if problem := machine_type_error(opts.cloud.value, chosen, where) or machine_fit_error(chosen, cpu, gpu, where, kubernetes=False):
             raise ConfigError(problem)
         return chosen, extra
     if pooled:

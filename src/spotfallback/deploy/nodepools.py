@@ -111,7 +111,7 @@ def _market(tier: Tier, index: int) -> str:
 def _pool_selector(cloud: KarpenterCloud, tier: Tier, index: int) -> dict[str, str]:
     """The node labels the tier's pods require beyond market and zone (its GPU type, instance
     type, own selector): what its NodePool must offer (``pools.k8s_pool``)."""
-    return k8s_pool(K8sCloud(cloud.value), tier, index, worker_shape(tier, index)[1] > 0).node_selector
+    return k8s_pool(K8sCloud(cloud.value), tier, index).node_selector
 
 
 def _requirements(tiers: list[tuple[int, Tier]], market: str, provider: _Provider, pool: dict[str, str]) -> list[dict[str, Any]]:
@@ -391,7 +391,7 @@ def ladder_findings(pools: list[dict[str, Any]], job: JobConfig, cloud: Karpente
 def _tier_tolerations(cloud: KarpenterCloud, tier: Tier, index: int) -> list[dict[str, str]]:
     """The tolerations of the tier's pods in the KubeRay file for ``cloud``."""
     k8s = K8sCloud(cloud.value)
-    pool = k8s_pool(k8s, tier, index, worker_shape(tier, index)[1] > 0)
+    pool = k8s_pool(k8s, tier, index)
     return [*pod_placement(k8s, tier.market, f"tiers[{index}].market").tolerations, *pool.tolerations]
 
 

@@ -27,6 +27,8 @@ from typing import Any
 
 from spotfallback.config import Tier
 from spotfallback.deploy.clouds import AGENT_CLOUD, K8sCloud, VmCloud
+from spotfallback.deploy.common import worker_shape
+from spotfallback.deploy.machines import machine_fit_error, sized
 from spotfallback.errors import ConfigError
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -64,42 +66,29 @@ class Gpu:
     karpenter_memory_mib: int | None = None
 
 
-def _sizes(family: str, sizes: tuple[tuple[str, int, int], ...]) -> tuple[tuple[str, int, int], ...]:
-    return tuple((f"{family}{size}", cpus, gpus) for size, cpus, gpus in sizes)
+def _sizes(family: str, sizes: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
+    return sized(*(family.format(size) for size in sizes))
 
 
-_G_SIZES = (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4),
-            ("24xlarge", 96, 4), ("48xlarge", 192, 8))  # fmt: skip
-_A2_SIZES = (("1g", 12, 1), ("2g", 24, 2), ("4g", 48, 4), ("8g", 96, 8))
+# Smallest first; the G families' 16xlarge (1 GPU to 64 vCPUs) is left out of the fit: a larger
+# size with more GPUs comes first.
+_G_SIZES = ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "24xlarge", "48xlarge")
+_A2_SIZES = ("1g", "2g", "4g", "8g")
 _N1_GUEST = tuple((f"n1-standard-{c}", c, 8) for c in (4, 8, 16, 32, 64, 96))
 
 # Ray's accelerator names (ray.util.accelerators) -> each target's. GKE: its accelerator names;
 # Karpenter on EKS: instance-gpu-name, lowercase; AWS and GCP: the instance families with that GPU.
 GPUS: dict[str, Gpu] = {
-    "A100": Gpu("nvidia-tesla-a100", "a100", (("p4d.24xlarge", 96, 8),), _sizes("a2-highgpu-", _A2_SIZES)),
+    "A100": Gpu("nvidia-tesla-a100", "a100", sized("p4d.24xlarge"), _sizes("a2-highgpu-{}", _A2_SIZES)),
     "A100-80G": Gpu(
-        "nvidia-a100-80gb", "a100", (("p4de.24xlarge", 96, 8),), _sizes("a2-ultragpu-", _A2_SIZES), karpenter_memory_mib=81920
+        "nvidia-a100-80gb", "a100", sized("p4de.24xlarge"), _sizes("a2-ultragpu-{}", _A2_SIZES), karpenter_memory_mib=81920
     ),
-    "H100": Gpu("nvidia-h100-80gb", "h100", (("p5.48xlarge", 192, 8),), (("a3-highgpu-8g", 208, 8),)),
-    "L4": Gpu(
-        "nvidia-l4",
-        "l4",
-        _sizes("g6.", _G_SIZES),
-        tuple((f"g2-standard-{c}", c, g) for c, g in ((4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8))),
-    ),
-    "A10G": Gpu(None, "a10g", _sizes("g5.", _G_SIZES)),
-    "L40S": Gpu(None, "l40s", _sizes("g6e.", _G_SIZES)),
-    "T4": Gpu(
-        "nvidia-tesla-t4",
-        "t4",
-        _sizes("g4dn.", (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4))),
-        _N1_GUEST,
-        "nvidia-tesla-t4",
-    ),
-    "V100": Gpu(
-        "nvidia-tesla-v100", "v100", _sizes("p3.", (("2xlarge", 8, 1), ("8xlarge", 32, 4), ("16xlarge", 64, 8))), _N1_GUEST,
-        "nvidia-tesla-v100",
-    ),  # fmt: skip
+    "H100": Gpu("nvidia-h100-80gb", "h100", sized("p5.48xlarge"), sized("a3-highgpu-8g")),
+    "L4": Gpu("nvidia-l4", "l4", _sizes("g6.{}", _G_SIZES), _sizes("g2-standard-{}", ("4", "8", "12", "16", "24", "32", "48", "96"))),
+    "A10G": Gpu(None, "a10g", _sizes("g5.{}", _G_SIZES)),
+    "L40S": Gpu(None, "l40s", _sizes("g6e.{}", _G_SIZES)),
+    "T4": Gpu("nvidia-tesla-t4", "t4", _sizes("g4dn.{}", _G_SIZES[:5]), _N1_GUEST, "nvidia-tesla-t4"),
+    "V100": Gpu("nvidia-tesla-v100", "v100", _sizes("p3.{}", ("2xlarge", "8xlarge", "16xlarge")), _N1_GUEST, "nvidia-tesla-v100"),
 }
 
 
@@ -118,6 +107,14 @@ def machine_type_error(provider: str, value: str, where: str) -> str | None:
     if pattern.fullmatch(value):
         return None
     return f"{where}: {value!r} is not {form}, so no {provider} node would ever match it; name one of {provider}'s"
+
+
+def pinned_machine_error(provider: str, tier: Tier, index: int, cpu: float, gpus: int, *, kubernetes: bool) -> str | None:
+    """Why the tier's ``placement.instance_type`` cannot hold its workers there, or None: another
+    cloud's spelling, or a known machine smaller than one worker."""
+    name, where = tier.placement.instance_type, f"tiers[{index}].placement.instance_type"
+    assert name is not None
+    return machine_type_error(provider, name, where) or machine_fit_error(name, cpu, gpus, where, kubernetes=kubernetes)
 
 
 def tier_gpu(tier: Tier, index: int) -> tuple[str, Gpu] | None:
@@ -141,8 +138,10 @@ class PoolSelection:
     tolerations: list[dict[str, str]]
 
 
-def k8s_pool(cloud: K8sCloud, tier: Tier, index: int, gpu: bool) -> PoolSelection:
+def k8s_pool(cloud: K8sCloud, tier: Tier, index: int) -> PoolSelection:
     """The node labels and tolerations of the tier's pool on ``cloud`` (beyond market and zone)."""
+    cpu, gpus, _ = worker_shape(tier, index)
+    gpu = gpus > 0
     selector: dict[str, str] = {}
     named = tier_gpu(tier, index)
     if named is not None:
@@ -160,8 +159,7 @@ def k8s_pool(cloud: K8sCloud, tier: Tier, index: int, gpu: bool) -> PoolSelectio
                 "group's instance type or VM size) or placement.node_selector"
             )
     if tier.placement.instance_type:
-        problem = machine_type_error(AGENT_CLOUD[cloud], tier.placement.instance_type, f"tiers[{index}].placement.instance_type")
-        if problem:
+        if problem := pinned_machine_error(AGENT_CLOUD[cloud], tier, index, cpu, gpus, kubernetes=True):
             raise ConfigError(problem)
         selector[INSTANCE_TYPE_KEY] = tier.placement.instance_type
     for key, value in tier.placement.node_selector.items():
@@ -180,9 +178,7 @@ def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int) -> tu
     """(``ray up`` instance/machine type, extra ``node_config``) of the tier's pool: its own
     ``placement.instance_type``, else the smallest machine of its GPU type that fits the worker.
     (None, {}) when neither is named: the launcher's CPU/GPU default fit applies."""
-    if tier.placement.instance_type and (
-        problem := machine_type_error(cloud.value, tier.placement.instance_type, f"tiers[{index}].placement.instance_type")
-    ):
+    if tier.placement.instance_type and (problem := pinned_machine_error(cloud.value, tier, index, cpu, gpus, kubernetes=False)):
         raise ConfigError(problem)
     named = tier_gpu(tier, index)
     if named is None:
