@@ -244,12 +244,15 @@ def test_a_pod_cannot_ask_for_every_cpu_of_its_node_but_a_ray_up_worker_can() ->
     assert k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p4d.24xlarge", 90, 8), 0).node_selector[INSTANCE_TYPE_KEY] == "p4d.24xlarge"
 
 
-def test_machines_outside_the_catalog_are_not_checked_and_azure_sizes_match_in_any_case() -> None:
+def test_machines_outside_the_catalog_are_not_checked_and_a_known_one_in_other_case_is_refused() -> None:
     assert machine("p5en.48xlarge") is None
     assert k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p5en.48xlarge", 8, 8), 0).node_selector[INSTANCE_TYPE_KEY] == "p5en.48xlarge"
-    assert machine("standard_nd96asr_v4") == machine("Standard_ND96asr_v4") == Machine("azure", 96, 8)
+    assert machine("Standard_ND96asr_v4") == Machine("azure", 96, 8)
     with pytest.raises(ConfigError, match=r"'Standard_NC6s_v3' has 6 vCPUs and 1 GPU"):
         k8s_pool(K8sCloud.AKS, _pinned("Standard_NC6s_v3", 4, 2), 0)
+    # node.kubernetes.io/instance-type carries Azure's spelling; a selector in other case matches no node.
+    with pytest.raises(ConfigError, match=r"'Standard_nd96asr_v4' is spelt 'Standard_ND96asr_v4' on the nodes' labels"):
+        k8s_pool(K8sCloud.AKS, _pinned("Standard_nd96asr_v4", 8, 8), 0)
 
 
 def test_a_launcher_instance_type_smaller_than_a_worker_is_refused() -> None:

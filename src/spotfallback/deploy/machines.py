@@ -63,13 +63,21 @@ MACHINES: dict[str, Machine] = {
         ("NC4as_T4_v3", 4, 1), ("NC8as_T4_v3", 8, 1), ("NC16as_T4_v3", 16, 1), ("NC64as_T4_v3", 64, 4),
     )),
 }  # fmt: skip
-# Azure VM sizes are matched regardless of case (the API accepts either).
-_AZURE = {name.lower(): m for name, m in MACHINES.items() if m.provider == "azure"}
+_BY_LOWER = {name.lower(): name for name in MACHINES}
 
 
 def machine(name: str) -> Machine | None:
     """The size of a known machine type, or None."""
-    return MACHINES.get(name) or _AZURE.get(name.lower())
+    return MACHINES.get(name)
+
+
+def machine_spelling_error(name: str, where: str) -> str | None:
+    """Why ``name`` would match no node although it names a known type in other case, or None:
+    nodes carry the type as their cloud spells it, and label selectors are case-sensitive."""
+    known = _BY_LOWER.get(name.lower())
+    if known is None or known == name:
+        return None
+    return f"{where}: {name!r} is spelt {known!r} on the nodes' labels, which match case-sensitively; write {known!r}"
 
 
 def sized(*names: str) -> tuple[tuple[str, int, int], ...]:

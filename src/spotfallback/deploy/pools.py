@@ -28,7 +28,7 @@ from typing import Any
 from spotfallback.config import Tier
 from spotfallback.deploy.clouds import AGENT_CLOUD, K8sCloud, VmCloud
 from spotfallback.deploy.common import worker_shape
-from spotfallback.deploy.machines import machine_fit_error, sized
+from spotfallback.deploy.machines import machine_fit_error, machine_spelling_error, sized
 from spotfallback.errors import ConfigError
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -111,10 +111,11 @@ def machine_type_error(provider: str, value: str, where: str) -> str | None:
 
 def pinned_machine_error(provider: str, tier: Tier, index: int, cpu: float, gpus: int, *, kubernetes: bool) -> str | None:
     """Why the tier's ``placement.instance_type`` cannot hold its workers there, or None: another
-    cloud's spelling, or a known machine smaller than one worker."""
+    cloud's spelling, a known type in other case, or a known machine smaller than one worker."""
     name, where = tier.placement.instance_type, f"tiers[{index}].placement.instance_type"
     assert name is not None
-    return machine_type_error(provider, name, where) or machine_fit_error(name, cpu, gpus, where, kubernetes=kubernetes)
+    return (machine_type_error(provider, name, where) or machine_spelling_error(name, where)
+            or machine_fit_error(name, cpu, gpus, where, kubernetes=kubernetes))
 
 
 def tier_gpu(tier: Tier, index: int) -> tuple[str, Gpu] | None:
