@@ -330,6 +330,20 @@ def test_the_cost_predictor_at_tiny_size():
         bench_predict.calibrate({"overhead": rows["overhead"]})
 
 
+def test_a_missed_prediction_credits_only_the_scenarios_within_target():
+    """The explanation says which scenarios met the tolerance in every repetition, never a fixed one."""
+    rows = [
+        {"variant": "calibration", "spread": {"switch_wait_s": [7.9, 8.3]}},
+        {"variant": "demo", "rep": 0, "spend_error_pct": 0.4, "wall_error_pct": -6.6},
+        {"variant": "trace", "rep": 0, "spend_error_pct": 1.0, "wall_error_pct": -1.5},
+        {"variant": "trace", "rep": 1, "spend_error_pct": -13.9, "wall_error_pct": -7.4},
+    ]
+    text = bench_predict.explain(rows)
+    assert "every repetition of the demo scenario" in text and "trace scenario" not in text
+    rows[1]["wall_error_pct"] = -10.5
+    assert "every repetition" not in bench_predict.explain(rows)
+
+
 def test_worker_side_code_is_importable_by_reference():
     """Ray pickles these by module path; the workers import them from the repository."""
     assert bench_checkpoint.train_fn.__module__ == "bench.bench_checkpoint"
