@@ -24,7 +24,7 @@ from spotfallback.deploy.launcher import (
     cluster_launcher_config,
     render_cluster_launcher,
 )
-from spotfallback.deploy.machines import Machine, machine
+from spotfallback.deploy.machines import Machine, family, machine, sized
 from spotfallback.deploy.nodepools import (
     KarpenterCloud,
     NodePoolOptions,
@@ -34,6 +34,7 @@ from spotfallback.deploy.nodepools import (
 from spotfallback.deploy.pools import (
     GKE_ACCELERATOR_KEY,
     GPU_NODE_TAINT,
+    GPUS,
     INSTANCE_TYPE_KEY,
     KARPENTER_GPU_NAME_KEY,
     k8s_pool,
@@ -253,6 +254,16 @@ def test_machines_outside_the_catalog_are_not_checked_and_a_known_one_in_other_c
     # node.kubernetes.io/instance-type carries Azure's spelling; a selector in other case matches no node.
     with pytest.raises(ConfigError, match=r"'Standard_nd96asr_v4' is spelt 'Standard_ND96asr_v4' on the nodes' labels"):
         k8s_pool(K8sCloud.AKS, _pinned("Standard_nd96asr_v4", 8, 8), 0)
+
+
+def test_default_fit_tables_come_from_the_catalog_smallest_first() -> None:
+    """``ray up``'s default fits choose from the one machine table, so a size is written once."""
+    g5 = family("g5.", without=("16xlarge",))
+    assert [name for name, _, _ in g5] == [f"g5.{s}" for s in ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "24xlarge", "48xlarge")]
+    assert g5 == sized(*(name for name, _, _ in g5)) and GPUS["A10G"].aws == g5
+    assert [n for n, _, _ in family("p3.")] == ["p3.2xlarge", "p3.8xlarge", "p3.16xlarge"]  # not p3dn.24xlarge
+    with pytest.raises(KeyError, match="no known machine type starts with 'p9.'"):
+        family("p9.")
 
 
 def test_a_launcher_instance_type_smaller_than_a_worker_is_refused() -> None:

@@ -40,8 +40,8 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.machines import machine_fit_error, sized
-from spotfallback.deploy.pools import GPUS, machine_type_error, vm_pool
+from spotfallback.deploy.machines import family
+from spotfallback.deploy.pools import GPUS, machine_error, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -50,9 +50,9 @@ GCP_CPU_IMAGE = "projects/deeplearning-platform-release/global/images/family/com
 GCP_SCOPES = ["https://www.googleapis.com/auth/cloud-platform"]
 
 # (instance type, vCPUs, GPUs), smallest first: the default is the first that fits one worker.
-_AWS_TYPES = sized(*(f"m5.{s}" for s in ("large", "xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "16xlarge", "24xlarge")))
+_AWS_TYPES = family("m5.")
 _AWS_GPU_TYPES = GPUS["A10G"].aws
-_GCP_TYPES = sized(*(f"n2-standard-{c}" for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128)))
+_GCP_TYPES = family("n2-standard-")
 _GCP_GPU_TYPES = GPUS["L4"].gcp
 _HEAD_TYPES = {VmCloud.AWS: "m5.2xlarge", VmCloud.GCP: "n2-standard-8"}
 
@@ -133,7 +133,7 @@ def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, 
     if tier.name in opts.instance_types:
         chosen = opts.instance_types[tier.name]
         where = f"instance_type: {tier.name}"
-        if problem := machine_type_error(opts.cloud.value, chosen, where) or machine_fit_error(chosen, cpu, gpu, where, kubernetes=False):
+        if problem := machine_error(opts.cloud.value, chosen, where, cpu, gpu, kubernetes=False):
             raise ConfigError(problem)
         return chosen, extra
     if pooled:

@@ -85,6 +85,15 @@ def sized(*names: str) -> tuple[tuple[str, int, int], ...]:
     return tuple((name, MACHINES[name].vcpus, MACHINES[name].gpus) for name in names)
 
 
+def family(prefix: str, *, without: tuple[str, ...] = ()) -> tuple[tuple[str, int, int], ...]:
+    """(name, vCPUs, GPUs) of the known types named ``prefix`` + a size, smallest first as listed
+    above, less the sizes in ``without``: a default fit's table, from the one catalog."""
+    names = [n for n in MACHINES if n.startswith(prefix) and n[len(prefix):] not in without]
+    if not names:
+        raise KeyError(f"no known machine type starts with {prefix!r}")
+    return sized(*names)
+
+
 def machine_fit_error(name: str, cpu: float, gpus: int, where: str, *, kubernetes: bool) -> str | None:
     """Why one worker (``cpu`` CPUs, ``gpus`` GPUs) can never run on machine type ``name``, or None.
 

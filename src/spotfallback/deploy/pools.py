@@ -28,7 +28,7 @@ from typing import Any
 from spotfallback.config import Tier
 from spotfallback.deploy.clouds import AGENT_CLOUD, K8sCloud, VmCloud
 from spotfallback.deploy.common import worker_shape
-from spotfallback.deploy.machines import machine_fit_error, machine_spelling_error, sized
+from spotfallback.deploy.machines import family, machine_fit_error, machine_spelling_error, sized
 from spotfallback.errors import ConfigError
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -66,29 +66,22 @@ class Gpu:
     karpenter_memory_mib: int | None = None
 
 
-def _sizes(family: str, sizes: tuple[str, ...]) -> tuple[tuple[str, int, int], ...]:
-    return sized(*(family.format(size) for size in sizes))
-
-
-# Smallest first; the G families' 16xlarge (1 GPU to 64 vCPUs) is left out of the fit: a larger
-# size with more GPUs comes first.
-_G_SIZES = ("xlarge", "2xlarge", "4xlarge", "8xlarge", "12xlarge", "24xlarge", "48xlarge")
-_A2_SIZES = ("1g", "2g", "4g", "8g")
+# The G families' 16xlarge (1 GPU to 64 vCPUs) is left out of the fit: a larger size with more
+# GPUs comes first. g4dn's fit stops at 12xlarge (its metal size is a bare-metal host).
+_G_FIT_WITHOUT = ("16xlarge",)
 _N1_GUEST = tuple((f"n1-standard-{c}", c, 8) for c in (4, 8, 16, 32, 64, 96))
 
 # Ray's accelerator names (ray.util.accelerators) -> each target's. GKE: its accelerator names;
 # Karpenter on EKS: instance-gpu-name, lowercase; AWS and GCP: the instance families with that GPU.
 GPUS: dict[str, Gpu] = {
-    "A100": Gpu("nvidia-tesla-a100", "a100", sized("p4d.24xlarge"), _sizes("a2-highgpu-{}", _A2_SIZES)),
-    "A100-80G": Gpu(
-        "nvidia-a100-80gb", "a100", sized("p4de.24xlarge"), _sizes("a2-ultragpu-{}", _A2_SIZES), karpenter_memory_mib=81920
-    ),
+    "A100": Gpu("nvidia-tesla-a100", "a100", sized("p4d.24xlarge"), family("a2-highgpu-")),
+    "A100-80G": Gpu("nvidia-a100-80gb", "a100", sized("p4de.24xlarge"), family("a2-ultragpu-"), karpenter_memory_mib=81920),
     "H100": Gpu("nvidia-h100-80gb", "h100", sized("p5.48xlarge"), sized("a3-highgpu-8g")),
-    "L4": Gpu("nvidia-l4", "l4", _sizes("g6.{}", _G_SIZES), _sizes("g2-standard-{}", ("4", "8", "12", "16", "24", "32", "48", "96"))),
-    "A10G": Gpu(None, "a10g", _sizes("g5.{}", _G_SIZES)),
-    "L40S": Gpu(None, "l40s", _sizes("g6e.{}", _G_SIZES)),
-    "T4": Gpu("nvidia-tesla-t4", "t4", _sizes("g4dn.{}", _G_SIZES[:5]), _N1_GUEST, "nvidia-tesla-t4"),
-    "V100": Gpu("nvidia-tesla-v100", "v100", _sizes("p3.{}", ("2xlarge", "8xlarge", "16xlarge")), _N1_GUEST, "nvidia-tesla-v100"),
+    "L4": Gpu("nvidia-l4", "l4", family("g6.", without=_G_FIT_WITHOUT), family("g2-standard-")),
+    "A10G": Gpu(None, "a10g", family("g5.", without=_G_FIT_WITHOUT)),
+    "L40S": Gpu(None, "l40s", family("g6e.", without=_G_FIT_WITHOUT)),
+    "T4": Gpu("nvidia-tesla-t4", "t4", family("g4dn.", without=(*_G_FIT_WITHOUT, "metal")), _N1_GUEST, "nvidia-tesla-t4"),
+    "V100": Gpu("nvidia-tesla-v100", "v100", family("p3."), _N1_GUEST, "nvidia-tesla-v100"),
 }
 
 
@@ -109,13 +102,18 @@ def machine_type_error(provider: str, value: str, where: str) -> str | None:
     return f"{where}: {value!r} is not {form}, so no {provider} node would ever match it; name one of {provider}'s"
 
 
-def pinned_machine_error(provider: str, tier: Tier, index: int, cpu: float, gpus: int, *, kubernetes: bool) -> str | None:
-    """Why the tier's ``placement.instance_type`` cannot hold its workers there, or None: another
-    cloud's spelling, a known type in other case, or a known machine smaller than one worker."""
-    name, where = tier.placement.instance_type, f"tiers[{index}].placement.instance_type"
-    assert name is not None
+def machine_error(provider: str, name: str, where: str, cpu: float, gpus: int, *, kubernetes: bool) -> str | None:
+    """Why machine type ``name`` cannot hold one worker on ``provider``, or None: another cloud's
+    spelling, a known type in other case, or a known machine smaller than one worker."""
     return (machine_type_error(provider, name, where) or machine_spelling_error(name, where)
             or machine_fit_error(name, cpu, gpus, where, kubernetes=kubernetes))
+
+
+def pinned_machine_error(provider: str, tier: Tier, index: int, cpu: float, gpus: int, *, kubernetes: bool) -> str | None:
+    """Why the tier's ``placement.instance_type`` cannot hold its workers there, or None."""
+    name = tier.placement.instance_type
+    assert name is not None
+    return machine_error(provider, name, f"tiers[{index}].placement.instance_type", cpu, gpus, kubernetes=kubernetes)
 
 
 def tier_gpu(tier: Tier, index: int) -> tuple[str, Gpu] | None:
