@@ -24,7 +24,7 @@ from spotfallback.deploy.launcher import (
     cluster_launcher_config,
     render_cluster_launcher,
 )
-from spotfallback.deploy.machines import Machine, family, machine, sized
+from spotfallback.deploy.machines import Machine, family, machine, node_keeps_mib, sized
 from spotfallback.deploy.nodepools import (
     KarpenterCloud,
     NodePoolOptions,
@@ -248,12 +248,50 @@ def test_a_pod_cannot_ask_for_every_cpu_of_its_node_but_a_ray_up_worker_can() ->
 def test_machines_outside_the_catalog_are_not_checked_and_a_known_one_in_other_case_is_refused() -> None:
     assert machine("p5en.48xlarge") is None
     assert k8s_pool(K8sCloud.EKS_MANAGED, _pinned("p5en.48xlarge", 8, 8), 0).node_selector[INSTANCE_TYPE_KEY] == "p5en.48xlarge"
-    assert machine("Standard_ND96asr_v4") == Machine("azure", 96, 8)
+    assert machine("Standard_ND96asr_v4") == Machine("azure", 96, 8, 900)
     with pytest.raises(ConfigError, match=r"'Standard_NC6s_v3' has 6 vCPUs and 1 GPU"):
         k8s_pool(K8sCloud.AKS, _pinned("Standard_NC6s_v3", 4, 2), 0)
     # node.kubernetes.io/instance-type carries Azure's spelling; a selector in other case matches no node.
     with pytest.raises(ConfigError, match=r"'Standard_nd96asr_v4' is spelt 'Standard_ND96asr_v4' on the nodes' labels"):
         k8s_pool(K8sCloud.AKS, _pinned("Standard_nd96asr_v4", 8, 8), 0)
+
+
+def _one_tier_job(tier: Tier) -> JobConfig:
+    return JobConfig.model_validate({"name": "ft", "storage_path": "s3://ml-runs/sf", "entrypoint": "ft.train:train_func",
+                                     "tiers": [tier.model_dump(exclude_defaults=True)]})
+
+
+def test_a_worker_asking_more_memory_than_its_node_can_give_is_refused() -> None:
+    """Memory defaults to 4 GiB per CPU: 31 CPUs of an n2-standard-32 ask for 124 GiB, more than GKE leaves of 128."""
+    cpu_tier = Tier.model_validate({"name": "cpu-spot", "market": "spot", "num_workers": 4, "resources_per_worker": {"CPU": 31},
+                                    "placement": {"instance_type": "n2-standard-32"}})
+    gke = KubeRayOptions(cloud=K8sCloud.GKE, image="ghcr.io/acme/train:1")
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: one worker asks for 124 GiB of memory \(4 GiB per "
+                                          r"CPU, memory_per_cpu_gib, as the worker names no memory\), and 'n2-standard-32' has 128 GiB, "
+                                          r"of which a gke node keeps at least 9\.3 GiB .*give each worker at most 118 GiB "
+                                          r"\(resources_per_worker\.memory, in bytes: 126701535232\), or name a larger type "
+                                          r"\(such as 'n2-standard-48'\)$"):
+        kuberay_manifest(_one_tier_job(cpu_tier), gke)
+    fits = cpu_tier.model_copy(update={"resources_per_worker": {"CPU": 31, "memory": 118 * 2**30}})
+    pod = pod_specs(kuberay_manifest(_one_tier_job(fits), gke))[0]
+    assert pod["containers"][0]["resources"]["requests"]["memory"] == str(118 * 2**30)
+    # Karpenter never counts on 7.5% of an instance's memory: 1100 GiB fits a p4d node of a managed group, not Karpenter's.
+    big = _pinned("p4d.24xlarge", 90, 8).model_copy(update={"resources_per_worker": {"CPU": 90, "GPU": 8, "memory": 1100 * 2**30}})
+    kuberay_manifest(_one_tier_job(big), KubeRayOptions(cloud=K8sCloud.EKS_MANAGED, image="ghcr.io/acme/train:1"))
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker\.memory: one worker asks for 1100 GiB of memory, "
+                                          r"and 'p4d\.24xlarge' has 1152 GiB"):
+        kuberay_manifest(_one_tier_job(big), KubeRayOptions(cloud=K8sCloud.EKS_KARPENTER, image="ghcr.io/acme/train:1"))
+
+
+def test_what_a_node_keeps_is_a_lower_bound_of_each_clouds_documented_allocatable() -> None:
+    # Karpenter's own table gives an m5.xlarge (16 GiB, 58 pods) 14162 MiB allocatable: 7.5%, 11 MiB x 58 + 255, 100.
+    assert node_keeps_mib(K8sCloud.EKS_KARPENTER, 16) + 11 * 58 == 16384 - 14162
+    # GKE's bands read with GB as 1000 MiB, as the cluster autoscaler predicts them: at most 2% under the GiB reading.
+    gib_reading = 0.25 * 4096 + 0.2 * 4096 + 0.1 * 8192 + 0.06 * 114688 + 100
+    assert 0.98 * gib_reading <= node_keeps_mib(K8sCloud.GKE, 128) <= gib_reading
+    # AKS (1.29 and later): an 8 GB node with 30 pods keeps 650 MB and the 100 Mi eviction threshold.
+    assert node_keeps_mib(K8sCloud.AKS, 8) == pytest.approx(650e6 / 2**20 + 100)
+    assert node_keeps_mib(K8sCloud.AKS, 1) == pytest.approx(0.25 * 1024 + 100)  # 25% of a small node at most
 
 
 def test_default_fit_tables_come_from_the_catalog_smallest_first() -> None:

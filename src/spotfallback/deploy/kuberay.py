@@ -63,6 +63,7 @@ from spotfallback.deploy.common import (
     with_run_name,
     worker_shape,
 )
+from spotfallback.deploy.machines import machine_memory_error
 from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_pool
 from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
 from spotfallback.errors import ConfigError
@@ -343,9 +344,10 @@ def _worker_group(
     cpu, gpu, custom = worker_shape(tier, index)
     memory = custom.pop("memory", None)
     custom.pop("object_store_memory", None)
+    per_cpu = max(1, math.ceil(cpu))
     requests = {
         "cpu": cpu_quantity(cpu if cpu > 0 else 1),
-        "memory": str(int(memory)) if memory else f"{max(1, math.ceil(cpu)) * opts.memory_per_cpu_gib}Gi",
+        "memory": str(int(memory)) if memory else f"{per_cpu * opts.memory_per_cpu_gib}Gi",
     }
     if gpu:
         requests["nvidia.com/gpu"] = str(gpu)
@@ -362,6 +364,12 @@ def _worker_group(
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
     pool = k8s_pool(opts.cloud, tier, index)
+    if tier.placement.instance_type and (problem := machine_memory_error(
+        tier.placement.instance_type, memory or per_cpu * opts.memory_per_cpu_gib * 2**30, cpu, gpu, opts.cloud,
+        f"tiers[{index}].resources_per_worker" + (".memory" if memory else ""),
+        "" if memory else f" ({opts.memory_per_cpu_gib} GiB per CPU, memory_per_cpu_gib, as the worker names no memory)",
+    )):
+        raise ConfigError(problem)
     selector = dict(placement.node_selector)
     for key, value in {**topology, **pool.node_selector}.items():
         if selector.get(key, value) != value:

@@ -1,66 +1,90 @@
-"""Machine types whose size spotfallback knows: vCPUs and GPUs, as each cloud documents them.
+"""Machine types whose size spotfallback knows: vCPUs, GPUs and memory, as each cloud documents them.
 
 A tier pinned to a machine smaller than one of its workers (``placement.instance_type``,
 ``--instance-type``) never gets a node that can hold a worker: the pods stay pending, or the
 launcher starts nodes Ray can never place a worker on, and the run waits on that tier until its
 capacity timeout. Such a pin is refused here, for the types listed; others are not checked.
 
-Sources (vCPUs and GPUs per type): the Amazon EC2 User Guide's "Accelerated computing instances"
-and "General purpose instances" tables; Google Cloud's "GPU machine types" and "General-purpose
-machine family" pages; Microsoft Learn's NC- and ND-series size pages. The GPU families here are
-also what ``pools.GPUS`` and the launcher's default fit choose from.
+Sources (vCPUs, GPUs and memory per type): the Amazon EC2 User Guide's "Accelerated computing
+instances" and "General purpose instances" tables; for g6, g6e and p5, which that guide predates,
+the instance memory Karpenter's AWS provider lists from EC2's DescribeInstanceTypes
+(``karpenter.k8s.aws/instance-memory``); Google Cloud's "GPU machine types" and "General-purpose
+machine family" pages (their GB are 2^30 bytes); Microsoft Learn's NC- and ND-series size pages.
+The GPU families here are also what ``pools.GPUS`` and the launcher's default fit choose from.
+
+What a Kubernetes node keeps from its pods (``node_keeps_mib``): GKE's "Plan node sizes" memory
+reservations (as ``cluster-autoscaler/cloudprovider/gce/reserved.go`` computes them, GB read as
+1000 MiB); the EKS-optimized AMI's ``11 MiB x maxPods + 255 MiB`` (nodeadm, ``bootstrap.sh``) and
+Karpenter's 7.5% ``vmMemoryOverheadPercent``; AKS's "Node resource reservations" for Kubernetes
+1.29 and later (the lesser of ``20 MB x maxPods + 50 MB`` and 25%); and the kubelet's
+``memory.available<100Mi`` eviction threshold on all three.
 """
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
+
+from spotfallback.deploy.clouds import K8sCloud
 
 
 @dataclass(frozen=True)
 class Machine:
-    """One machine type: its cloud (``aws``, ``gcp``, ``azure``), vCPUs and whole GPUs."""
+    """One machine type: its cloud (``aws``, ``gcp``, ``azure``), vCPUs, whole GPUs and memory (GiB)."""
 
     provider: str
     vcpus: int
     gpus: int
+    memory_gib: float
 
 
-def _family(provider: str, names: str, sizes: tuple[tuple[str, int, int], ...]) -> dict[str, Machine]:
-    return {names.format(size): Machine(provider, cpus, gpus) for size, cpus, gpus in sizes}
+def _family(provider: str, names: str, sizes: tuple[tuple[str, int, int, float], ...]) -> dict[str, Machine]:
+    return {names.format(size): Machine(provider, cpus, gpus, mem) for size, cpus, gpus, mem in sizes}
 
 
-# EC2's G families share one layout (g6e.16xlarge, like g5's, has 1 GPU to 64 vCPUs).
+# EC2's G families share one CPU/GPU layout (g6e.16xlarge, like g5's, has 1 GPU to 64 vCPUs);
+# g4dn, g5 and g6 have 4 GiB per vCPU, g6e twice that.
 _G_SIZES = (("xlarge", 4, 1), ("2xlarge", 8, 1), ("4xlarge", 16, 1), ("8xlarge", 32, 1), ("12xlarge", 48, 4),
             ("16xlarge", 64, 1), ("24xlarge", 96, 4), ("48xlarge", 192, 8))  # fmt: skip
-_A2_SIZES = (("1g", 12, 1), ("2g", 24, 2), ("4g", 48, 4), ("8g", 96, 8))
+
+
+def _g(gib_per_vcpu: int) -> tuple[tuple[str, int, int, float], ...]:
+    return tuple((size, cpus, gpus, cpus * gib_per_vcpu) for size, cpus, gpus in _G_SIZES)
+
+
+def _a2(gib_per_gpu: int) -> tuple[tuple[str, int, int, float], ...]:
+    return tuple((f"{g}g", 12 * g, g, gib_per_gpu * g) for g in (1, 2, 4, 8))
+
 
 MACHINES: dict[str, Machine] = {
-    **_family("aws", "m5.{}", tuple((s, c, 0) for s, c in (
+    **_family("aws", "m5.{}", tuple((s, c, 0, 4 * c) for s, c in (
         ("large", 2), ("xlarge", 4), ("2xlarge", 8), ("4xlarge", 16), ("8xlarge", 32), ("12xlarge", 48), ("16xlarge", 64),
         ("24xlarge", 96),
     ))),
-    **_family("aws", "p2.{}", (("xlarge", 4, 1), ("8xlarge", 32, 8), ("16xlarge", 64, 16))),
-    **_family("aws", "p3.{}", (("2xlarge", 8, 1), ("8xlarge", 32, 4), ("16xlarge", 64, 8))),
-    **_family("aws", "{}.24xlarge", (("p3dn", 96, 8), ("p4d", 96, 8), ("p4de", 96, 8))),
-    "p5.48xlarge": Machine("aws", 192, 8),
-    **_family("aws", "g4dn.{}", (*_G_SIZES[:5], ("16xlarge", 64, 1), ("metal", 96, 8))),
-    **_family("aws", "g5.{}", _G_SIZES),
-    **_family("aws", "g6.{}", _G_SIZES),
-    **_family("aws", "g6e.{}", _G_SIZES),
-    **_family("gcp", "n2-standard-{}", tuple((str(c), c, 0) for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128))),
-    **_family("gcp", "a2-highgpu-{}", _A2_SIZES),
-    **_family("gcp", "a2-ultragpu-{}", _A2_SIZES),
-    "a2-megagpu-16g": Machine("gcp", 96, 16),
-    **_family("gcp", "a3-highgpu-{}", (("1g", 26, 1), ("2g", 52, 2), ("4g", 104, 4), ("8g", 208, 8))),
-    **_family("gcp", "a3-{}-8g", (("megagpu", 208, 8), ("edgegpu", 208, 8), ("ultragpu", 224, 8))),
-    **_family("gcp", "g2-standard-{}", (("4", 4, 1), ("8", 8, 1), ("12", 12, 1), ("16", 16, 1), ("24", 24, 2), ("32", 32, 1),
-                                        ("48", 48, 4), ("96", 96, 8))),
+    **_family("aws", "p2.{}", (("xlarge", 4, 1, 61), ("8xlarge", 32, 8, 488), ("16xlarge", 64, 16, 732))),
+    **_family("aws", "p3.{}", (("2xlarge", 8, 1, 61), ("8xlarge", 32, 4, 244), ("16xlarge", 64, 8, 488))),
+    **_family("aws", "{}.24xlarge", (("p3dn", 96, 8, 768), ("p4d", 96, 8, 1152), ("p4de", 96, 8, 1152))),
+    "p5.48xlarge": Machine("aws", 192, 8, 2048),
+    **_family("aws", "g4dn.{}", (*_g(4)[:5], ("16xlarge", 64, 1, 256), ("metal", 96, 8, 384))),
+    **_family("aws", "g5.{}", _g(4)),
+    **_family("aws", "g6.{}", _g(4)),
+    **_family("aws", "g6e.{}", _g(8)),
+    **_family("gcp", "n2-standard-{}", tuple((str(c), c, 0, 4 * c) for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128))),
+    **_family("gcp", "a2-highgpu-{}", _a2(85)),
+    **_family("gcp", "a2-ultragpu-{}", _a2(170)),
+    "a2-megagpu-16g": Machine("gcp", 96, 16, 1360),
+    **_family("gcp", "a3-highgpu-{}", (("1g", 26, 1, 234), ("2g", 52, 2, 468), ("4g", 104, 4, 936), ("8g", 208, 8, 1872))),
+    **_family("gcp", "a3-{}-8g", (("megagpu", 208, 8, 1872), ("edgegpu", 208, 8, 1872), ("ultragpu", 224, 8, 2952))),
+    **_family("gcp", "g2-standard-{}", tuple((str(c), c, g, 4 * c) for c, g in (
+        (4, 1), (8, 1), (12, 1), (16, 1), (24, 2), (32, 1), (48, 4), (96, 8),
+    ))),
     **_family("azure", "Standard_{}", (
-        ("NC6s_v3", 6, 1), ("NC12s_v3", 12, 2), ("NC24s_v3", 24, 4), ("NC24rs_v3", 24, 4), ("ND40rs_v2", 40, 8),
-        ("ND96asr_v4", 96, 8), ("ND96amsr_A100_v4", 96, 8), ("ND96isr_H100_v5", 96, 8),
-        ("NC24ads_A100_v4", 24, 1), ("NC48ads_A100_v4", 48, 2), ("NC96ads_A100_v4", 96, 4),
-        ("NC40ads_H100_v5", 40, 1), ("NC80adis_H100_v5", 80, 2),
-        ("NC4as_T4_v3", 4, 1), ("NC8as_T4_v3", 8, 1), ("NC16as_T4_v3", 16, 1), ("NC64as_T4_v3", 64, 4),
+        ("NC6s_v3", 6, 1, 112), ("NC12s_v3", 12, 2, 224), ("NC24s_v3", 24, 4, 448), ("NC24rs_v3", 24, 4, 448),
+        ("ND40rs_v2", 40, 8, 672), ("ND96asr_v4", 96, 8, 900), ("ND96amsr_A100_v4", 96, 8, 1900),
+        ("ND96isr_H100_v5", 96, 8, 1900), ("NC24ads_A100_v4", 24, 1, 220), ("NC48ads_A100_v4", 48, 2, 440),
+        ("NC96ads_A100_v4", 96, 4, 880), ("NC40ads_H100_v5", 40, 1, 320), ("NC80adis_H100_v5", 80, 2, 640),
+        ("NC4as_T4_v3", 4, 1, 28), ("NC8as_T4_v3", 8, 1, 56), ("NC16as_T4_v3", 16, 1, 110), ("NC64as_T4_v3", 64, 4, 440),
     )),
 }  # fmt: skip
 _BY_LOWER = {name.lower(): name for name in MACHINES}
@@ -107,14 +131,74 @@ def machine_fit_error(name: str, cpu: float, gpus: int, where: str, *, kubernete
     if gpus <= m.gpus and not too_few_cpus:
         return None
     room = f"fewer CPUs than its {m.vcpus} (the kubelet keeps part of every node)" if kubernetes else f"at most {m.vcpus} CPUs"
-    larger = [n for n, o in MACHINES.items() if o.provider == m.provider and o.gpus >= gpus and
-              (o.vcpus > cpu if kubernetes else o.vcpus >= cpu) and _family_of(n) == _family_of(name)]
-    hint = f" (such as {min(larger, key=lambda n: (MACHINES[n].gpus, MACHINES[n].vcpus))!r})" if larger else ""
+    hint = _larger(name, lambda o: o.gpus >= gpus and (o.vcpus > cpu if kubernetes else o.vcpus >= cpu))
     return (
         f"{where}: {name!r} has {m.vcpus} vCPUs and {_gpus(m.gpus)}, and one worker asks for {cpu:g} CPUs and {_gpus(gpus)} "
         f"(resources_per_worker), so no worker would ever run there; name a larger type{hint}, or give each worker "
         + " and ".join(([room] if too_few_cpus else []) + ([f"at most {_gpus(m.gpus)}"] if gpus > m.gpus else []))
     )
+
+
+# What every Kubernetes node keeps from its pods, beyond the cloud's own reservation.
+EVICTION_MIB = 100  # the kubelet's memory.available<100Mi hard-eviction threshold
+_GKE_BANDS_MIB = ((4000, 0.25), (8000, 0.20), (16000, 0.10), (128000, 0.06), (math.inf, 0.02))  # GB read as 1000 MiB
+_EKS_RESERVED_MIB = 255  # plus 11 MiB for each pod the type may run, which depends on its network interfaces
+_KARPENTER_VM_OVERHEAD = 0.075  # Karpenter's vmMemoryOverheadPercent: memory it never counts on
+_AKS_RESERVED_MB = 20 * 30 + 50  # 20 MB x maxPods + 50 MB at the fewest pods AKS defaults to (legacy Azure CNI: 30)
+
+
+def node_keeps_mib(cloud: K8sCloud, memory_gib: float) -> float:
+    """The least memory (MiB) a Kubernetes node of ``memory_gib`` keeps from pods on ``cloud``.
+
+    The cloud's documented kube-reserved plus the eviction threshold: a lower bound, since the
+    kernel takes its share before the kubelet counts the node's capacity, so a worker refused
+    here can never schedule, and one allowed may still find the node a little short.
+    """
+    total = memory_gib * 1024
+    if cloud is K8sCloud.GKE:
+        kept, low = (255.0, 0.0) if total < 1000 else (0.0, 0.0)
+        for high, share in _GKE_BANDS_MIB if total >= 1000 else ():
+            kept += share * max(0.0, min(total, high) - low)
+            low = high
+    elif cloud in (K8sCloud.EKS_MANAGED, K8sCloud.EKS_KARPENTER):
+        overhead = math.ceil(total * _KARPENTER_VM_OVERHEAD) if cloud is K8sCloud.EKS_KARPENTER else 0
+        kept = overhead + _EKS_RESERVED_MIB
+    else:
+        kept = min(_AKS_RESERVED_MB * 1e6 / 2**20, 0.25 * total)
+    return kept + EVICTION_MIB
+
+
+def machine_memory_error(name: str, memory_bytes: float, cpu: float, gpus: int, cloud: K8sCloud, where: str,
+                         why: str = "") -> str | None:
+    """Why a worker pod asking for ``memory_bytes`` can never schedule on a node of type ``name``, or None.
+
+    ``why``: how the ask came about, when the user did not write it (the default per CPU).
+    """
+    m = machine(name)
+    if m is None:
+        return None
+    ask, room = memory_bytes / 2**20, _pod_room_mib(m, cloud)
+    if ask <= room:
+        return None
+    hint = _larger(name, lambda o: o.gpus >= gpus and o.vcpus > cpu and _pod_room_mib(o, cloud) >= ask)
+    kept = m.memory_gib * 1024 - room
+    return (
+        f"{where}: one worker asks for {ask / 1024:.4g} GiB of memory{why}, and {name!r} has {m.memory_gib:g} GiB, of which "
+        f"a {cloud.value} node keeps at least {kept / 1024:.2g} GiB for the kubelet and evictions, so the pods would never "
+        f"schedule; give each worker at most {math.floor(room / 1024)} GiB (resources_per_worker.memory, in bytes: "
+        f"{math.floor(room / 1024) * 2**30}), or name a larger type{hint}"
+    )
+
+
+def _pod_room_mib(m: Machine, cloud: K8sCloud) -> float:
+    return m.memory_gib * 1024 - node_keeps_mib(cloud, m.memory_gib)
+
+
+def _larger(name: str, fits: Callable[[Machine], bool]) -> str:
+    """`` (such as 'p3.16xlarge')``: the smallest type of ``name``'s family that ``fits``, or ''."""
+    m = MACHINES[name]
+    larger = [n for n, o in MACHINES.items() if o.provider == m.provider and _family_of(n) == _family_of(name) and fits(o)]
+    return f" (such as {min(larger, key=lambda n: (MACHINES[n].gpus, MACHINES[n].vcpus, MACHINES[n].memory_gib))!r})" if larger else ""
 
 
 def _gpus(n: int) -> str:
