@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import typer
+import yaml
 from typer.testing import CliRunner
 
 from spotfallback.cli import backtest as cli_backtest
@@ -158,6 +159,48 @@ def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
         backtest(ladder, [trace], job.model_copy(update={"deadline_h": None}))
     with pytest.raises(ValueError, match="on-demand tier"):
         backtest(Ladder(tiers=(Tier.spot(1),)), [trace], job)
+
+
+OTHER_POOL = str(FIXTURES / "us-east-1f_v100_4node.json")
+TWO_POOLS = JOB.replace("  - {name: on-demand,", """  - {name: spot-b, market: spot, num_workers: 1, max_preemptions: 2, capacity_timeout_s: 1800, price_per_worker_hour: 0.35}
+  - {name: on-demand,""")
+
+
+def test_each_spot_pool_can_replay_its_own_trace_over_the_same_hours():
+    """A ladder of two spot pools meets each pool's history, not the first pool's twice."""
+    job = JobSpec(work_h=10, restart_overhead_h=0.1, provisioning_delay_h=0.05, notice_s=120, deadline_h=15,
+                  checkpoint_interval_h=0.5, checkpoint_cost_h=0.02)
+    ladder = JobConfig.model_validate(yaml.safe_load(TWO_POOLS)).ladder
+    first, other = load_spot_trace(TRACE), load_spot_trace(OTHER_POOL)
+    res = backtest(ladder, [first], job, window_h=48, pools={"spot-b": other})
+    starts = np.arange(res.windows) * 48.0
+    ref = simulate(ladder, job, (first, other, world_for(ladder, first)[2]), runs=res.windows, start_h=starts, engine="policy")
+    np.testing.assert_allclose(res.spend, ref.spend, rtol=1e-9, atol=1e-9)
+    same = backtest(ladder, [first], job, window_h=48)
+    assert not np.allclose(res.spend, same.spend)  # the second pool's own outages change some windows
+    assert (res.optimum <= res.spend + 1e-9)[res.on_time].all()
+    with pytest.raises(ValueError, match=r"pools: 'on-demand' is not a spot tier of the ladder.*'spot', 'spot-b'"):
+        backtest(ladder, [first], job, pools={"on-demand": other})
+
+
+def test_backtest_pool_option_names_the_tier_that_replays_its_own_trace(app, tmp_path):
+    path = tmp_path / "two.yaml"
+    path.write_text(TWO_POOLS)
+    r = invoke(app, str(path), "--trace", TRACE, "--pool", f"spot-b={OTHER_POOL}", "--hours", "10")
+    assert r.exit_code == 0, r.output
+    assert f"Tier 'spot-b' replays {OTHER_POOL} over each window's hours" in r.output.replace("\n", "")
+    r = invoke(app, str(path), "--trace", TRACE, "--pool", f"spot-b={OTHER_POOL}", "--hours", "10", "--json")
+    assert json.loads(r.output)["pools"] == {"spot-b": OTHER_POOL}
+    for args, needle in (
+        (["--pool", "spot-b"], "--pool: expected TIER=PATH"),
+        (["--pool", f"nope={OTHER_POOL}"], "--pool: JOB.yaml has no tier 'nope'; its tiers are 'spot', 'spot-b', 'on-demand'"),
+        (["--pool", f"on-demand={OTHER_POOL}"], "--pool: pools: 'on-demand' is not a spot tier"),
+        (["--pool", "spot-b=/no/such.json"], "--pool: /no/such.json: no such file"),
+        (["--pool", f"spot-b={OTHER_POOL}", "--pool", f"spot-b={TRACE}"], "--pool: tier 'spot-b' is given twice"),
+    ):
+        r = invoke(app, str(path), "--trace", TRACE, "--hours", "10", *args)
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
 
 
 def test_a_plan_made_for_checkpoint_requests_is_backtested_with_them_unless_told_otherwise(app, tmp_path):

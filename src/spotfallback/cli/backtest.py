@@ -84,13 +84,45 @@ def _optimum_tiers(ladder: Ladder, od: Tier, spot_price: float | None) -> Ladder
     return Ladder(tiers=(spot, od))
 
 
+def _pool_paths(given: list[str]) -> dict[str, Path]:
+    """``--pool TIER=PATH`` options by tier name; one line naming the option for a malformed one."""
+    out: dict[str, Path] = {}
+    for item in given:
+        name, sep, path = item.partition("=")
+        if not sep or not name.strip() or not path.strip():
+            raise usage_error("--pool", f"expected TIER=PATH (a spot tier's name and its trace), e.g. --pool "
+                                        f"spot-b=us-west-2b_v100_1.json; got {item!r}")
+        if name in out:
+            raise usage_error("--pool", f"tier {name!r} is given twice; give each tier one trace")
+        out[name] = Path(path)
+    return out
+
+
+def _pools(given: list[str], ladder: Ladder) -> dict[str, SpotTrace | NodeTrace]:
+    """The traces of ``--pool``, loaded, for tiers of ``ladder``."""
+    names = [t.name for t in ladder.tiers]
+    pools: dict[str, SpotTrace | NodeTrace] = {}
+    for name, path in _pool_paths(given).items():
+        if name not in names:
+            raise usage_error("--pool", f"JOB.yaml has no tier {name!r}; its tiers are {', '.join(map(repr, names))}")
+        try:
+            pools[name] = load_process(str(path))
+        except TraceError as e:
+            raise usage_error("--pool", str(e)) from None
+    return pools
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``backtest`` command to the spotfallback CLI."""
 
     @app.command("backtest")
     def backtest_command(
         job_file: Path = typer.Argument(..., metavar="JOB.yaml", help="Job file whose ladder is replayed unchanged."),
-        trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more windows (each trace is replayed on every spot tier)."),
+        trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more windows (each trace is replayed on every spot tier that --pool gives no trace of its own)."),
+        pool: list[str] = typer.Option(
+            [], "--pool", metavar="TIER=PATH",
+            help="A spot tier that replays its own trace (another zone or pool, recorded over the same hours) instead "
+                 "of each --trace, which still sets the windows; repeat for more tiers."),
         window_h: float = typer.Option(24.0, "--window-h", help="Hours between window starts; every window starts the job afresh."),
         hours: float | None = typer.Option(
             None, "--hours", help="Training hours of the job on an uninterrupted gang. Default: the job file's plan."),
@@ -185,10 +217,11 @@ def register(app: typer.Typer) -> None:
                     traces.append(load_process(str(path)))
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
+            pools = _pools(pool, job.ladder)
             try:
-                res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over)
+                res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools)
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
-                raise usage_error("--trace", str(e)) from None
+                raise usage_error("--pool" if str(e).startswith("pools:") else "--trace", str(e)) from None
         except UsageError as e:
             raise fail(str(e), e.exit_code) from None
 
@@ -201,11 +234,14 @@ def register(app: typer.Typer) -> None:
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
         if as_json:
-            typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace], "replayed": replayed,
+            typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace],
+                                   "pools": {name: str(path) for name, path in _pool_paths(pool).items()}, "replayed": replayed,
                                    **res.summary(),
                                    "windows_detail": res.rows()}, indent=2))
             return
         console.print(_job_line(replayed, planned is not None))
+        for name, path in _pool_paths(pool).items():
+            console.print(f"Tier {name!r} replays {path} over each window's hours; the other spot tiers replay the window's trace.")
         console.print(_table(res, job.name))
         console.print(
             f"On-demand only: {res.on_demand_spend:,.2f} per window. Costlier than on-demand only: "

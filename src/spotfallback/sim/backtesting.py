@@ -10,7 +10,7 @@ window runs the same job from its first moment, on the same engines as ``simulat
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -135,14 +135,18 @@ def backtest(
     window_h: float = 24.0,
     on_demand: Process | None = None,
     optimum_over: Ladder | Sequence[Tier] | None = None,
+    pools: Mapping[str, SpotTrace | NodeTrace] | None = None,
 ) -> BacktestResult:
     """Replay the ladder, unchanged, from the start of every ``window_h`` window of each trace.
 
     Every spot tier runs on the trace (``world_for``), the others on ``on_demand`` (default:
-    always there). ``job.deadline_h`` is required: windows are judged by it, and the optimum
-    is the cheapest schedule that meets it, on the tiers of ``optimum_over`` (default: the
-    ladder's own). A ladder without a spot tier never touches the trace, so its own optimum
-    is itself: give the spot and on-demand tiers it could have used to see what it leaves.
+    always there); a spot tier named in ``pools`` runs on its own trace instead, over the same
+    hours as the window (another zone's or pool's history recorded beside the first), so a
+    ladder of two spot pools meets each pool's own capacity. ``job.deadline_h`` is required:
+    windows are judged by it, and the optimum is the cheapest schedule that meets it, on the
+    tiers of ``optimum_over`` (default: the ladder's own, each on its trace). A ladder without
+    a spot tier never touches the trace, so its own optimum is itself: give the spot and
+    on-demand tiers it could have used to see what it leaves.
     """
     if job.deadline_h is None:
         raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
@@ -150,16 +154,21 @@ def backtest(
         raise ValueError("give at least one trace")
     lad = ladder.ladder if isinstance(ladder, FallbackPolicy) else make_ladder(ladder)
     best = lad if optimum_over is None else make_ladder(optimum_over)
+    spot_names = [t.name for t in lad.tiers if t.is_spot]
+    for name in pools or {}:
+        if name not in spot_names:
+            raise ValueError(f"pools: {name!r} is not a spot tier of the ladder, so no trace applies to it; its spot tiers "
+                             f"are {', '.join(map(repr, spot_names)) or 'none'}")
     od_tier = on_demand_tier(lad)
     od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
     spot_workers = min((t.num_workers for t in lad.tiers if t.is_spot), default=1)
     names, starts, spend, wall, on_time, switches, opt = [], [], [], [], [], [], []
     for trace in traces:
-        world = world_for(lad, trace, on_demand)
+        world = world_for(lad, trace, on_demand, pools)
         ws = window_starts(trace, window_h, spot_workers)
         res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
-        optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand), ws)
+        optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand, pools), ws)
         names += [trace.name] * len(ws)
         starts.append(ws)
         spend.append(res.spend)

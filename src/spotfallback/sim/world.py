@@ -13,7 +13,7 @@ costs a few array lookups.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -64,11 +64,14 @@ def complement_trace(trace: SpotTrace, capacity: int | None = None) -> SpotTrace
     return SpotTrace(name=f"{trace.name} (complemented)", gap_seconds=trace.gap_seconds, available=flipped)
 
 
-def world_for(ladder: Ladder | Sequence[Tier], spot: Process, on_demand: Process | None = None) -> tuple[Process, ...]:
-    """One process per tier: spot-market tiers get ``spot``, the others ``on_demand`` (reliable)."""
+def world_for(ladder: Ladder | Sequence[Tier], spot: Process, on_demand: Process | None = None,
+              pools: Mapping[str, Process] | None = None) -> tuple[Process, ...]:
+    """One process per tier: spot-market tiers get ``spot``, the others ``on_demand`` (reliable);
+    a tier named in ``pools`` gets its own (another pool's history over the same hours)."""
     ladder = make_ladder(ladder)
     od = on_demand if on_demand is not None else RateModel()
-    return tuple(spot if t.is_spot else od for t in ladder.tiers)
+    own = pools or {}
+    return tuple(own.get(t.name, spot if t.is_spot else od) for t in ladder.tiers)
 
 
 
