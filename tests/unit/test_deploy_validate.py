@@ -366,3 +366,43 @@ def test_the_min_kuberay_annotation_is_read_and_checked() -> None:
     annotations["spotfallback/min-kuberay-version"] = "1.6.0"  # more than the fields need: the file's own claim
     assert _operator(doc, "1.5.1") == [f"{where}: the file needs KubeRay 1.6.0, the operator is 1.5.1; upgrade the operator to 1.6.0 or later"]
     assert _operator(doc, "1.6.0") == []
+
+
+def _pin(doc: dict[str, Any], machine: str, requests: dict[str, str], **selector: str) -> dict[str, Any]:
+    pod = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]
+    pod["nodeSelector"] = {"node.kubernetes.io/instance-type": machine, **selector}
+    pod["containers"][0]["resources"] = {"requests": requests, "limits": requests}
+    return doc
+
+
+PINNED = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.nodeSelector[\"node.kubernetes.io/instance-type\"]"
+
+
+def test_a_pod_pinned_to_a_machine_that_can_never_hold_it_is_an_error() -> None:
+    """Someone else's file: 8 GPUs on a 1-GPU type, or 124 GiB on a 128 GiB GKE node, stays pending forever."""
+    assert errors(_pin(sample(JOB_SAMPLE), "p4d.24xlarge", {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8"})) == []
+    found = errors(_pin(sample(JOB_SAMPLE), "p3.2xlarge", {"cpu": "8", "memory": "32Gi", "nvidia.com/gpu": "8"}))
+    assert found == [f"{PINNED}: no 'p3.2xlarge' node can ever hold this pod, which asks for 8 CPUs, not fewer than the "
+                     "node's 8 vCPUs (the kubelet keeps part of every node); 8 GPUs, more than its 1 GPU; name a larger type "
+                     "or ask for less"]
+    found = errors(_pin(sample(JOB_SAMPLE), "n2-standard-32", {"cpu": "31", "memory": "124Gi"}))
+    assert found == [f"{PINNED}: no 'n2-standard-32' node can ever hold this pod, which asks for 124 GiB of memory, more "
+                     "than the 118.7 GiB a gke node of 128 GiB leaves to pods; name a larger type or ask for less"]
+    # Karpenter never counts on 7.5% of an instance's memory; a managed node group's node would hold the same pod.
+    assert errors(_pin(sample(JOB_SAMPLE), "p4d.24xlarge", {"cpu": "90", "memory": "1100Gi"})) == []
+    found = errors(_pin(sample(JOB_SAMPLE), "p4d.24xlarge", {"cpu": "90", "memory": "1100Gi"}, **{"karpenter.sh/capacity-type": "spot"}))
+    assert len(found) == 1 and "a eks" not in found[0] and "than the 1065 GiB an eks-karpenter node of 1152 GiB" in found[0]
+    # Types outside the catalog are not judged; a known one in other case matches no node.
+    assert errors(_pin(sample(JOB_SAMPLE), "p5en.48xlarge", {"cpu": "900"})) == []
+    assert errors(_pin(sample(JOB_SAMPLE), "Standard_nd96asr_v4", {"cpu": "8"})) == [
+        f"{PINNED}: 'Standard_nd96asr_v4' is spelt 'Standard_ND96asr_v4' on the nodes' labels, which match case-sensitively; "
+        "write 'Standard_ND96asr_v4'"]
+
+
+def test_kubernetes_quantities_parse_as_the_api_server_reads_them() -> None:
+    from spotfallback.deploy.common import parse_quantity
+
+    assert parse_quantity("500m") == 0.5 and parse_quantity("2") == 2 and parse_quantity(4) == 4
+    assert parse_quantity("8Gi") == 8 * 2**30 and parse_quantity("1G") == 1e9 and parse_quantity("1e3") == 1000
+    assert parse_quantity("1.5Ki") == 1536 and parse_quantity("2E") == 2e18
+    assert parse_quantity("lots") is None and parse_quantity(True) is None and parse_quantity(None) is None

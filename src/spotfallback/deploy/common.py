@@ -144,6 +144,30 @@ def worker_shape(tier: Tier, index: int) -> tuple[float, int, dict[str, float]]:
     return cpu, int(gpu), res
 
 
+# Kubernetes quantity suffixes (resource.Quantity): binary, then decimal SI.
+_QUANTITY_SUFFIXES = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+                      "n": 1e-9, "u": 1e-6, "m": 1e-3, "k": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15, "E": 1e18}
+
+
+def parse_quantity(value: object) -> float | None:
+    """A Kubernetes quantity (``"500m"``, ``"8Gi"``, ``"1e3"``, ``4``) as a number, or None if it is not one."""
+    if isinstance(value, bool) or not isinstance(value, int | float | str):
+        return None
+    if not isinstance(value, str):
+        return float(value)
+    try:
+        return float(value)  # plain and exponent forms
+    except ValueError:
+        pass
+    for suffix in sorted(_QUANTITY_SUFFIXES, key=len, reverse=True):
+        if value.endswith(suffix):
+            try:
+                return float(value[: -len(suffix)]) * _QUANTITY_SUFFIXES[suffix]
+            except ValueError:
+                return None
+    return None
+
+
 def cpu_quantity(cpu: float) -> str:
     """A Kubernetes CPU quantity string ('2', '500m'); strings, because the CRD's
     int-or-string schema rejects YAML floats such as 0.5."""

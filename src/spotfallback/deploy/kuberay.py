@@ -58,6 +58,7 @@ from spotfallback.deploy.common import (
     cpu_quantity,
     default_image,
     k8s_name,
+    parse_quantity,
     tier_labels,
     to_yaml,
     with_run_name,
@@ -302,9 +303,12 @@ def _notice_agent(image: str, cloud: K8sCloud, run: str, storage: _Storage) -> d
         "command": list(NOTICE_AGENT_COMMAND),
         "env": env,
         "volumeMounts": [{"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR}, *(dict(m) for m in storage.mounts)],
-        # Python with Ray's client imported; 64Mi was too little for it.
-        "resources": {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"cpu": "100m", "memory": "256Mi"}},
+        "resources": {"requests": dict(AGENT_REQUESTS), "limits": dict(AGENT_REQUESTS)},
     }
+
+
+# The notice agent's sidecar: Python with Ray's client imported (64Mi was too little for it).
+AGENT_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
 
 
 def _run_uri(job: JobConfig) -> str:
@@ -364,10 +368,12 @@ def _worker_group(
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
     pool = k8s_pool(opts.cloud, tier, index)
+    agent = (parse_quantity(AGENT_REQUESTS["memory"]) or 0.0) if sidecars else 0.0
+    why = ([] if memory else [f"{opts.memory_per_cpu_gib} GiB per CPU, memory_per_cpu_gib, as the worker names no memory"]) + (
+        [f"with the notice agent's {AGENT_REQUESTS['memory']}"] if agent else [])
     if tier.placement.instance_type and (problem := machine_memory_error(
         tier.placement.instance_type, memory or per_cpu * opts.memory_per_cpu_gib * 2**30, cpu, gpu, opts.cloud,
-        f"tiers[{index}].resources_per_worker" + (".memory" if memory else ""),
-        "" if memory else f" ({opts.memory_per_cpu_gib} GiB per CPU, memory_per_cpu_gib, as the worker names no memory)",
+        f"tiers[{index}].resources_per_worker" + (".memory" if memory else ""), f" ({', '.join(why)})" if why else "", agent,
     )):
         raise ConfigError(problem)
     selector = dict(placement.node_selector)

@@ -169,25 +169,44 @@ def node_keeps_mib(cloud: K8sCloud, memory_gib: float) -> float:
 
 
 def machine_memory_error(name: str, memory_bytes: float, cpu: float, gpus: int, cloud: K8sCloud, where: str,
-                         why: str = "") -> str | None:
-    """Why a worker pod asking for ``memory_bytes`` can never schedule on a node of type ``name``, or None.
+                         why: str = "", beside_bytes: float = 0.0) -> str | None:
+    """Why a worker pod asking for ``memory_bytes`` (and ``beside_bytes`` for its other containers)
+    can never schedule on a node of type ``name``, or None.
 
-    ``why``: how the ask came about, when the user did not write it (the default per CPU).
+    ``why``: how the ask came about, when the user did not write it all (the default per CPU).
     """
     m = machine(name)
     if m is None:
         return None
-    ask, room = memory_bytes / 2**20, _pod_room_mib(m, cloud)
+    ask, room = (memory_bytes + beside_bytes) / 2**20, _pod_room_mib(m, cloud)
     if ask <= room:
         return None
     hint = _larger(name, lambda o: o.gpus >= gpus and o.vcpus > cpu and _pod_room_mib(o, cloud) >= ask)
-    kept = m.memory_gib * 1024 - room
+    most = math.floor((room - beside_bytes / 2**20) / 1024)
     return (
         f"{where}: one worker asks for {ask / 1024:.4g} GiB of memory{why}, and {name!r} has {m.memory_gib:g} GiB, of which "
-        f"a {cloud.value} node keeps at least {kept / 1024:.2g} GiB for the kubelet and evictions, so the pods would never "
-        f"schedule; give each worker at most {math.floor(room / 1024)} GiB (resources_per_worker.memory, in bytes: "
-        f"{math.floor(room / 1024) * 2**30}), or name a larger type{hint}"
+        f"{_a(cloud.value)} node keeps at least {(m.memory_gib * 1024 - room) / 1024:.2g} GiB for the kubelet and evictions, "
+        f"so the pods would never schedule; give each worker at most {most} GiB (resources_per_worker.memory, in bytes: "
+        f"{most * 2**30}), or name a larger type{hint}"
     )
+
+
+def pod_shortfall(name: str, cpu: float, gpus: float, memory_bytes: float, cloud: K8sCloud) -> list[str] | None:
+    """What of one pod's requests a Kubernetes node of type ``name`` can never give (empty if
+    it fits), or None for a type outside the catalog."""
+    m = machine(name)
+    if m is None:
+        return None
+    short = []
+    if cpu >= m.vcpus:
+        short.append(f"{cpu:g} CPUs, not fewer than the node's {m.vcpus} vCPUs (the kubelet keeps part of every node)")
+    if gpus > m.gpus:
+        short.append(f"{gpus:g} GPUs, more than its {_gpus(m.gpus)}")
+    room = _pod_room_mib(m, cloud)
+    if memory_bytes / 2**20 > room:
+        short.append(f"{memory_bytes / 2**30:.4g} GiB of memory, more than the {room / 1024:.4g} GiB {_a(cloud.value)} node "
+                     f"of {m.memory_gib:g} GiB leaves to pods")
+    return short
 
 
 def _pod_room_mib(m: Machine, cloud: K8sCloud) -> float:
@@ -199,6 +218,10 @@ def _larger(name: str, fits: Callable[[Machine], bool]) -> str:
     m = MACHINES[name]
     larger = [n for n, o in MACHINES.items() if o.provider == m.provider and _family_of(n) == _family_of(name) and fits(o)]
     return f" (such as {min(larger, key=lambda n: (MACHINES[n].gpus, MACHINES[n].vcpus, MACHINES[n].memory_gib))!r})" if larger else ""
+
+
+def _a(word: str) -> str:
+    return ("an " if word[0] in "aeiou" else "a ") + word
 
 
 def _gpus(n: int) -> str:

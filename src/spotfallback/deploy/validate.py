@@ -37,8 +37,12 @@ from spotfallback.deploy.clouds import (
     SPOT_LABEL_FAMILIES,
     SPOT_NODE_LABELS,
     SPOT_TAINT_KEYS,
+    K8sCloud,
     vm_config_is_spot,
 )
+from spotfallback.deploy.common import parse_quantity
+from spotfallback.deploy.machines import machine, machine_spelling_error, pod_shortfall
+from spotfallback.deploy.pools import INSTANCE_TYPE_KEY
 from spotfallback.deploy.schema import KUBERAY_FILES, kuberay_validator, launcher_validator
 from spotfallback.errors import ManifestInvalid
 
@@ -266,6 +270,7 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
         problem = _label_problem(key, value)
         if problem:
             yield Finding(field_path([*at, "labels", key]), problem)
+    yield from _pinned_machine(group, at)
     if is_head:
         yield from _head_on_spot(group, at)
         return
@@ -282,6 +287,45 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
         yield Finding(field_path([*at, "replicas"]), f"{replicas} is outside [minReplicas, maxReplicas] = [{low}, {high}]; the operator clamps it", warning=True)
     yield from _market_mismatch(group, at)
     yield from _drain_window(group, at)
+
+
+def _pod_requests(pod: dict[str, Any]) -> tuple[float, float, float]:
+    """(CPUs, GPUs, memory bytes) the scheduler reserves for one pod: its containers' and native
+    sidecars' requests (their limits where a request is not set)."""
+    sidecars = [c for c in pod.get("initContainers") or [] if isinstance(c, dict) and c.get("restartPolicy") == "Always"]
+    total = {"cpu": 0.0, "nvidia.com/gpu": 0.0, "memory": 0.0}
+    for container in [*(pod.get("containers") or []), *sidecars]:
+        resources = _dict(_dict(container).get("resources"))
+        asked = {**_dict(resources.get("limits")), **_dict(resources.get("requests"))}
+        for key in total:
+            total[key] += parse_quantity(asked.get(key)) or 0.0
+    return total["cpu"], total["nvidia.com/gpu"], total["memory"]
+
+
+def _pinned_machine(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """A pod pinned to a known machine type that can never hold it stays pending: refuse it here.
+
+    The memory a node leaves to pods is its cloud's (the type's provider; on AWS, Karpenter's
+    when the pod selects Karpenter's labels): a lower bound, so only a sure misfit is reported.
+    """
+    selector = _dict(_get(group, "template", "spec", "nodeSelector"))
+    name = selector.get(INSTANCE_TYPE_KEY)
+    if not isinstance(name, str):
+        return
+    where = field_path([*at, "template", "spec", "nodeSelector", INSTANCE_TYPE_KEY])
+    if problem := machine_spelling_error(name, where):
+        yield Finding(where, problem.split(": ", 1)[1])
+        return
+    known = machine(name)
+    if known is None:
+        return
+    karpenter_pod = any(key.startswith(("karpenter.sh/", "karpenter.k8s.aws/")) for key in selector)
+    cloud = {"gcp": K8sCloud.GKE, "azure": K8sCloud.AKS}.get(
+        known.provider, K8sCloud.EKS_KARPENTER if karpenter_pod else K8sCloud.EKS_MANAGED)
+    short = pod_shortfall(name, *_pod_requests(_dict(_get(group, "template", "spec"))), cloud)
+    if short:
+        yield Finding(where, f"no {name!r} node can ever hold this pod, which asks for {'; '.join(short)}; name a larger "
+                             "type or ask for less")
 
 
 def _drain_window(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
