@@ -278,6 +278,13 @@ def test_launcher_checks() -> None:
     assert [str(f) for f in findings if f.warning] == [
         'available_node_types.spot.labels["ray.io/market-type"]: says \'on-demand\', but node_config requests spot capacity'
     ]
+    oversold = copy.deepcopy(LAUNCHER)
+    oversold["available_node_types"]["spot"]["node_config"]["InstanceType"] = "p3.2xlarge"
+    oversold["available_node_types"]["spot"]["resources"] = {"CPU": 8, "GPU": 8}
+    assert errors(oversold) == ["available_node_types.spot.resources.GPU: declares 8, but 'p3.2xlarge' has 1: Ray would "
+                                "place work on GPUs the node does not have"]
+    oversold["available_node_types"]["spot"]["node_config"]["InstanceType"] = "p3.16xlarge"
+    assert errors(oversold) == []
 
 
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kuberay is not present")

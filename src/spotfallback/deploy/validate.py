@@ -685,6 +685,21 @@ def _metadata_findings(doc: dict[str, Any], kind: str) -> Iterator[Finding]:
 # --- launcher checks ---------------------------------------------------------------------------
 
 
+def _declared_beyond_machine(node_type: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """A ``ray up`` node type declaring more CPUs or GPUs than its known machine has: Ray trusts
+    the declared ``resources``, so it would place work on CPUs or GPUs the node lacks."""
+    config = _dict(node_type.get("node_config"))
+    name = config.get("InstanceType", config.get("machineType"))
+    known = machine(name) if isinstance(name, str) else None
+    if known is None:
+        return
+    for key, has in (("CPU", known.vcpus), ("GPU", known.gpus)):
+        declared = _get(node_type, "resources", key)
+        if isinstance(declared, int | float) and not isinstance(declared, bool) and declared > has:
+            yield Finding(field_path([*at, "resources", key]),
+                          f"declares {declared:g}, but {name!r} has {has}: Ray would place work on {key}s the node does not have")
+
+
 def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
     types = _dict(doc.get("available_node_types"))
     head_type = doc.get("head_node_type")
@@ -695,7 +710,7 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
     for name, node_type in types.items():
         if not isinstance(node_type, dict):
             continue
-        at = ["available_node_types", name]
+        at: list[str | int] = ["available_node_types", name]
         spot_config = vm_config_is_spot(node_type.get("node_config"))
         market = _get(node_type, "labels", MARKET_LABEL)
         if name == head_type:
@@ -704,6 +719,7 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
             if market == SPOT:
                 yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"is 'spot', but {why}")
             continue
+        yield from _declared_beyond_machine(node_type, at)
         low, high = node_type.get("min_workers", 0), node_type.get("max_workers")
         if isinstance(low, int):
             total_min += low
