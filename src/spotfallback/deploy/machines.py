@@ -156,8 +156,8 @@ def node_keeps_mib(cloud: K8sCloud, memory_gib: float) -> float:
     """
     total = memory_gib * 1024
     if cloud is K8sCloud.GKE:
-        kept, low = (255.0, 0.0) if total < 1000 else (0.0, 0.0)
-        for high, share in _GKE_BANDS_MIB if total >= 1000 else ():
+        kept, low = (255.0 if total < 1000 else 0.0), 0.0  # a node under 1 GB keeps 255 MiB
+        for high, share in _GKE_BANDS_MIB if not kept else ():
             kept += share * max(0.0, min(total, high) - low)
             low = high
     elif cloud in (K8sCloud.EKS_MANAGED, K8sCloud.EKS_KARPENTER):
