@@ -267,7 +267,7 @@ def test_a_worker_asking_more_memory_than_its_node_can_give_is_refused() -> None
                                     "placement": {"instance_type": "n2-standard-32"}})
     gke = KubeRayOptions(cloud=K8sCloud.GKE, image="ghcr.io/acme/train:1")
     with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: one worker asks for 124\.2 GiB of memory \(4 GiB per "
-                                          r"CPU, memory_per_cpu_gib, as the worker names no memory, with the notice agent's 256Mi\), and 'n2-standard-32' has 128 GiB, "
+                                          r"CPU from KubeRayOptions\.memory_per_cpu_gib, as resources_per_worker names no memory; the notice agent's 256Mi included\), and 'n2-standard-32' has 128 GiB, "
                                           r"of which a gke node keeps at least 9\.3 GiB .*give each worker at most 118 GiB "
                                           r"\(resources_per_worker\.memory, in bytes: 126701535232\), or name a larger type "
                                           r"\(such as 'n2-standard-48'\)$"):
@@ -278,8 +278,8 @@ def test_a_worker_asking_more_memory_than_its_node_can_give_is_refused() -> None
     # Karpenter never counts on 7.5% of an instance's memory: 1100 GiB fits a p4d node of a managed group, not Karpenter's.
     big = _pinned("p4d.24xlarge", 90, 8).model_copy(update={"resources_per_worker": {"CPU": 90, "GPU": 8, "memory": 1100 * 2**30}})
     kuberay_manifest(_one_tier_job(big), KubeRayOptions(cloud=K8sCloud.EKS_MANAGED, image="ghcr.io/acme/train:1"))
-    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker\.memory: one worker asks for 1100 GiB of memory \(with "
-                                          r"the notice agent's 256Mi\), and 'p4d\.24xlarge' has 1152 GiB, of which an eks-karpenter "
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker\.memory: one worker asks for 1100 GiB of memory \(the "
+                                          r"notice agent's 256Mi included\), and 'p4d\.24xlarge' has 1152 GiB, of which an eks-karpenter "
                                           r"node keeps at least 87 GiB .* at most 1065 GiB"):
         kuberay_manifest(_one_tier_job(big), KubeRayOptions(cloud=K8sCloud.EKS_KARPENTER, image="ghcr.io/acme/train:1"))
 

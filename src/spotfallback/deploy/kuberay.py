@@ -369,11 +369,12 @@ def _worker_group(
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
     pool = k8s_pool(opts.cloud, tier, index)
     agent = (parse_quantity(AGENT_REQUESTS["memory"]) or 0.0) if sidecars else 0.0
-    why = ([] if memory else [f"{opts.memory_per_cpu_gib} GiB per CPU, memory_per_cpu_gib, as the worker names no memory"]) + (
-        [f"with the notice agent's {AGENT_REQUESTS['memory']}"] if agent else [])
+    why = ([] if memory else [f"{opts.memory_per_cpu_gib} GiB per CPU from KubeRayOptions.memory_per_cpu_gib, as "
+                               "resources_per_worker names no memory"]) + (
+        [f"the notice agent's {AGENT_REQUESTS['memory']} included"] if agent else [])
     if tier.placement.instance_type and (problem := machine_memory_error(
         tier.placement.instance_type, memory or per_cpu * opts.memory_per_cpu_gib * 2**30, cpu, gpu, opts.cloud,
-        f"tiers[{index}].resources_per_worker" + (".memory" if memory else ""), f" ({', '.join(why)})" if why else "", agent,
+        f"tiers[{index}].resources_per_worker" + (".memory" if memory else ""), f" ({'; '.join(why)})" if why else "", agent,
     )):
         raise ConfigError(problem)
     selector = dict(placement.node_selector)
