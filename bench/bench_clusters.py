@@ -1,6 +1,8 @@
 """Moving a run to another Ray cluster vs a tier switch within one: kill -> first step, and its parts.
 
-`.venv/bin/python -m bench.bench_clusters [--reps 2] [--out rows.json]`
+`.venv/bin/python -m bench.bench_clusters [--reps 2] [--out rows.json]`, or item 13 of
+`python -m bench` (`--only clusters`), which runs this module in a process of its own: one
+Ray driver per process, and the harness's own cluster stays connected.
 
 Two local Ray clusters side by side with their Jobs APIs (`LocalSpotCluster(jobs_api=True)`),
 the run's storage on the local S3 server (moto), the moving driver (`ClusterMover`) in this
@@ -26,6 +28,7 @@ import argparse
 import json
 import os
 import platform
+import subprocess
 import sys
 import tempfile
 import threading
@@ -35,8 +38,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from bench.harness import cpu_model
-from bench.runs import alternating
+from bench.harness import REPO, Figure, Measurement, Stat, Target, cpu_model, table, values
+from bench.runs import Context, alternating
 
 CONFIG = {"total_steps": 24, "checkpoint_every": 4, "step_delay_s": 0.3, "seed": 7}
 KILL_AFTER_STEP = 6
@@ -160,6 +163,52 @@ def measure(reps: int, log: Callable[[str], None] = print) -> list[dict[str, Any
             a.shutdown()
             b.shutdown()
     return rows
+
+
+def run(ctx: Context) -> list[dict[str, Any]]:
+    """The measurement in a child process (its two clusters and their drivers), its rows read back."""
+    out = ctx.path("clusters", ".json")
+    env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+    subprocess.run([sys.executable, "-m", "bench.bench_clusters", "--reps", str(ctx.reps(2)), "--out", str(out)],
+                   cwd=REPO, env=env, check=True, stdout=sys.stderr)
+    rows: list[dict[str, Any]] = json.loads(out.read_text())
+    return [{**r, "variant": r["scenario"]} for r in rows]
+
+
+def _extra(rows: list[dict[str, Any]]) -> list[float]:
+    """Per repetition: the move's kill -> first step less the switch's."""
+    by_rep: dict[Any, dict[str, float]] = {}
+    for r in rows:
+        by_rep.setdefault(r["rep"], {})[r["scenario"]] = float(r["kill_to_step_s"])
+    return [d["across"] - d["within"] for d in by_rep.values() if set(SCENARIOS) <= d.keys()]
+
+
+def figures(rows: list[dict[str, Any]]) -> list[Figure]:
+    report = Target("report")
+    return [
+        Figure(13, "Kill → first step on the next tier, moved to another cluster (spot node killed without notice)", "s",
+               report, Stat.of(values(rows, "kill_to_step_s", scenario="across")), 1),
+        Figure(13, "Kill → first step on the next tier, switched within one cluster", "s", report,
+               Stat.of(values(rows, "kill_to_step_s", scenario="within")), 1),
+        Figure(13, "A move's time over a switch within one cluster, per repetition", "s", report, Stat.of(_extra(rows)), 1),
+        Figure(13, "Runs whose final weights equal an uninterrupted run's", "share", Target("every run", min=1.0),
+               Stat.of([float(bool(r["identical"])) for r in rows]), 2, worst=True),
+    ]
+
+
+def describe(rows: list[dict[str, Any]]) -> str:
+    parts = ["kill_to_step_s", "detect_s", "stop_s", "submit_s", "driver_s", "workers_s", "restore_step_s", "redone_steps"]
+    body = [(r["rep"], r["scenario"], *("–" if r.get(k) is None else round(float(r[k]), 2) for k in parts), r["identical"])
+            for r in rows]
+    return ((__doc__ or "").split("\n\n", 2)[2].strip() + "\n\n"
+            + table(["rep", "scenario", "kill → step (s)", "detect (s)", "stop (s)", "submit (s)", "driver (s)", "workers (s)",
+                     "restore + step (s)", "steps redone", "weights identical"], body))
+
+
+MEASUREMENT = Measurement(
+    name="clusters", items=(13,), title="A move to another cluster against a switch within one", run=run, figures=figures,
+    describe=describe, cluster=False,
+)
 
 
 def main() -> None:

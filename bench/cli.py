@@ -43,6 +43,7 @@ MODULES = {
     "move-autoscaled": "bench.bench_move_autoscaled",
     "checkpoint": "bench.bench_checkpoint",
     "predict": "bench.bench_predict",
+    "clusters": "bench.bench_clusters",  # two clusters of its own, in a child process
 }
 DOCS = REPO / "docs"
 HEALTH_CHECK_S = "0.25"

@@ -71,7 +71,7 @@ class Target:
 class Figure:
     """One line of the results table."""
 
-    item: int  # the figure's number on docs/benchmarks.md (1-12)
+    item: int  # the figure's number on docs/benchmarks.md (1-13)
     name: str
     unit: str
     target: Target

@@ -134,15 +134,21 @@ def rows_like_a_run() -> dict[str, list[dict]]:
          "moved": v == "spotfallback+jit" and d < 15, "weights_ok": True}
         for v, d, e in bench_move_autoscaled.SCENARIOS
     ]
+    clusters = [
+        {"scenario": sc, "variant": sc, "rep": rep, "kill_to_step_s": k + rep, "detect_s": 2.5, "workers_s": 6.0,
+         "restore_step_s": 2.3, "redone_steps": 3, "identical": True,
+         **({"stop_s": 3.3, "submit_s": 0.3, "driver_s": 3.2} if sc == "across" else {})}
+        for rep in range(2) for sc, k in (("across", 18.5), ("within", 10.0))
+    ]
     return {"simulator": simulator, "backtest": backtest, "ledger": ledger, "overhead": overhead, "recovery": recovery,
             "timeout": timeout, "notices": notices, "move": move, "move-autoscaled": move_autoscaled,
-            "checkpoint": checkpoint, "predict": predict}
+            "checkpoint": checkpoint, "predict": predict, "clusters": clusters}
 
 
 def test_every_measurement_is_registered_and_parsed():
     reg = registry()
     assert list(reg) == list(MODULES)
-    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 13))  # the eight figures, then 9 to 12
+    assert sorted(i for m in reg.values() for i in m.items) == list(range(1, 14))  # the eight figures, then 9 to 13
     for name in MODULES:
         assert parser().parse_args(["--quick", "--only", name]).only == [name]
     # The predictor calibrates from the overhead and recovery runs: asking for it runs them first.
@@ -158,7 +164,7 @@ def test_figures_and_page_from_a_results_json(tmp_path):
     results = Results.from_json(json.loads(json.dumps(results.to_json())))  # what --render reads back
     page = render(reg, results)
     figures = [f for m in reg.values() for f in m.figures(results.rows[m.name])]
-    assert {f.item for f in figures} == set(range(1, 13))
+    assert {f.item for f in figures} == set(range(1, 14))
     summary = page.split("\n## ")[0]
     table = [line for line in summary.splitlines() if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
     assert len(table) == len(figures)
@@ -175,6 +181,8 @@ def test_figures_and_page_from_a_results_json(tmp_path):
     # Ledger ratios pair the two sizes within each repetition: (0.015 * 1.2) / 0.015 and 1.3.
     local = by_name["Long run on local disk: `spotfallback status`, 20,000 events / 100 events"]
     assert local.stat.median == pytest.approx(1.25) and local.stat.n == 2
+    extra = by_name["A move's time over a switch within one cluster, per repetition"]
+    assert extra.stat.median == pytest.approx(8.5) and extra.stat.n == 2  # across - within, paired by repetition
     held = next(f for n, f in by_name.items() if n.endswith("spend / optimum, mean"))
     assert held.worst and held.stat.hi == pytest.approx(1.08)
     assert "**no**" not in page.split("## ")[0]  # every target in these rows is met
