@@ -194,13 +194,17 @@ def test_backtest_pool_option_names_the_tier_that_replays_its_own_trace(app, tmp
     for args, needle in (
         (["--pool", "spot-b"], "--pool: expected TIER=PATH"),
         (["--pool", f"nope={OTHER_POOL}"], "--pool: JOB.yaml has no tier 'nope'; its tiers are 'spot', 'spot-b', 'on-demand'"),
-        (["--pool", f"on-demand={OTHER_POOL}"], "--pool: pools: 'on-demand' is not a spot tier"),
+        (["--pool", f"on-demand={OTHER_POOL}"], "--pool: 'on-demand' is not a spot tier"),
         (["--pool", "spot-b=/no/such.json"], "--pool: /no/such.json: no such file"),
         (["--pool", f"spot-b={OTHER_POOL}", "--pool", f"spot-b={TRACE}"], "--pool: tier 'spot-b' is given twice"),
     ):
         r = invoke(app, str(path), "--trace", TRACE, "--hours", "10", *args)
         lines = [ln for ln in r.output.splitlines() if ln.strip()]
         assert r.exit_code == 2 and len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
+    # A pool's node trace too small for its tier's gang is the --pool's fault, not the windows' trace.
+    path.write_text(TWO_POOLS.replace("{name: spot-b, market: spot, num_workers: 1,", "{name: spot-b, market: spot, num_workers: 64,"))
+    r = invoke(app, str(path), "--trace", TRACE, "--hours", "10", "--pool", f"spot-b={NODES}")
+    assert r.exit_code == 2 and "error: --pool: 'spot-b': node trace 'aws-p3-trace' never has 64 nodes" in r.output, r.output
 
 
 def test_a_plan_made_for_checkpoint_requests_is_backtested_with_them_unless_told_otherwise(app, tmp_path):

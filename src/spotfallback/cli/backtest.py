@@ -221,7 +221,8 @@ def register(app: typer.Typer) -> None:
             try:
                 res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools)
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
-                raise usage_error("--pool" if str(e).startswith("pools:") else "--trace", str(e)) from None
+                before, _, of_pool = str(e).partition("pools: ")
+                raise usage_error("--pool", of_pool) if of_pool and not before else usage_error("--trace", str(e)) from None
         except UsageError as e:
             raise fail(str(e), e.exit_code) from None
 

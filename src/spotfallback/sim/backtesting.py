@@ -154,11 +154,15 @@ def backtest(
         raise ValueError("give at least one trace")
     lad = ladder.ladder if isinstance(ladder, FallbackPolicy) else make_ladder(ladder)
     best = lad if optimum_over is None else make_ladder(optimum_over)
-    spot_names = [t.name for t in lad.tiers if t.is_spot]
-    for name in pools or {}:
-        if name not in spot_names:
+    spot = {t.name: t for t in lad.tiers if t.is_spot}
+    for name, pool in (pools or {}).items():
+        if name not in spot:
             raise ValueError(f"pools: {name!r} is not a spot tier of the ladder, so no trace applies to it; its spot tiers "
-                             f"are {', '.join(map(repr, spot_names)) or 'none'}")
+                             f"are {', '.join(map(repr, spot)) or 'none'}")
+        try:
+            compile_process(pool, spot[name].num_workers)  # e.g. a node trace too small for the tier's gang
+        except ValueError as e:
+            raise ValueError(f"pools: {name!r}: {e}") from None
     od_tier = on_demand_tier(lad)
     od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
