@@ -8,8 +8,8 @@ command (the table below; the CLI reads it from the error, it keeps no list of t
 unreachable, a live driver, capacity that ran out can; a bad job file, denied access, a run
 that already finished cannot (SkyPilot keeps the same two apart).
 
-Two keep a builtin base that callers catch them by: ``ConfigError`` and ``TraceError`` are
-``ValueError`` (bad input values, as pydantic's own ``ValidationError`` for a job built in
+Some keep a builtin base that callers catch them by: ``ConfigError``, ``TraceError`` and
+``PoolError`` are ``ValueError`` (bad input values, as pydantic's own ``ValidationError`` for a job built in
 Python is, so one ``except ValueError`` catches a bad job however it was made), and
 ``UnsupportedRayError`` is an ``ImportError`` (it stops ``import spotfallback.runtime``). The
 rest derive from ``SpotfallbackError`` alone: nothing catches them as ``RuntimeError`` any more
@@ -60,6 +60,20 @@ class TraceError(SpotfallbackError, ValueError):
     """A trace file that cannot be used; the message says which file, line or field, and why."""
 
     exit_code = EXIT_BAD_INPUT
+
+
+class PoolError(SpotfallbackError, ValueError):
+    """A backtest's trace for one spot tier (``pools``) that the tier cannot replay; ``tier``
+    names the tier, ``problem`` says why, so the CLI can blame ``--pool`` and not ``--trace``."""
+
+    exit_code = EXIT_BAD_INPUT
+
+    def __init__(self, tier: str, problem: str):
+        super().__init__(f"pools: {problem}")
+        self.tier, self.problem = tier, problem
+
+    def __reduce__(self) -> tuple[type[PoolError], tuple[str, str]]:
+        return type(self), (self.tier, self.problem)
 
 
 class UnsupportedRayError(SpotfallbackError, ImportError):

@@ -14,6 +14,7 @@ from typer.testing import CliRunner
 
 from spotfallback.cli import backtest as cli_backtest
 from spotfallback.config import JobConfig, Ladder, Tier
+from spotfallback.errors import PoolError
 from spotfallback.sim import backtest
 from spotfallback.sim.job import JobSpec
 from spotfallback.sim.planner import PlanRequest, load_process, plan
@@ -179,8 +180,9 @@ def test_each_spot_pool_can_replay_its_own_trace_over_the_same_hours():
     same = backtest(ladder, [first], job, window_h=48)
     assert not np.allclose(res.spend, same.spend)  # the second pool's own outages change some windows
     assert (res.optimum <= res.spend + 1e-9)[res.on_time].all()
-    with pytest.raises(ValueError, match=r"pools: 'on-demand' is not a spot tier of the ladder.*'spot', 'spot-b'"):
+    with pytest.raises(PoolError, match=r"pools: 'on-demand' is not a spot tier of the ladder.*'spot', 'spot-b'") as e:
         backtest(ladder, [first], job, pools={"on-demand": other})
+    assert e.value.tier == "on-demand"
 
 
 def test_backtest_pool_option_names_the_tier_that_replays_its_own_trace(app, tmp_path):

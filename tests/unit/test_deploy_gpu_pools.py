@@ -284,6 +284,24 @@ def test_a_worker_asking_more_memory_than_its_node_can_give_is_refused() -> None
         kuberay_manifest(_one_tier_job(big), KubeRayOptions(cloud=K8sCloud.EKS_KARPENTER, image="ghcr.io/acme/train:1"))
 
 
+def test_the_notice_agents_cpu_counts_against_a_pinned_node_as_manifest_validate_counts_it() -> None:
+    """A native sidecar's requests add to the pod's, so 31.95 CPUs and the agent's 100m never fit 32 vCPUs."""
+    tier = Tier.model_validate({"name": "cpu-spot", "market": "spot", "num_workers": 2, "placement": {"instance_type": "n2-standard-32"},
+                                "resources_per_worker": {"CPU": 31.95, "memory": 100 * 2**30}})
+    gke = KubeRayOptions(cloud=K8sCloud.GKE, image="ghcr.io/acme/train:1")
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: 'n2-standard-32' has 32 vCPUs and 0 GPUs, and one "
+                                          r"worker asks for 31\.95 CPUs and 0 GPUs \(resources_per_worker\) beside the notice agent's 100m, so no worker "
+                                          r"would ever run there; name a larger type \(such as 'n2-standard-48'\), or give each worker "
+                                          r"fewer CPUs than 31\.9 \(its 32 less the notice agent's 100m; the kubelet keeps part of every node\)$"):
+        kuberay_manifest(_one_tier_job(tier), gke)
+    alone = kuberay_manifest(_one_tier_job(tier), KubeRayOptions(cloud=K8sCloud.GKE, image="ghcr.io/acme/train:1",
+                                                                 notice_agent=False))
+    assert pod_specs(alone)[0]["containers"][0]["resources"]["requests"]["cpu"] == "31950m"
+    fits = tier.model_copy(update={"resources_per_worker": {"CPU": 31.85, "memory": 100 * 2**30}})
+    doc = kuberay_manifest(_one_tier_job(fits), gke)
+    assert validate_document(doc)[1] == []  # what the generator lets through, manifest validate passes
+
+
 def test_what_a_node_keeps_is_a_lower_bound_of_each_clouds_documented_allocatable() -> None:
     # Karpenter's own table gives an m5.xlarge (16 GiB, 58 pods) 14162 MiB allocatable: 7.5%, 11 MiB x 58 + 255, 100.
     assert node_keeps_mib(K8sCloud.EKS_KARPENTER, 16) + 11 * 58 == 16384 - 14162

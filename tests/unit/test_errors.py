@@ -35,6 +35,7 @@ EXPECTED = {
     "ConfigError": (EXIT_BAD_INPUT, False),
     "UsageError": (EXIT_BAD_INPUT, False),
     "TraceError": (EXIT_BAD_INPUT, False),
+    "PoolError": (EXIT_BAD_INPUT, False),
     "UnsupportedRayError": (EXIT_ERROR, False),
     "DriverAlreadyRunningError": (EXIT_DRIVER_LIVE, True),
     "RunAlreadyFinishedError": (EXIT_REFUSED, False),
@@ -57,6 +58,13 @@ EXPECTED = {
 }
 
 
+def _instance(name: str, message: str) -> SpotfallbackError:
+    """One error of class ``name``, made as the code that raises it makes it."""
+    cls = getattr(errors, name)
+    special = {"ManifestInvalid": lambda: cls(["spec.a: bad", "spec.b: bad"]), "PoolError": lambda: cls("spot-b", message)}
+    return special.get(name, lambda: cls(message))()
+
+
 def _classes() -> dict[str, type[SpotfallbackError]]:
     return {
         name: cls
@@ -74,7 +82,7 @@ def test_the_exit_codes_are_the_documented_ones():
 def test_each_class_carries_its_exit_code_and_whether_retrying_helps(name):
     cls = getattr(errors, name)
     assert (cls.exit_code, cls.retryable) == EXPECTED[name]
-    error = cls([]) if name == "ManifestInvalid" else cls("what happened; what to do")
+    error = _instance(name, "what happened; what to do")
     assert (error.exit_code, error.retryable) == EXPECTED[name]  # read from an instance, as the CLI does
 
 
@@ -84,7 +92,7 @@ def test_every_class_is_pinned_here():
 
 @pytest.mark.parametrize(
     ("name", "builtin"),
-    [("ConfigError", ValueError), ("TraceError", ValueError), ("UnsupportedRayError", ImportError)],
+    [("ConfigError", ValueError), ("TraceError", ValueError), ("PoolError", ValueError), ("UnsupportedRayError", ImportError)],
 )
 def test_the_builtin_callers_catch_stays_a_base(name, builtin):
     """``except ValueError`` around bad input and ``except ImportError`` around an import still catch these."""
@@ -99,7 +107,7 @@ def test_subclasses_keep_what_callers_catch():
 def test_errors_survive_pickling(name):
     """Errors raised in Ray workers and actors cross processes pickled."""
     cls = getattr(errors, name)
-    error = cls(["spec.a: bad", "spec.b: bad"]) if name == "ManifestInvalid" else cls("message")
+    error = _instance(name, "message")
     again = pickle.loads(pickle.dumps(error))
     assert type(again) is cls and str(again) == str(error)
 

@@ -15,7 +15,7 @@ from rich.table import Table
 
 from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
-from spotfallback.errors import ConfigError, TraceError, UsageError
+from spotfallback.errors import ConfigError, PoolError, TraceError, UsageError
 from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
 from spotfallback.sim.job import JobSpec
 from spotfallback.sim.planner import load_process
@@ -98,11 +98,11 @@ def _pool_paths(given: list[str]) -> dict[str, Path]:
     return out
 
 
-def _pools(given: list[str], ladder: Ladder) -> dict[str, SpotTrace | NodeTrace]:
-    """The traces of ``--pool``, loaded, for tiers of ``ladder``."""
+def _pools(paths: Mapping[str, Path], ladder: Ladder) -> dict[str, SpotTrace | NodeTrace]:
+    """The traces of ``--pool`` (``_pool_paths``), loaded, for tiers of ``ladder``."""
     names = [t.name for t in ladder.tiers]
     pools: dict[str, SpotTrace | NodeTrace] = {}
-    for name, path in _pool_paths(given).items():
+    for name, path in paths.items():
         if name not in names:
             raise usage_error("--pool", f"JOB.yaml has no tier {name!r}; its tiers are {', '.join(map(repr, names))}")
         try:
@@ -217,12 +217,14 @@ def register(app: typer.Typer) -> None:
                     traces.append(load_process(str(path)))
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
-            pools = _pools(pool, job.ladder)
+            pool_paths = _pool_paths(pool)
+            pools = _pools(pool_paths, job.ladder)
             try:
                 res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools)
+            except PoolError as e:  # e.g. a gang larger than the pool's node trace
+                raise usage_error("--pool", e.problem) from None
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
-                before, _, of_pool = str(e).partition("pools: ")
-                raise usage_error("--pool", of_pool) if of_pool and not before else usage_error("--trace", str(e)) from None
+                raise usage_error("--trace", str(e)) from None
         except UsageError as e:
             raise fail(str(e), e.exit_code) from None
 
@@ -236,12 +238,12 @@ def register(app: typer.Typer) -> None:
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
         if as_json:
             typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace],
-                                   "pools": {name: str(path) for name, path in _pool_paths(pool).items()}, "replayed": replayed,
+                                   "pools": {name: str(path) for name, path in pool_paths.items()}, "replayed": replayed,
                                    **res.summary(),
                                    "windows_detail": res.rows()}, indent=2))
             return
         console.print(_job_line(replayed, planned is not None))
-        for name, path in _pool_paths(pool).items():
+        for name, path in pool_paths.items():
             console.print(f"Tier {name!r} replays {path} over each window's hours; the other spot tiers replay the window's trace.")
         console.print(_table(res, job.name))
         console.print(

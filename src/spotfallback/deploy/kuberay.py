@@ -64,7 +64,7 @@ from spotfallback.deploy.common import (
     with_run_name,
     worker_shape,
 )
-from spotfallback.deploy.machines import machine_memory_error
+from spotfallback.deploy.machines import machine_fit_error, machine_memory_error
 from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_pool
 from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
 from spotfallback.errors import ConfigError
@@ -309,6 +309,7 @@ def _notice_agent(image: str, cloud: K8sCloud, run: str, storage: _Storage) -> d
 
 # The notice agent's sidecar: Python with Ray's client imported (64Mi was too little for it).
 AGENT_REQUESTS = {"cpu": "100m", "memory": "256Mi"}
+_AGENT_CPU, _AGENT_MEMORY = (parse_quantity(AGENT_REQUESTS[key]) or 0.0 for key in ("cpu", "memory"))
 
 
 def _run_uri(job: JobConfig) -> str:
@@ -342,15 +343,33 @@ def _has_agent(tier: Tier, opts: KubeRayOptions) -> bool:
     return opts.with_notice_agent and (tier.market == SPOT or (opts.cloud is K8sCloud.GKE and gpu))
 
 
+def _check_pinned_pod(name: str, index: int, pod_cpu: float, gpu: int, memory_bytes: float, opts: KubeRayOptions,
+                      *, memory_given: bool, agent: bool) -> None:
+    """Refuse a worker pod that no node of the tier's pinned type ``name`` can hold: its CPUs
+    with the notice agent's (``k8s_pool`` checks the worker's alone), its memory with the agent's."""
+    where = f"tiers[{index}].resources_per_worker"
+    if agent and (problem := machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True, beside_cpu=_AGENT_CPU,
+                                               beside=f"the notice agent's {AGENT_REQUESTS['cpu']}")):
+        raise ConfigError(problem)
+    why = ([] if memory_given else [f"{opts.memory_per_cpu_gib} GiB per CPU from KubeRayOptions.memory_per_cpu_gib, as "
+                                     "resources_per_worker names no memory"]) + (
+        [f"the notice agent's {AGENT_REQUESTS['memory']} included"] if agent else [])
+    if problem := machine_memory_error(
+        name, memory_bytes, pod_cpu, gpu, opts.cloud, where + (".memory" if memory_given else ""),
+        f" ({'; '.join(why)})" if why else "", _AGENT_MEMORY if agent else 0.0,
+    ):
+        raise ConfigError(problem)
+
+
 def _worker_group(
     tier: Tier, index: int, image: str, storage: _Storage, opts: KubeRayOptions, run: str
 ) -> dict[str, Any]:
     cpu, gpu, custom = worker_shape(tier, index)
     memory = custom.pop("memory", None)
     custom.pop("object_store_memory", None)
-    per_cpu = max(1, math.ceil(cpu))
+    per_cpu, pod_cpu = max(1, math.ceil(cpu)), (cpu if cpu > 0 else 1)
     requests = {
-        "cpu": cpu_quantity(cpu if cpu > 0 else 1),
+        "cpu": cpu_quantity(pod_cpu),
         "memory": str(int(memory)) if memory else f"{per_cpu * opts.memory_per_cpu_gib}Gi",
     }
     if gpu:
@@ -368,15 +387,9 @@ def _worker_group(
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
     pool = k8s_pool(opts.cloud, tier, index)
-    agent = (parse_quantity(AGENT_REQUESTS["memory"]) or 0.0) if sidecars else 0.0
-    why = ([] if memory else [f"{opts.memory_per_cpu_gib} GiB per CPU from KubeRayOptions.memory_per_cpu_gib, as "
-                               "resources_per_worker names no memory"]) + (
-        [f"the notice agent's {AGENT_REQUESTS['memory']} included"] if agent else [])
-    if tier.placement.instance_type and (problem := machine_memory_error(
-        tier.placement.instance_type, memory or per_cpu * opts.memory_per_cpu_gib * 2**30, cpu, gpu, opts.cloud,
-        f"tiers[{index}].resources_per_worker" + (".memory" if memory else ""), f" ({'; '.join(why)})" if why else "", agent,
-    )):
-        raise ConfigError(problem)
+    if tier.placement.instance_type:
+        _check_pinned_pod(tier.placement.instance_type, index, pod_cpu, gpu, memory or per_cpu * opts.memory_per_cpu_gib * 2**30,
+                          opts, memory_given=bool(memory), agent=sidecars is not None)
     selector = dict(placement.node_selector)
     for key, value in {**topology, **pool.node_selector}.items():
         if selector.get(key, value) != value:

@@ -95,13 +95,19 @@ def machine(name: str) -> Machine | None:
     return MACHINES.get(name)
 
 
-def machine_spelling_error(name: str, where: str) -> str | None:
+def machine_spelling(name: str) -> str | None:
     """Why ``name`` would match no node although it names a known type in other case, or None:
     nodes carry the type as their cloud spells it, and label selectors are case-sensitive."""
     known = _BY_LOWER.get(name.lower())
     if known is None or known == name:
         return None
-    return f"{where}: {name!r} is spelt {known!r} on the nodes' labels, which match case-sensitively; write {known!r}"
+    return f"{name!r} is spelt {known!r} on the nodes' labels, which match case-sensitively; write {known!r}"
+
+
+def machine_spelling_error(name: str, where: str) -> str | None:
+    """``machine_spelling``, prefixed with the field it was found in."""
+    problem = machine_spelling(name)
+    return None if problem is None else f"{where}: {problem}"
 
 
 def sized(*names: str) -> tuple[tuple[str, int, int], ...]:
@@ -118,8 +124,10 @@ def family(prefix: str, *, without: tuple[str, ...] = ()) -> tuple[tuple[str, in
     return sized(*names)
 
 
-def machine_fit_error(name: str, cpu: float, gpus: int, where: str, *, kubernetes: bool) -> str | None:
+def machine_fit_error(name: str, cpu: float, gpus: int, where: str, *, kubernetes: bool, beside_cpu: float = 0.0,
+                      beside: str = "") -> str | None:
     """Why one worker (``cpu`` CPUs, ``gpus`` GPUs) can never run on machine type ``name``, or None.
+    ``beside_cpu``: the CPUs of the pod's sidecar, which ``beside`` names (its requests add to the worker's).
 
     On Kubernetes a pod cannot have the whole node: the kubelet keeps part of every node's CPU
     for the system, so a worker must ask for fewer CPUs than the machine has.
@@ -127,14 +135,17 @@ def machine_fit_error(name: str, cpu: float, gpus: int, where: str, *, kubernete
     m = machine(name)
     if m is None:
         return None
-    too_few_cpus = cpu >= m.vcpus if kubernetes and cpu > 0 else cpu > m.vcpus
+    too_few_cpus = _cpus_short(m, cpu + beside_cpu, kubernetes=kubernetes)
     if gpus <= m.gpus and not too_few_cpus:
         return None
-    room = f"fewer CPUs than its {m.vcpus} (the kubelet keeps part of every node)" if kubernetes else f"at most {m.vcpus} CPUs"
-    hint = _larger(name, lambda o: o.gpus >= gpus and (o.vcpus > cpu if kubernetes else o.vcpus >= cpu))
+    kept = "the kubelet keeps part of every node"
+    room = ((f"fewer CPUs than {m.vcpus - beside_cpu:g} (its {m.vcpus} less {beside}; {kept})" if beside_cpu
+             else f"fewer CPUs than its {m.vcpus} ({kept})") if kubernetes else f"at most {m.vcpus} CPUs")
+    hint = _larger(name, lambda o: o.gpus >= gpus and not _cpus_short(o, cpu + beside_cpu, kubernetes=kubernetes))
     return (
         f"{where}: {name!r} has {m.vcpus} vCPUs and {_gpus(m.gpus)}, and one worker asks for {cpu:g} CPUs and {_gpus(gpus)} "
-        f"(resources_per_worker), so no worker would ever run there; name a larger type{hint}, or give each worker "
+        f"(resources_per_worker){f' beside {beside}' if beside_cpu else ''}, so no worker would ever run there; name a "
+        f"larger type{hint}, or give each worker "
         + " and ".join(([room] if too_few_cpus else []) + ([f"at most {_gpus(m.gpus)}"] if gpus > m.gpus else []))
     )
 
@@ -179,9 +190,10 @@ def machine_memory_error(name: str, memory_bytes: float, cpu: float, gpus: int, 
     if m is None:
         return None
     ask, room = (memory_bytes + beside_bytes) / 2**20, _pod_room_mib(m, cloud)
-    if ask <= room:
+    if not _memory_short(m, cloud, ask):
         return None
-    hint = _larger(name, lambda o: o.gpus >= gpus and o.vcpus > cpu and _pod_room_mib(o, cloud) >= ask)
+    hint = _larger(name, lambda o: o.gpus >= gpus and not _cpus_short(o, cpu, kubernetes=True)
+                   and not _memory_short(o, cloud, ask))
     most = math.floor((room - beside_bytes / 2**20) / 1024)
     return (
         f"{where}: one worker asks for {ask / 1024:.4g} GiB of memory{why}, and {name!r} has {m.memory_gib:g} GiB, of which "
@@ -198,12 +210,12 @@ def pod_shortfall(name: str, cpu: float, gpus: float, memory_bytes: float, cloud
     if m is None:
         return None
     short = []
-    if cpu >= m.vcpus:
+    if _cpus_short(m, cpu, kubernetes=True):
         short.append(f"{cpu:g} CPUs, not fewer than the node's {m.vcpus} vCPUs (the kubelet keeps part of every node)")
     if gpus > m.gpus:
         short.append(f"{gpus:g} GPUs, more than its {_gpus(m.gpus)}")
     room = _pod_room_mib(m, cloud)
-    if memory_bytes / 2**20 > room:
+    if _memory_short(m, cloud, memory_bytes / 2**20):
         short.append(f"{memory_bytes / 2**30:.4g} GiB of memory, more than the {room / 1024:.4g} GiB {_a(cloud.value)} node "
                      f"of {m.memory_gib:g} GiB leaves to pods")
     return short
@@ -211,6 +223,17 @@ def pod_shortfall(name: str, cpu: float, gpus: float, memory_bytes: float, cloud
 
 def _pod_room_mib(m: Machine, cloud: K8sCloud) -> float:
     return m.memory_gib * 1024 - node_keeps_mib(cloud, m.memory_gib)
+
+
+def _cpus_short(m: Machine, cpu: float, *, kubernetes: bool) -> bool:
+    """Whether ``cpu`` CPUs can never be had on ``m``: all of its vCPUs at most on a VM, fewer
+    than all on a Kubernetes node, whose kubelet keeps part of every node's CPU."""
+    return cpu >= m.vcpus if kubernetes and cpu > 0 else cpu > m.vcpus
+
+
+def _memory_short(m: Machine, cloud: K8sCloud, ask_mib: float) -> bool:
+    """Whether a pod asking for ``ask_mib`` can never have it on a ``cloud`` node of type ``m``."""
+    return ask_mib > _pod_room_mib(m, cloud)
 
 
 def _larger(name: str, fits: Callable[[Machine], bool]) -> str:

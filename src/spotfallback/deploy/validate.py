@@ -41,7 +41,7 @@ from spotfallback.deploy.clouds import (
     vm_config_is_spot,
 )
 from spotfallback.deploy.common import parse_quantity
-from spotfallback.deploy.machines import machine, machine_spelling_error, pod_shortfall
+from spotfallback.deploy.machines import machine, machine_spelling, pod_shortfall
 from spotfallback.deploy.pools import INSTANCE_TYPE_KEY
 from spotfallback.deploy.schema import KUBERAY_FILES, kuberay_validator, launcher_validator
 from spotfallback.errors import ManifestInvalid
@@ -313,8 +313,8 @@ def _pinned_machine(group: dict[str, Any], at: list[str | int]) -> Iterator[Find
     if not isinstance(name, str):
         return
     where = field_path([*at, "template", "spec", "nodeSelector", INSTANCE_TYPE_KEY])
-    if problem := machine_spelling_error(name, where):
-        yield Finding(where, problem.split(": ", 1)[1])
+    if problem := machine_spelling(name):
+        yield Finding(where, problem)
         return
     known = machine(name)
     if known is None:

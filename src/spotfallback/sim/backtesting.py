@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spotfallback.config import Ladder, Tier, make_ladder
+from spotfallback.errors import PoolError
 from spotfallback.policy import FallbackPolicy
 from spotfallback.sim.job import JobSpec
 from spotfallback.sim.optimum import optimum_for
@@ -157,12 +158,12 @@ def backtest(
     spot = {t.name: t for t in lad.tiers if t.is_spot}
     for name, pool in (pools or {}).items():
         if name not in spot:
-            raise ValueError(f"pools: {name!r} is not a spot tier of the ladder, so no trace applies to it; its spot tiers "
-                             f"are {', '.join(map(repr, spot)) or 'none'}")
+            raise PoolError(name, f"{name!r} is not a spot tier of the ladder, so no trace applies to it; its spot tiers "
+                                  f"are {', '.join(map(repr, spot)) or 'none'}")
         try:
             compile_process(pool, spot[name].num_workers)  # e.g. a node trace too small for the tier's gang
         except ValueError as e:
-            raise ValueError(f"pools: {name!r}: {e}") from None
+            raise PoolError(name, f"{name!r}: {e}") from None
     od_tier = on_demand_tier(lad)
     od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
