@@ -248,3 +248,23 @@ def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_say
     assert slower["spend"]["mean"] > doc["spend"]["mean"]
     r = invoke(app, str(planned), "--trace", TRACE)
     assert r.exit_code == 0 and "Job: 10 h of training" in r.output and "as planned in the job file" in r.output
+
+
+def test_a_deadline_guard_made_for_another_job_than_the_replayed_one_is_pointed_out(app, tmp_path):
+    """Overriding --hours or --deadline-h replays the ladder unchanged: its guard still leaves on the planned job's schedule."""
+    req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1,
+                      provisioning_delay_h=0.05, notice_s=120, spot_price=0.3, on_demand_price=1.0, deadline_h=15,
+                      checkpoint_on_request=True, runs=40)
+    planned = tmp_path / "planned.yaml"
+    planned.write_text(plan(req, load_process(TRACE)).job_yaml("planned", "./runs", "m:f"))
+    assert any(t.deadline_guard for t in JobConfig.from_yaml(planned).tiers)
+    as_planned = json.loads(invoke(app, str(planned), "--trace", TRACE, "--json").output)
+    assert as_planned["notes"] == []
+    assert json.loads(invoke(app, str(planned), "--trace", TRACE, "--json", "--checkpoint-cost-s", "61").output)["notes"] == []
+    longer = json.loads(invoke(app, str(planned), "--trace", TRACE, "--json", "--hours", "100", "--deadline-h", "150").output)
+    (note,) = longer["notes"]
+    assert note.startswith("tier 'spot': its deadline_guard has deadline_h=15 (the replay's deadline: 150 h) and work_h=10 "
+                           "(the replayed job takes 100 h uninterrupted)")
+    assert note.endswith("spotfallback plan --hours 100 --deadline-h 150 ... --write-yaml")
+    r = invoke(app, str(planned), "--trace", TRACE, "--deadline-h", "20")
+    assert r.exit_code == 0 and "note: tier 'spot': its deadline_guard has deadline_h=15 (the replay's deadline: 20 h);" in " ".join(r.output.split())

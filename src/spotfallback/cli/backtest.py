@@ -5,7 +5,7 @@ from __future__ import annotations
 import csv
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +17,7 @@ from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import ConfigError, PoolError, TraceError, UsageError
 from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
-from spotfallback.sim.job import JobSpec
+from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 
@@ -34,6 +34,31 @@ def _table(res: BacktestResult, label: str) -> Table:
     row("spend / on-demand only", res.vs_on_demand, ".3f")
     row("spend / hindsight optimum", res.vs_optimum, ".3f")
     return table
+
+
+# A guard's work this much off the replayed job's is made for another job (a rounding or a changed write time is not).
+GUARD_WORK_TOLERANCE = 0.01
+
+
+def _guard_notes(tiers: Sequence[Tier], spec: JobSpec) -> list[str]:
+    """Tiers whose deadline guard was made for another job than the one replayed: the ladder is
+    replayed unchanged, so such a guard leaves its tier on the schedule of the job it was made for."""
+    assert spec.deadline_h is not None
+    wall = float(wall_to_finish(spec.work_h, spec.tau_h, spec.checkpoint_cost_h))
+    notes = []
+    for tier in tiers:
+        guard = tier.deadline_guard
+        if guard is None:
+            continue
+        off = ([f"deadline_h={guard.deadline_h:g} (the replay's deadline: {spec.deadline_h:g} h)"]
+               if not math.isclose(guard.deadline_h, spec.deadline_h, rel_tol=1e-9) else [])
+        if not math.isclose(guard.work_h, wall, rel_tol=GUARD_WORK_TOLERANCE):
+            off.append(f"work_h={guard.work_h:g} (the replayed job takes {wall:.4g} h uninterrupted)")
+        if off:
+            notes.append(f"tier {tier.name!r}: its deadline_guard has {' and '.join(off)}; it is replayed unchanged, "
+                         "so it leaves the tier as it would for the job it was made for. For a ladder made for this job: "
+                         f"spotfallback plan --hours {spec.work_h:g} --deadline-h {spec.deadline_h:g} ... --write-yaml")
+    return notes
 
 
 def _job_line(replayed: Mapping[str, Any], planned: bool) -> str:
@@ -236,13 +261,16 @@ def register(app: typer.Typer) -> None:
                 writer.writerows(rows)
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
+        notes = _guard_notes(job.tiers, spec)
         if as_json:
             typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace],
                                    "pools": {name: str(path) for name, path in pool_paths.items()}, "replayed": replayed,
-                                   **res.summary(),
+                                   "notes": notes, **res.summary(),
                                    "windows_detail": res.rows()}, indent=2))
             return
         console.print(_job_line(replayed, planned is not None))
+        for note in notes:
+            console.print(f"[yellow]note:[/yellow] {note}")
         for name, path in pool_paths.items():
             console.print(f"Tier {name!r} replays {path} over each window's hours; the other spot tiers replay the window's trace.")
         console.print(_table(res, job.name))
