@@ -252,6 +252,13 @@ def test_fast_engine_covers_every_outcome_kind():
     for engine in ("fast", "policy"):
         stuck = simulate(two_tier(-1, timeout=None), JobSpec(work_h=1), never, runs=3, engine=engine, horizon_h=50)
         assert (stuck.status == STUCK).all() and (stuck.wall_h == 50).all() and stuck.spend.sum() == 0
+    # Capacity that never lasts the provisioning delay (one 5-minute tick in four, 12 minutes to get workers)
+    # is never had: the search ends at the horizon rather than looking for ever.
+    blips = world_for(two_tier(-1), SpotTrace("blips", 300.0, np.array([1, 0, 0, 0], dtype=np.int64)))
+    for engine in ("fast", "policy"):
+        stuck = simulate(two_tier(-1, timeout=None), JobSpec(work_h=1, provisioning_delay_h=0.2), blips, runs=3,
+                         engine=engine, horizon_h=50)
+        assert (stuck.status == STUCK).all() and (stuck.wall_h == 50).all() and stuck.spend.sum() == 0
     # A run past the horizon while still making progress is stuck too, in both engines.
     slow = [RateModel(preemptions_per_node_hour=2.0), RateModel()]
     job = JobSpec(work_h=20, checkpoint_interval_h=5, checkpoint_cost_h=0.5)

@@ -214,8 +214,10 @@ class _Engine:
             up = proc.uptimes_h[n] if n < len(proc.uptimes_h) else math.inf
             return run.t + wait + prov, up
         c = np.array([run.col])
+        # Past the horizon the run is stuck whatever it finds: a trace whose capacity never lasts the
+        # provisioning would otherwise be searched for ever.
         acq = acquire(proc, self.draws, run.row, c, np.array([run.t + offset]), np.array([prov]),
-                      np.array([cap_deadline + offset]))
+                      np.array([min(cap_deadline, self.horizon_h) + offset]))
         return float(acq[0]) - offset, math.inf
 
     def _attempt(self, run: _Run, k: int, acq: float, up: float, offset: float) -> Step:

@@ -377,14 +377,15 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     s.after_climb[act] = False  # the climb's gang comes up now, or the run leaves the tier
     cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, guard_s)) / 3600.0
     off = world.offset
+    horizon_h = world.horizon_h
     for k in np.unique(k_act):
         m = k_act == k
         idx = act[m]
+        # Searched up to the horizon at most, as the policy engine does.
         acq[m] = acquire(world.procs[k], world.draws, cfg.row[idx], s.col[idx], s.t[idx] + off[idx], cfg.prov[idx],
-                         cap_dl[m] + off[idx]) - off[idx]
+                         np.minimum(cap_dl[m], horizon_h) + off[idx]) - off[idx]
     timed = acq > cap_dl
     # Timed out with no deadline, or past the horizon: the run is stuck.
-    horizon_h = world.horizon_h
     stuck = (timed & (np.isinf(cap_dl) | (cap_dl > horizon_h))) | (~timed & (acq > horizon_h))
     si = act[stuck]
     s.status[si], s.t[si] = STUCK, horizon_h
