@@ -11,7 +11,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from spotfallback.config import Ladder, Tier
+from spotfallback.config import ClusterRef, Ladder, Tier
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.draws import run_offsets
 from spotfallback.sim.job import JobSpec, wall_to_finish
@@ -82,6 +82,55 @@ def test_no_policy_spends_less_than_the_optimum_on_random_traces(world):
                                                      [trace, RateModel()], offsets)])
         on_time = up.met_deadline()
         assert (opt[on_time] <= up.spend[on_time] + 1e-9).all()
+
+
+@settings(max_examples=40, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(worlds(), st.lists(st.sampled_from([0, 1, 1]), min_size=4, max_size=40), st.sampled_from([0.0, 0.1, 0.3]),
+       st.sampled_from([0.0, 0.2]))
+def test_no_ladder_across_clusters_spends_less_than_the_optimum_that_prices_its_moves(world, other, move_h, move_cost):
+    """Two spot pools on two clusters, on-demand on the first: the optimum pays each move as the engines do."""
+    trace, job, spot_price, _ = world
+    job = job.model_copy(update={"move_restart_h": move_h, "move_cost": move_cost})
+    assert job.deadline_h is not None
+    east, west = (ClusterRef(address=f"http://{n}:8265", name=n) for n in ("east", "west"))
+    starts = np.arange(0, trace.duration_s / 3600, trace.gap_seconds / 3600)[:8]
+    pool_b = SpotTrace("other", trace.gap_seconds, np.array(other, dtype=np.int64))
+    one_way, climbing = dict(max_preemptions=1, capacity_timeout_s=1800), dict(max_preemptions=-1, capacity_timeout_s=600,
+                                                                               climb_back=True, min_dwell_s=0)
+    for first, second in ((one_way, one_way), (climbing, dict(max_preemptions=2, capacity_timeout_s=None))):
+        ladder = Ladder(tiers=(  # climbs back to spot-east from on-demand on its cluster
+            Tier.spot(1, name="spot-east", price_per_worker_hour=spot_price, cluster=east, **first),
+            Tier.spot(1, name="spot-west", price_per_worker_hour=spot_price, cluster=west, **second),
+            Tier.on_demand(1, price_per_worker_hour=1.0, cluster=east),
+        ))
+        w = [trace, pool_b, RateModel()]
+        opt = np.array([o.spend for o in optimum_for(ladder, job, w, starts)])
+        for engine in ("fast", "policy"):
+            res = simulate(ladder, job, w, runs=len(starts), start_h=starts, engine=engine)
+            on_time = res.met_deadline()
+            assert (opt[on_time] <= res.spend[on_time] + 1e-9).all(), (engine, res.spend, opt)
+
+
+def test_a_run_that_must_change_cluster_and_its_optimum_both_pay_the_move():
+    """Spot on the first cluster for an hour, then only on the second, and no time to wait for it: the ladder and
+    the optimum both run the two sessions and pay the one move between them."""
+    east, west = (ClusterRef(address=f"http://{n}:8265", name=n) for n in ("east", "west"))
+    ladder = Ladder(tiers=(
+        Tier.spot(1, name="spot-east", price_per_worker_hour=0.3, cluster=east, max_preemptions=0, capacity_timeout_s=600),
+        Tier.spot(1, name="spot-west", price_per_worker_hour=0.3, cluster=west, max_preemptions=0, capacity_timeout_s=600),
+        Tier.on_demand(1, price_per_worker_hour=1.0, cluster=east),
+    ))
+    world = [SpotTrace("east", 1800.0, np.array([1, 1] + [0] * 40)), SpotTrace("west", 1800.0, np.array([0, 0] + [1] * 40)),
+             RateModel()]
+    job = JobSpec(work_h=3, restart_overhead_h=0.1, checkpoint_cost_h=0.0, checkpoint_interval_h=0.1, provisioning_delay_h=0.0,
+                  notice_s=0.0, jit_checkpoint=False, deadline_h=4, move_restart_h=0.2, move_cost=0.5)
+    for engine in ("fast", "policy"):
+        res = simulate(ladder, job, world, runs=1, start_h=[0.0], engine=engine)
+        assert res.met_deadline()[0] and res.switches[0] == 1
+        (opt,) = optimum_for(ladder, job, world, [0.0])
+        assert opt.sessions == 2 and opt.spend <= res.spend[0] + 1e-9
+        assert res.spend[0] - opt.spend < 0.05  # the same two sessions, the move paid by both
+        assert opt.spend == pytest.approx(0.5 + 0.3 * (0.1 + 0.2 + 3 + 0.1))
 
 
 # ---------------------------------------------------------------------------------------
@@ -188,3 +237,65 @@ def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline
     assert float(wall_to_finish(2, 0.3, 0.05)) > 2
     o = hindsight_optimum(tau, Markets(((compile_spot_trace(always, 1), 0.3),), od))
     assert o.spend == pytest.approx(0.3 * 2.1)
+
+
+def brute_force_across(pools: list[list[int]], clusters: list[int], od_cluster: int, gap_h: float, job: JobSpec,
+                       p_spot: float, p_od: float, step: float) -> float:
+    """``brute_force`` for spot pools on Ray clusters: a start on another cluster than the last
+    session's pays ``job.move_restart_h`` more restart and ``job.move_cost`` (the first start is no move)."""
+    caps = [compile_spot_trace(SpotTrace(f"p{i}", gap_h * 3600, np.array(a, dtype=np.int64)), 1) for i, a in enumerate(pools)]
+    W, D, R, d, prov = job.work_h, job.deadline_h, job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
+    assert D is not None
+    grid = [k * step for k in range(round(D / step) + 1)]
+    markets = [(None, p_od, od_cluster)] + [(cap, p_spot, c) for cap, c in zip(caps, clusters, strict=True)]
+
+    @functools.cache
+    def best(k: int, pk: int, last: int) -> float:  # idle at grid k with pk steps of progress, last on cluster `last`
+        rem = W - pk * step
+        out = math.inf
+        for look in grid[k:]:
+            for cap, price, cluster in markets:
+                a = look + prov
+                if cap is not None and not (cap.is_ok(np.array([look]))[0] and cap.is_ok(np.array([a]))[0]):
+                    continue
+                stop = min(float(cap.hit(np.array([a]))[0]), D) if cap is not None else D
+                moved = last >= 0 and cluster != last
+                restart, paid = R + job.move_restart_h * moved, job.move_cost * moved
+                if a + restart + rem <= stop + 1e-9:
+                    out = min(out, paid + price * (restart + rem))
+                for e in grid:
+                    if e <= a + restart + d + 1e-9 or e > stop + 1e-9 or e >= D:
+                        continue
+                    gain = e - a - restart - d
+                    if gain >= rem - 1e-9:
+                        continue
+                    out = min(out, paid + price * (e - a) + best(round(e / step), pk + round(gain / step), cluster))
+        return out
+
+    return best(0, 0, -1)
+
+
+@pytest.mark.parametrize(
+    ("a", "b", "work", "deadline"),
+    [
+        ([1, 1, 0, 0, 1, 1, 1, 1], [0, 0, 1, 1, 1, 0, 0, 0], 2.0, 3.5),
+        ([1, 0, 0, 0, 0, 1, 1, 1], [1, 1, 1, 1, 0, 0, 0, 0], 2.5, 4.0),
+        ([0, 1, 1, 0, 1, 1, 0, 1], [1, 0, 1, 1, 0, 1, 1, 0], 2.0, 4.0),
+    ],
+)
+@pytest.mark.parametrize(("move_h", "move_cost"), [(0.25, 0.0), (0.25, 0.3), (0.0, 0.5)])
+@pytest.mark.parametrize("od_cluster", [0, 1])
+def test_the_optimum_prices_moves_between_clusters_as_a_brute_force_search_does(a, b, work, deadline, move_h, move_cost,
+                                                                                  od_cluster):
+    """Two spot pools on two clusters (and on-demand on one of them): each move pays its restart and egress."""
+    gap_h, step = 0.5, 0.25
+    job = JobSpec(work_h=work, restart_overhead_h=0.25, checkpoint_cost_h=0.25, provisioning_delay_h=0.0,
+                  deadline_h=deadline, move_restart_h=move_h, move_cost=move_cost)
+    caps = tuple((compile_spot_trace(SpotTrace(n, gap_h * 3600, np.array(x, dtype=np.int64)), 1), 0.3)
+                 for n, x in (("a", a), ("b", b)))
+    opt = hindsight_optimum(job, Markets(caps, 1.0, clusters=(0, 1), on_demand_cluster=od_cluster))
+    expected = brute_force_across([a, b], [0, 1], od_cluster, gap_h, job, 0.3, 1.0, step)
+    assert opt.spend == pytest.approx(expected, abs=1e-9)
+    free = hindsight_optimum(job.model_copy(update={"move_restart_h": 0.0, "move_cost": 0.0}),
+                             Markets(caps, 1.0, clusters=(0, 1), on_demand_cluster=od_cluster))
+    assert free.spend <= opt.spend + 1e-12

@@ -9,14 +9,17 @@ The job is the simulator's (``JobSpec``, a tier's ``price_per_hour``, the compil
 ``sim.world``): every start waits ``provisioning_delay_h`` (free) for a gang found in the
 trace as the engines' ``acquire`` finds one, then pays the restart ``R`` (billed, no
 progress); a spot gang runs until the trace's ``hit``; every hour is billed on the market it
-ran on. Knowing when each gang will be stopped, the optimum writes one checkpoint (``delta``)
+ran on; a start on another Ray cluster than the session before it (a ladder across clusters)
+pays the job's move, ``move_restart_h`` more restart and ``move_cost``, as in the engines.
+Knowing when each gang will be stopped, the optimum writes one checkpoint (``delta``)
 just before it stops and none in between: periodic checkpoints and preemption notices only
 protect a run that cannot see ahead. Every run any policy makes is therefore one of its
 schedules, or does no better than one (``tests/unit/test_sim_optimum.py`` checks that on
 random traces), and its spend is a lower bound a ladder can approach but not beat. Elastic
 gangs (fewer workers than the tier's ``num_workers``) are outside this model.
 
-The search is a dynamic programme over the moments a gang is stopped by the trace. At each
+The search is a dynamic programme over the moments a gang is stopped by the trace (and, for
+a ladder across clusters, the cluster it ran on, which prices the next start). At each
 such moment it keeps the Pareto set of partial schedules by (spend − p·progress) for every
 market price p, and progress plus the on-demand work that earlier on-demand sessions could
 still absorb; one on-demand session between two spot sessions runs from the first stop to the
@@ -76,33 +79,57 @@ class Optimum:
         return math.isfinite(self.spend)
 
 
+ANY_CLUSTER = -2  # on-demand on several clusters: no start there is counted as a move (a bound)
+_NO_CLUSTER = -1  # before the first start: it is no move
+
+
 @dataclass(frozen=True)
 class Markets:
-    """What the optimum may buy: capacity-gated markets (a compiled trace and a gang price each) and on-demand."""
+    """What the optimum may buy: capacity-gated markets (a compiled trace and a gang price each) and on-demand.
+
+    ``clusters``: each gated market's Ray cluster, numbered (empty: all on one), and
+    ``on_demand_cluster`` on-demand's, for a ladder across clusters: a start on another
+    cluster than the last one's pays the job's move (``JobSpec.move_restart_h``, ``move_cost``).
+    """
 
     gated: tuple[tuple[TraceCapacity, float], ...]
     on_demand_price: float | None  # None: no reliable market
+    clusters: tuple[int, ...] = ()
+    on_demand_cluster: int = 0
+
+    def __post_init__(self) -> None:
+        if self.clusters and len(self.clusters) != len(self.gated):
+            raise ValueError(f"clusters gives {len(self.clusters)} cluster(s) for {len(self.gated)} gated market(s)")
 
     @classmethod
     def of(cls, ladder: Ladder | Sequence[object], world: Sequence[Process]) -> Markets:
-        """The ladder's tiers as markets: a tier on a trace is gated, one on a rate model without losses is on-demand."""
+        """The ladder's tiers as markets: a tier on a trace is gated, one on a rate model without losses is on-demand.
+
+        On-demand is the cheapest reliable tier; when reliable tiers lie on several clusters,
+        a start on on-demand is never counted as a move, so the optimum stays a lower bound.
+        """
         lad = make_ladder(ladder)
         if len(world) != len(lad):
             raise ValueError(f"world has {len(world)} processes for {len(lad)} tiers; give one per tier")
+        number = {key: n for n, key in enumerate(lad.cluster_keys)}
         gated: list[tuple[TraceCapacity, float]] = []
-        reliable: list[float] = []
-        for tier, process in zip(lad.tiers, world, strict=True):
+        clusters: list[int] = []
+        reliable: list[tuple[float, int]] = []
+        for i, (tier, process) in enumerate(zip(lad.tiers, world, strict=True)):
             proc = compile_process(process, tier.num_workers)
             if isinstance(proc, TraceCapacity):
                 gated.append((proc, tier.price_per_hour()))
+                clusters.append(number[lad.cluster_key(i)])
             elif isinstance(proc, RateModel) and proc == RateModel():
-                reliable.append(tier.price_per_hour())
+                reliable.append((tier.price_per_hour(), number[lad.cluster_key(i)]))
             else:
                 raise ValueError(
                     f"tier {tier.name!r}: the hindsight optimum needs a recorded trace or a reliable pool, "
                     f"not {type(process).__name__} with random interruptions"
                 )
-        return cls(tuple(gated), min(reliable) if reliable else None)
+        od_clusters = {c for _, c in reliable}
+        return cls(tuple(gated), min(p for p, _ in reliable) if reliable else None, tuple(clusters),
+                   od_clusters.pop() if len(od_clusters) == 1 else ANY_CLUSTER)
 
 
 def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence[Process],
@@ -178,7 +205,8 @@ class _Moves:
     group: point i's rows are ``lo[i]:hi[i]``, its second block from ``mid[i]``.
     """
 
-    base: np.ndarray  # what the move adds to a state before the gang: an on-demand session's, or zeros
+    base: np.ndarray  # what the move adds to a state before the gang: an on-demand session's and moves' costs, or zeros
+    extra: np.ndarray  # the gang's restart beyond R: a move's (JobSpec.move_restart_h), or 0
     a: np.ndarray  # when the gang is acquired
     hit: np.ndarray  # when the trace stops it
     price: np.ndarray
@@ -193,6 +221,7 @@ class _Tables:
     """Everything the search does per point that does not depend on the states, worked out once."""
 
     times: np.ndarray
+    clusters: np.ndarray  # per point: the cluster of the session that ended there
     moves: _Moves
     # Finishing: the moves whose gang starts work before its stop and the deadline, point i's
     # rows f_lo[i]:f_hi[i] (straight away up to f_mid[i]).
@@ -200,6 +229,7 @@ class _Tables:
     f_a: np.ndarray
     f_end: np.ndarray
     f_price: np.ndarray
+    f_extra: np.ndarray
     f_lo: list[int]
     f_mid: list[int]
     f_hi: list[int]
@@ -223,6 +253,11 @@ class _Search:
         self.W, self.D = job.work_h, float(job.deadline_h or 0.0)
         self.R, self.delta, self.prov = job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
         self.markets, self.t0 = markets, t0
+        # Moves between clusters: without a price, every market counts as one cluster (the same points).
+        self.move_h, self.move_cost = job.move_restart_h, job.move_cost
+        priced = (self.move_h > 0 or self.move_cost > 0) and bool(markets.clusters)
+        self.market_cluster = np.array(markets.clusters if priced else [0] * len(markets.gated), dtype=np.int64)
+        self.od_cluster = markets.on_demand_cluster if priced else 0
         self.p_od = math.inf if markets.on_demand_price is None else markets.on_demand_price
         self.has_od = markets.on_demand_price is not None
         self.groups = _groups(markets, t0, self.D)
@@ -254,50 +289,66 @@ class _Search:
             ok = np.isfinite(acq) & (tick >= self.groups.first_tick) & (tick <= self.groups.last_tick)
         return np.where(ok, look, np.nan), np.where(ok, acq, np.nan)
 
+    def _moved(self, before: np.ndarray | int, after: np.ndarray | int) -> np.ndarray:
+        """Whether a start on cluster ``after`` after a session on ``before`` is a move (0 or 1, broadcast)."""
+        b, a = np.asarray(before), np.asarray(after)
+        return ((b >= 0) & (a >= 0) & (b != a)).astype(float)
+
     def _gap(self) -> np.ndarray:
         gaps = np.array([cap.gap_h for cap, _ in self.markets.gated])
         return gaps[self.groups.market]
 
-    def _moves(self, times: np.ndarray) -> _Moves:
+    def _moves(self, times: np.ndarray, clusters: np.ndarray) -> _Moves:
         """For each point, the gangs a run idle since then can get, straight away and after an on-demand session.
 
         The on-demand session runs from the point to the moment the gang is looked for; it is
-        a move only where that leaves it room for work.
+        a move only where that leaves it room for work. A start on another cluster than the
+        session before it (``clusters``: the point's) pays the move's restart and cost.
         """
         R, d, prov, gr = self.R, self.delta, self.prov, self.groups
         look, acq = self._acquire(times[:, None])
         usable = np.isfinite(acq)
         blocks = [usable]
         room = np.zeros_like(acq)
+        gang_cluster = self.market_cluster[gr.market]
+        into_od = self._moved(clusters, self.od_cluster)  # per point
         if self.has_od:
             with np.errstate(invalid="ignore"):
-                room = look - (times[:, None] + prov) - R - d  # the on-demand session's room for work
+                # The on-demand session's room for work.
+                room = look - (times[:, None] + prov) - R - d - (self.move_h * into_od)[:, None]
             blocks.append(usable & (room > _TOL))
         point, block, g = np.nonzero(np.stack(blocks, axis=1))
         base = np.zeros((point.size, 6))
         od = block == 1
-        base[od, 1] = self.p_od * (R + d)
+        out_of_od = self._moved(self.od_cluster, gang_cluster[g])
+        moves = np.where(od, into_od[point] + out_of_od, self._moved(clusters[point], gang_cluster[g]))
+        base[:, 1] = self.move_cost * moves
+        base[od, 1] += self.p_od * (R + d + self.move_h * into_od[point[od]])
         base[od, 2] = room[point[od], g[od]]
-        base[od, 4] = R + d
+        base[od, 4] = R + d + self.move_h * into_od[point[od]]
         base[od, 5] = 1.0
+        extra = self.move_h * np.where(od, out_of_od, moves)
         each = np.arange(times.size)
         lo = np.searchsorted(point, each)
         mid = lo + np.bincount(point[~od], minlength=times.size)
         hi = np.searchsorted(point, each, side="right")
-        return _Moves(base, acq[point, g], gr.hit[g], gr.price[g], g, lo.tolist(), mid.tolist(), hi.tolist())
+        return _Moves(base, extra, acq[point, g], gr.hit[g], gr.price[g], g, lo.tolist(), mid.tolist(), hi.tolist())
 
-    def _tables(self, times: np.ndarray, spot_left: np.ndarray) -> _Tables:
-        """The moves of every point, split into those that can finish the job and those that go on to a point."""
+    def _tables(self, times: np.ndarray, clusters: np.ndarray, spot_left: np.ndarray) -> _Tables:
+        """The moves of every point, split into those that can finish the job and those that go on to a point.
+
+        Points are (time, cluster) pairs, sorted by time then cluster, each once.
+        """
         D, R, d = self.D, self.R, self.delta
-        mv = self._moves(times)
+        mv = self._moves(times, clusters)
         end = np.minimum(mv.hit, D)
-        fits = mv.a + R < end - _TOL  # the gang starts work before its stop and the deadline
+        fits = mv.a + R + mv.extra < end - _TOL  # the gang starts work before its stop and the deadline
         f = np.flatnonzero(fits)
         f_at = np.concatenate([[0], np.cumsum(fits)]).tolist()  # move -> first finishing row at or after it
         # Gangs stopped by the trace before the deadline, after more than their restart and write.
         span = mv.hit - mv.a
-        on = np.isfinite(mv.hit) & (mv.hit < D) & (R + d + _TOL < span)
-        gain = span - R - d
+        on = np.isfinite(mv.hit) & (mv.hit < D) & (R + mv.extra + d + _TOL < span)
+        gain = span - R - mv.extra - d
         add = mv.base.copy()
         add[:, 0] += gain
         add[:, 1] += mv.price * span
@@ -305,14 +356,14 @@ class _Search:
         add[:, 3] += span
         add[:, 5] += 1
         point = np.repeat(np.arange(times.size), np.subtract(mv.hi, mv.lo))
-        target = np.searchsorted(times, mv.hit)
+        target = _point_index(times, clusters, mv.hit, self.market_cluster[self.groups.market[mv.group]])
         order = np.lexsort((target, point))  # by point, then target, each in move order
         o = order[on[order]]
         o_point, o_target = point[o], target[o]
         run = np.flatnonzero((np.diff(o_point) != 0) | (np.diff(o_target) != 0)) + 1
         o_cut = np.concatenate([[0], run, [o.size]]).astype(np.int64) if o.size else np.zeros(1, dtype=np.int64)
         return _Tables(
-            times, mv, mv.base[f], mv.a[f], end[f], mv.price[f],
+            times, clusters, mv, mv.base[f], mv.a[f], end[f], mv.price[f], mv.extra[f],
             [f_at[j] for j in mv.lo], [f_at[j] for j in mv.mid], [f_at[j] for j in mv.hi],
             add[o], spot_left[o_target][:, None], np.searchsorted(o_point, np.arange(times.size + 1)).tolist(),
             o_cut.tolist(), o_target[o_cut[:-1]].tolist(), on, add, target,
@@ -321,11 +372,13 @@ class _Search:
     # -- the programme ------------------------------------------------------------------------
 
     def run(self) -> Optimum:
-        W, D = self.W, self.D
-        stops = self.groups.hit[np.isfinite(self.groups.hit) & (self.groups.hit < D)]
-        times = np.unique(np.concatenate([[0.0], stops]))
+        W, D, gr = self.W, self.D, self.groups
+        stops = np.isfinite(gr.hit) & (gr.hit < D)
+        points = np.unique(np.stack([np.concatenate([[0.0], gr.hit[stops]]),
+                                     np.concatenate([[_NO_CLUSTER], self.market_cluster[gr.market[stops]]])], axis=1), axis=0)
+        times, clusters = points[:, 0].copy(), points[:, 1].astype(np.int64)
         spot_left = self._spot_left(times)
-        tb = self._tables(times, spot_left)
+        tb = self._tables(times, clusters, spot_left)
         self._greedy(tb)  # a good schedule first, so that states that cannot beat it are dropped at once
         if times.size >= _UPPER_FROM:
             self.upper = min(self.upper, self._upper(tb))
@@ -342,10 +395,10 @@ class _Search:
             st = self._prune(st[self._bound(st, spot_left[i]) < self._limit() - _TOL])
             if len(st) == 0:
                 continue
-            self._final_on_demand(t, st)
+            self._final_on_demand(t, int(clusters[i]), st)
             lo, mid, hi = tb.f_lo[i], tb.f_mid[i], tb.f_hi[i]
             if hi > lo:
-                self._finals(st, tb.f_base[lo:hi], tb.f_a[lo:hi], tb.f_end[lo:hi], tb.f_price[lo:hi],
+                self._finals(st, tb.f_base[lo:hi], tb.f_a[lo:hi], tb.f_end[lo:hi], tb.f_price[lo:hi], tb.f_extra[lo:hi],
                              (0, mid - lo, hi - lo))
             lo, hi = tb.o_lo[i], tb.o_lo[i + 1]
             if hi == lo:
@@ -423,16 +476,19 @@ class _Search:
         best = math.inf
         if self.has_od:  # on-demand from the point
             rem = W - sts[:, 0]
-            need = np.maximum(times[pts] + self.prov + self.R + rem - self.D, 0.0)
+            moved = self._moved(tb.clusters[pts], self.od_cluster)
+            restart = self.R + self.move_h * moved
+            need = np.maximum(times[pts] + self.prov + restart + rem - self.D, 0.0)
             ok = (need <= sts[:, 2] - sts[:, 0] + _TOL) & (need <= rem + _TOL)
             if ok.any():
-                best = float((sts[ok, 1] + self.p_od * (self.R + rem[ok])).min())
+                best = float((sts[ok, 1] + self.move_cost * moved[ok] + self.p_od * (restart[ok] + rem[ok])).min())
         lo = np.asarray(tb.f_lo)[pts]
         k = np.asarray(tb.f_hi)[pts] - lo
         if k.sum():  # a gang from the point
             which = np.repeat(np.arange(pts.size), k)
             rows = np.repeat(lo - np.cumsum(k) + k, k) + np.arange(int(k.sum()))
-            cost = self._final_cost(sts[which], tb.f_base[rows], tb.f_a[rows], tb.f_end[rows], tb.f_price[rows])[0]
+            cost = self._final_cost(sts[which], tb.f_base[rows], tb.f_a[rows], tb.f_end[rows], tb.f_price[rows],
+                                    tb.f_extra[rows])[0]
             best = min(best, float(cost.min()))
         return best
 
@@ -468,23 +524,22 @@ class _Search:
 
     def _greedy(self, tb: _Tables) -> None:
         """Spot whenever a gang can be had, finishing on spot or on-demand wherever that is cheapest: an upper bound."""
-        W, D, R, d, mv = self.W, self.D, self.R, self.delta, tb.moves
+        W, mv = self.W, tb.moves
         i, st = 0, np.zeros((1, 6))
         while True:
-            self._final_on_demand(float(tb.times[i]), st)
+            self._final_on_demand(float(tb.times[i]), int(tb.clusters[i]), st)
             if mv.lo[i] == mv.mid[i]:
                 return
             lo, mid = tb.f_lo[i], tb.f_mid[i]
             if mid > lo:
-                self._finals(st, tb.f_base[lo:mid], tb.f_a[lo:mid], tb.f_end[lo:mid], tb.f_price[lo:mid], (0, mid - lo))
+                self._finals(st, tb.f_base[lo:mid], tb.f_a[lo:mid], tb.f_end[lo:mid], tb.f_price[lo:mid], tb.f_extra[lo:mid],
+                             (0, mid - lo))
             k = mv.lo[i]
-            hit, L = mv.hit[k], mv.hit[k] - mv.a[k]
-            if not (np.isfinite(hit) and hit < D and R + d + _TOL < L):
+            if not tb.on[k]:  # the trace stops the gang before the deadline, after its restart and write
                 return
-            gain = L - R - d
-            if st[0, 0] + gain >= W - _TOL:
+            if st[0, 0] + tb.add[k, 0] >= W - _TOL:
                 return
-            st = st + np.array([[gain, mv.price[k] * L, gain, L, 0.0, 1.0]])
+            st = st + tb.add[k]
             i = int(tb.target[k])
 
     def _prune(self, st: np.ndarray) -> np.ndarray:
@@ -512,29 +567,33 @@ class _Search:
             self.best = Optimum(float(cost[row, col]), float(finish), float(r[3] + last_spot),
                                 float(r[4] + extra_od + last_od), int(r[5]) + 1)
 
-    def _final_on_demand(self, t: float, st: np.ndarray) -> None:
-        """Finish on on-demand from ``t``; earlier on-demand sessions take what the deadline needs."""
+    def _final_on_demand(self, t: float, cluster: int, st: np.ndarray) -> None:
+        """Finish on on-demand from ``t`` (after a session on ``cluster``); earlier on-demand sessions take
+        what the deadline needs."""
         if not self.has_od:
             return
-        W, D, R, prov = self.W, self.D, self.R, self.prov
+        W, D, prov = self.W, self.D, self.prov
+        moved = float(self._moved(cluster, self.od_cluster))
+        R = self.R + self.move_h * moved
         rem = W - st[:, 0]
         need = np.maximum(t + prov + R + rem - D, 0.0)
         ok = (need <= st[:, 2] - st[:, 0] + _TOL) & (need <= rem + _TOL)
-        cost = np.where(ok, st[:, 1] + self.p_od * (R + rem), np.inf)
+        cost = np.where(ok, st[:, 1] + self.move_cost * moved + self.p_od * (R + rem), np.inf)
         i = int(np.argmin(cost))
         if ok[i]:
             self._consider(cost[:, None], i, 0, st, _NO_BASE, t + prov + R + rem[i] - need[i], need[i], 0.0,
                            R + rem[i] - need[i])
 
-    def _final_cost(self, st: np.ndarray, b: np.ndarray, a: np.ndarray, end: np.ndarray,
-                    price: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def _final_cost(self, st: np.ndarray, b: np.ndarray, a: np.ndarray, end: np.ndarray, price: np.ndarray,
+                    extra: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Finish on a gang acquired at ``a`` (it starts work before ``end``: its stop or the deadline), on-demand
-        sessions before it taking what the deadline needs; ``b`` is what the move adds before the gang.
+        sessions before it taking what the deadline needs; ``b`` is what the move adds before the gang, ``extra``
+        the gang's restart beyond R (a move's).
 
         The arguments broadcast together. Per schedule: its spend (inf where it cannot finish
         in time), the work left at the move (``rem``) and the part on-demand does (``y``).
         """
-        W, R = self.W, self.R
+        W, R = self.W, self.R + extra
         P = st[..., 0] + b[..., 0]
         rem = W - P
         y = np.maximum(a + R + rem - end, 0.0)
@@ -545,17 +604,30 @@ class _Search:
         return np.where(ok, st[..., 1] + b[..., 1] + p_od * y + price * (R + rem - y), np.inf), rem, y
 
     def _finals(self, st: np.ndarray, b: np.ndarray, a: np.ndarray, end: np.ndarray, price: np.ndarray,
-                blocks: tuple[int, ...]) -> None:
+                extra: np.ndarray, blocks: tuple[int, ...]) -> None:
         """Every state finishing on every gang (``_final_cost``); the best of each block of gangs in turn."""
-        cost, rem, y = self._final_cost(st[:, None, :], b[None, :, :], a[None, :], end[None, :], price[None, :])
+        cost, rem, y = self._final_cost(st[:, None, :], b[None, :, :], a[None, :], end[None, :], price[None, :],
+                                        extra[None, :])
         for c0, c1 in itertools.pairwise(blocks):
             if c1 <= c0:
                 continue
             r, c = divmod(int(np.argmin(cost[:, c0:c1])), c1 - c0)  # the first least, row by row
             c += c0
             if cost[r, c] < math.inf:
-                self._consider(cost, r, c, st, b, a[c] + self.R + rem[r, c] - y[r, c], y[r, c],
-                               self.R + rem[r, c] - y[r, c], 0.0)
+                restart = self.R + extra[c]
+                self._consider(cost, r, c, st, b, a[c] + restart + rem[r, c] - y[r, c], y[r, c],
+                               restart + rem[r, c] - y[r, c], 0.0)
+
+
+def _point_index(times: np.ndarray, clusters: np.ndarray, t: np.ndarray, c: np.ndarray) -> np.ndarray:
+    """The index of point (``t``, ``c``) among points sorted by time, then cluster; past the end where a
+    time is not a point's (a gang the trace never stops before the deadline)."""
+    ranks = np.unique(times)
+    width = int(max(clusters.max(initial=0), c.max(initial=0))) + 3  # clusters from -2 up
+    key = np.searchsorted(ranks, times) * width + clusters + 2
+    rank = np.searchsorted(ranks, t)
+    found = (rank < ranks.size) & (ranks[np.minimum(rank, ranks.size - 1)] == t)
+    return np.where(found, np.searchsorted(key, rank * width + c + 2), times.size)
 
 
 def _distinct_rows(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
