@@ -224,13 +224,19 @@ def test_a_plan_made_for_checkpoint_requests_is_backtested_with_them_unless_told
     assert asked != spends("--no-checkpoint-on-request")  # without requests no climb comes between checkpoints
 
 
-def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_says_otherwise(app, tmp_path):
-    """`plan --write-yaml` records the job (work, write, restart, notice): `backtest JOB.yaml --trace` needs no more."""
+def _planned_job_file(tmp_path: Path, notice_s: float) -> Path:
+    """The job file `plan --write-yaml` writes for the 10 h job (1-minute write, checkpoint requests) on TRACE."""
     req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1,
-                      provisioning_delay_h=0.05, notice_s=30, spot_price=0.3, on_demand_price=1.0, deadline_h=15,
+                      provisioning_delay_h=0.05, notice_s=notice_s, spot_price=0.3, on_demand_price=1.0, deadline_h=15,
                       checkpoint_on_request=True, runs=40)
     planned = tmp_path / "planned.yaml"
     planned.write_text(plan(req, load_process(TRACE)).job_yaml("planned", "./runs", "m:f"))
+    return planned
+
+
+def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_says_otherwise(app, tmp_path):
+    """`plan --write-yaml` records the job (work, write, restart, notice): `backtest JOB.yaml --trace` needs no more."""
+    planned = _planned_job_file(tmp_path, notice_s=30)
     r = invoke(app, str(planned), "--trace", TRACE, "--json")
     assert r.exit_code == 0, r.output
     doc = json.loads(r.output)
@@ -252,11 +258,7 @@ def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_say
 
 def test_a_deadline_guard_made_for_another_job_than_the_replayed_one_is_pointed_out(app, tmp_path):
     """Overriding --hours or --deadline-h replays the ladder unchanged: its guard still leaves on the planned job's schedule."""
-    req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1,
-                      provisioning_delay_h=0.05, notice_s=120, spot_price=0.3, on_demand_price=1.0, deadline_h=15,
-                      checkpoint_on_request=True, runs=40)
-    planned = tmp_path / "planned.yaml"
-    planned.write_text(plan(req, load_process(TRACE)).job_yaml("planned", "./runs", "m:f"))
+    planned = _planned_job_file(tmp_path, notice_s=120)
     assert any(t.deadline_guard for t in JobConfig.from_yaml(planned).tiers)
     as_planned = json.loads(invoke(app, str(planned), "--trace", TRACE, "--json").output)
     assert as_planned["notes"] == []

@@ -138,48 +138,8 @@ def test_a_run_that_must_change_cluster_and_its_optimum_both_pay_the_move():
 
 
 def brute_force(avail: list[int], gap_h: float, job: JobSpec, p_spot: float, p_od: float, step: float) -> float:
-    """Least spend over every schedule whose starts and stops lie on a ``step`` grid.
-
-    A session is looked for at a grid moment (with capacity, for spot), acquired ``prov``
-    later (spot: if capacity is there then), runs ``R`` without progress, then works until it
-    stops (spot: at the latest where the trace stops that gang) with one checkpoint write, or
-    finishes. Nothing here knows the optimum's structure: on-demand sessions may stop
-    anywhere, spot sessions early, and idling is free.
-    """
-    cap = compile_spot_trace(SpotTrace("t", gap_h * 3600, np.array(avail, dtype=np.int64)), 1)
-    W, D, R, d, prov = job.work_h, job.deadline_h, job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
-    assert D is not None
-    n = round(D / step)
-    grid = [k * step for k in range(n + 1)]
-
-    def ok(t: float) -> bool:
-        return bool(cap.is_ok(np.array([t]))[0])
-
-    def hit(t: float) -> float:
-        return float(cap.hit(np.array([t]))[0])
-
-    @functools.cache
-    def best(k: int, pk: int) -> float:  # idle at grid k with pk steps of progress
-        rem = W - pk * step
-        out = math.inf
-        for look in grid[k:]:
-            for market, price in (("od", p_od), ("spot", p_spot)):
-                a = look + prov
-                if market == "spot" and not (ok(look) and ok(a)):
-                    continue
-                stop = min(hit(a), D) if market == "spot" else D
-                if a + R + rem <= stop + 1e-9:
-                    out = min(out, price * (R + rem))
-                for e in grid:
-                    if e <= a + R + d + 1e-9 or e > stop + 1e-9 or e >= D:
-                        continue
-                    gain = e - a - R - d
-                    if gain >= rem - 1e-9:
-                        continue
-                    out = min(out, price * (e - a) + best(round(e / step), pk + round(gain / step)))
-        return out
-
-    return best(0, 0)
+    """``brute_force_across`` for one spot pool, on the cluster on-demand is on (so nothing moves)."""
+    return brute_force_across([avail], [0], 0, gap_h, job, p_spot, p_od, step)
 
 
 @pytest.mark.parametrize(
@@ -241,8 +201,17 @@ def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline
 
 def brute_force_across(pools: list[list[int]], clusters: list[int], od_cluster: int, gap_h: float, job: JobSpec,
                        p_spot: float, p_od: float, step: float) -> float:
-    """``brute_force`` for spot pools on Ray clusters: a start on another cluster than the last
-    session's pays ``job.move_restart_h`` more restart and ``job.move_cost`` (the first start is no move)."""
+    """Least spend over every schedule whose starts and stops lie on a ``step`` grid, for spot pools
+    (``pools``, all at ``p_spot``) and on-demand on Ray clusters.
+
+    A session is looked for at a grid moment (with capacity, for spot), acquired ``prov``
+    later (spot: if capacity is there then), runs ``R`` without progress, then works until it
+    stops (spot: at the latest where the trace stops that gang) with one checkpoint write, or
+    finishes; a start on another cluster than the last session's pays ``job.move_restart_h``
+    more restart and ``job.move_cost`` (the first start is no move). Nothing here knows the
+    optimum's structure: on-demand sessions may stop anywhere, spot sessions early, and idling
+    is free.
+    """
     caps = [compile_spot_trace(SpotTrace(f"p{i}", gap_h * 3600, np.array(a, dtype=np.int64)), 1) for i, a in enumerate(pools)]
     W, D, R, d, prov = job.work_h, job.deadline_h, job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
     assert D is not None

@@ -742,4 +742,4 @@ def _lowest(x: np.ndarray, m: int) -> np.ndarray:
     return np.argpartition(rank_sum, m)[:m]
 
 
-__all__ = ["Markets", "Optimum", "hindsight_optimum", "optimum_for"]
+__all__ = ["ANY_CLUSTER", "Markets", "Optimum", "hindsight_optimum", "optimum_for"]
