@@ -270,3 +270,14 @@ def test_a_deadline_guard_made_for_another_job_than_the_replayed_one_is_pointed_
     assert note.endswith("spotfallback plan --hours 100 --deadline-h 150 ... --write-yaml")
     r = invoke(app, str(planned), "--trace", TRACE, "--deadline-h", "20")
     assert r.exit_code == 0 and "note: tier 'spot': its deadline_guard has deadline_h=15 (the replay's deadline: 20 h);" in " ".join(r.output.split())
+
+
+def test_a_trace_recorded_for_fewer_instances_than_a_tiers_gang_is_noted(app, tmp_path):
+    """Four workers on a one-instance trace read it as the whole pool's; a pool's own 4-node trace needs no note."""
+    path = tmp_path / "four.yaml"
+    path.write_text(JOB.replace("num_workers: 1", "num_workers: 4"))
+    doc = json.loads(invoke(app, str(path), "--trace", TRACE, "--hours", "10", "--json").output)
+    (note,) = doc["notes"]
+    assert note.startswith("trace 'us-west-2a_v100_1' records at most 1 instance(s), and the gang has 4 workers")
+    own = json.loads(invoke(app, str(path), "--trace", TRACE, "--pool", f"spot={OTHER_POOL}", "--hours", "10", "--json").output)
+    assert own["notes"] == []

@@ -224,3 +224,13 @@ def test_slack_rule_guards_that_climb_back_also_try_keeping_slack_for_the_way_ba
     # a write the notice cannot hold, the lead is a whole interval and the shares of the slack fall short.
     for job in (p, plan(request(work_h=10, num_workers=1, deadline_h=15, spot_price=0.3, on_demand_price=1.0), trace)):
         assert all(g.reserve_h >= 2 * 0.15 + g.first_commit_h for _, g in reserving_guards(job))
+
+
+def test_a_plan_on_a_trace_recorded_for_fewer_instances_than_the_gang_says_how_it_read_it():
+    """Eight workers on a one-instance trace: the plan assumes the whole pool is there whenever the trace shows one."""
+    tr = SpotTrace("one-node", 3600.0, np.array([1, 1, 0, 1, 1, 1]))
+    req = PlanRequest(work_h=4, num_workers=8, deadline_h=8, runs=20, checkpoint_cost_h=0.02, restart_overhead_h=0.1,
+                      provisioning_delay_h=0.05, notice_s=120, spot_price=0.3, on_demand_price=1.0)
+    notes = plan(req, tr).notes
+    assert sum("'one-node' records at most 1 instance(s), and the gang has 8 workers" in n for n in notes) == 1
+    assert not any("records at most" in n for n in plan(req.model_copy(update={"num_workers": 1}), tr).notes)

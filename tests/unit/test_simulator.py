@@ -43,6 +43,7 @@ from spotfallback.sim.world import (
     compile_node_trace,
     compile_spot_trace,
     complement_trace,
+    gating_note,
     world_for,
 )
 
@@ -364,6 +365,16 @@ def test_spot_trace_lookups():
     four = compile_spot_trace(SpotTrace("f", 60.0, np.array([4, 2, 4])), num_workers=2)
     assert four.ok.tolist() == [True, True, True]
     assert compile_spot_trace(SpotTrace("f", 60.0, np.array([4, 2, 4])), num_workers=8).ok.tolist() == [True, False, True]
+
+
+def test_a_trace_recorded_for_fewer_instances_than_the_gang_is_said_to_gate_the_whole_pool():
+    tr = SpotTrace("one-node", 3600.0, np.array([1, 1, 0, 1]))
+    note = gating_note(tr, 8)
+    assert note is not None and note.startswith("trace 'one-node' records at most 1 instance(s), and the gang has 8 workers")
+    assert gating_note(tr, 1) is None
+    assert gating_note(SpotTrace("four", 60.0, np.array([4, 2, 4])), 4) is None
+    assert gating_note(SpotTrace("never", 60.0, np.zeros(3, dtype=np.int64)), 8) is None  # gates nothing: never any
+    assert gating_note(RateModel(), 8) is None
 
 
 def test_node_trace_gang_holds_the_oldest_nodes():

@@ -20,6 +20,7 @@ from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_de
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
+from spotfallback.sim.world import gating_note
 
 
 def _table(res: BacktestResult, label: str) -> Table:
@@ -261,7 +262,10 @@ def register(app: typer.Typer) -> None:
                 writer.writerows(rows)
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
-        notes = _guard_notes(job.tiers, spec)
+        spot_tiers = [t for t in job.tiers if t.is_spot]
+        notes = _guard_notes(job.tiers, spec) + list(dict.fromkeys(
+            n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
+            if (n := gating_note(p, t.num_workers))))
         if as_json:
             typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace],
                                    "pools": {name: str(path) for name, path in pool_paths.items()}, "replayed": replayed,

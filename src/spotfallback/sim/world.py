@@ -142,6 +142,20 @@ def compile_spot_trace(trace: SpotTrace, num_workers: int) -> TraceCapacity:
     return TraceCapacity(trace.name, gap_h, ok, next_ok, hit_h)
 
 
+def gating_note(process: object, num_workers: int) -> str | None:
+    """What a SkyPilot trace recorded for fewer instances than the gang means here, or None.
+
+    ``compile_spot_trace`` reads it as gating the whole pool: an assumption worth saying for a
+    gang of eight nodes planned on a one-instance trace, whose capacity may well vanish more often.
+    """
+    if not isinstance(process, SpotTrace) or process.capacity == 0 or process.capacity >= num_workers:
+        return None
+    return (f"trace {process.name!r} records at most {process.capacity} instance(s), and the gang has {num_workers} "
+            f"workers: it is read as gating the whole pool, as if the pool held {num_workers} nodes whenever the "
+            f"trace shows {process.capacity}; a pool that runs short of {num_workers} more often is interrupted "
+            "more often than simulated")
+
+
 def compile_node_trace(trace: NodeTrace, num_workers: int, gap_seconds: float = 60.0) -> TraceCapacity:
     """The gang holds the N longest-running live nodes; removing any of them interrupts it.
 
@@ -232,6 +246,7 @@ def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
 
 
 __all__ = [
+    "gating_note",
     "observed_mtbf_h",
     "Process",
     "RateModel",
