@@ -137,6 +137,51 @@ def test_a_run_that_must_change_cluster_and_its_optimum_both_pay_the_move():
 # Brute force: every schedule on a fine grid
 
 
+def brute_force_across(pools: list[list[int]], clusters: list[int], od_cluster: int, gap_h: float, job: JobSpec,
+                       p_spot: float, p_od: float, step: float) -> float:
+    """Least spend over every schedule whose starts and stops lie on a ``step`` grid, for spot pools
+    (``pools``, all at ``p_spot``) and on-demand on Ray clusters.
+
+    A session is looked for at a grid moment (with capacity, for spot), acquired ``prov``
+    later (spot: if capacity is there then), runs ``R`` without progress, then works until it
+    stops (spot: at the latest where the trace stops that gang) with one checkpoint write, or
+    finishes; a start on another cluster than the last session's pays ``job.move_restart_h``
+    more restart and ``job.move_cost`` (the first start is no move). Nothing here knows the
+    optimum's structure: on-demand sessions may stop anywhere, spot sessions early, and idling
+    is free.
+    """
+    caps = [compile_spot_trace(SpotTrace(f"p{i}", gap_h * 3600, np.array(a, dtype=np.int64)), 1) for i, a in enumerate(pools)]
+    W, D, R, d, prov = job.work_h, job.deadline_h, job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
+    assert D is not None
+    grid = [k * step for k in range(round(D / step) + 1)]
+    markets = [(None, p_od, od_cluster)] + [(cap, p_spot, c) for cap, c in zip(caps, clusters, strict=True)]
+
+    @functools.cache
+    def best(k: int, pk: int, last: int) -> float:  # idle at grid k with pk steps of progress, last on cluster `last`
+        rem = W - pk * step
+        out = math.inf
+        for look in grid[k:]:
+            for cap, price, cluster in markets:
+                a = look + prov
+                if cap is not None and not (cap.is_ok(np.array([look]))[0] and cap.is_ok(np.array([a]))[0]):
+                    continue
+                stop = min(float(cap.hit(np.array([a]))[0]), D) if cap is not None else D
+                moved = last >= 0 and cluster != last
+                restart, paid = R + job.move_restart_h * moved, job.move_cost * moved
+                if a + restart + rem <= stop + 1e-9:
+                    out = min(out, paid + price * (restart + rem))
+                for e in grid:
+                    if e <= a + restart + d + 1e-9 or e > stop + 1e-9 or e >= D:
+                        continue
+                    gain = e - a - restart - d
+                    if gain >= rem - 1e-9:
+                        continue
+                    out = min(out, paid + price * (e - a) + best(round(e / step), pk + round(gain / step), cluster))
+        return out
+
+    return best(0, 0, -1)
+
+
 def brute_force(avail: list[int], gap_h: float, job: JobSpec, p_spot: float, p_od: float, step: float) -> float:
     """``brute_force_across`` for one spot pool, on the cluster on-demand is on (so nothing moves)."""
     return brute_force_across([avail], [0], 0, gap_h, job, p_spot, p_od, step)
@@ -197,51 +242,6 @@ def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline
     assert float(wall_to_finish(2, 0.3, 0.05)) > 2
     o = hindsight_optimum(tau, Markets(((compile_spot_trace(always, 1), 0.3),), od))
     assert o.spend == pytest.approx(0.3 * 2.1)
-
-
-def brute_force_across(pools: list[list[int]], clusters: list[int], od_cluster: int, gap_h: float, job: JobSpec,
-                       p_spot: float, p_od: float, step: float) -> float:
-    """Least spend over every schedule whose starts and stops lie on a ``step`` grid, for spot pools
-    (``pools``, all at ``p_spot``) and on-demand on Ray clusters.
-
-    A session is looked for at a grid moment (with capacity, for spot), acquired ``prov``
-    later (spot: if capacity is there then), runs ``R`` without progress, then works until it
-    stops (spot: at the latest where the trace stops that gang) with one checkpoint write, or
-    finishes; a start on another cluster than the last session's pays ``job.move_restart_h``
-    more restart and ``job.move_cost`` (the first start is no move). Nothing here knows the
-    optimum's structure: on-demand sessions may stop anywhere, spot sessions early, and idling
-    is free.
-    """
-    caps = [compile_spot_trace(SpotTrace(f"p{i}", gap_h * 3600, np.array(a, dtype=np.int64)), 1) for i, a in enumerate(pools)]
-    W, D, R, d, prov = job.work_h, job.deadline_h, job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
-    assert D is not None
-    grid = [k * step for k in range(round(D / step) + 1)]
-    markets = [(None, p_od, od_cluster)] + [(cap, p_spot, c) for cap, c in zip(caps, clusters, strict=True)]
-
-    @functools.cache
-    def best(k: int, pk: int, last: int) -> float:  # idle at grid k with pk steps of progress, last on cluster `last`
-        rem = W - pk * step
-        out = math.inf
-        for look in grid[k:]:
-            for cap, price, cluster in markets:
-                a = look + prov
-                if cap is not None and not (cap.is_ok(np.array([look]))[0] and cap.is_ok(np.array([a]))[0]):
-                    continue
-                stop = min(float(cap.hit(np.array([a]))[0]), D) if cap is not None else D
-                moved = last >= 0 and cluster != last
-                restart, paid = R + job.move_restart_h * moved, job.move_cost * moved
-                if a + restart + rem <= stop + 1e-9:
-                    out = min(out, paid + price * (restart + rem))
-                for e in grid:
-                    if e <= a + restart + d + 1e-9 or e > stop + 1e-9 or e >= D:
-                        continue
-                    gain = e - a - restart - d
-                    if gain >= rem - 1e-9:
-                        continue
-                    out = min(out, paid + price * (e - a) + best(round(e / step), pk + round(gain / step), cluster))
-        return out
-
-    return best(0, 0, -1)
 
 
 @pytest.mark.parametrize(
