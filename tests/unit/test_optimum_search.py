@@ -4,7 +4,8 @@ The search keeps only Pareto-optimal partial schedules, found by sorting and pre
 and drops those that cannot beat the best schedule so far or, by a margin, a few simple
 schedules it tries first. Pinned here: the answers recorded from the plain search it
 replaced (spend, finish, hours and sessions, to the last tie: tests/golden/optimum-search.json),
-an exhaustive search without any pruning on small random traces, the answer with the simple
+an exhaustive search without any pruning on small random traces, the bound that drops a state
+against the least spend the exhaustive search finds from it, the answer with the simple
 schedules left out, and the Pareto helpers against their definition.
 """
 
@@ -95,12 +96,14 @@ def test_the_simple_schedules_tried_first_bound_the_optimum_and_change_nothing(n
 # Every schedule, no pruning
 
 
-def exhaustive(job: JobSpec, markets: Markets, t0: float) -> float:
+def exhaustive(job: JobSpec, markets: Markets, t0: float,
+               seen: list[tuple[float, float, float, float, float]] | None = None) -> float:
     """The least spend over every schedule of the optimum's model, found by trying them all.
 
     From a moment a run is idle: finish on on-demand, or take any gang it can get (straight
     away, or after an on-demand session that fills the wait), and either finish on it or
     let the trace stop it and go on from there. No state is dropped, merged or bounded.
+    ``seen`` gets each state it went through (t, P, C, Q) with the least spend from it.
     """
     search = optimum._Search(job, markets, t0)  # for the model's groups and acquisitions only
     gr = search.groups
@@ -131,6 +134,8 @@ def exhaustive(job: JobSpec, markets: Markets, t0: float) -> float:
                 L = hit - a
                 if math.isfinite(hit) and hit < D and R + d + tol < L and P1 + L - R - d < W - tol:
                     best = min(best, explore(hit, P1 + L - R - d, C1 + price * L, min(Q1 + L - R - d, W)))
+        if seen is not None:
+            seen.append((t, P, C, Q, best))
         return best
 
     return explore(0.0, 0.0, 0.0, 0.0)
@@ -161,6 +166,22 @@ def test_the_search_finds_what_trying_every_schedule_finds(world):
     want = exhaustive(job, markets, start)
     got = hindsight_optimum(job, markets, start).spend
     assert got == pytest.approx(want, rel=1e-9, abs=1e-9) if math.isfinite(want) else math.isinf(got)
+
+
+@settings(max_examples=100, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow])
+@given(tiny_worlds())
+def test_the_bound_that_drops_a_state_is_never_above_the_least_spend_from_it(world):
+    """The search drops a state whose bound cannot beat the best: the bound must be a lower bound, at every state."""
+    job, markets, start = world
+    seen: list[tuple[float, float, float, float, float]] = []
+    exhaustive(job, markets, start, seen)
+    search = optimum._Search(job, markets, start)
+    search.run()
+    for t, P, C, Q, least in seen:
+        if math.isfinite(least):
+            point = int(np.searchsorted(search.times, t))  # one cluster: one point per time, the start first
+            assert search.times[point] == pytest.approx(t)
+            assert search._bound(np.array([[P, C, Q, 0.0, 0.0, 0.0]]), point)[0] <= least + 1e-9, (t, P, C, Q)
 
 
 # ---------------------------------------------------------------------------------------

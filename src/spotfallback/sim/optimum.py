@@ -31,8 +31,9 @@ much it looks at, never what it answers (``tests/unit/test_optimum_search.py`` h
 the answers of the plain search it replaced, ties included): the moves of every point are
 worked out once for all points; the Pareto sets come from sorting and prefix minima, not a
 loop per level; a partial schedule whose lower bound (the rest of the work at the cheapest
-price, on-demand's premium on what spot capacity left cannot hold) cannot beat the best
-schedule so far is dropped as soon as it is made; and a few simple schedules tried first
+price, the restarts of the fewest spot sessions that could hold it in the stretches of spot
+capacity left, or on-demand's premium on what fewer could not) cannot beat the best schedule
+so far is dropped as soon as it is made; and a few simple schedules tried first
 (the first gang that runs some hours, with or without an on-demand session before it) set
 that best early, with a margin that keeps every schedule that could tie with the answer.
 """
@@ -234,10 +235,10 @@ class _Tables:
     f_mid: list[int]
     f_hi: list[int]
     # Going on: the moves whose gang the trace stops before the deadline, sorted by point, then
-    # target point (each in move order): what each adds to a state, the spot hours left at its
-    # target; point i's rows o_lo[i]:o_lo[i + 1], and each run of one target o_cut[r]:o_cut[r + 1].
+    # target point (each in move order): what each adds to a state, its target; point i's rows
+    # o_lo[i]:o_lo[i + 1], and each run of one target o_cut[r]:o_cut[r + 1].
     o_add: np.ndarray
-    o_left: np.ndarray
+    o_row: np.ndarray  # per row: its target point, as a column
     o_lo: list[int]
     o_cut: list[int]
     o_target: list[int]  # per run
@@ -334,7 +335,7 @@ class _Search:
         hi = np.searchsorted(point, each, side="right")
         return _Moves(base, extra, acq[point, g], gr.hit[g], gr.price[g], g, lo.tolist(), mid.tolist(), hi.tolist())
 
-    def _tables(self, times: np.ndarray, clusters: np.ndarray, spot_left: np.ndarray) -> _Tables:
+    def _tables(self, times: np.ndarray, clusters: np.ndarray) -> _Tables:
         """The moves of every point, split into those that can finish the job and those that go on to a point.
 
         Points are (time, cluster) pairs, sorted by time then cluster, each once.
@@ -365,7 +366,7 @@ class _Search:
         return _Tables(
             times, clusters, mv, mv.base[f], mv.a[f], end[f], mv.price[f], mv.extra[f],
             [f_at[j] for j in mv.lo], [f_at[j] for j in mv.mid], [f_at[j] for j in mv.hi],
-            add[o], spot_left[o_target][:, None], np.searchsorted(o_point, np.arange(times.size + 1)).tolist(),
+            add[o], o_target[:, None], np.searchsorted(o_point, np.arange(times.size + 1)).tolist(),
             o_cut.tolist(), o_target[o_cut[:-1]].tolist(), on, add, target,
         )
 
@@ -377,8 +378,11 @@ class _Search:
         points = np.unique(np.stack([np.concatenate([[0.0], gr.hit[stops]]),
                                      np.concatenate([[_NO_CLUSTER], self.market_cluster[gr.market[stops]]])], axis=1), axis=0)
         times, clusters = points[:, 0].copy(), points[:, 1].astype(np.int64)
-        spot_left = self._spot_left(times)
-        tb = self._tables(times, clusters, spot_left)
+        self.times = times
+        self.caps = self._spot_caps(times)
+        self.terms = self._bound_terms(self.caps)
+        self.cap_keys = (self.caps + np.arange(times.size)[:, None] * (self.W + 2.0)).ravel()
+        tb = self._tables(times, clusters)
         self._greedy(tb)  # a good schedule first, so that states that cannot beat it are dropped at once
         if times.size >= _UPPER_FROM:
             self.upper = min(self.upper, self._upper(tb))
@@ -392,7 +396,7 @@ class _Search:
                 continue
             st = np.concatenate(pending[i]) if len(pending[i]) > 1 else pending[i][0]
             pending[i] = []
-            st = self._prune(st[self._bound(st, spot_left[i]) < self._limit() - _TOL])
+            st = self._prune(st[self._bound(st, i) < self._limit() - _TOL])
             if len(st) == 0:
                 continue
             self._final_on_demand(t, int(clusters[i]), st)
@@ -408,7 +412,7 @@ class _Search:
             # Finishing inside the group is a final; a state the bound already rules out is
             # dropped here, as it would be at its point (the limit only falls).
             live = new[..., 0] < W - _TOL
-            live &= self._bound(new, tb.o_left[lo:hi]) < self._limit() - _TOL
+            live &= self._bound(new, tb.o_row[lo:hi]) < self._limit() - _TOL
             rows = new[live]  # by move, then state: the order they join their points in
             if len(rows) == 0:
                 continue
@@ -492,15 +496,18 @@ class _Search:
             best = min(best, float(cost.min()))
         return best
 
-    def _spot_left(self, times: np.ndarray) -> np.ndarray:
-        """At most how much work spot gangs can still do after each of ``times``, before the deadline.
+    def _spot_caps(self, times: np.ndarray) -> np.ndarray:
+        """Per point, at most how much work k spot sessions can still do after it before the deadline, for
+        k = 0, 1, ...: a row rising with k (up to ``W``: all the work), then ``W + 1`` from the first k that
+        would add none.
 
-        The hours with spot capacity, less in each stretch of them a restart and a checkpoint
-        write (one session's at least), but for one write (the last session's).
+        Sessions fall in the stretches with spot capacity, each paying a restart and all but
+        one a checkpoint write, so the k longest stretches, less k restarts and k − 1 writes,
+        hold the most (several sessions in one stretch hold less).
         """
         gr = self.groups
         if gr.s.size == 0:
-            return np.zeros(times.size)
+            return np.zeros((times.size, 1))
         lo, hi = gr.s, np.minimum(gr.hit, self.D)
         merged: list[list[float]] = []
         for a, b in zip(lo.tolist(), hi.tolist(), strict=True):  # sorted by start
@@ -509,18 +516,54 @@ class _Search:
             else:
                 merged.append([a, b])
         m = np.array(merged)
-        span = m[None, :, 1] - np.maximum(m[None, :, 0], times[:, None])
-        return np.maximum(span - self.R - self.delta, 0.0).sum(1) + np.where((span > self.R).any(1), self.delta, 0.0)
+        span = np.maximum(m[None, :, 1] - np.maximum(m[None, :, 0], times[:, None]), 0.0)
+        span = -np.sort(-span, axis=1)  # longest first
+        gain = span - self.R - self.delta
+        gain[:, 0] += self.delta
+        caps = np.concatenate([np.zeros((times.size, 1)), np.cumsum(gain, axis=1)], axis=1)
+        adds = np.concatenate([np.ones((times.size, 1), dtype=bool), gain > _TOL], axis=1)
+        return np.where(np.logical_and.accumulate(adds, axis=1), np.minimum(caps, self.W), self.W + 1.0)
 
-    def _bound(self, st: np.ndarray, spot_left: float | np.ndarray) -> np.ndarray:
-        """The least any schedule from these states can spend: the rest of the work and one start at the
-        cheapest price, and on-demand's premium on the work that spot capacity left cannot hold."""
-        rem = self.W - st[..., 0]
-        p_min = min(self.prices)
-        short = np.maximum(rem - spot_left, 0.0)
+    def _bound_terms(self, caps: np.ndarray) -> np.ndarray:
+        """Per point and k (as ``caps``), the least of a spend that is independent of the work left, over
+        the ways to finish with fewer than k + 1 spot sessions and the rest on on-demand (``_bound``)."""
         if not self.has_od:
-            return np.where(short > _TOL, np.inf, st[..., 1] + p_min * (self.R + rem))
-        return st[..., 1] + p_min * (self.R + rem) + (self.p_od - p_min) * short
+            return np.full(caps.shape, np.inf)
+        p_min = min(self.prices)
+        k = np.arange(caps.shape[1])
+        # k spot sessions (their restarts and writes) and on-demand's premium over what they cannot hold.
+        a = p_min * (k * self.R + np.maximum(k - 1, 0) * self.delta) - (self.p_od - p_min) * caps
+        a[:, 0] = self.p_od * self.R  # no spot session: the last start is on on-demand
+        a[caps > self.W] = np.inf
+        return np.minimum.accumulate(a, axis=1)
+
+    def _bound(self, st: np.ndarray, rows: int | np.ndarray) -> np.ndarray:
+        """The least any schedule from these states (at points ``rows``, broadcast) can spend.
+
+        Every finish starts at least one more session. With k spot sessions, the work they
+        cannot hold (``_spot_caps``) is done on on-demand, so the spend is at least the work
+        left at the cheapest price, k restarts and k − 1 writes at that price, and on-demand's
+        premium on the rest; the least over k. With no spot session the last start is on
+        on-demand and pays its restart there (work absorbed by an earlier on-demand session
+        needs none).
+        """
+        W, width = self.W, self.caps.shape[1]
+        rem = W - st[..., 0]
+        row = np.broadcast_to(np.asarray(rows), rem.shape)
+        # The fewest spot sessions that could hold the work left: the caps below it, counted with
+        # room for rounding so that the count is never too high.
+        if np.ndim(rows) == 0:
+            k = np.searchsorted(self.caps[int(rows)], rem - 1e-7)
+        else:  # one search over every row's caps, each row's shifted past the one before
+            key = (row * (W + 2.0) + rem - 1e-7).ravel()
+            k = (np.searchsorted(self.cap_keys, key) - row.ravel() * width).reshape(rem.shape)
+        k = np.maximum(k, 1)
+        held = (k < width) & (self.caps[row, np.minimum(k, width - 1)] <= W)
+        p_min = min(self.prices)
+        on_spot = np.where(held, p_min * (rem + k * self.R + (k - 1) * self.delta), np.inf)
+        if not self.has_od:
+            return st[..., 1] + on_spot
+        return st[..., 1] + np.minimum(on_spot, self.terms[row, k - 1] + self.p_od * rem)
 
     def _greedy(self, tb: _Tables) -> None:
         """Spot whenever a gang can be had, finishing on spot or on-demand wherever that is cheapest: an upper bound."""
