@@ -6,7 +6,7 @@ schedules it tries first. Pinned here: the answers recorded from the plain searc
 replaced (spend, finish, hours and sessions, to the last tie: tests/golden/optimum-search.json),
 an exhaustive search without any pruning on small random traces, the bound that drops a state
 against the least spend the exhaustive search finds from it, the answer with the simple
-schedules left out, and the Pareto helpers against their definition.
+schedules left out or a narrow search first, and the Pareto helpers against their definition.
 """
 
 from __future__ import annotations
@@ -78,6 +78,16 @@ def test_the_search_answers_what_the_plain_search_answered(name):
     for start, want in RECORDED[name]:
         o = hindsight_optimum(JOBS[name], markets, start)
         assert _same(o, want), (name, start, o, want)
+
+
+@pytest.mark.parametrize("name", list(RECORDED))
+def test_a_narrow_search_first_changes_nothing(name, monkeypatch):
+    """A large search first finds a schedule with a few states per point, then searches in full below it."""
+    monkeypatch.setattr(optimum, "_LARGE", 0)  # every search counts as large
+    for beam in (1, 16):
+        monkeypatch.setattr(optimum, "_BEAM", beam)
+        for start, want in RECORDED[name]:
+            assert _same(hindsight_optimum(JOBS[name], _markets(name), start), want), (name, beam, start)
 
 
 @pytest.mark.parametrize("name", ["100 h job, 8 workers", "no restart cost", "two spot markets"])

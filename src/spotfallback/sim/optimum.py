@@ -33,9 +33,11 @@ worked out once for all points; the Pareto sets come from sorting and prefix min
 loop per level; a partial schedule whose lower bound (the rest of the work at the cheapest
 price, the restarts of the fewest spot sessions that could hold it in the stretches of spot
 capacity left, or on-demand's premium on what fewer could not) cannot beat the best schedule
-so far is dropped as soon as it is made; and a few simple schedules tried first
-(the first gang that runs some hours, with or without an on-demand session before it) set
-that best early, with a margin that keeps every schedule that could tie with the answer.
+so far is dropped as soon as it is made; a large search first keeps only a few states per
+point, for a schedule near the optimum below which the full search looks; and a few simple
+schedules tried first (the first gang that runs some hours, with or without an on-demand
+session before it) set that best early, with a margin that keeps every schedule that could
+tie with the answer.
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import overload
 
 import numpy as np
 
@@ -57,6 +60,8 @@ _NO_BASE = np.zeros((1, 6))
 # with an on-demand session before it where that has this much room (inf: never).
 _WALK_HOURS, _WALK_ROOM = (0.0, 1.0, 3.0, 8.0), (math.inf, 1.0, 4.0)
 _UPPER_FROM = 8  # points; a smaller search is over before the bound would pay
+_LARGE = 50_000  # states met by a search past which a narrow search first would pay
+_BEAM = 16  # states kept at each point by that narrow search
 _SMALL = 96  # up to this many states, each pair is compared at once
 _TABLE = 1 << 15  # the largest levels x column-1 table ``_pareto3`` fills
 _STRONG = 24  # kept rows each block of ``_pareto`` meets first
@@ -373,7 +378,7 @@ class _Search:
     # -- the programme ------------------------------------------------------------------------
 
     def run(self) -> Optimum:
-        W, D, gr = self.W, self.D, self.groups
+        D, gr = self.D, self.groups
         stops = np.isfinite(gr.hit) & (gr.hit < D)
         points = np.unique(np.stack([np.concatenate([[0.0], gr.hit[stops]]),
                                      np.concatenate([[_NO_CLUSTER], self.market_cluster[gr.market[stops]]])], axis=1), axis=0)
@@ -384,21 +389,51 @@ class _Search:
         self.cap_keys = (self.caps + np.arange(times.size)[:, None] * (self.W + 2.0)).ravel()
         tb = self._tables(times, clusters)
         self._greedy(tb)  # a good schedule first, so that states that cannot beat it are dropped at once
-        if times.size >= _UPPER_FROM:
-            self.upper = min(self.upper, self._upper(tb))
+        if times.size < _UPPER_FROM:
+            return self._search(tb)
+        self.upper = upper = min(self.upper, self._upper(tb))
+        first = self.best
+        found = self._search(tb, give_up=_LARGE)
+        if found is not None:
+            return found
+        # A large search: a narrow one (the few states at each point that look best) finds a
+        # schedule near the optimum, and the full search, again, drops every state that cannot
+        # come near it. Each starts from the greedy schedule, so that the full one answers
+        # what it would have answered alone, ties included.
+        self.best = first
+        upper = min(upper, self._search(tb, beam=_BEAM).spend)
+        self.best, self.upper = first, upper
+        return self._search(tb)
+
+    @overload
+    def _search(self, tb: _Tables, *, beam: int | None = None) -> Optimum: ...
+    @overload
+    def _search(self, tb: _Tables, *, give_up: int) -> Optimum | None: ...
+
+    def _search(self, tb: _Tables, *, beam: int | None = None, give_up: int | None = None) -> Optimum | None:
+        """The programme from the start, dropping states that cannot come within a margin of ``upper``;
+        with ``beam``, keeping at most that many states at each point, those of least bound; None once it
+        has met more than ``give_up`` states."""
+        W, times, clusters = self.W, tb.times, tb.clusters
         # Candidates per point: P, C, Q (progress plus what earlier on-demand could still absorb,
         # at most W), and the tallies spot_h, od_h, sessions.
         pending: list[list[np.ndarray]] = [[] for _ in times]
         pending[0].append(np.zeros((1, 6)))
         run_at = 0  # the first run of moves of one target not yet done (tb.o_cut)
+        met = 0
         for i, t in enumerate(times.tolist()):
             if not pending[i]:
                 continue
             st = np.concatenate(pending[i]) if len(pending[i]) > 1 else pending[i][0]
             pending[i] = []
+            met += len(st)
+            if give_up is not None and met > give_up:
+                return None
             st = self._prune(st[self._bound(st, i) < self._limit() - _TOL])
             if len(st) == 0:
                 continue
+            if beam is not None and len(st) > beam:
+                st = st[np.sort(np.argsort(self._bound(st, i), kind="stable")[:beam])]
             self._final_on_demand(t, int(clusters[i]), st)
             lo, mid, hi = tb.f_lo[i], tb.f_mid[i], tb.f_hi[i]
             if hi > lo:
