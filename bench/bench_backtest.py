@@ -1,7 +1,8 @@
 """Hindsight optimum and backtesting: `.venv/bin/python bench/bench_backtest.py [--repeat N]`.
 
 Targets: `plan` with the optimum on one trace in under 5 s; a backtest of 400 windows in
-under 10 s. Then leave one trace out: for each shared trace, the ladder planned on all the
+under 10 s. Beside them, the optimum alone for 300 h and 1000 h jobs (``long_job_rows``). Then
+leave one trace out: for each shared trace, the ladder planned on all the
 others, replayed unchanged on every 24-hour window of it, against the optimum and on-demand
 only, and the share of windows on time. Beside it, what ladders can reach at all on the same
 windows, chosen with hindsight from a grid of 2,000 (``ladder_bound_rows``): the best single
