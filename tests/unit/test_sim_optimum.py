@@ -12,11 +12,13 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spotfallback.config import ClusterRef, Ladder, Tier
+from spotfallback.sim import optimum
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.draws import run_offsets
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.optimum import Markets, hindsight_optimum, optimum_for
 from spotfallback.sim.simulate import simulate
+from spotfallback.sim.spread import spread
 from spotfallback.sim.traces import SpotTrace, load_node_trace, load_spot_trace
 from spotfallback.sim.world import RateModel, compile_spot_trace, world_for
 
@@ -220,6 +222,28 @@ def test_the_optimum_finishes_by_the_deadline_and_adds_up(path):
         assert o.spend == pytest.approx(1.2 * o.spot_h + 4.0 * o.on_demand_h)
         # Billed hours are the work plus R per start and one write per start but the last.
         assert o.spot_h + o.on_demand_h == pytest.approx(10 + o.sessions * 0.1 + (o.sessions - 1) * 0.05)
+
+
+def test_starts_spread_over_processes_get_the_same_optima(monkeypatch):
+    trace = load_spot_trace(FIXTURES / "us-west-2a_v100_1.json")
+    job = JobSpec(work_h=10, restart_overhead_h=0.1, checkpoint_cost_h=0.05, provisioning_delay_h=0.05, deadline_h=15)
+    ladder = Ladder(tiers=(Tier.spot(1, price_per_worker_hour=0.3), Tier.on_demand(1, price_per_worker_hour=1.0)))
+    world = world_for(ladder, trace)
+    starts = [30.0, *np.arange(0.0, 200.0, 10.0).tolist(), 50.0]  # repeats are searched once
+    alone = optimum_for(ladder, job, world, starts, processes=1)
+    used = []
+
+    def counted(fn, shared, items, processes):  # the real spread, and how many processes it was given
+        used.append(processes)
+        return spread(fn, shared, items, processes)
+
+    monkeypatch.setattr(optimum, "spread", counted)
+    assert optimum_for(ladder, job, world, starts, processes=3) == alone  # a small search stays here
+    monkeypatch.setattr(optimum, "_SPREAD_FROM", 1)
+    assert optimum_for(ladder, job, world, starts, processes=3) == alone
+    assert used == [3]
+    with pytest.raises(ValueError, match="processes must be at least 1"):
+        optimum_for(ladder, job, world, starts, processes=0)
 
 
 def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline():

@@ -37,21 +37,24 @@ so far is dropped as soon as it is made; a large search first keeps only a few s
 point, for a schedule near the optimum below which the full search looks; and a few simple
 schedules tried first (the first gang that runs some hours, with or without an on-demand
 session before it) set that best early, with a margin that keeps every schedule that could
-tie with the answer.
+tie with the answer. ``optimum_for`` spreads the searches of many starts over processes
+where they would take more than about a second.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import overload
+from typing import Any, overload
 
 import numpy as np
 
 from spotfallback.config import Ladder, make_ladder
 from spotfallback.sim.job import EPS, JobSpec
+from spotfallback.sim.spread import available_cpus, spread
 from spotfallback.sim.world import Process, RateModel, TraceCapacity, compile_process
 
 _TOL = 1e-9
@@ -62,6 +65,13 @@ _WALK_HOURS, _WALK_ROOM = (0.0, 1.0, 3.0, 8.0), (math.inf, 1.0, 4.0)
 _UPPER_FROM = 8  # points; a smaller search is over before the bound would pay
 _LARGE = 50_000  # states met by a search past which a narrow search first would pay
 _BEAM = 16  # states kept at each point by that narrow search
+# How long a search takes, counted in states met: each point it looks at costs about as much as
+# this many states (its tables and bounds). The work the other starts' searches would do (the
+# mean of _PROBES starts from across the list, times their number) from which spreading them
+# over processes pays: about a second on one core, against about 0.5 s to start a process.
+_POINT_WORK = 100
+_PROBES = 4
+_SPREAD_FROM = 300_000
 _SMALL = 96  # up to this many states, each pair is compared at once
 _TABLE = 1 << 15  # the largest levels x column-1 table ``_pareto3`` fills
 _STRONG = 24  # kept rows each block of ``_pareto`` meets first
@@ -107,6 +117,21 @@ class Markets:
         if self.clusters and len(self.clusters) != len(self.gated):
             raise ValueError(f"clusters gives {len(self.clusters)} cluster(s) for {len(self.gated)} gated market(s)")
 
+    def as_data(self) -> dict[str, Any]:
+        """Plain data that ``from_data`` reads back to equal markets: for another process."""
+        gated = [{"name": c.name, "gap_h": c.gap_h, "ok": c.ok.tolist(), "next_ok": c.next_ok.tolist(),
+                  "hit_h": c.hit_h.tolist(), "price": price} for c, price in self.gated]
+        return {"gated": gated, "on_demand_price": self.on_demand_price, "clusters": list(self.clusters),
+                "on_demand_cluster": self.on_demand_cluster}
+
+    @classmethod
+    def from_data(cls, data: dict[str, Any]) -> Markets:
+        """The markets ``as_data`` wrote."""
+        gated = tuple((TraceCapacity(g["name"], g["gap_h"], np.array(g["ok"], dtype=bool),
+                                     np.array(g["next_ok"], dtype=np.int64), np.array(g["hit_h"], dtype=float)),
+                       g["price"]) for g in data["gated"])
+        return cls(gated, data["on_demand_price"], tuple(data["clusters"]), data["on_demand_cluster"])
+
     @classmethod
     def of(cls, ladder: Ladder | Sequence[object], world: Sequence[Process]) -> Markets:
         """The ladder's tiers as markets: a tier on a trace is gated, one on a rate model without losses is on-demand.
@@ -139,24 +164,53 @@ class Markets:
 
 
 def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence[Process],
-                starts_h: Sequence[float] | np.ndarray) -> list[Optimum]:
-    """The optimum of ``job`` on the ladder's markets, starting at each of ``starts_h`` (hours into the traces)."""
-    markets = Markets.of(ladder, world)
-    starts = np.asarray(starts_h, dtype=float)
-    memo: dict[float, Optimum] = {}
-    out = []
-    for s in starts.tolist():
-        if s not in memo:
-            memo[s] = hindsight_optimum(job, markets, s)
-        out.append(memo[s])
-    return out
+                starts_h: Sequence[float] | np.ndarray, *, processes: int | None = None) -> list[Optimum]:
+    """The optimum of ``job`` on the ladder's markets, starting at each of ``starts_h`` (hours into the traces).
+
+    Each distinct start is searched once. Where a few searches first show that the rest would
+    take more than about a second on one core (``_SPREAD_FROM``), they are spread over
+    ``processes`` processes (``sim.spread``; default: the CPUs this process may use; 1
+    searches them all here). The answers are the same either way.
+    """
+    if processes is not None and processes < 1:
+        raise ValueError(f"processes must be at least 1, not {processes}")
+    job, markets = _with_deadline(job), Markets.of(ladder, world)
+    starts = np.asarray(starts_h, dtype=float).tolist()
+    distinct = list(dict.fromkeys(starts))
+    if not distinct:
+        return []
+    # A few starts from across the list first: how long they took says what spreading the rest would save.
+    probe = np.unique(np.linspace(0, len(distinct) - 1, min(_PROBES, len(distinct))).round().astype(int)).tolist()
+    searches = [_Search(job, markets, distinct[i]) for i in probe]
+    found = {se.t0: se.run() for se in searches}
+    rest = [s for s in distinct if s not in found]
+    work = sum(se.work for se in searches) / len(searches) * len(rest)
+    # No more processes than the CPUs, nor than would each get about a second of the work.
+    n = min(available_cpus() if processes is None else processes, 1 + int(work // _SPREAD_FROM))
+    if n > 1:
+        shared = {"job": job.model_dump(), "markets": markets.as_data()}
+        found.update(zip(rest, (Optimum(spend, finish, spot, od, int(sessions))
+                                for spend, finish, spot, od, sessions in spread(_optima_at, shared, rest, n)), strict=True))
+    else:
+        found.update((s, hindsight_optimum(job, markets, s)) for s in rest)
+    return [found[s] for s in starts]
+
+
+def _optima_at(shared: dict[str, Any], starts_h: list[float]) -> list[list[float]]:
+    """The optimum at each start, job and markets as plain data (``spread``'s terms), each as its fields."""
+    job, markets = JobSpec.model_validate(shared["job"]), Markets.from_data(shared["markets"])
+    return [list(dataclasses.astuple(hindsight_optimum(job, markets, s))) for s in starts_h]
 
 
 def hindsight_optimum(job: JobSpec, markets: Markets, start_h: float = 0.0) -> Optimum:
     """The least spend that finishes ``job`` by its deadline, starting ``start_h`` hours into the traces."""
+    return _Search(_with_deadline(job), markets, float(start_h)).run()
+
+
+def _with_deadline(job: JobSpec) -> JobSpec:
     if job.deadline_h is None:
         raise ValueError("the hindsight optimum needs a deadline (JobSpec.deadline_h)")
-    return _Search(job, markets, float(start_h)).run()
+    return job
 
 
 # ---------------------------------------------------------------------------------------
@@ -273,6 +327,7 @@ class _Search:
         # margin of it are dropped (``_limit``). Only ``best`` is ever reported, and the margin
         # keeps every schedule that could still become it, so the answer is the same without.
         self.upper = math.inf
+        self.work = 0  # states met by every search so far, and _POINT_WORK per point: how long it took
 
     # -- where a gang can be had ------------------------------------------------------------
 
@@ -427,6 +482,7 @@ class _Search:
             st = np.concatenate(pending[i]) if len(pending[i]) > 1 else pending[i][0]
             pending[i] = []
             met += len(st)
+            self.work += len(st) + _POINT_WORK
             if give_up is not None and met > give_up:
                 return None
             st = self._prune(st[self._bound(st, i) < self._limit() - _TOL])

@@ -1,0 +1,127 @@
+"""Independent computations spread over processes, for searches too large for one core.
+
+Why: the hindsight optimum of a long job is one search per start, each deterministic and
+independent of the others, and CPU-bound in Python; a few hundred starts of a 300-hour job
+take seconds that several cores could share. The answers are the same in any process, so
+spreading changes only how long they take.
+
+The other processes are fresh interpreters (``python -c``). Each is handed the caller's
+``sys.path``, the function's module and name, the shared input and its items as JSON on
+stdin, and answers with JSON on stdout: nothing is pickled, Python's JSON writes every float
+(inf and nan too) so that it reads back the same, and the function builds what it needs
+from plain data. Nothing is forked, so threads the caller holds (a Ray driver, a web server)
+cannot leave a child stuck on a lock, and nothing imports the caller's ``__main__``, so a
+script without an ``if __name__ == "__main__":`` guard is safe. The caller computes a share
+itself. Ctrl-C reaches the caller alone, which then stops the processes it started.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Callable, Sequence
+from typing import Any, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+# What a child runs: the caller's sys.path first, so that it imports what the caller imported.
+_CHILD = ("import json, sys; sys.path[:] = json.loads(sys.stdin.readline()); "
+          "from spotfallback.sim.spread import serve; serve()")
+
+
+# Where a container's CPU quota is written: cgroup v2 ("quota period" or "max period"), then v1
+# (quota, -1 without one; and the period).
+_CGROUP_FILES: tuple[tuple[str, str | None], ...] = (
+    ("/sys/fs/cgroup/cpu.max", None),
+    ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
+)
+
+
+def available_cpus() -> int:
+    """The CPUs this process may use: those it may run on (its affinity, where the platform says),
+    fewer where a container's CPU quota (cgroup v2 or v1) allows less."""
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    quota = _cgroup_quota()
+    return max(1, min(cpus, math.ceil(quota)) if quota else cpus)
+
+
+def _cgroup_quota() -> float | None:
+    """CPUs' worth of time per period that this container's cgroup allows, or None without a limit."""
+    for path, period_path in _CGROUP_FILES:
+        try:
+            with open(path) as f:
+                fields = f.read().split()
+            if period_path is not None:
+                with open(period_path) as f:
+                    fields.append(f.read().strip())
+        except OSError:
+            continue
+        if len(fields) != 2 or fields[0] in ("max", "-1"):
+            return None
+        try:
+            quota, period = float(fields[0]), float(fields[1])
+        except ValueError:
+            return None
+        return quota / period if quota > 0 and period > 0 else None
+    return None
+
+
+def spread(fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T], processes: int) -> list[R]:
+    """``fn(shared, items)``, its items shared out between this process and up to ``processes - 1`` others.
+
+    ``fn`` is a module-level function that answers one result per item, in order;
+    ``shared``, the items and the results are plain JSON data. Each process takes every n-th
+    item, so that neighbouring items of like cost are shared out. With one process or one
+    item, or no Python executable to start, nothing is started.
+    """
+    n = min(processes, len(items))
+    if n <= 1 or not sys.executable:
+        return fn(shared, list(items))
+    children: list[subprocess.Popen[bytes]] = []
+    try:
+        # Every child first, so that they start their interpreters side by side, then their work.
+        children = [subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE) for _ in range(1, n)]
+        common = "\n".join([json.dumps(sys.path), json.dumps([fn.__module__, fn.__qualname__]), json.dumps(shared)])
+        for j, child in enumerate(children, start=1):
+            assert child.stdin is not None
+            child.stdin.write(f"{common}\n{json.dumps(list(items[j::n]))}\n".encode())
+            child.stdin.close()
+            child.stdin = None  # written and closed: ``communicate`` only reads
+        shares = [fn(shared, list(items[0::n]))]
+        for child in children:
+            out, err = child.communicate()
+            if child.returncode != 0:
+                raise RuntimeError(f"a process computing part of {fn.__qualname__} failed (exit {child.returncode}):\n"
+                                   + err.decode(errors="replace").strip())
+            shares.append(json.loads(out))
+    finally:
+        for child in children:
+            if child.poll() is None:
+                child.kill()
+                child.wait()
+    results: list[Any] = [None] * len(items)
+    for j, share in enumerate(shares):
+        results[j::n] = share
+    return results
+
+
+def serve() -> None:
+    """A child's side of ``spread``: read the function's name, ``shared`` and the items; write the results."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and stops this process
+    module, name = json.loads(sys.stdin.readline())
+    fn: Any = importlib.import_module(module)
+    for part in name.split("."):
+        fn = getattr(fn, part)
+    shared = json.loads(sys.stdin.readline())
+    items = json.loads(sys.stdin.readline())
+    answer = sys.stdout
+    sys.stdout = sys.stderr  # anything ``fn`` prints must not mix with the answer
+    json.dump(fn(shared, items), answer)
+    answer.flush()

@@ -1,0 +1,83 @@
+"""Work spread over processes comes back as one process would give it, in order, and fails loudly."""
+
+from __future__ import annotations
+
+import math
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from spotfallback.sim import spread as spread_module
+from spotfallback.sim.spread import available_cpus, spread
+
+# What the other processes run: module-level functions, named by module and name.
+
+
+def scaled(factor: float, items: list[float]) -> list[float]:
+    return [factor * i for i in items]
+
+
+def inverted(_: None, items: list[float]) -> list[float]:
+    return [1.0 / i for i in items]
+
+
+def printed(text: str, items: list[int]) -> list[int]:
+    print(text)
+    return items
+
+
+def test_spread_work_comes_back_in_order_whatever_the_share():
+    items = list(range(11))
+    want = [3 * i for i in items]
+    for processes in (1, 2, 4, 20):
+        assert spread(scaled, 3, items, processes) == want
+    assert spread(scaled, 3, [], 4) == []
+    assert available_cpus() >= 1
+
+
+def test_floats_come_back_the_same_to_the_last_bit():
+    items = [0.1, 1 / 3, math.pi * 1e-300, 2.0**60 + 1, math.inf, -math.inf, math.nan, 5e-324]
+    back = spread(scaled, 1.0, items, 3)
+    assert [x.hex() for x in back] == [x.hex() for x in items]
+
+
+def test_one_process_or_one_item_starts_nothing(monkeypatch):
+    def no_process(*args, **kwargs):
+        raise AssertionError("started a process")
+
+    monkeypatch.setattr(subprocess, "Popen", no_process)
+    assert spread(scaled, 2, [1, 2, 3], 1) == [2, 4, 6]
+    assert spread(scaled, 2, [5], 8) == [10]
+
+
+def test_a_process_that_fails_fails_the_call_with_its_error():
+    # The second process takes the items at odd places: 0.0 among them.
+    with pytest.raises(RuntimeError, match="ZeroDivisionError"):
+        spread(inverted, None, [1.0, 0.0, 2.0, 4.0], 2)
+
+
+def test_what_a_process_prints_does_not_mix_with_its_answer():
+    assert spread(printed, "printed", [1, 2, 3, 4], 2) == [1, 2, 3, 4]
+
+
+@pytest.mark.parametrize(("v2", "v1", "cpus"), [
+    ("150000 100000", None, 2),  # a quota of 1.5 CPUs: two processes share it
+    ("max 100000", None, None),  # no quota: the CPUs it may run on
+    (None, ("50000", "100000"), 1),
+    (None, ("-1", "100000"), None),
+    (None, None, None),
+])
+def test_a_containers_cpu_quota_caps_the_processes(tmp_path: Path, monkeypatch, v2, v1, cpus):
+    files: list[tuple[str, str | None]] = []
+    if v2 is not None:
+        (tmp_path / "cpu.max").write_text(v2 + "\n")
+        files.append((str(tmp_path / "cpu.max"), None))
+    if v1 is not None:
+        (tmp_path / "quota").write_text(v1[0] + "\n")
+        (tmp_path / "period").write_text(v1[1] + "\n")
+        files.append((str(tmp_path / "quota"), str(tmp_path / "period")))
+    files.append((str(tmp_path / "absent"), None))
+    monkeypatch.setattr(spread_module, "_CGROUP_FILES", tuple(files))
+    monkeypatch.setattr(spread_module.os, "sched_getaffinity", lambda _: set(range(8)), raising=False)
+    assert available_cpus() == (8 if cpus is None else cpus)
