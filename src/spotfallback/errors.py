@@ -76,6 +76,12 @@ class PoolError(SpotfallbackError, ValueError):
         return type(self), (self.tier, self.problem)
 
 
+class OptimumTooLargeError(SpotfallbackError):
+    """The hindsight optimum's search for this job on these traces would pass the limit it was
+    given: it grows with the gang's interruptions before the deadline, so the message names the
+    size and what keeps it in reach (a shorter job or deadline, a smaller gang, fewer starts)."""
+
+
 class UnsupportedRayError(SpotfallbackError, ImportError):
     """The installed Ray is outside the range spotfallback's Ray shell is tested on."""
 

@@ -77,6 +77,16 @@ def test_backtest_prints_spend_against_on_demand_and_the_optimum_and_writes_csv(
     assert doc["vs_optimum"]["mean"] >= 1.0 and 0 <= doc["on_time_share"] <= 1
 
 
+def test_backtest_whose_optimum_is_too_large_to_search_fails_with_the_fix(app, job_file, monkeypatch):
+    from spotfallback.cli import backtest as backtest_cli
+
+    monkeypatch.setattr(backtest_cli, "OPTIMUM_LIMIT", 1_000)
+    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10")
+    assert r.exit_code == 1
+    assert "error: the hindsight optimum's search is too large" in r.output and "--window-h" in r.output
+    assert "Traceback" not in r.output
+
+
 @pytest.mark.parametrize(
     ("args", "needle"),
     [

@@ -201,6 +201,22 @@ def test_plan_shows_every_policy_as_a_multiple_of_the_hindsight_optimum(app):
     assert r.exit_code == 0 and "x opt" not in r.output
 
 
+def test_plan_leaves_out_an_optimum_whose_search_is_too_large_and_says_why(app, monkeypatch):
+    import json
+
+    from spotfallback.cli import plan as plan_cli
+
+    monkeypatch.setattr(plan_cli, "OPTIMUM_LIMIT", 1_000)
+    args = ["--hours", "10", "--workers", "1", "--deadline-h", "15", "--trace", TRACE, "--runs", "40"]
+    r = invoke(app, *args)
+    assert r.exit_code == 0, r.output
+    assert "x opt" not in r.output.split("note:")[0] and "Hindsight optimum" not in r.output
+    assert "x opt is left out: the hindsight optimum's search is too large" in " ".join(r.output.split())
+    doc = json.loads(invoke(app, *args, "--json").output)
+    assert doc["optimum_mean_spend"] is None and all(row["x_optimum"] is None for row in doc["policies"])
+    assert "limit of 1,000" in doc["notes"][-1] and "--runs" in doc["notes"][-1]
+
+
 def test_plan_tables_fit_an_80_column_terminal_with_every_figure_whole(app):
     """A big job's spends (thousands) and a missed deadline still fit: no cell cut, no column dropped."""
     import json

@@ -12,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from spotfallback.config import ClusterRef, Ladder, Tier
+from spotfallback.errors import OptimumTooLargeError
 from spotfallback.sim import optimum
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.draws import run_offsets
@@ -244,6 +245,28 @@ def test_starts_spread_over_processes_get_the_same_optima(monkeypatch):
     assert used == [3]
     with pytest.raises(ValueError, match="processes must be at least 1"):
         optimum_for(ladder, job, world, starts, processes=0)
+
+
+def test_a_search_past_its_limit_says_how_large_it_is_and_one_within_it_answers_the_same(monkeypatch):
+    trace = load_node_trace(FIXTURES / "aws-p3-trace.csv")
+    job = JobSpec(work_h=6, restart_overhead_h=0.1, checkpoint_cost_h=0.05, provisioning_delay_h=0.05, deadline_h=9)
+    ladder = Ladder(tiers=(Tier.spot(4, price_per_worker_hour=0.3), Tier.on_demand(4, price_per_worker_hour=1.0)))
+    world = world_for(ladder, trace)
+    starts = np.arange(0.0, 2.0, 0.25)
+    free = optimum_for(ladder, job, world, starts, processes=1)
+    assert optimum_for(ladder, job, world, starts, processes=1, limit=10**9) == free
+    # The estimate for all the starts, from the first few, is past the limit.
+    with pytest.raises(OptimumTooLargeError, match=r"about [\d,]+ states for 8 start\(s\), past the limit of 5,000\b"):
+        optimum_for(ladder, job, world, starts, processes=1, limit=5_000)
+    # One start alone passes its share, in this process or another: here the first start is the
+    # smallest search (1,446 states), 9 of them fit the limit, and the second needs twice as much.
+    monkeypatch.setattr(optimum, "_SHARE_FLOOR", 0)
+    monkeypatch.setattr(optimum, "_PROBES", 1)
+    monkeypatch.setattr(optimum, "_SHARE", 1)
+    monkeypatch.setattr(optimum, "_SPREAD_FROM", 1)
+    for processes in (1, 2):
+        with pytest.raises(OptimumTooLargeError, match=r"one start's search passed 1,555 states, its share of the limit"):
+            optimum_for(ladder, job, world, [1.75, *starts, 40.0], processes=processes, limit=14_000)
 
 
 def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline():

@@ -81,3 +81,56 @@ def test_a_containers_cpu_quota_caps_the_processes(tmp_path: Path, monkeypatch, 
     monkeypatch.setattr(spread_module, "_CGROUP_FILES", tuple(files))
     monkeypatch.setattr(spread_module.os, "sched_getaffinity", lambda _: set(range(8)), raising=False)
     assert available_cpus() == (8 if cpus is None else cpus)
+
+
+def napping(seconds: float, items: list[int]) -> list[int]:
+    import time
+
+    time.sleep(seconds)
+    return items
+
+
+def _children_of(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="reads the process table from /proc")
+def test_processes_end_soon_after_their_caller_is_killed(tmp_path: Path):
+    import os
+    import signal
+    import sys
+    import time
+
+    script = tmp_path / "caller.py"
+    script.write_text("from spotfallback.sim.spread import spread\n"
+                      f"from {__name__} import napping\n"
+                      "spread(napping, 60.0, [1, 2], 2)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    caller = subprocess.Popen([sys.executable, str(script)], env=env)
+    try:
+        deadline = time.monotonic() + 30
+        while not (children := _children_of(caller.pid)) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert children, "the caller started no process"
+    finally:
+        caller.send_signal(signal.SIGKILL)
+        caller.wait()
+    deadline = time.monotonic() + 10
+    while any(Path(f"/proc/{c}").exists() and "Z" not in _state(c) for c in children) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(Path(f"/proc/{c}").exists() and "Z" not in _state(c) for c in children)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return "Z"

@@ -15,12 +15,16 @@ from rich.table import Table
 
 from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
-from spotfallback.errors import ConfigError, PoolError, TraceError, UsageError
+from spotfallback.errors import ConfigError, OptimumTooLargeError, PoolError, TraceError, UsageError
 from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 from spotfallback.sim.world import gating_note
+
+# States the optimum's search of one backtest may meet over all its windows (``optimum_for``):
+# about 30-150 s on one core. The 27 windows of a 1000 h job on us-west-2a_v100_1 need 8 million.
+OPTIMUM_LIMIT = 50_000_000
 
 
 def _table(res: BacktestResult, label: str) -> Table:
@@ -246,7 +250,10 @@ def register(app: typer.Typer) -> None:
             pool_paths = _pool_paths(pool)
             pools = _pools(pool_paths, job.ladder)
             try:
-                res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools)
+                res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools,
+                               optimum_limit=OPTIMUM_LIMIT)
+            except OptimumTooLargeError as e:
+                raise fail(f"{e}; fewer windows (a larger --window-h) or a shorter --deadline-h", e.exit_code) from None
             except PoolError as e:  # e.g. a gang larger than the pool's node trace
                 raise usage_error("--pool", e.problem) from None
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster

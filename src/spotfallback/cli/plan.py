@@ -17,7 +17,7 @@ from rich.table import Table
 
 from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
-from spotfallback.errors import ConfigError, TraceError, UsageError
+from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from spotfallback.sim.draws import run_offsets
 from spotfallback.sim.optimum import optimum_for
@@ -52,6 +52,12 @@ def _fmt_h(h: float) -> str:
     return f"{h * 60:.1f} min" if h < 1 else f"{h:.2f} h"
 
 
+# States the optimum's search of one `plan` may meet (``optimum_for``): about 10-40 s on one core.
+# The 300 h, 8-worker job on us-west-2a_v100_1 needs 9 million; a 30 h job of an 8-node gang
+# on the node trace, 650 million.
+OPTIMUM_LIMIT = 12_000_000
+
+
 def _money(x: float) -> str:
     """A spend for a table cell: cents do not matter beside thousands, and the column must fit."""
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.1f}"
@@ -61,13 +67,15 @@ def _fmt_timeout(s: float | None) -> str:
     return "none" if s is None else f"{s:g}"
 
 
-def plan_optimum(p: Plan, spots: list[Process], more: Sequence[Process] = ()) -> float | None:
+def plan_optimum(p: Plan, spots: list[Process], more: Sequence[Process] = (), limit: int | None = None) -> float | None:
     """Mean hindsight-optimal spend over the plan's own trace starts; None without a deadline or with a rate model.
 
     The same start ticks as the simulated runs (``run_offsets``, per sample when ``more``
     traces of a single spot tier were planned on too), so every policy's mean spend divided by
-    it says how much that policy leaves on the table on those replays.
+    it says how much that policy leaves on the table on those replays. Its search may meet
+    ``limit`` states in all (default ``OPTIMUM_LIMIT``; ``optimum_for``), or ``OptimumTooLargeError``.
     """
+    limit = OPTIMUM_LIMIT if limit is None else limit
     req = p.request
     samples = [spots, *([m] for m in more)]
     if req.deadline_h is None or not all(isinstance(s, SpotTrace | NodeTrace) for sample in samples for s in sample):
@@ -77,7 +85,8 @@ def plan_optimum(p: Plan, spots: list[Process], more: Sequence[Process] = ()) ->
     spends = []
     for sample in samples:
         offsets = run_offsets([compile_process(sample[0], req.num_workers)], runs, req.seed)
-        spends += [o.spend for o in optimum_for(ladder, req.job(None), [*sample, RateModel()], offsets)]
+        spends += [o.spend for o in optimum_for(ladder, req.job(None), [*sample, RateModel()], offsets,
+                                                limit=limit // len(samples))]
     arr = np.array(spends)
     return float(arr.mean()) if np.isfinite(arr).all() else None
 
@@ -114,7 +123,7 @@ def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
     return table
 
 
-def _as_json(p: Plan, optimum: float | None) -> dict[str, Any]:
+def _as_json(p: Plan, optimum: float | None, left_out: str | None = None) -> dict[str, Any]:
     """What ``--json`` prints: every compared policy with its spend as a multiple of the optimum."""
     rows = []
     for i, c in enumerate(p.comparison()):
@@ -135,7 +144,7 @@ def _as_json(p: Plan, optimum: float | None) -> dict[str, Any]:
         "policies": rows,
         "recommended_tiers": [] if rec.ladder is None else [t.model_dump(mode="json") for t in rec.ladder.tiers],
         "checkpoint_interval_h": rec.tau_h,
-        "notes": p.notes,
+        "notes": [*p.notes, *([left_out] if left_out else [])],
     }
 
 
@@ -439,7 +448,8 @@ def register(app: typer.Typer) -> None:
         to four baselines: on-demand only, spot forever, the seed's fixed M (--seed-m), and
         Uniform Progress (Can't Be Late, NSDI '24). On traces with a deadline, "x opt" is each
         policy's spend as a multiple of the hindsight optimum (the cheapest schedule that knew
-        the trace, on the same starts). --no-jit: no just-in-time checkpoint on a preemption
+        the trace, on the same starts), left out with a note where its search would be too
+        large (long jobs of large gangs on a node trace). --no-jit: no just-in-time checkpoint on a preemption
         notice (every preemption then loses the work since the last checkpoint).
         """
         console = Console()
@@ -492,9 +502,12 @@ def register(app: typer.Typer) -> None:
         except UsageError as e:
             raise fail(str(e), e.exit_code) from None
 
-        optimum = plan_optimum(result, spots, more)
+        try:
+            optimum, left_out = plan_optimum(result, spots, more), None
+        except OptimumTooLargeError as e:
+            optimum, left_out = None, f"x opt is left out: {e} (fewer starts: --runs)."
         if as_json:
-            typer.echo(json.dumps(_as_json(result, optimum), indent=2))
+            typer.echo(json.dumps(_as_json(result, optimum, left_out), indent=2))
             return
         mtbf = "inf" if not math.isfinite(result.gang_mtbf_h) else f"{result.gang_mtbf_h:.2f} h"
         young = "n/a" if result.tau_young_h is None else _fmt_h(result.tau_young_h)
@@ -521,7 +534,7 @@ def register(app: typer.Typer) -> None:
                 f"seed formula {sc.seed_formula.cost_new:,.2f}, exact accounting {sc.exact.cost:,.2f}, "
                 f"simulated {result.recommended.mean_spend:,.2f}."
             )
-        for note in result.notes:
+        for note in [*result.notes, *([left_out] if left_out else [])]:
             console.print(f"[yellow]note:[/yellow] {note}")
         if not result.feasible:
             console.print("[red]No candidate meets the deadline requirement; shown is the most likely to.[/red]")

@@ -137,6 +137,7 @@ def backtest(
     on_demand: Process | None = None,
     optimum_over: Ladder | Sequence[Tier] | None = None,
     pools: Mapping[str, SpotTrace | NodeTrace] | None = None,
+    optimum_limit: int | None = None,
 ) -> BacktestResult:
     """Replay the ladder, unchanged, from the start of every ``window_h`` window of each trace.
 
@@ -147,7 +148,9 @@ def backtest(
     windows are judged by it, and the optimum is the cheapest schedule that meets it, on the
     tiers of ``optimum_over`` (default: the ladder's own, each on its trace). A ladder without
     a spot tier never touches the trace, so its own optimum is itself: give the spot and
-    on-demand tiers it could have used to see what it leaves.
+    on-demand tiers it could have used to see what it leaves. ``optimum_limit`` bounds the
+    optimum's search over all the windows (``optimum_for``'s ``limit``, shared out between the
+    traces): past it, ``OptimumTooLargeError``.
     """
     if job.deadline_h is None:
         raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
@@ -173,7 +176,8 @@ def backtest(
         world = world_for(lad, trace, on_demand, pools)
         ws = window_starts(trace, window_h, spot_workers)
         res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
-        optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand, pools), ws)
+        optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand, pools), ws,
+                             limit=None if optimum_limit is None else optimum_limit // len(traces))
         names += [trace.name] * len(ws)
         starts.append(ws)
         spend.append(res.spend)

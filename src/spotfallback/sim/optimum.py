@@ -48,11 +48,12 @@ import itertools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, overload
+from typing import Any
 
 import numpy as np
 
 from spotfallback.config import Ladder, make_ladder
+from spotfallback.errors import OptimumTooLargeError
 from spotfallback.sim.job import EPS, JobSpec
 from spotfallback.sim.spread import available_cpus, spread
 from spotfallback.sim.world import Process, RateModel, TraceCapacity, compile_process
@@ -71,6 +72,8 @@ _BEAM = 16  # states kept at each point by that narrow search
 # over processes pays: about a second on one core, against about 0.5 s to start a process.
 _POINT_WORK = 100
 _PROBES = 4
+_SHARE = 4  # under a limit, one start's search may use this many times its share of it
+_SHARE_FLOOR = 50_000  # and at least this much
 _SPREAD_FROM = 300_000
 _SMALL = 96  # up to this many states, each pair is compared at once
 _TABLE = 1 << 15  # the largest levels x column-1 table ``_pareto3`` fills
@@ -164,13 +167,20 @@ class Markets:
 
 
 def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence[Process],
-                starts_h: Sequence[float] | np.ndarray, *, processes: int | None = None) -> list[Optimum]:
+                starts_h: Sequence[float] | np.ndarray, *, processes: int | None = None,
+                limit: int | None = None) -> list[Optimum]:
     """The optimum of ``job`` on the ladder's markets, starting at each of ``starts_h`` (hours into the traces).
 
     Each distinct start is searched once. Where a few searches first show that the rest would
     take more than about a second on one core (``_SPREAD_FROM``), they are spread over
     ``processes`` processes (``sim.spread``; default: the CPUs this process may use; 1
     searches them all here). The answers are the same either way.
+
+    ``limit`` bounds the search, in states met (each point looked at counting as
+    ``_POINT_WORK``): all the starts together may use about that much, each at most four times
+    its share (``_SHARE``, and at least ``_SHARE_FLOOR``), or ``OptimumTooLargeError`` says how large it
+    is. The search grows with the gang's interruptions before the deadline (long jobs on a
+    node trace's large gangs, above all), and no answer is better than one after hours.
     """
     if processes is not None and processes < 1:
         raise ValueError(f"processes must be at least 1, not {processes}")
@@ -179,32 +189,57 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
     distinct = list(dict.fromkeys(starts))
     if not distinct:
         return []
+    each = None if limit is None else min(limit, max(_SHARE * limit // len(distinct), _SHARE_FLOOR))
+    too_large = OptimumTooLargeError(
+        f"the hindsight optimum's search is too large: one start's search passed {each or 0:,} states, its share of "
+        f"the limit of {limit or 0:,} for {len(distinct)} start(s). {_IN_REACH}")
     # A few starts from across the list first: how long they took says what spreading the rest would save.
     probe = np.unique(np.linspace(0, len(distinct) - 1, min(_PROBES, len(distinct))).round().astype(int)).tolist()
-    searches = [_Search(job, markets, distinct[i]) for i in probe]
-    found = {se.t0: se.run() for se in searches}
+    searches = [_Search(job, markets, distinct[i], each) for i in probe]
+    found: dict[float, Optimum] = {}
+    for se in searches:
+        o = se.run()
+        if o is None:
+            raise too_large
+        found[se.t0] = o
     rest = [s for s in distinct if s not in found]
-    work = sum(se.work for se in searches) / len(searches) * len(rest)
+    done = sum(se.work for se in searches)
+    work = done / len(searches) * len(rest)
+    if limit is not None and done + work > limit:
+        raise OptimumTooLargeError(f"the hindsight optimum's search is too large: about {done + work:,.0f} states for "
+                                   f"{len(distinct)} start(s), past the limit of {limit:,}. {_IN_REACH}")
     # No more processes than the CPUs, nor than would each get about a second of the work.
     n = min(available_cpus() if processes is None else processes, 1 + int(work // _SPREAD_FROM))
-    if n > 1:
-        shared = {"job": job.model_dump(), "markets": markets.as_data()}
-        found.update(zip(rest, (Optimum(spend, finish, spot, od, int(sessions))
-                                for spend, finish, spot, od, sessions in spread(_optima_at, shared, rest, n)), strict=True))
-    else:
-        found.update((s, hindsight_optimum(job, markets, s)) for s in rest)
+    shared = {"job": job.model_dump(), "markets": markets.as_data(), "each": each} if n > 1 else None
+    answers = spread(_optima_at, shared, rest, n) if n > 1 else [_fields(_Search(job, markets, s, each)) for s in rest]
+    for s, a in zip(rest, answers, strict=True):
+        if a is None:
+            raise too_large
+        found[s] = Optimum(a[0], a[1], a[2], a[3], int(a[4]))
     return [found[s] for s in starts]
 
 
-def _optima_at(shared: dict[str, Any], starts_h: list[float]) -> list[list[float]]:
-    """The optimum at each start, job and markets as plain data (``spread``'s terms), each as its fields."""
+_IN_REACH = ("It grows with the gang's interruptions before the deadline: a shorter job or deadline, a smaller gang "
+             "or fewer starts keep it in reach")
+
+
+def _optima_at(shared: dict[str, Any], starts_h: list[float]) -> list[list[float] | None]:
+    """The optimum at each start, job and markets as plain data (``spread``'s terms)."""
     job, markets = JobSpec.model_validate(shared["job"]), Markets.from_data(shared["markets"])
-    return [list(dataclasses.astuple(hindsight_optimum(job, markets, s))) for s in starts_h]
+    return [_fields(_Search(job, markets, s, shared["each"])) for s in starts_h]
+
+
+def _fields(search: _Search) -> list[float] | None:
+    """The optimum's fields, as plain data; None where the search passed its limit."""
+    o = search.run()
+    return None if o is None else list(dataclasses.astuple(o))
 
 
 def hindsight_optimum(job: JobSpec, markets: Markets, start_h: float = 0.0) -> Optimum:
     """The least spend that finishes ``job`` by its deadline, starting ``start_h`` hours into the traces."""
-    return _Search(_with_deadline(job), markets, float(start_h)).run()
+    o = _Search(_with_deadline(job), markets, float(start_h)).run()
+    assert o is not None  # only a limit stops a search short
+    return o
 
 
 def _with_deadline(job: JobSpec) -> JobSpec:
@@ -309,7 +344,7 @@ class _Tables:
 class _Search:
     """The dynamic programme for one start; see the module docstring."""
 
-    def __init__(self, job: JobSpec, markets: Markets, t0: float):
+    def __init__(self, job: JobSpec, markets: Markets, t0: float, limit: int | None = None):
         self.W, self.D = job.work_h, float(job.deadline_h or 0.0)
         self.R, self.delta, self.prov = job.restart_overhead_h, job.checkpoint_cost_h, job.provisioning_delay_h
         self.markets, self.t0 = markets, t0
@@ -328,6 +363,8 @@ class _Search:
         # keeps every schedule that could still become it, so the answer is the same without.
         self.upper = math.inf
         self.work = 0  # states met by every search so far, and _POINT_WORK per point: how long it took
+        self.limit = limit  # past this much work, the search stops and answers None
+        self.over = False  # it did
 
     # -- where a gang can be had ------------------------------------------------------------
 
@@ -432,7 +469,8 @@ class _Search:
 
     # -- the programme ------------------------------------------------------------------------
 
-    def run(self) -> Optimum:
+    def run(self) -> Optimum | None:
+        """The optimum; None once the search has passed ``limit``."""
         D, gr = self.D, self.groups
         stops = np.isfinite(gr.hit) & (gr.hit < D)
         points = np.unique(np.stack([np.concatenate([[0.0], gr.hit[stops]]),
@@ -449,21 +487,19 @@ class _Search:
         self.upper = upper = min(self.upper, self._upper(tb))
         first = self.best
         found = self._search(tb, give_up=_LARGE)
-        if found is not None:
+        if found is not None or self.over:
             return found
         # A large search: a narrow one (the few states at each point that look best) finds a
         # schedule near the optimum, and the full search, again, drops every state that cannot
         # come near it. Each starts from the greedy schedule, so that the full one answers
         # what it would have answered alone, ties included.
         self.best = first
-        upper = min(upper, self._search(tb, beam=_BEAM).spend)
+        narrow = self._search(tb, beam=_BEAM)
+        if narrow is None:
+            return None
+        upper = min(upper, narrow.spend)
         self.best, self.upper = first, upper
         return self._search(tb)
-
-    @overload
-    def _search(self, tb: _Tables, *, beam: int | None = None) -> Optimum: ...
-    @overload
-    def _search(self, tb: _Tables, *, give_up: int) -> Optimum | None: ...
 
     def _search(self, tb: _Tables, *, beam: int | None = None, give_up: int | None = None) -> Optimum | None:
         """The programme from the start, dropping states that cannot come within a margin of ``upper``;
@@ -483,6 +519,9 @@ class _Search:
             pending[i] = []
             met += len(st)
             self.work += len(st) + _POINT_WORK
+            if self.limit is not None and self.work > self.limit:
+                self.over = True
+                return None
             if give_up is not None and met > give_up:
                 return None
             st = self._prune(st[self._bound(st, i) < self._limit() - _TOL])

@@ -12,7 +12,8 @@ stdin, and answers with JSON on stdout: nothing is pickled, Python's JSON writes
 from plain data. Nothing is forked, so threads the caller holds (a Ray driver, a web server)
 cannot leave a child stuck on a lock, and nothing imports the caller's ``__main__``, so a
 script without an ``if __name__ == "__main__":`` guard is safe. The caller computes a share
-itself. Ctrl-C reaches the caller alone, which then stops the processes it started.
+itself. Ctrl-C reaches the caller alone, which then stops the processes it started; a caller
+killed outright leaves its processes to notice and end within a second.
 """
 
 from __future__ import annotations
@@ -24,13 +25,16 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
 
-# What a child runs: the caller's sys.path first, so that it imports what the caller imported.
+# What a child runs, given the caller's process id: the caller's sys.path first, so that it
+# imports what the caller imported.
 _CHILD = ("import json, sys; sys.path[:] = json.loads(sys.stdin.readline()); "
           "from spotfallback.sim.spread import serve; serve()")
 
@@ -41,6 +45,9 @@ _CGROUP_FILES: tuple[tuple[str, str | None], ...] = (
     ("/sys/fs/cgroup/cpu.max", None),
     ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
 )
+
+
+_WATCH_S = 0.5  # how often a child looks whether its caller is still there
 
 
 def available_cpus() -> int:
@@ -86,7 +93,7 @@ def spread(fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T
     children: list[subprocess.Popen[bytes]] = []
     try:
         # Every child first, so that they start their interpreters side by side, then their work.
-        children = [subprocess.Popen([sys.executable, "-c", _CHILD], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+        children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE) for _ in range(1, n)]
         common = "\n".join([json.dumps(sys.path), json.dumps([fn.__module__, fn.__qualname__]), json.dumps(shared)])
         for j, child in enumerate(children, start=1):
@@ -112,9 +119,17 @@ def spread(fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T
     return results
 
 
+def _exit_with(parent: int) -> None:
+    """End this process once its caller is gone (killed before it could stop it): no one would read the answer."""
+    while os.getppid() == parent:
+        time.sleep(_WATCH_S)
+    os._exit(1)
+
+
 def serve() -> None:
     """A child's side of ``spread``: read the function's name, ``shared`` and the items; write the results."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # the caller handles Ctrl-C and stops this process
+    threading.Thread(target=_exit_with, args=(int(sys.argv[1]),), daemon=True).start()
     module, name = json.loads(sys.stdin.readline())
     fn: Any = importlib.import_module(module)
     for part in name.split("."):
