@@ -134,3 +134,13 @@ def _state(pid: int) -> str:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
     except OSError:
         return "Z"
+
+
+def test_a_process_that_cannot_find_the_function_fails_the_call_with_its_error():
+    def stray(shared: str, items: list[int]) -> list[int]:
+        return items
+
+    stray.__module__ = "no_such_module_for_spread"
+    # A large input: the process ends before it has read it all.
+    with pytest.raises(RuntimeError, match="ModuleNotFoundError: No module named 'no_such_module_for_spread'"):
+        spread(stray, "x" * 1_000_000, [1, 2], 2)

@@ -449,8 +449,9 @@ def register(app: typer.Typer) -> None:
         Uniform Progress (Can't Be Late, NSDI '24). On traces with a deadline, "x opt" is each
         policy's spend as a multiple of the hindsight optimum (the cheapest schedule that knew
         the trace, on the same starts), left out with a note where its search would be too
-        large (long jobs of large gangs on a node trace). --no-jit: no just-in-time checkpoint on a preemption
-        notice (every preemption then loses the work since the last checkpoint).
+        large (long jobs of large gangs on a node trace). --no-jit: no just-in-time
+        checkpoint on a preemption notice (every preemption then loses the work since the last
+        checkpoint).
         """
         console = Console()
         try:

@@ -38,7 +38,8 @@ point, for a schedule near the optimum below which the full search looks; and a 
 schedules tried first (the first gang that runs some hours, with or without an on-demand
 session before it) set that best early, with a margin that keeps every schedule that could
 tie with the answer. ``optimum_for`` spreads the searches of many starts over processes
-where they would take more than about a second.
+where they would take more than about a second, and, given a ``limit``, stops a search that
+would take hours (``OptimumTooLargeError``) rather than answer after them.
 """
 
 from __future__ import annotations
@@ -177,9 +178,9 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
     searches them all here). The answers are the same either way.
 
     ``limit`` bounds the search, in states met (each point looked at counting as
-    ``_POINT_WORK``): all the starts together may use about that much, each at most four times
-    its share (``_SHARE``, and at least ``_SHARE_FLOOR``), or ``OptimumTooLargeError`` says how large it
-    is. The search grows with the gang's interruptions before the deadline (long jobs on a
+    ``_POINT_WORK``): all the starts together may use about that much, each at most
+    ``_SHARE`` times its share (and at least ``_SHARE_FLOOR``), or ``OptimumTooLargeError``
+    says how large it is. The search grows with the gang's interruptions before the deadline (long jobs on a
     node trace's large gangs, above all), and no answer is better than one after hours.
     """
     if processes is not None and processes < 1:
@@ -210,8 +211,10 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
                                    f"{len(distinct)} start(s), past the limit of {limit:,}. {_IN_REACH}")
     # No more processes than the CPUs, nor than would each get about a second of the work.
     n = min(available_cpus() if processes is None else processes, 1 + int(work // _SPREAD_FROM))
-    shared = {"job": job.model_dump(), "markets": markets.as_data(), "each": each} if n > 1 else None
-    answers = spread(_optima_at, shared, rest, n) if n > 1 else [_fields(_Search(job, markets, s, each)) for s in rest]
+    if n > 1:
+        answers = spread(_optima_at, {"job": job.model_dump(), "markets": markets.as_data(), "each": each}, rest, n)
+    else:
+        answers = [_fields(_Search(job, markets, s, each)) for s in rest]
     for s, a in zip(rest, answers, strict=True):
         if a is None:
             raise too_large
@@ -504,7 +507,7 @@ class _Search:
     def _search(self, tb: _Tables, *, beam: int | None = None, give_up: int | None = None) -> Optimum | None:
         """The programme from the start, dropping states that cannot come within a margin of ``upper``;
         with ``beam``, keeping at most that many states at each point, those of least bound; None once it
-        has met more than ``give_up`` states."""
+        has met more than ``give_up`` states, or once ``work`` has passed ``limit`` (``over``)."""
         W, times, clusters = self.W, tb.times, tb.clusters
         # Candidates per point: P, C, Q (progress plus what earlier on-demand could still absorb,
         # at most W), and the tallies spot_h, od_h, sessions.

@@ -18,6 +18,7 @@ killed outright leaves its processes to notice and end within a second.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import json
 import math
@@ -45,8 +46,6 @@ _CGROUP_FILES: tuple[tuple[str, str | None], ...] = (
     ("/sys/fs/cgroup/cpu.max", None),
     ("/sys/fs/cgroup/cpu/cpu.cfs_quota_us", "/sys/fs/cgroup/cpu/cpu.cfs_period_us"),
 )
-
-
 _WATCH_S = 0.5  # how often a child looks whether its caller is still there
 
 
@@ -93,13 +92,15 @@ def spread(fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T
     children: list[subprocess.Popen[bytes]] = []
     try:
         # Every child first, so that they start their interpreters side by side, then their work.
-        children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(os.getpid())], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE) for _ in range(1, n)]
+        children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(os.getpid())], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(1, n)]
         common = "\n".join([json.dumps(sys.path), json.dumps([fn.__module__, fn.__qualname__]), json.dumps(shared)])
         for j, child in enumerate(children, start=1):
             assert child.stdin is not None
-            child.stdin.write(f"{common}\n{json.dumps(list(items[j::n]))}\n".encode())
-            child.stdin.close()
+            with contextlib.suppress(BrokenPipeError):  # one that ended early says why below
+                child.stdin.write(f"{common}\n{json.dumps(list(items[j::n]))}\n".encode())
+            with contextlib.suppress(BrokenPipeError):
+                child.stdin.close()
             child.stdin = None  # written and closed: ``communicate`` only reads
         shares = [fn(shared, list(items[0::n]))]
         for child in children:
