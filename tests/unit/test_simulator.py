@@ -389,6 +389,26 @@ def test_node_trace_gang_holds_the_oldest_nodes():
         compile_node_trace(NodeTrace("tiny", ev), num_workers=5)
 
 
+def test_a_runs_draws_do_not_depend_on_how_far_they_were_extended_at_a_time():
+    from spotfallback.sim.draws import Draws
+
+    whole, stepwise = Draws(5, seed=3), Draws(5, seed=3)
+    whole.ensure(300)
+    for col in range(0, 301, 7):
+        stepwise.ensure(col)
+    stepwise.ensure(300)
+    assert whole.cols == stepwise.cols == 304
+    for name in ("e_pre", "e_fail", "u_out", "e_out"):
+        assert np.array_equal(getattr(whole, name)[:, :304], getattr(stepwise, name)[:, :304])
+    # Each block of 16 columns comes from its own seed, in this order.
+    rng = np.random.default_rng([3, 1 + 32 // 16])
+    block = slice(32, 48)
+    assert np.array_equal(whole.e_pre[:, block], rng.standard_exponential((5, 16)))
+    assert np.array_equal(whole.e_fail[:, block], rng.standard_exponential((5, 16)))
+    assert np.array_equal(whole.u_out[:, block], rng.random((5, 16)))
+    assert np.array_equal(whole.e_out[:, block], rng.standard_exponential((5, 16)))
+
+
 def test_trace_replays_start_at_random_ticks_and_are_reproducible():
     ladder = two_tier(m=-1, workers=8, timeout=None)
     job = JobSpec(work_h=24, checkpoint_interval_h=1, checkpoint_cost_h=0.05, restart_overhead_h=0.1)

@@ -31,13 +31,27 @@ class Draws:
         self.e_out = np.empty((runs, 0))
 
     def ensure(self, col: int) -> None:
-        while col >= self.cols:
+        """Draw every column up to ``col``, a block at a time, each block from its own seed.
+
+        The arrays keep room ahead, doubling when full, so a run of thousands of cycles (a
+        large gang on a node trace) copies each column a few times, not once per block.
+        """
+        if col < self.cols:
+            return
+        need = (col // self.BLOCK + 1) * self.BLOCK
+        if need > self.e_pre.shape[1]:
+            room = max(need, 2 * self.e_pre.shape[1])
+            for name in ("e_pre", "e_fail", "u_out", "e_out"):
+                grown = np.empty((self.runs, room))
+                grown[:, :self.cols] = getattr(self, name)[:, :self.cols]
+                setattr(self, name, grown)
+        while self.cols < need:
             rng = np.random.default_rng([self.seed, 1 + self.cols // self.BLOCK])
-            shape = (self.runs, self.BLOCK)
-            self.e_pre = np.hstack([self.e_pre, rng.standard_exponential(shape)])
-            self.e_fail = np.hstack([self.e_fail, rng.standard_exponential(shape)])
-            self.u_out = np.hstack([self.u_out, rng.random(shape)])
-            self.e_out = np.hstack([self.e_out, rng.standard_exponential(shape)])
+            shape, block = (self.runs, self.BLOCK), slice(self.cols, self.cols + self.BLOCK)
+            self.e_pre[:, block] = rng.standard_exponential(shape)
+            self.e_fail[:, block] = rng.standard_exponential(shape)
+            self.u_out[:, block] = rng.random(shape)
+            self.e_out[:, block] = rng.standard_exponential(shape)
             self.cols += self.BLOCK
 
 
