@@ -123,7 +123,7 @@ def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
     return table
 
 
-def _as_json(p: Plan, optimum: float | None, left_out: str | None = None) -> dict[str, Any]:
+def _as_json(p: Plan, optimum: float | None, notes: list[str]) -> dict[str, Any]:
     """What ``--json`` prints: every compared policy with its spend as a multiple of the optimum."""
     rows = []
     for i, c in enumerate(p.comparison()):
@@ -144,7 +144,7 @@ def _as_json(p: Plan, optimum: float | None, left_out: str | None = None) -> dic
         "policies": rows,
         "recommended_tiers": [] if rec.ladder is None else [t.model_dump(mode="json") for t in rec.ladder.tiers],
         "checkpoint_interval_h": rec.tau_h,
-        "notes": [*p.notes, *([left_out] if left_out else [])],
+        "notes": notes,
     }
 
 
@@ -503,12 +503,14 @@ def register(app: typer.Typer) -> None:
         except UsageError as e:
             raise fail(str(e), e.exit_code) from None
 
+        notes = list(result.notes)
         try:
-            optimum, left_out = plan_optimum(result, spots, more), None
+            optimum = plan_optimum(result, spots, more)
         except OptimumTooLargeError as e:
-            optimum, left_out = None, f"x opt is left out: {e} (fewer starts: --runs)."
+            optimum = None
+            notes.append(f"x opt is left out: {e} (fewer starts: --runs).")
         if as_json:
-            typer.echo(json.dumps(_as_json(result, optimum, left_out), indent=2))
+            typer.echo(json.dumps(_as_json(result, optimum, notes), indent=2))
             return
         mtbf = "inf" if not math.isfinite(result.gang_mtbf_h) else f"{result.gang_mtbf_h:.2f} h"
         young = "n/a" if result.tau_young_h is None else _fmt_h(result.tau_young_h)
@@ -535,7 +537,7 @@ def register(app: typer.Typer) -> None:
                 f"seed formula {sc.seed_formula.cost_new:,.2f}, exact accounting {sc.exact.cost:,.2f}, "
                 f"simulated {result.recommended.mean_spend:,.2f}."
             )
-        for note in [*result.notes, *([left_out] if left_out else [])]:
+        for note in notes:
             console.print(f"[yellow]note:[/yellow] {note}")
         if not result.feasible:
             console.print("[red]No candidate meets the deadline requirement; shown is the most likely to.[/red]")

@@ -180,8 +180,9 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
     ``limit`` bounds the search, in states met (each point looked at counting as
     ``_POINT_WORK``): all the starts together may use about that much, each at most
     ``_SHARE`` times its share (and at least ``_SHARE_FLOOR``), or ``OptimumTooLargeError``
-    says how large it is. The search grows with the gang's interruptions before the deadline (long jobs on a
-    node trace's large gangs, above all), and no answer is better than one after hours.
+    says how large it is. The search grows with the gang's interruptions before the
+    deadline (long jobs on a node trace's large gangs, above all), and no answer is better
+    than one after hours.
     """
     if processes is not None and processes < 1:
         raise ValueError(f"processes must be at least 1, not {processes}")
@@ -211,14 +212,17 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
                                    f"{len(distinct)} start(s), past the limit of {limit:,}. {_IN_REACH}")
     # No more processes than the CPUs, nor than would each get about a second of the work.
     n = min(available_cpus() if processes is None else processes, 1 + int(work // _SPREAD_FROM))
+    answers: list[Optimum | None]
     if n > 1:
-        answers = spread(_optima_at, {"job": job.model_dump(), "markets": markets.as_data(), "each": each}, rest, n)
+        shared = {"job": job.model_dump(), "markets": markets.as_data(), "each": each}
+        answers = [None if a is None else Optimum(a[0], a[1], a[2], a[3], int(a[4]))
+                   for a in spread(_optima_at, shared, rest, n)]
     else:
-        answers = [_fields(_Search(job, markets, s, each)) for s in rest]
+        answers = [_Search(job, markets, s, each).run() for s in rest]
     for s, a in zip(rest, answers, strict=True):
         if a is None:
             raise too_large
-        found[s] = Optimum(a[0], a[1], a[2], a[3], int(a[4]))
+        found[s] = a
     return [found[s] for s in starts]
 
 
@@ -227,15 +231,11 @@ _IN_REACH = ("It grows with the gang's interruptions before the deadline: a shor
 
 
 def _optima_at(shared: dict[str, Any], starts_h: list[float]) -> list[list[float] | None]:
-    """The optimum at each start, job and markets as plain data (``spread``'s terms)."""
+    """The optimum's fields at each start, job and markets as plain data (``spread``'s terms); None where
+    the search passed its limit."""
     job, markets = JobSpec.model_validate(shared["job"]), Markets.from_data(shared["markets"])
-    return [_fields(_Search(job, markets, s, shared["each"])) for s in starts_h]
-
-
-def _fields(search: _Search) -> list[float] | None:
-    """The optimum's fields, as plain data; None where the search passed its limit."""
-    o = search.run()
-    return None if o is None else list(dataclasses.astuple(o))
+    found = (_Search(job, markets, s, shared["each"]).run() for s in starts_h)
+    return [None if o is None else list(dataclasses.astuple(o)) for o in found]
 
 
 def hindsight_optimum(job: JobSpec, markets: Markets, start_h: float = 0.0) -> Optimum:
@@ -367,7 +367,11 @@ class _Search:
         self.upper = math.inf
         self.work = 0  # states met by every search so far, and _POINT_WORK per point: how long it took
         self.limit = limit  # past this much work, the search stops and answers None
-        self.over = False  # it did
+
+    @property
+    def over(self) -> bool:
+        """Whether the search has passed its ``limit`` (and so answers None)."""
+        return self.limit is not None and self.work > self.limit
 
     # -- where a gang can be had ------------------------------------------------------------
 
@@ -479,7 +483,7 @@ class _Search:
         points = np.unique(np.stack([np.concatenate([[0.0], gr.hit[stops]]),
                                      np.concatenate([[_NO_CLUSTER], self.market_cluster[gr.market[stops]]])], axis=1), axis=0)
         times, clusters = points[:, 0].copy(), points[:, 1].astype(np.int64)
-        self.times = times
+        self.times = times  # the points' times, by which caps (and so _bound's rows) are indexed
         self.caps = self._spot_caps(times)
         self.terms = self._bound_terms(self.caps)
         self.cap_keys = (self.caps + np.arange(times.size)[:, None] * (self.W + 2.0)).ravel()
@@ -522,8 +526,7 @@ class _Search:
             pending[i] = []
             met += len(st)
             self.work += len(st) + _POINT_WORK
-            if self.limit is not None and self.work > self.limit:
-                self.over = True
+            if self.over:
                 return None
             if give_up is not None and met > give_up:
                 return None
