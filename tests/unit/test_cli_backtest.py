@@ -65,7 +65,7 @@ def test_backtest_prints_spend_against_on_demand_and_the_optimum_and_writes_csv(
                "--csv", str(out))
     assert r.exit_code == 0, r.output
     for text in ("28 windows of 24 h", "spend / on-demand only", "spend / hindsight optimum", "p95",
-                 "Costlier than on-demand only", "Finished by the deadline"):
+                 "Costlier than on-demand only", "Finished by the deadline", "spend / hindsight optimum │"):
         assert text in r.output
     rows = list(csv.DictReader(out.open()))
     assert len(rows) == 28 and rows[-1]["trace"] == "aws-p3-trace"  # 27 windows of the 649 h trace, 1 of the 11 h one
@@ -77,14 +77,25 @@ def test_backtest_prints_spend_against_on_demand_and_the_optimum_and_writes_csv(
     assert doc["vs_optimum"]["mean"] >= 1.0 and 0 <= doc["on_time_share"] <= 1
 
 
-def test_backtest_whose_optimum_is_too_large_to_search_fails_with_the_fix(app, job_file, monkeypatch):
-    from spotfallback.cli import backtest as backtest_cli
-
-    monkeypatch.setattr(backtest_cli, "OPTIMUM_LIMIT", 1_000)
-    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10")
-    assert r.exit_code == 1
-    assert "error: the hindsight optimum's search is too large" in r.output and "--window-h" in r.output
-    assert "Traceback" not in r.output
+def test_backtest_whose_optimum_is_too_large_to_search_leaves_it_out_with_the_fix(app, job_file, monkeypatch, tmp_path):
+    """The replays take well under a second however long the optimum's search would: they are still shown."""
+    whole = json.loads(invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--json").output)
+    monkeypatch.setattr(cli_backtest, "OPTIMUM_LIMIT", 1_000)
+    out = tmp_path / "windows.csv"
+    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--csv", str(out))
+    assert r.exit_code == 0, r.output
+    assert "note: spend / hindsight optimum is left out: the hindsight optimum's search is too large" in r.output
+    assert "--window-h" in r.output and "Traceback" not in r.output
+    assert "spend / on-demand only" in r.output and "spend / hindsight optimum │" not in r.output
+    assert "27 windows of 24 h" in r.output and "Finished by the deadline" in r.output
+    rows = list(csv.DictReader(out.open()))
+    assert len(rows) == 27 and all(row["optimum"] == "" for row in rows)
+    doc = json.loads(invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--json").output)
+    assert doc["vs_optimum"] is None and all(w["optimum"] is None for w in doc["windows_detail"])
+    assert any("is left out" in n for n in doc["notes"])
+    # Everything else is what the whole backtest reports.
+    assert doc["vs_on_demand"] == whole["vs_on_demand"] and doc["on_time_share"] == whole["on_time_share"]
+    assert [w["spend"] for w in doc["windows_detail"]] == [w["spend"] for w in whole["windows_detail"]]
 
 
 @pytest.mark.parametrize(
@@ -164,6 +175,9 @@ def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
     assert (res.optimum <= res.spend + 1e-9)[res.on_time].all()
     assert res.vs_optimum.mean >= 1.0 and res.vs_optimum.median <= res.vs_optimum.p95
     assert res.costlier_than_on_demand == int((res.spend > res.on_demand_spend * (1 + 1e-9)).sum())
+    alone = backtest(ladder, [trace, load_node_trace(NODES)], job, window_h=48, optimum=False)
+    assert alone.optimum is None and alone.vs_optimum is None and alone.summary()["vs_optimum"] is None
+    np.testing.assert_array_equal(alone.spend, res.spend)
     with pytest.raises(ValueError, match="window_h"):
         backtest(ladder, [trace], job, window_h=0)
     with pytest.raises(ValueError, match="deadline"):

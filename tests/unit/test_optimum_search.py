@@ -90,6 +90,15 @@ def test_a_narrow_search_first_changes_nothing(name, monkeypatch):
             assert _same(hindsight_optimum(JOBS[name], _markets(name), start), want), (name, beam, start)
 
 
+@pytest.mark.parametrize("name", list(RECORDED))
+def test_pruning_the_rows_that_wait_at_a_point_before_it_is_reached_changes_nothing(name, monkeypatch):
+    """Rows sent to a later point are pruned there as they pile up (memory), to the answers pruned at the point."""
+    for waiting in (0, 40):
+        monkeypatch.setattr(optimum, "_WAITING", waiting)
+        for start, want in RECORDED[name]:
+            assert _same(hindsight_optimum(JOBS[name], _markets(name), start), want), (name, waiting, start)
+
+
 @pytest.mark.parametrize("name", ["100 h job, 8 workers", "no restart cost", "two spot markets"])
 def test_the_simple_schedules_tried_first_bound_the_optimum_and_change_nothing(name, monkeypatch):
     markets, job = _markets(name), JOBS[name]

@@ -23,7 +23,8 @@ from spotfallback.sim.traces import NodeTrace, SpotTrace
 from spotfallback.sim.world import gating_note
 
 # States the optimum's search of one backtest may meet over all its windows (``optimum_for``):
-# about 30-150 s on one core. The 27 windows of a 1000 h job on us-west-2a_v100_1 need 8 million.
+# about 30-150 s on one core; past it, the optimum is left out with a note. The 27 windows of a
+# 1000 h job on us-west-2a_v100_1 need 8 million.
 OPTIMUM_LIMIT = 50_000_000
 
 
@@ -37,7 +38,8 @@ def _table(res: BacktestResult, label: str) -> Table:
 
     row("spend", Spread.of(res.spend), ",.2f")
     row("spend / on-demand only", res.vs_on_demand, ".3f")
-    row("spend / hindsight optimum", res.vs_optimum, ".3f")
+    if res.vs_optimum is not None:
+        row("spend / hindsight optimum", res.vs_optimum, ".3f")
     return table
 
 
@@ -190,7 +192,8 @@ def register(app: typer.Typer) -> None:
         Prints the mean, median and 95th percentile of the spend relative to on-demand only
         (the ladder's last non-spot tier) and to the hindsight optimum (the cheapest schedule
         that knew the trace and met the deadline), the windows that cost more than on-demand
-        only, and the share that finished by the deadline.
+        only, and the share that finished by the deadline. Where the optimum's search would be
+        too large (a long job on a large gang's node trace), a note says so and the rest is shown.
         """
         console = Console()
         try:
@@ -249,11 +252,15 @@ def register(app: typer.Typer) -> None:
                     raise usage_error("--trace", str(e)) from None
             pool_paths = _pool_paths(pool)
             pools = _pools(pool_paths, job.ladder)
+            left_out: list[str] = []
             try:
-                res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools,
-                               optimum_limit=OPTIMUM_LIMIT)
-            except OptimumTooLargeError as e:
-                raise fail(f"{e}; fewer windows (a larger --window-h) or a shorter --deadline-h", e.exit_code) from None
+                try:
+                    res = backtest(job.ladder, traces, spec, window_h=window_h, optimum_over=optimum_over, pools=pools,
+                                   optimum_limit=OPTIMUM_LIMIT)
+                except OptimumTooLargeError as e:
+                    res = backtest(job.ladder, traces, spec, window_h=window_h, pools=pools, optimum=False)
+                    left_out.append(f"spend / hindsight optimum is left out: {e} (fewer starts: a larger --window-h; a "
+                                    "shorter deadline: --deadline-h).")
             except PoolError as e:  # e.g. a gang larger than the pool's node trace
                 raise usage_error("--pool", e.problem) from None
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
@@ -270,7 +277,7 @@ def register(app: typer.Typer) -> None:
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
         spot_tiers = [t for t in job.tiers if t.is_spot]
-        notes = _guard_notes(job.tiers, spec) + list(dict.fromkeys(
+        notes = left_out + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
             n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
             if (n := gating_note(p, t.num_workers))))
         if as_json:

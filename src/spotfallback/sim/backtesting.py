@@ -53,7 +53,7 @@ class BacktestResult:
     on_time: np.ndarray  # finished by the deadline
     switches: np.ndarray
     on_demand_spend: float  # the same job on the ladder's on-demand tier alone
-    optimum: np.ndarray  # hindsight optimum of each window (inf: no schedule in time)
+    optimum: np.ndarray | None  # hindsight optimum of each window (inf: no schedule in time); None: not searched
     deadline_h: float
     window_h: float
 
@@ -66,7 +66,10 @@ class BacktestResult:
         return Spread.of(self.spend / self.on_demand_spend)
 
     @property
-    def vs_optimum(self) -> Spread:
+    def vs_optimum(self) -> Spread | None:
+        """Spend over the optimum, window by window; None where the optimum was not searched."""
+        if self.optimum is None:
+            return None
         with np.errstate(divide="ignore", invalid="ignore"):
             return Spread.of(self.spend / self.optimum)
 
@@ -78,12 +81,13 @@ class BacktestResult:
     def on_time_share(self) -> float:
         return float(self.on_time.mean()) if self.windows else math.nan
 
-    def rows(self) -> list[dict[str, float | str | bool | int]]:
+    def rows(self) -> list[dict[str, float | str | bool | int | None]]:
         """One dict per window, for CSV and JSON."""
         return [
             {"trace": str(self.trace[i]), "start_h": float(self.start_h[i]), "spend": float(self.spend[i]),
              "wall_h": float(self.wall_h[i]), "on_time": bool(self.on_time[i]), "switches": int(self.switches[i]),
-             "on_demand_spend": self.on_demand_spend, "optimum": float(self.optimum[i])}
+             "on_demand_spend": self.on_demand_spend,
+             "optimum": None if self.optimum is None else float(self.optimum[i])}
             for i in range(self.windows)
         ]
 
@@ -96,7 +100,7 @@ class BacktestResult:
             "on_demand_spend": self.on_demand_spend,
             "spend": Spread.of(self.spend).__dict__,
             "vs_on_demand": self.vs_on_demand.__dict__,
-            "vs_optimum": self.vs_optimum.__dict__,
+            "vs_optimum": None if (vs := self.vs_optimum) is None else vs.__dict__,
             "costlier_than_on_demand": self.costlier_than_on_demand,
             "on_time_share": self.on_time_share,
         }
@@ -138,6 +142,7 @@ def backtest(
     optimum_over: Ladder | Sequence[Tier] | None = None,
     pools: Mapping[str, SpotTrace | NodeTrace] | None = None,
     optimum_limit: int | None = None,
+    optimum: bool = True,
 ) -> BacktestResult:
     """Replay the ladder, unchanged, from the start of every ``window_h`` window of each trace.
 
@@ -150,7 +155,9 @@ def backtest(
     a spot tier never touches the trace, so its own optimum is itself: give the spot and
     on-demand tiers it could have used to see what it leaves. ``optimum_limit`` bounds the
     optimum's search over all the windows (``optimum_for``'s ``limit``, shared out between the
-    traces): past it, ``OptimumTooLargeError``.
+    traces): past it, ``OptimumTooLargeError``. ``optimum=False`` leaves it out (``optimum`` and
+    ``vs_optimum`` None): the replays alone take well under a second, the optimum of a long job
+    on a large gang's node trace can take hours.
     """
     if job.deadline_h is None:
         raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
@@ -176,17 +183,19 @@ def backtest(
         world = world_for(lad, trace, on_demand, pools)
         ws = window_starts(trace, window_h, spot_workers)
         res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
-        optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand, pools), ws,
-                             limit=None if optimum_limit is None else optimum_limit // len(traces))
+        if optimum:
+            optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand, pools), ws,
+                                 limit=None if optimum_limit is None else optimum_limit // len(traces))
+            opt.append(np.array([o.spend for o in optima]))
         names += [trace.name] * len(ws)
         starts.append(ws)
         spend.append(res.spend)
         wall.append(res.wall_h)
         on_time.append(res.met_deadline())
         switches.append(res.switches)
-        opt.append(np.array([o.spend for o in optima]))
     return BacktestResult(np.array(names), np.concatenate(starts), np.concatenate(spend), np.concatenate(wall),
-                          np.concatenate(on_time), np.concatenate(switches), od_spend, np.concatenate(opt),
+                          np.concatenate(on_time), np.concatenate(switches), od_spend,
+                          np.concatenate(opt) if optimum else None,
                           float(job.deadline_h), float(window_h))
 
 

@@ -37,9 +37,12 @@ so far is dropped as soon as it is made; a large search first keeps only a few s
 point, for a schedule near the optimum below which the full search looks; and a few simple
 schedules tried first (the first gang that runs some hours, with or without an on-demand
 session before it) set that best early, with a margin that keeps every schedule that could
-tie with the answer. ``optimum_for`` spreads the searches of many starts over processes
-where they would take more than about a second, and, given a ``limit``, stops a search that
-would take hours (``OptimumTooLargeError``) rather than answer after them.
+tie with the answer. The rows sent on to a later point are pruned there as they pile up,
+not only when the search reaches it, which holds a large search's memory to a few Pareto
+sets per point (docs/planner.md, section 9). ``optimum_for`` spreads the searches of many
+starts over processes where they would take more than about a second, and, given a
+``limit``, stops a search that would take hours (``OptimumTooLargeError``) rather than
+answer after them.
 """
 
 from __future__ import annotations
@@ -77,6 +80,7 @@ _SHARE = 4  # under a limit, one start's search may use this many times its shar
 _SHARE_FLOOR = 50_000  # and at least this much
 _SPREAD_FROM = 300_000
 _SMALL = 96  # up to this many states, each pair is compared at once
+_WAITING = 16_384  # rows waiting at a later point past which they are pruned there and then
 _TABLE = 1 << 15  # the largest levels x column-1 table ``_pareto3`` fills
 _STRONG = 24  # kept rows each block of ``_pareto`` meets first
 
@@ -517,6 +521,9 @@ class _Search:
         # at most W), and the tallies spot_h, od_h, sessions.
         pending: list[list[np.ndarray]] = [[] for _ in times]
         pending[0].append(np.zeros((1, 6)))
+        # Rows waiting at each point, and how many were left the last time they were pruned there.
+        waiting, kept = [0] * times.size, [0] * times.size
+        waiting[0] = 1
         run_at = 0  # the first run of moves of one target not yet done (tb.o_cut)
         met = 0
         for i, t in enumerate(times.tolist()):
@@ -524,6 +531,7 @@ class _Search:
                 continue
             st = np.concatenate(pending[i]) if len(pending[i]) > 1 else pending[i][0]
             pending[i] = []
+            waiting[i] = 0
             met += len(st)
             self.work += len(st) + _POINT_WORK
             if self.over:
@@ -559,7 +567,18 @@ class _Search:
             while tb.o_cut[run_at] < hi:
                 stop = ends[tb.o_cut[run_at + 1] - lo - 1]
                 if stop > start:
-                    pending[tb.o_target[run_at]].append(rows[start:stop])
+                    j = tb.o_target[run_at]
+                    pending[j].append(rows[start:stop])
+                    waiting[j] += stop - start
+                    if waiting[j] > max(_WAITING, 2 * kept[j]):
+                        # Prune the rows waiting at a later point now, as it would: their Pareto set is what
+                        # its own pruning keeps of them, and it holds the memory to a few sets per point.
+                        met += waiting[j]
+                        self.work += waiting[j]
+                        w = np.concatenate(pending[j])
+                        w = self._prune(w[self._bound(w, j) < self._limit() - _TOL])
+                        pending[j] = [w] if len(w) else []
+                        waiting[j] = kept[j] = len(w)
                 start = stop
                 run_at += 1
         return self.best
