@@ -10,15 +10,20 @@ ladder for the whole trace, and the best ladder for each window on its own. For 
 three ways: a checkpoint write longer than the 2-minute notice, one within it, and one within
 it answering checkpoint requests. Last, the ladder planned on every shared trace, replayed on
 generated families none of them resembles (``bench/trace_families.py``), with the same
-hindsight bounds.
+hindsight bounds. Apart, minutes each: the optimum of one start of a large gang's 100 h job
+on the node trace, its time and peak memory (``large_gangs``).
 """
 
 from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import platform
+import resource
+import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -31,11 +36,11 @@ from bench.trace_families import FAMILIES, Family
 from spotfallback.cli.plan import plan_optimum
 from spotfallback.config import Ladder, Tier
 from spotfallback.sim.backtesting import BacktestResult, backtest, window_starts
-from spotfallback.sim.optimum import optimum_for
+from spotfallback.sim.optimum import Markets, hindsight_optimum, optimum_for
 from spotfallback.sim.planner import RESERVE_SHARES, Plan, PlanRequest, load_process, plan
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import world_for
+from spotfallback.sim.world import RateModel, world_for
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data"
@@ -59,6 +64,9 @@ HELD_OUT_JOBS = {"5 min write, longer than the notice": SMALL, "1 min write, wit
 LARGE = PlanRequest(work_h=100, num_workers=8, checkpoint_cost_h=5 / 60, restart_overhead_h=0.1,
                     provisioning_delay_h=0.05, spot_price=0.9, on_demand_price=3.06, deadline_h=150, runs=400)
 LONG_WORK_H = (300.0, 1000.0)  # hours of work of the long jobs whose optimum is timed alone
+# Large gangs on the node trace, (hours of work, workers): a search that a stop every few minutes makes large.
+NODE_TRACE = "node-traces/aws-p3-trace.csv"
+LARGE_GANGS = ((100.0, 16), (100.0, 8))
 ON_TIME_ASKED_PCT = 100 * SMALL.deadline_probability
 
 Row = dict[str, Any]
@@ -97,6 +105,37 @@ def long_job_rows(v100: SpotTrace | NodeTrace, starts_h: tuple[float, ...] = (0.
         secs = (time.perf_counter() - t0) / len(starts_h)
         yield {"kind": "optimum", "case": f"{work_h:g} h job, {2 * work_h:g} h deadline, 1 worker, per start",
                "seconds": secs, "optimum_s": secs, "optimum": float(np.mean([o.spend for o in opts]))}
+
+
+def large_gang_rows(base: Path, gangs: tuple[tuple[float, int], ...] = LARGE_GANGS) -> Iterator[Row]:
+    """The optimum of one start (hour 0) of each job of ``gangs`` (hours of work, nodes) on the node trace, each
+    in a fresh process so that its peak memory is the search's: seconds and peak resident memory.
+    Minutes each for ``LARGE_GANGS``; not part of ``main`` or ``python -m bench``."""
+    for work_h, workers in gangs:
+        code = f"from bench.bench_backtest import large_gang_search; large_gang_search({work_h!r}, {workers!r}, {str(base / NODE_TRACE)!r})"
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
+                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+        yield {"kind": "large_gang", "case": f"{work_h:g} h job, {workers} nodes, deadline {1.5 * work_h:g} h",
+               **json.loads(out.stdout.splitlines()[-1])}
+
+
+def large_gang_search(work_h: float, workers: int, path: str) -> None:
+    """One start's search (``large_gang_rows``), printed as one JSON line; spot 0.9, on-demand 3.06 per worker-hour."""
+    req = LARGE.model_copy(update={"work_h": work_h, "num_workers": workers, "deadline_h": 1.5 * work_h})
+    markets = Markets.of(Ladder(tiers=(req.spot_tier(0), req.on_demand_tier())), [load_process(path), RateModel()])
+    t0 = time.perf_counter()
+    o = hindsight_optimum(req.job(None), markets, 0.0)
+    secs = time.perf_counter() - t0
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # KiB on Linux
+    print(json.dumps({"seconds": secs, "peak_mb": peak_mb, "optimum": o.spend, "sessions": o.sessions}))
+
+
+def large_gangs(base: Path) -> None:
+    """Print ``large_gang_rows`` as each is done."""
+    print("\nthe optimum of one start of a large gang's job on the node trace, each in a fresh process:")
+    for r in large_gang_rows(base):
+        print(f"  {r['case']}: {r['seconds']:.1f} s, peak memory {r['peak_mb']:,.0f} MB (optimum {r['optimum']:,.1f}, "
+              f"{r['sessions']} sessions)", flush=True)
 
 
 def backtest_row(v100: SpotTrace | NodeTrace, repeat: int) -> Row:

@@ -248,6 +248,12 @@ def test_no_ladder_chosen_with_hindsight_beats_the_optimum():
     assert 1.0 - 1e-9 <= row["per_window_mean"] <= row["single_mean"] + 1e-12
 
 
+def test_a_large_gangs_search_is_measured_in_a_process_of_its_own():
+    (row,) = bench_backtest.large_gang_rows(FIXTURES / "traces", gangs=((3.0, 4),))
+    assert row["kind"] == "large_gang" and row["case"] == "3 h job, 4 nodes, deadline 4.5 h"
+    assert row["seconds"] > 0 and row["peak_mb"] > 10 and row["optimum"] > 0 and row["sessions"] >= 1
+
+
 def test_generated_trace_families_repeat_with_their_seed_and_hold_their_share_of_capacity():
     for family in FAMILIES:
         trace = family.trace(0)

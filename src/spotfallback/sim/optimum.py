@@ -80,7 +80,8 @@ _SHARE = 4  # under a limit, one start's search may use this many times its shar
 _SHARE_FLOOR = 50_000  # and at least this much
 _SPREAD_FROM = 300_000
 _SMALL = 96  # up to this many states, each pair is compared at once
-_WAITING = 16_384  # rows waiting at a later point past which they are pruned there and then
+_WAITING = 16_384  # rows waiting at a later point past which they are pruned there and then,
+_WAITING_GROWTH = 8  # and this many times as many as were left the last time (fewer prunings of the same rows)
 _TABLE = 1 << 15  # the largest levels x column-1 table ``_pareto3`` fills
 _STRONG = 24  # kept rows each block of ``_pareto`` meets first
 
@@ -570,7 +571,7 @@ class _Search:
                     j = tb.o_target[run_at]
                     pending[j].append(rows[start:stop])
                     waiting[j] += stop - start
-                    if waiting[j] > max(_WAITING, 2 * kept[j]):
+                    if waiting[j] > max(_WAITING, _WAITING_GROWTH * kept[j]):
                         # Prune the rows waiting at a later point now, as it would: their Pareto set is what
                         # its own pruning keeps of them, and it holds the memory to a few sets per point.
                         met += waiting[j]
