@@ -114,7 +114,7 @@ def large_gang_rows(base: Path, gangs: tuple[tuple[float, int], ...] = LARGE_GAN
     for work_h, workers in gangs:
         code = f"from bench.bench_backtest import large_gang_search; large_gang_search({work_h!r}, {workers!r}, {str(base / NODE_TRACE)!r})"
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=ROOT,
-                             env={**os.environ, "PYTHONPATH": str(ROOT)})
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, (str(ROOT), os.environ.get("PYTHONPATH"))))})
         yield {"kind": "large_gang", "case": f"{work_h:g} h job, {workers} nodes, deadline {1.5 * work_h:g} h",
                **json.loads(out.stdout.splitlines()[-1])}
 

@@ -524,7 +524,6 @@ class _Search:
         pending[0].append(np.zeros((1, 6)))
         # Rows waiting at each point, and how many were left the last time they were pruned there.
         waiting, kept = [0] * times.size, [0] * times.size
-        waiting[0] = 1
         run_at = 0  # the first run of moves of one target not yet done (tb.o_cut)
         met = 0
         for i, t in enumerate(times.tolist()):
@@ -532,14 +531,13 @@ class _Search:
                 continue
             st = np.concatenate(pending[i]) if len(pending[i]) > 1 else pending[i][0]
             pending[i] = []
-            waiting[i] = 0
             met += len(st)
             self.work += len(st) + _POINT_WORK
             if self.over:
                 return None
             if give_up is not None and met > give_up:
                 return None
-            st = self._prune(st[self._bound(st, i) < self._limit() - _TOL])
+            st = self._pruned_at(st, i)
             if len(st) == 0:
                 continue
             if beam is not None and len(st) > beam:
@@ -576,13 +574,16 @@ class _Search:
                         # its own pruning keeps of them, and it holds the memory to a few sets per point.
                         met += waiting[j]
                         self.work += waiting[j]
-                        w = np.concatenate(pending[j])
-                        w = self._prune(w[self._bound(w, j) < self._limit() - _TOL])
+                        w = self._pruned_at(np.concatenate(pending[j]), j)
                         pending[j] = [w] if len(w) else []
                         waiting[j] = kept[j] = len(w)
                 start = stop
                 run_at += 1
         return self.best
+
+    def _pruned_at(self, st: np.ndarray, point: int) -> np.ndarray:
+        """What the search keeps of the states at a point: those the bound does not rule out, pruned."""
+        return self._prune(st[self._bound(st, point) < self._limit() - _TOL])
 
     def _limit(self) -> float:
         """States whose bound is not below this (less _TOL) cannot lead to the reported optimum."""
