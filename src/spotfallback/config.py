@@ -716,7 +716,11 @@ def ladder_from_yaml(text_or_path: str | Path) -> Ladder:
     """Read a ladder from YAML (``tiers: [...]``); unknown fields are errors."""
     path = Path(text_or_path) if not str(text_or_path).lstrip().startswith(("tiers", "{")) else None
     if path is not None and path.exists():
-        data = load_yaml_mapping(path.read_text(), str(path))
+        try:
+            text = path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as e:
+            raise ConfigError(f"{path}: cannot read the ladder file: {e}") from None
+        data = load_yaml_mapping(text, str(path))
         source = str(path)
     else:
         data = load_yaml_mapping(str(text_or_path))
@@ -818,6 +822,16 @@ class JobConfig(BaseModel):
             raise ValueError(problem)
         return v
 
+    @field_validator("storage_path")
+    @classmethod
+    def _check_storage_path(cls, v: str) -> str:
+        # Ray Train reads an empty storage path as its default, ~/ray_results: a run's checkpoints
+        # and ledger would land on the driver's disk, not on the durable storage the job meant.
+        if not v.strip():
+            raise ValueError("empty; give the durable storage root the run's checkpoints and ledger "
+                             "go to: a local or NFS path (e.g. ./runs) or an s3:// or gs:// URI")
+        return v
+
     @field_validator("entrypoint")
     @classmethod
     def _check_entrypoint(cls, v: str) -> str:
@@ -864,9 +878,11 @@ class JobConfig(BaseModel):
     def from_yaml(cls, path: str | Path) -> JobConfig:
         path = Path(path)
         try:
-            text = path.read_text()
+            text = path.read_text(encoding="utf-8")
         except OSError as e:
             raise ConfigError(f"{path}: cannot read the job file: {e.strerror}") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"{path}: the job file is not UTF-8 text (byte {e.start}); save it as UTF-8") from None
         data = load_yaml_mapping(text, str(path))
         try:
             return cls.model_validate(data)

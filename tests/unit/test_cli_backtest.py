@@ -110,6 +110,7 @@ def test_backtest_whose_optimum_is_too_large_to_search_leaves_it_out_with_the_fi
         (["--hours", "10", "--trace", TRACE, "--csv", "/no/such/dir/out.csv"], "--csv: directory"),
         (["--hours", "10", "--trace", TRACE, "--csv", "out.txt"], "--csv: 'out.txt' must end in .csv"),
         (["--hours", "10", "--trace", NODES, "--deadline-h", "12", "--restart-overhead-s", "-1"], "--restart-overhead-s:"),
+        (["--hours", "10", "--trace", TRACE, "--window-h", "1e-9"], "--window-h: window_h=1e-09 h cuts the"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option(app, job_file, args, needle):
@@ -118,6 +119,20 @@ def test_bad_input_is_one_line_naming_the_option(app, job_file, args, needle):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1 and lines[0].startswith("error: ") and needle in lines[0], r.output
     assert "Traceback" not in r.output
+
+
+def test_windows_where_no_schedule_meets_the_deadline_have_no_optimum_and_are_noted(app, job_file):
+    """A deadline no schedule meets, even knowing the trace: the optimum is inf there, so spend over it is not a
+    ratio (0 would read as a perfect score); the windows are counted and named, and the JSON stays strict."""
+    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--deadline-h", "10")
+    assert r.exit_code == 0, r.output
+    assert "no schedule, even with hindsight, finishes by the deadline of 10 h" in r.output
+    assert "spend / hindsight optimum │" not in r.output
+    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--deadline-h", "10", "--json")
+    doc = json.loads(r.output, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert doc["unreachable"] == doc["windows"] > 0
+    assert doc["vs_optimum"] == {"mean": None, "median": None, "p95": None}
+    assert {w["optimum"] for w in doc["windows_detail"]} == {None}
 
 
 def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_path):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import importlib
+
 import pytest
 from typer.testing import CliRunner
 
@@ -37,3 +39,21 @@ def test_help_text_reflows_to_an_80_column_terminal(cli, command):
     for para in paragraphs:
         for line in para[:-1]:  # only a paragraph's last line may be short
             assert len(line) >= 60, (command, line, r.output)
+
+
+def test_a_command_out_of_memory_says_so_in_one_line_not_a_traceback(monkeypatch, capsys):
+    """numpy refuses an array past the machine's memory at once (a deadline of a billion hours, a trace's
+    tick of milliseconds): that is an input to fix, said as such."""
+    cli_app = importlib.import_module("spotfallback.cli.app")  # the module; the package's `app` is the Typer
+
+    def too_large() -> None:
+        raise MemoryError("Unable to allocate 44.7 GiB for an array with shape (6000000001,) and data type int64")
+
+    monkeypatch.setattr(cli_app, "_register_subcommands", lambda: None)
+    monkeypatch.setattr(cli_app, "app", too_large)
+    with pytest.raises(SystemExit) as exit_:
+        cli_app.main()
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: the command needs more memory than this machine has (Unable to allocate 44.7 GiB")
+    assert len(err.strip().splitlines()) == 1

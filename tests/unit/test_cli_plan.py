@@ -122,6 +122,12 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
          "--train-loop-config: not valid JSON"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--train-loop-config", "[1]"],
          "--train-loop-config: must be a JSON object"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--storage-path", ""],
+         "--storage-path: empty; give the durable storage root"),
+        (["--hours", "10", "--rate", "0.1", "--seed", "-1"], "--seed: Input should be greater than or equal to 0 (got -1)"),
+        (["--hours", "10", "--rate", "1e9", "--runs", "20"], "--rate: no plan can be made for this spot capacity"),
+        (["--hours", "10", "--rate", "0.1", "--deadline-h", "1e308"], "--deadline-h: Input should be less than or equal "
+         "to 100000"),
     ],
 )
 def test_bad_input_is_one_line_and_exit_code_2(app, args, needle, tmp_path):
@@ -131,6 +137,13 @@ def test_bad_input_is_one_line_and_exit_code_2(app, args, needle, tmp_path):
     lines = [ln for ln in r.output.splitlines() if ln.strip()]
     assert len(lines) == 1, r.output
     assert lines[0].startswith("error: ") and needle in lines[0], r.output
+
+
+@pytest.mark.parametrize("option", ["--move-restart-s", "--checkpoint-gb"])
+def test_an_option_given_in_other_units_than_the_plan_keeps_is_not_quoted_converted(app, option):
+    """-1 s of move restart is -0.00028 h to the planner: quoting that would puzzle whoever typed -1."""
+    r = invoke(app, "--hours", "10", "--rate", "0.1", option, "-1")
+    assert r.exit_code == 2 and r.output.strip() == f"error: {option}: Input should be greater than or equal to 0"
 
 
 def test_the_written_job_carries_the_workers_shape(app, tmp_path):

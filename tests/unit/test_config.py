@@ -101,6 +101,23 @@ def test_job_file_errors_name_the_field(tmp_path):
         JobConfig.from_yaml(tmp_path / "missing.yaml")
 
 
+def test_a_job_file_that_is_not_utf8_is_named_with_the_byte(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_bytes(b"# caf\xe9\n" + JOB_HEAD.encode())
+    with pytest.raises(ConfigError, match=r"job.yaml: the job file is not UTF-8 text \(byte 5\); save it as UTF-8"):
+        JobConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("storage_path", ["", "  "])
+def test_an_empty_storage_path_is_refused_rather_than_sent_to_ray_results(tmp_path, storage_path):
+    """Ray Train reads an empty storage path as ~/ray_results: the run would not be where the job file says."""
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_HEAD.replace("storage_path: /tmp/x", f"storage_path: {storage_path!r}")
+                    + "tiers:\n  - {name: spot, market: spot, num_workers: 2}\n")
+    with pytest.raises(ConfigError, match="storage_path: empty; give the durable storage root"):
+        JobConfig.from_yaml(path)
+
+
 # Our label syntax check must agree with Ray's own validator (ray/_private/label_utils.py).
 label_text = st.text(alphabet=st.sampled_from(list("abcXYZ019-_./!(), in")), min_size=0, max_size=20)
 

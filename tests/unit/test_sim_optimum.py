@@ -269,6 +269,22 @@ def test_a_search_past_its_limit_says_how_large_it_is_and_one_within_it_answers_
             optimum_for(ladder, job, world, [1.75, *starts, 40.0], processes=processes, limit=14_000)
 
 
+def test_a_search_whose_tables_alone_would_pass_its_limit_stops_before_building_them(monkeypatch):
+    """A deadline of thousands of hours over a repeating trace: a move per point and later gang, more than the
+    limit (and than the machine's memory) before any state is met."""
+    trace = load_node_trace(FIXTURES / "aws-p3-trace.csv")
+    job = JobSpec(work_h=10, restart_overhead_h=0.1, checkpoint_cost_h=0.05, provisioning_delay_h=0.05,
+                  deadline_h=20_000)
+    ladder = Ladder(tiers=(Tier.spot(1, price_per_worker_hour=0.3), Tier.on_demand(1, price_per_worker_hour=1.0)))
+
+    def built(*_: object) -> None:
+        raise AssertionError("the tables were built")
+
+    monkeypatch.setattr(optimum._Search, "_tables", built)
+    with pytest.raises(OptimumTooLargeError, match="one start's search passed 50,000,000 states"):
+        optimum_for(ladder, job, world_for(ladder, trace), [0.0], processes=1, limit=50_000_000)
+
+
 def test_the_optimum_runs_spot_only_while_there_is_capacity_and_needs_a_deadline():
     job = JobSpec(work_h=2, restart_overhead_h=0.1, deadline_h=3)
     never = SpotTrace("never", 600.0, np.zeros(30, dtype=np.int64))

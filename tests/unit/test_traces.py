@@ -129,6 +129,8 @@ def test_integral_floats_are_accepted(tmp_path):
         ("0,add,node1\n\n5,add,node1\n", "line 3: node 'node1' added while already present"),
         ("0,add,\n", "line 1: node name is empty"),
         ("\n\n", "no events"),
+        ("0,add,node1\n0,remove,node1\n", "the trace spans no time"),
+        ("0,add,node1\n", "the trace spans no time"),
         ("0,add,a\x0c1,add\n", "line 1: expected 3 fields"),  # a form feed ends no line in an editor
         ("0,add,a\r\n1,add\r\n", "line 2: expected 3 fields"),
     ],

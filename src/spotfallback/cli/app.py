@@ -24,7 +24,12 @@ def _register_subcommands() -> None:
 
 def main() -> None:
     _register_subcommands()
-    app()
+    try:
+        app()
+    except MemoryError as e:  # numpy refuses an array past the machine's memory at once
+        typer.echo(f"error: the command needs more memory than this machine has ({e}); inputs far past the usual "
+                   "(hours of work, a deadline, a window, a trace's times or tick) are the usual cause", err=True)
+        raise SystemExit(2) from None
 
 
 if __name__ == "__main__":

@@ -16,7 +16,13 @@ from rich.table import Table
 from spotfallback.cli.common import fail, output_problem, usage_error
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import ConfigError, OptimumTooLargeError, PoolError, TraceError, UsageError
-from spotfallback.sim.backtesting import BacktestResult, Spread, backtest, on_demand_tier
+from spotfallback.sim.backtesting import (
+    BacktestResult,
+    Spread,
+    backtest,
+    on_demand_tier,
+    window_starts,
+)
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
@@ -38,7 +44,7 @@ def _table(res: BacktestResult, label: str) -> Table:
 
     row("spend", Spread.of(res.spend), ",.2f")
     row("spend / on-demand only", res.vs_on_demand, ".3f")
-    if res.vs_optimum is not None:
+    if res.vs_optimum is not None and math.isfinite(res.vs_optimum.mean):
         row("spend / hindsight optimum", res.vs_optimum, ".3f")
     return table
 
@@ -250,6 +256,10 @@ def register(app: typer.Typer) -> None:
                     traces.append(load_process(str(path)))
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
+                try:
+                    window_starts(traces[-1], window_h)
+                except ValueError as e:
+                    raise usage_error("--window-h", str(e)) from None
             pool_paths = _pool_paths(pool)
             pools = _pools(pool_paths, job.ladder)
             left_out: list[str] = []
@@ -277,6 +287,10 @@ def register(app: typer.Typer) -> None:
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
         spot_tiers = [t for t in job.tiers if t.is_spot]
+        if res.unreachable:
+            left_out.append(f"in {res.unreachable} of {res.windows} windows no schedule, even with hindsight, finishes "
+                            f"by the deadline of {spec.deadline_h:g} h; spend / hindsight optimum leaves them out "
+                            "(a later deadline: --deadline-h)")
         notes = left_out + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
             n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
             if (n := gating_note(p, t.num_workers))))

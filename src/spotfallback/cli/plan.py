@@ -295,7 +295,8 @@ _OPTION_OF = {
     "restart_overhead_h": "--restart-overhead-s", "provisioning_delay_h": "--provisioning-delay-s",
     "notice_s": "--notice-s", "spot_price": "--spot-price", "pool_prices": "--spot-price", "on_demand_price": "--on-demand-price",
     "deadline_h": "--deadline-h", "deadline_probability": "--deadline-prob", "seed_max_preemptions": "--seed-m",
-    "runs": "--runs", "clusters": "--cluster", "move_restart_h": "--move-restart-s", "move_cost": "--checkpoint-gb",
+    "runs": "--runs", "seed": "--seed", "clusters": "--cluster", "move_restart_h": "--move-restart-s",
+    "move_cost": "--checkpoint-gb",
 }
 
 
@@ -307,10 +308,14 @@ def _request(**kw: object) -> PlanRequest:
         loc = first["loc"][0] if first["loc"] else ""
         option = _OPTION_OF.get(str(loc), "--deadline-h" if not loc else str(loc))
         message = format_validation_error(e).splitlines()[0].split(": ", 1)[-1]
-        if loc:
+        if loc and str(loc) not in _CONVERTED:
             message += f" (got {first['input']!r})"
         raise usage_error(option, message) from None
 
+
+# Fields the options give in other units (seconds to hours, gigabytes to egress spend): the value
+# the request saw would not be the one typed.
+_CONVERTED = {"checkpoint_cost_h", "restart_overhead_h", "provisioning_delay_h", "move_restart_h", "move_cost"}
 
 _JOB_OPTION_OF = {"name": "--name", "storage_path": "--storage-path", "entrypoint": "--entrypoint",
                   "train_loop_config": "--train-loop-config"}
@@ -498,6 +503,10 @@ def register(app: typer.Typer) -> None:
             more = _samples(sample, len(spots))
             try:
                 result = plan(req, spots, more=more)
+            except ValidationError as e:  # e.g. interruptions so frequent that no checkpoint interval is left
+                source = "--trace" if trace else "--node-trace" if node_trace else "--rate"
+                raise usage_error(source, "no plan can be made for this spot capacity: "
+                                  + " ".join(format_validation_error(e).split())) from None
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise usage_error("--workers", str(e)) from None
         except UsageError as e:

@@ -935,6 +935,8 @@ def validate_file(path: str | Path, kuberay_version: str | None = None, job: Job
         text = Path(path).read_text("utf-8")
     except OSError as e:
         return Report((), (Finding("(file)", f"cannot read {path}: {e.strerror}"),))
+    except UnicodeDecodeError as e:
+        return Report((), (Finding("(file)", f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"),))
     return validate_text(text, kuberay_version, job)
 
 

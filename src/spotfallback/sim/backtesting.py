@@ -41,6 +41,10 @@ class Spread:
             return cls(math.nan, math.nan, math.nan)
         return cls(float(v.mean()), float(np.median(v)), float(np.percentile(v, 95)))
 
+    def plain(self) -> dict[str, float | None]:
+        """As plain data for JSON, which has no nan: None where there was no finite value."""
+        return {k: v if math.isfinite(v) else None for k, v in self.__dict__.items()}
+
 
 @dataclass(frozen=True)
 class BacktestResult:
@@ -67,11 +71,18 @@ class BacktestResult:
 
     @property
     def vs_optimum(self) -> Spread | None:
-        """Spend over the optimum, window by window; None where the optimum was not searched."""
+        """Spend over the optimum, window by window; None where the optimum was not searched. Windows
+        where no schedule meets the deadline (``unreachable``) have no optimum and are left out (all
+        of them: nan)."""
         if self.optimum is None:
             return None
-        with np.errstate(divide="ignore", invalid="ignore"):
-            return Spread.of(self.spend / self.optimum)
+        reach = np.isfinite(self.optimum)
+        return Spread.of(np.divide(self.spend, self.optimum, out=np.full(self.windows, np.nan), where=reach))
+
+    @property
+    def unreachable(self) -> int:
+        """Windows where no schedule, even with hindsight, finishes by the deadline (0 where not searched)."""
+        return 0 if self.optimum is None else int((~np.isfinite(self.optimum)).sum())
 
     @property
     def costlier_than_on_demand(self) -> int:
@@ -87,7 +98,7 @@ class BacktestResult:
             {"trace": str(self.trace[i]), "start_h": float(self.start_h[i]), "spend": float(self.spend[i]),
              "wall_h": float(self.wall_h[i]), "on_time": bool(self.on_time[i]), "switches": int(self.switches[i]),
              "on_demand_spend": self.on_demand_spend,
-             "optimum": None if self.optimum is None else float(self.optimum[i])}
+             "optimum": None if self.optimum is None or not np.isfinite(self.optimum[i]) else float(self.optimum[i])}
             for i in range(self.windows)
         ]
 
@@ -98,12 +109,18 @@ class BacktestResult:
             "window_h": self.window_h,
             "deadline_h": self.deadline_h,
             "on_demand_spend": self.on_demand_spend,
-            "spend": Spread.of(self.spend).__dict__,
-            "vs_on_demand": self.vs_on_demand.__dict__,
-            "vs_optimum": None if (vs := self.vs_optimum) is None else vs.__dict__,
+            "spend": Spread.of(self.spend).plain(),
+            "vs_on_demand": self.vs_on_demand.plain(),
+            "vs_optimum": None if (vs := self.vs_optimum) is None else vs.plain(),
+            "unreachable": self.unreachable,
             "costlier_than_on_demand": self.costlier_than_on_demand,
             "on_time_share": self.on_time_share,
         }
+
+
+# More windows than any backtest needs (400 replay in well under a second): a window of minutes or
+# less over a long trace is a slip, and would take hours and the machine's memory.
+MAX_WINDOWS = 100_000
 
 
 def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: int = 1) -> np.ndarray:
@@ -117,7 +134,10 @@ def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: in
     cap = compile_process(trace, num_workers)
     assert not isinstance(cap, RateModel)
     length_h = cap.period_h  # type: ignore[union-attr]
-    n = max(1, int(math.floor(length_h / window_h + 1e-9)))
+    n = max(1, math.floor(length_h / window_h + 1e-9))
+    if n > MAX_WINDOWS:
+        raise ValueError(f"window_h={window_h:g} h cuts the {length_h:g} h of trace {trace.name!r} into {n:,} windows, "
+                         f"more than {MAX_WINDOWS:,}; give a longer window")
     return np.arange(n) * window_h
 
 

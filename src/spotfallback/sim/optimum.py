@@ -488,6 +488,11 @@ class _Search:
         points = np.unique(np.stack([np.concatenate([[0.0], gr.hit[stops]]),
                                      np.concatenate([[_NO_CLUSTER], self.market_cluster[gr.market[stops]]])], axis=1), axis=0)
         times, clusters = points[:, 0].copy(), points[:, 1].astype(np.int64)
+        # The tables hold a move per point and gang that could be had after it: past the limit alone
+        # (a deadline of thousands of hours over a repeating trace), they would not fit in memory.
+        if self.limit is not None and times.size * gr.s.size > self.limit:
+            self.work = max(self.work, times.size * gr.s.size)
+            return None
         self.times = times  # the points' times, by which caps (and so _bound's rows) are indexed
         self.caps = self._spot_caps(times)
         self.terms = self._bound_terms(self.caps)

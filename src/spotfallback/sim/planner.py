@@ -90,12 +90,16 @@ class Rung(NamedTuple):
         return self.dwell_s is not None
 
 
+# Longer than any training run (eleven years): past it the simulated hours overflow the step counts.
+MAX_HOURS = 100_000.0
+
+
 class PlanRequest(BaseModel):
     """The job to plan for; durations in hours, prices per worker-hour."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf hours: a simulation without end
 
-    work_h: float = Field(gt=0, description="Training hours on an uninterrupted gang.")
+    work_h: float = Field(gt=0, le=MAX_HOURS, description="Training hours on an uninterrupted gang.")
     num_workers: int = Field(gt=0)
     checkpoint_cost_h: float = Field(ge=0)
     restart_overhead_h: float = Field(ge=0)
@@ -114,7 +118,7 @@ class PlanRequest(BaseModel):
         "zone or region); empty: spot_price for every pool.",
     )
     on_demand_price: float = Field(gt=0, description="On-demand price per worker-hour.")
-    deadline_h: float | None = Field(default=None, gt=0)
+    deadline_h: float | None = Field(default=None, gt=0, le=MAX_HOURS)
     deadline_probability: float = Field(default=0.95, gt=0, le=1)
     seed_max_preemptions: int = Field(default=5, ge=0, description="M of the seed's fixed-M baseline.")
     cost_cap_factor: float | None = Field(
@@ -125,7 +129,7 @@ class PlanRequest(BaseModel):
         "default: it bounds the worst windows but raises the mean spend (docs/planner.md); None = no cap.",
     )
     runs: int = Field(default=400, gt=0)
-    seed: int = 0
+    seed: int = Field(default=0, ge=0, description="Seed of the random draws; the same for every candidate.")
     clusters: tuple[str, ...] = Field(
         default=(),
         description="The Ray Jobs API address of each spot pool's cluster, in pool order, then the on-demand tier's "

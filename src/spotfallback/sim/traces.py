@@ -167,4 +167,7 @@ def load_node_trace(path: str | Path) -> NodeTrace:
         events.append(NodeEvent(t_s=t_ms / 1000.0, action=action, node=node))  # type: ignore[arg-type]
     if not events:
         raise TraceError(f"{path}: no events; expected lines 'time_ms,add|remove,node'")
+    if events[-1].t_s <= 0:
+        raise TraceError(f"{path}: the trace spans no time (its last event is at 0 ms); a trace needs events "
+                         "over the hours it records")
     return NodeTrace(name=path.stem, events=tuple(events))
