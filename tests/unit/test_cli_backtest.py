@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -320,3 +321,23 @@ def test_a_trace_recorded_for_fewer_instances_than_a_tiers_gang_is_noted(app, tm
     assert note.startswith("trace 'us-west-2a_v100_1' records at most 1 instance(s), and the gang has 4 workers")
     own = json.loads(invoke(app, str(path), "--trace", TRACE, "--pool", f"spot={OTHER_POOL}", "--hours", "10", "--json").output)
     assert own["notes"] == []
+
+
+@pytest.mark.parametrize(
+    ("target", "needle"),
+    [
+        ("afile/out.csv", "--csv: '{tmp}/afile' is a file, not a directory"),
+        ("dangling.csv", "--csv: '{tmp}/dangling.csv' links to '/nonexistent/x.csv', whose directory does not exist"),
+        pytest.param("full.csv", "--csv: cannot write '{tmp}/full.csv' (a link to '/dev/full'): No space left on device; "
+                     "free some space or give another path",
+                     marks=pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full")),
+    ],
+)
+def test_a_csv_that_cannot_be_written_is_one_line_naming_the_option(app, job_file, tmp_path, target, needle):
+    (tmp_path / "afile").write_text("")
+    (tmp_path / "dangling.csv").symlink_to("/nonexistent/x.csv")
+    (tmp_path / "full.csv").symlink_to("/dev/full")
+    r = invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--csv", str(tmp_path / target))
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert [ln for ln in r.output.splitlines() if ln.startswith("error:")] == ["error: " + needle.format(tmp=tmp_path)]
+    assert not list(tmp_path.glob(".*.tmp"))

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 import shlex
 from pathlib import Path
 
@@ -283,3 +285,28 @@ def test_a_ladder_across_clusters_writes_one_raycluster_per_cluster_and_says_whe
     assert refused.exit_code == 2 and "one RayCluster per cluster (--kind raycluster)" in refused.stderr
     launcher = run(app, "cluster-launcher", "--cloud", "aws", "--job", job)
     assert launcher.exit_code == 2 and "one `ray up` file is one cluster" in launcher.stderr
+
+
+@pytest.mark.parametrize("command", [["kuberay", "--cloud", "gke", "--storage-secret", "creds"], ["nodepools", "--cloud", "eks-karpenter"]])
+def test_an_out_that_cannot_be_written_is_one_line_and_keeps_the_old_file(
+    app: typer.Typer, job_file: Path, tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A write that fails midway (here: the disk fills as the file is synced) leaves the deployed file as it was."""
+    out = tmp_path / "deploy.yaml"
+    out.write_text("# deployed\n")
+    dangling = tmp_path / "gone.yaml"
+    dangling.symlink_to("/nonexistent/x.yaml")
+    gone = run(app, *command, "--job", job_file, "--out", dangling)
+    assert gone.exit_code == 2 and gone.stderr == (f"error: --out: '{dangling}' links to '/nonexistent/x.yaml', "
+                                                   "whose directory does not exist\n")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    failed = run(app, *command, "--job", job_file, "--out", out, "--force")
+    assert failed.exit_code == 2 and "Traceback" not in failed.output
+    assert failed.stderr == (f"error: --out: cannot write '{out}': No space left on device; free some space or give "
+                             "another path\n"), failed.stderr
+    assert out.read_text() == "# deployed\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy.yaml", "gone.yaml", "job.yaml"]

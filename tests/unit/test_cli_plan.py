@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import errno
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -294,3 +296,51 @@ def test_a_ladder_across_clusters_is_planned_with_its_moves_priced(app, tmp_path
     ):
         bad = invoke(app, "--hours", "10", "--trace", TRACE, *args)
         assert bad.exit_code == 2 and needle in bad.output, bad.output
+
+
+def test_both_outputs_are_checked_before_the_simulation_and_before_either_is_written(app, tmp_path, monkeypatch):
+    """A bad --plot must not leave a new --write-yaml file behind, nor cost minutes of simulation first."""
+    yaml_path, afile, dangling, blocked = tmp_path / "job.yaml", tmp_path / "afile", tmp_path / "d.png", tmp_path / "ro"
+    afile.write_text("")
+    dangling.symlink_to("/nonexistent/d.png")
+    blocked.mkdir()
+    access = os.access  # as root every directory is writable: make one say no
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != blocked and access(p, mode, **kw))
+    monkeypatch.setattr(cli_plan, "plan", lambda *a, **k: pytest.fail("simulated before the outputs were checked"))
+    for plot, needle in ((afile / "p.png", f"--plot: '{afile}' is a file, not a directory"),
+                         (dangling, f"--plot: '{dangling}' links to '/nonexistent/d.png', whose directory does not exist"),
+                         (blocked / "p.png", f"--plot: '{blocked}' is not writable; give another path")):
+        r = invoke(app, "--hours", "10", "--rate", "0.1", "--write-yaml", str(yaml_path), "--entrypoint", "m:f",
+                   "--plot", str(plot))
+        lines = [ln for ln in r.output.splitlines() if ln.strip()]
+        assert r.exit_code == 2 and len(lines) == 1 and lines[0] == f"error: {needle}", r.output
+        assert not yaml_path.exists()
+
+
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)")
+def test_a_job_file_or_plot_that_fails_as_it_is_written_is_one_line_and_keeps_the_old_file(app, tmp_path):
+    full = tmp_path / "full.yaml"
+    full.symlink_to("/dev/full")
+    args = ("--hours", "10", "--rate", "0.1", "--runs", "20", "--entrypoint", "m:f")
+    r = invoke(app, *args, "--write-yaml", str(full), "--force")
+    lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
+    assert r.exit_code == 2 and "Traceback" not in r.output, r.output
+    assert lines == [f"error: --write-yaml: cannot write '{full}' (a link to '/dev/full'): No space left on device; "
+                     "free some space or give another path"]
+    (tmp_path / "full.png").symlink_to("/dev/full")
+    r = invoke(app, *args, "--plot", str(tmp_path / "full.png"))
+    assert r.exit_code == 2 and "error: --plot: cannot write" in r.output and "Traceback" not in r.output, r.output
+
+
+def test_a_forced_job_file_whose_write_fails_keeps_the_old_one(app, tmp_path, monkeypatch):
+    yaml_path = tmp_path / "job.yaml"
+    yaml_path.write_text("edited")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    r = invoke(app, "--hours", "10", "--rate", "0.1", "--runs", "20", "--entrypoint", "m:f", "--write-yaml", str(yaml_path),
+               "--force")
+    assert r.exit_code == 2 and f"error: --write-yaml: cannot write '{yaml_path}': No space left" in r.output, r.output
+    assert yaml_path.read_text() == "edited" and sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]

@@ -6,9 +6,13 @@ traceback; good input is checked against the same hand-built ledger as test_stat
 
 from __future__ import annotations
 
+import errno
 import io
 import json
+import os
 import re
+import stat
+from pathlib import Path
 
 import pytest
 import typer
@@ -256,3 +260,78 @@ def test_status_lists_the_notice_agents_and_flags_a_stale_one(app, run_uri):
 def test_status_without_agents_shows_no_agent_section(app, run_uri):
     r = invoke(app, "status", run_uri)
     assert r.exit_code == 0 and "notice agents" not in r.output
+
+
+FULL = pytest.mark.skipif(not os.path.exists("/dev/full"), reason="needs /dev/full (a disk that is always full)")
+
+
+@pytest.mark.parametrize(
+    ("args", "needles"),
+    [
+        (["init", "{tmp}/afile/job.yaml"], ["PATH: '{tmp}/afile' is a file, not a directory"]),
+        (["init", "{tmp}/dangling.yaml"], ["PATH: '{tmp}/dangling.yaml' links to '/nonexistent/x.yaml', whose directory"]),
+        (["report", "{run}", "--out", "{tmp}/afile/t.png"], ["--out: '{tmp}/afile' is a file"]),
+        (["report", "{run}", "--html", "{tmp}/dangling.html"], ["--html: '{tmp}/dangling.html' links to"]),
+        pytest.param(["init", "{tmp}/full.yaml", "--force"],
+                     ["PATH: cannot write '{tmp}/full.yaml' (a link to '/dev/full'): No space left on device; free some space"],
+                     marks=FULL),
+        pytest.param(["report", "{run}", "--out", "{tmp}/full.png"], ["--out: cannot write", "No space left"], marks=FULL),
+        pytest.param(["report", "{run}", "--out", "{tmp}/t.png", "--html", "{tmp}/full.html"],
+                     ["--html: cannot write", "No space left"], marks=FULL),
+    ],
+)
+def test_an_output_that_cannot_be_written_is_one_line_naming_the_option(app, run_uri, tmp_path, args, needles):
+    (tmp_path / "afile").write_text("")
+    for name in ("dangling.yaml", "dangling.html"):
+        (tmp_path / name).symlink_to("/nonexistent/x" + Path(name).suffix)
+    for name in ("full.yaml", "full.png", "full.html"):
+        (tmp_path / name).symlink_to("/dev/full")
+    args = [a.format(tmp=tmp_path, run=run_uri) for a in args]
+    assert_usage_error(invoke(app, *args), *(n.format(tmp=tmp_path) for n in needles))
+    assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_the_default_picture_onto_a_dangling_link_is_one_line(app, run_uri, tmp_path, monkeypatch):
+    """Not checked before the ledger is read (no --out given): the write itself fails, and says so."""
+    monkeypatch.chdir(tmp_path)
+    Path("digits-1-timeline.png").symlink_to("/nonexistent/d.png")
+    assert_usage_error(invoke(app, "report", run_uri),
+                       "--out: cannot write 'digits-1-timeline.png' (a link to '/nonexistent/d.png'): No such file")
+
+
+def test_init_force_that_fails_mid_write_keeps_the_old_job_file(app, tmp_path, monkeypatch):
+    """The new file is made beside the old one and renamed over it only once it is whole on disk."""
+    path = tmp_path / "job.yaml"
+    path.write_text("edited")
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
+    assert_usage_error(invoke(app, "init", str(path), "--force"), "PATH: cannot write", "No space left on device")
+    assert path.read_text() == "edited" and sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_init_force_through_a_link_rewrites_its_target_and_keeps_its_permissions(app, tmp_path):
+    real = tmp_path / "configs" / "job.yaml"
+    real.parent.mkdir()
+    real.write_text("edited")
+    real.chmod(0o640)
+    link = tmp_path / "job.yaml"
+    link.symlink_to(real)
+    r = invoke(app, "init", str(link), "--force")
+    assert r.exit_code == 0, r.output
+    assert link.is_symlink() and JobConfig.from_yaml(real).name == "my-first-run"
+    assert stat.S_IMODE(real.stat().st_mode) == 0o640
+
+
+def test_an_unwritable_directory_is_refused_before_any_work(app, run_uri, tmp_path, monkeypatch):
+    """As root every directory is writable, so the permission is made to say no."""
+    blocked = tmp_path / "ro"
+    blocked.mkdir()
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != blocked and access(p, mode, **kw))
+    assert_usage_error(invoke(app, "init", str(blocked / "job.yaml")), f"PATH: '{blocked}' is not writable; give another path")
+    assert_usage_error(invoke(app, "report", run_uri, "--out", str(tmp_path / "t.png"), "--html", str(blocked / "r.html")),
+                       "--html: ", "is not writable")
+    assert not (tmp_path / "t.png").exists()

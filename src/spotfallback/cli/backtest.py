@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -13,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import fail, output_problem, usage_error
+from spotfallback.cli.common import fail, output_problem, usage_error, write_output
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import ConfigError, OptimumTooLargeError, PoolError, TraceError, UsageError
 from spotfallback.sim.backtesting import (
@@ -279,11 +280,12 @@ def register(app: typer.Typer) -> None:
             raise fail(str(e), e.exit_code) from None
 
         if csv_path is not None:
-            with csv_path.open("w", newline="") as f:
-                rows = res.rows()
-                writer = csv.DictWriter(f, fieldnames=list(rows[0]))
-                writer.writeheader()
-                writer.writerows(rows)
+            rows = res.rows()
+            table = io.StringIO(newline="")
+            writer = csv.DictWriter(table, fieldnames=list(rows[0]))
+            writer.writeheader()
+            writer.writerows(rows)
+            write_output("--csv", csv_path, table.getvalue())
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
                     "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
         spot_tiers = [t for t in job.tiers if t.is_spot]

@@ -1,4 +1,4 @@
-"""What every command shares: the one error line, logging, and opening a run by STORAGE_PATH/NAME.
+"""What every command shares: the one error line, logging, output files, and opening a run by STORAGE_PATH/NAME.
 
 Kept apart from the commands so that no command module imports another (each registers
 itself in ``cli.app``); the exit codes themselves live with the errors (``spotfallback.errors``).
@@ -6,8 +6,11 @@ itself in ``cli.app``); the exit codes themselves live with the errors (``spotfa
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import logging
 import os
+import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -58,25 +61,76 @@ def setup_logging(verbose: bool) -> None:
 
 def output_problem(path: Path, suffix: str | tuple[str, ...] | None, *, keep_existing: bool = False) -> str | None:
     """What is wrong with a file the command will write, or None: a directory, the suffix, a
-    missing directory, or (``keep_existing``: a file the user may have edited, such as a job
-    file or a deployment file) one that is there already."""
+    missing or unwritable directory (a link's, too), or (``keep_existing``: a file the user may
+    have edited, such as a job file or a deployment file) one that is there already.
+
+    Checked before any work, so that one bad output of several fails before any is written."""
     suffixes = (suffix,) if isinstance(suffix, str) else suffix
     if path.is_dir():
         return f"{str(path)!r} is a directory; give a file name"
     if suffixes and path.suffix.lower() not in suffixes:
         return f"{str(path)!r} must end in {' or '.join(suffixes)}"
+    if path.parent.exists() and not path.parent.is_dir():
+        return f"{str(path.parent)!r} is a file, not a directory"
     if not path.parent.is_dir():
         return f"directory {str(path.parent)!r} does not exist"
+    target = Path(os.path.realpath(path))
+    if not target.parent.is_dir():
+        return f"{str(path)!r} links to {str(target)!r}, whose directory does not exist"
     if keep_existing and path.exists():
         return f"{str(path)!r} already exists; pass --force to overwrite it"
+    if not os.access(_written(target), os.W_OK):
+        return f"{str(_written(target))!r} is not writable; give another path"
     return None
 
 
 def check_output(option: str, path: Path, suffix: str) -> None:
-    """A file the command will write: the right suffix, in a directory that exists."""
+    """A file the command will write, refused as ``output_problem`` says, before any work."""
     problem = output_problem(path, suffix)
     if problem is not None:
         raise fail(f"{option}: {problem}")
+
+
+def _written(target: Path) -> Path:
+    """What writing ``target`` changes: the file itself if it is a device or a pipe (written in
+    place), else its directory (a new file is renamed into it)."""
+    return target if target.exists() and not target.is_file() else target.parent
+
+
+def write_output(option: str, path: Path, data: str | bytes) -> None:
+    """Write ``data`` (a str as UTF-8) to the file ``option`` names, whole or not at all.
+
+    It goes to a temporary file beside the target, then is renamed over it, so a write that
+    fails (no permission, a full disk) leaves the file that was there, such as a job file the
+    user edited, and is one ``error: option:`` line, exit 2, not a traceback. A link is followed
+    and its target replaced, keeping that file's permissions; a device or pipe (/dev/stdout) is
+    written in place.
+    """
+    payload = data.encode() if isinstance(data, str) else data
+    target = Path(os.path.realpath(path))
+    tmp = target.with_name(f".{target.name}.tmp")
+    try:
+        if _written(target) == target:
+            with target.open("wb") as f:
+                f.write(payload)
+            return
+        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
+        try:
+            with tmp.open("wb") as f:
+                f.write(payload)
+                f.flush()
+                os.fsync(f.fileno())  # a full disk or lost mount shows here, before the old file is gone
+            if mode is not None:
+                os.chmod(tmp, mode)
+            os.replace(tmp, target)
+        except OSError:
+            with contextlib.suppress(OSError):
+                tmp.unlink(missing_ok=True)
+            raise
+    except OSError as e:
+        where = repr(str(path)) + (f" (a link to {str(target)!r})" if path.is_symlink() else "")
+        fix = "free some space or give another path" if e.errno == errno.ENOSPC else "give a path that can be written"
+        raise fail(str(usage_error(option, f"cannot write {where}: {e.strerror or e}; {fix}"))) from None
 
 
 def open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:

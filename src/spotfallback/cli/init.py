@@ -7,7 +7,7 @@ from typing import Annotated
 
 import typer
 
-from spotfallback.cli.common import fail
+from spotfallback.cli.common import fail, output_problem, write_output
 from spotfallback.config import JobConfig
 
 EXAMPLE_JOB = """\
@@ -65,11 +65,9 @@ def register(app: typer.Typer) -> None:
         """Write a commented example job file (ladder, storage, entrypoint) that `spotfallback run` accepts."""
         if path.is_dir():
             raise fail(f"PATH: {str(path)!r} is a directory; give a file name such as {str(path / 'job.yaml')!r}")
-        if path.exists() and not force:
-            raise fail(f"PATH: {str(path)!r} already exists; pass --force to overwrite it")
-        if not path.parent.is_dir():
-            raise fail(f"PATH: directory {str(path.parent)!r} does not exist")
-        path.write_text(EXAMPLE_JOB)
+        if (problem := output_problem(path, None, keep_existing=not force)) is not None:
+            raise fail(f"PATH: {problem}")
+        write_output("PATH", path, EXAMPLE_JOB)
         job = JobConfig.from_yaml(path)  # the example must always be a valid job
         typer.echo(f"wrote {path}: run {job.name!r} on {' -> '.join(t.name for t in job.tiers)}. "
                    f"Edit it, then: spotfallback run {path}")

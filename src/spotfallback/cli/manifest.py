@@ -8,14 +8,13 @@ resumes that run: a name reused by accident would continue someone else's traini
 
 from __future__ import annotations
 
-import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
 import typer
 
-from spotfallback.cli.common import output_problem
+from spotfallback.cli.common import output_problem, write_output
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
@@ -125,9 +124,7 @@ def _emit(text: str, out: Path | None, what: str) -> None:
     if out is None:
         typer.echo(text, nl=False)
         return
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(text, "utf-8")
-    os.replace(tmp, out)  # whole file or none: a half-written manifest must not be applied
+    write_output("--out", out, text)  # whole file or none: a half-written manifest must not be applied
     typer.echo(f"wrote {out} ({what}; validated)", err=True)
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from collections.abc import Callable, Sequence
@@ -15,7 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import fail, output_problem, usage_error
+from spotfallback.cli.common import fail, output_problem, usage_error, write_output
 from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
@@ -190,7 +191,8 @@ def _ladder_table(p: Plan) -> Table:
     return table
 
 
-def _plot(p: Plan, path: Path) -> None:
+def _plot(p: Plan) -> bytes:
+    """The plan's picture as PNG bytes."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -234,8 +236,10 @@ def _plot(p: Plan, path: Path) -> None:
             ax.legend(fontsize=8)
     fig.suptitle(f"spotfallback plan: {p.recommended.label}", fontsize=10)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=110)
     plt.close(fig)
+    return buf.getvalue()
 
 
 def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str, rate: float | None,
@@ -550,14 +554,18 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]note:[/yellow] {note}")
         if not result.feasible:
             console.print("[red]No candidate meets the deadline requirement; shown is the most likely to.[/red]")
+        # Both made before either is written: what is left to fail is the writing itself.
+        text: str | None = None
         if write_yaml is not None:
             assert job_fields is not None
             try:
                 text = result.job_yaml(**job_fields)
             except ConfigError as e:
                 raise fail(str(usage_error("--write-yaml", "; ".join(str(e).splitlines()))), e.exit_code) from None
-            write_yaml.write_text(text)
+        picture = _plot(result) if plot is not None else None
+        if write_yaml is not None and text is not None:
+            write_output("--write-yaml", write_yaml, text)
             console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
-        if plot is not None:
-            _plot(result, plot)
+        if plot is not None and picture is not None:
+            write_output("--plot", plot, picture)
             console.print(f"Wrote the plot to {plot}")

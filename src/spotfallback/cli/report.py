@@ -14,7 +14,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotfallback.cli.common import RUN_HELP, check_output, fail, load_run
+from spotfallback.cli.common import RUN_HELP, check_output, fail, load_run, write_output
 from spotfallback.config import PlanPrediction
 from spotfallback.errors import EXIT_ERROR
 from spotfallback.view.text import print_wide
@@ -78,14 +78,14 @@ def register(app: typer.Typer) -> None:
             png = timeline_png(ladder, records, title=run.rstrip("/"), now=until, base=base)  # as the user named it
         except ImportError:
             raise fail("the timeline needs matplotlib: pip install matplotlib", EXIT_ERROR) from None
-        out.write_bytes(png)
+        write_output("--out", out, png)
         if html_file is not None:
             t0 = records[0].t
             lines = [describe_event(r, t0, ladder) for r in records]
             from rich.text import Text
 
             plain = [Text.from_markup(line).plain for line in lines if line]
-            html_file.write_text(html_report(report, png, plain), encoding="utf-8")
+            write_output("--html", html_file, html_report(report, png, plain))
         if as_json:
             data = report.to_json()
             data.update(png=str(out), html=str(html_file) if html_file else None)
