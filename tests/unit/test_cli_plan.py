@@ -344,3 +344,13 @@ def test_a_forced_job_file_whose_write_fails_keeps_the_old_one(app, tmp_path, mo
                "--force")
     assert r.exit_code == 2 and f"error: --write-yaml: cannot write '{yaml_path}': No space left" in r.output, r.output
     assert yaml_path.read_text() == "edited" and sorted(p.name for p in tmp_path.iterdir()) == ["job.yaml"]
+
+
+def test_json_output_still_writes_the_job_file_and_says_so_beside_the_json(app, tmp_path):
+    path = tmp_path / "job.yaml"
+    r = invoke(app, "--hours", "10", "--rate", "0.1", "--runs", "20", "--deadline-h", "15", "--json",
+               "--write-yaml", str(path), "--entrypoint", "m:f")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["policies"][0]["policy"] == "recommended"
+    assert f"Wrote the job file (recommended tiers and the plan's prediction) to {path}" in r.stderr
+    assert JobConfig.from_yaml(path).plan is not None

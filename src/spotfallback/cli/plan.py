@@ -242,6 +242,28 @@ def _plot(p: Plan) -> bytes:
     return buf.getvalue()
 
 
+def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, Any] | None,
+                 plot: Path | None) -> list[str]:
+    """Write the job file and the picture asked for; what was written, a line each. Both are made before
+    either is written, so what is left to fail is the writing itself."""
+    text: str | None = None
+    if write_yaml is not None:
+        assert job_fields is not None
+        try:
+            text = result.job_yaml(**job_fields)
+        except ConfigError as e:
+            raise fail(str(usage_error("--write-yaml", "; ".join(str(e).splitlines()))), e.exit_code) from None
+    picture = _plot(result) if plot is not None else None
+    done = []
+    if write_yaml is not None and text is not None:
+        write_output("--write-yaml", write_yaml, text)
+        done.append(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
+    if plot is not None and picture is not None:
+        write_output("--plot", plot, picture)
+        done.append(f"Wrote the plot to {plot}")
+    return done
+
+
 def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str, rate: float | None,
                     failure_rate: float, outage_prob: float, outage_h: float) -> list[Process]:
     procs: list[Process] = []
@@ -523,6 +545,8 @@ def register(app: typer.Typer) -> None:
             optimum = None
             notes.append(f"x opt is left out: {e} (fewer starts: --runs).")
         if as_json:
+            for line in _write_files(result, write_yaml, job_fields, plot):  # beside the JSON, not in it
+                typer.echo(line, err=True)
             typer.echo(json.dumps(_as_json(result, optimum, notes), indent=2))
             return
         mtbf = "inf" if not math.isfinite(result.gang_mtbf_h) else f"{result.gang_mtbf_h:.2f} h"
@@ -554,18 +578,5 @@ def register(app: typer.Typer) -> None:
             console.print(f"[yellow]note:[/yellow] {note}")
         if not result.feasible:
             console.print("[red]No candidate meets the deadline requirement; shown is the most likely to.[/red]")
-        # Both made before either is written: what is left to fail is the writing itself.
-        text: str | None = None
-        if write_yaml is not None:
-            assert job_fields is not None
-            try:
-                text = result.job_yaml(**job_fields)
-            except ConfigError as e:
-                raise fail(str(usage_error("--write-yaml", "; ".join(str(e).splitlines()))), e.exit_code) from None
-        picture = _plot(result) if plot is not None else None
-        if write_yaml is not None and text is not None:
-            write_output("--write-yaml", write_yaml, text)
-            console.print(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
-        if plot is not None and picture is not None:
-            write_output("--plot", plot, picture)
-            console.print(f"Wrote the plot to {plot}")
+        for line in _write_files(result, write_yaml, job_fields, plot):
+            console.print(line)
