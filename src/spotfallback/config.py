@@ -399,6 +399,14 @@ class Tier(BaseModel):
             raise ValueError(f"min_workers ({self.min_workers}) must not exceed num_workers ({self.num_workers})")
         return self
 
+    @field_validator("num_workers", "max_preemptions", "max_failures", "min_workers", mode="before")
+    @classmethod
+    def _no_boolean_counts(cls, v: Any) -> Any:
+        # YAML reads yes/no/on/off as booleans, and pydantic would take them as 1 and 0.
+        if isinstance(v, bool):
+            raise ValueError(f"expected a whole number, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
+        return v
+
     @field_validator("name")
     @classmethod
     def _check_name(cls, v: str) -> str:

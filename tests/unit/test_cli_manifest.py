@@ -310,3 +310,10 @@ def test_an_out_that_cannot_be_written_is_one_line_and_keeps_the_old_file(
                              "another path\n"), failed.stderr
     assert out.read_text() == "# deployed\n"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["deploy.yaml", "gone.yaml", "job.yaml"]
+
+
+@pytest.mark.parametrize("command", [["kuberay", "--cloud", "gke"], ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]])
+def test_an_empty_pip_package_is_refused_rather_than_written(app: typer.Typer, job_file: Path, command: list[str]) -> None:
+    """`pip install ''` fails on every node at start; said here, it is one line before anything is deployed."""
+    r = run(app, *command, "--job", job_file, "--pip", "torch==2.3.1", "--pip", " ")
+    assert r.exit_code == 2 and r.stderr.startswith("error: --pip: an empty package;") and not r.stdout

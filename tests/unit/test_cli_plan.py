@@ -126,6 +126,7 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
          "--train-loop-config: must be a JSON object"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--storage-path", ""],
          "--storage-path: empty; give the durable storage root"),
+        (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--name", ""], "--name: run name ''"),
         (["--hours", "10", "--rate", "0.1", "--seed", "-1"], "--seed: Input should be greater than or equal to 0 (got -1)"),
         (["--hours", "10", "--rate", "1e9", "--runs", "20"], "--rate: no plan can be made for this spot capacity"),
         (["--hours", "10", "--rate", "0.1", "--deadline-h", "1e308"], "--deadline-h: Input should be less than or equal "

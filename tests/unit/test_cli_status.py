@@ -114,6 +114,7 @@ def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, mon
         (["report", "s3://bucket"], ["names a bucket, not a run"]),
         (["init", "{tmp}/nowhere/job.yaml"], ["PATH: directory", "does not exist"]),
         (["init", "{tmp}"], ["is a directory"]),
+        (["init", "{tmp}/job.json"], ["PATH:", "must end in .yaml or .yml"]),
         (["run", "{tmp}/missing.yaml"], ["cannot read the job file"]),
     ],
 )

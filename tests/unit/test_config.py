@@ -179,3 +179,11 @@ def test_a_bad_tier_lists_only_its_own_problems(tmp_path):
         "tiers[0].num_workerz: unknown field; did you mean 'num_workers'?",
         "workers: unknown field; remove it or check its spelling",
     ]
+
+
+@pytest.mark.parametrize("field", ["num_workers", "max_preemptions", "max_failures", "min_workers"])
+def test_a_yaml_yes_or_no_is_not_read_as_a_count(tmp_path, field):
+    """YAML reads `yes` as true, and pydantic would take true as 1: a budget of one preemption nobody wrote."""
+    tier = {"name": "spot", "market": "spot", "num_workers": 2, field: True}
+    with pytest.raises(ConfigError, match=rf"tiers\[0\]\.{field}: expected a whole number, got true"):
+        make_ladder([tier])

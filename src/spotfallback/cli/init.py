@@ -65,7 +65,7 @@ def register(app: typer.Typer) -> None:
         """Write a commented example job file (ladder, storage, entrypoint) that `spotfallback run` accepts."""
         if path.is_dir():
             raise fail(f"PATH: {str(path)!r} is a directory; give a file name such as {str(path / 'job.yaml')!r}")
-        if (problem := output_problem(path, None, keep_existing=not force)) is not None:
+        if (problem := output_problem(path, (".yaml", ".yml"), keep_existing=not force)) is not None:
             raise fail(f"PATH: {problem}")
         write_output("PATH", path, EXAMPLE_JOB)
         job = JobConfig.from_yaml(path)  # the example must always be a valid job

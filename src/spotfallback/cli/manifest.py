@@ -64,6 +64,13 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     raise typer.Exit(code)
 
 
+def _packages(pip: list[str] | None) -> tuple[str, ...]:
+    """The --pip packages; an empty one would reach pip as '' and fail on every node at start."""
+    if any(not p.strip() for p in pip or ()):
+        _fail("--pip: an empty package; give a pip requirement such as 'torch==2.3.1', or leave --pip out")
+    return tuple(pip or ())
+
+
 def _one_line(message: str) -> str:
     lines = [line.strip() for line in message.splitlines() if line.strip()]
     if len(lines) > 1 and lines[0].endswith(":"):
@@ -182,7 +189,7 @@ def kuberay_command(
             service_account=service_account,
             storage_secret=storage_secret,
             storage_pvc=storage_pvc,
-            pip=tuple(pip or ()),
+            pip=_packages(pip),
             backoff_limit=backoff_limit,
             active_deadline_seconds=active_deadline,
             ttl_seconds_after_finished=ttl,
@@ -265,7 +272,7 @@ def launcher_command(
             source_image=source_image,
             instance_profile=instance_profile,
             service_account=service_account,
-            pip=tuple(pip or ()),
+            pip=_packages(pip),
             notice_agent=notice_agent,
         )
         text = render_cluster_launcher(config, opts)

@@ -385,7 +385,7 @@ def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers
     if not isinstance(loop_config, dict):
         raise usage_error("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
     fields: dict[str, Any] = {
-        "name": name or f"job-{hours:g}h-{workers}w",
+        "name": f"job-{hours:g}h-{workers}w" if name is None else name,
         "storage_path": storage_path,
         "entrypoint": entrypoint,
         "train_loop_config": loop_config,
