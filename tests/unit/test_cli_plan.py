@@ -193,6 +193,19 @@ def test_preempted_counting_traces_are_complemented(app):
     assert mtbf_line(a.output) != mtbf_line(b.output)
 
 
+def test_a_trace_that_never_counts_a_preemption_is_a_pool_always_there(app, tmp_path):
+    """All zeros: no capacity read as available instances, and as preempted ones, nothing ever lost, as the
+    error's hint says."""
+    zeros = tmp_path / "zeros.json"
+    zeros.write_text('{"metadata": {"gap_seconds": 600}, "data": [0, 0, 0, 0]}')
+    args = ["--hours", "2", "--deadline-h", "4", "--runs", "20", "--trace", str(zeros)]
+    r = invoke(app, *args)
+    assert r.exit_code == 2 and "if it counts preempted instances, pass --trace-counts preempted" in r.output
+    r = invoke(app, *args, "--trace-counts", "preempted")
+    assert r.exit_code == 0, r.output
+    assert "Gang MTBF on spot: inf" in r.output
+
+
 def test_plan_shows_every_policy_as_a_multiple_of_the_hindsight_optimum(app):
     import json
 

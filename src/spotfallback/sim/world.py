@@ -57,8 +57,11 @@ Process = RateModel | SpotTrace | NodeTrace | ScriptedModel
 
 
 def complement_trace(trace: SpotTrace, capacity: int | None = None) -> SpotTrace:
-    """Read a trace whose ticks count *preempted* instances (upstream SkyPilot's 1-node files)."""
-    cap = trace.capacity if capacity is None else capacity
+    """Read a trace whose ticks count *preempted* instances (upstream SkyPilot's 1-node files).
+
+    The pool's size is ``capacity``, else the most preempted at once, and at least one: a
+    trace with nothing ever preempted is a pool that was always there."""
+    cap = max(trace.capacity, 1) if capacity is None else capacity
     flipped = np.clip(cap - trace.available, 0, None).astype(np.int64)
     flipped.flags.writeable = False
     return SpotTrace(name=f"{trace.name} (complemented)", gap_seconds=trace.gap_seconds, available=flipped)
