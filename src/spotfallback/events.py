@@ -214,8 +214,9 @@ def event_from_json(data: dict[str, Any]) -> Event:
     extra = set(data) - allowed - {"kind"}
     if extra:
         raise ValueError(f"{kind}: unexpected field(s) {sorted(extra)}")
-    if not isinstance(data.get("t"), int | float) or isinstance(data.get("t"), bool):
-        raise ValueError(f"{kind}: field 't' must be a number")
+    t = data.get("t")
+    if not isinstance(t, int | float) or isinstance(t, bool) or not math.isfinite(t) or t < 0:
+        raise ValueError(f"{kind}: field 't' must be a non-negative number of seconds, got {t!r}")
     for name, value in data.items():
         if name != "kind" and not _has_type(value, hints[name]):
             raise ValueError(f"{kind}: field {name!r} must be {_type_name(hints[name])}, got {value!r}")

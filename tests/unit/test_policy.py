@@ -214,7 +214,8 @@ def test_events_round_trip_through_json(raw_events):
 
 @pytest.mark.parametrize(
     "bad",
-    [{"kind": "nope", "t": 1}, {"kind": "preempted"}, {"kind": "preempted", "t": "x"}, {"kind": "preempted", "t": 1, "zzz": 2}, []],
+    [{"kind": "nope", "t": 1}, {"kind": "preempted"}, {"kind": "preempted", "t": "x"}, {"kind": "preempted", "t": 1, "zzz": 2}, [],
+     {"kind": "preempted", "t": -5}, {"kind": "preempted", "t": float("nan")}],
 )
 def test_malformed_event_json_is_a_clear_error(bad):
     with pytest.raises(ValueError):
