@@ -656,8 +656,7 @@ def format_validation_error(err: ValidationError, root: str = "") -> str:
             continue
         if item["type"] == "missing" and where in suggested:
             continue
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in where)
-        loc = loc.replace(".[", "[")
+        loc = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" if i else str(p) for i, p in enumerate(where))
         if root:
             loc = f"{root}.{loc}" if loc else root
         msg = item["msg"]

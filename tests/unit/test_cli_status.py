@@ -107,6 +107,8 @@ def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, mon
         (["status", "nonsense"], ["run: expected STORAGE_PATH/NAME", "'nonsense'"]),
         (["status", "{tmp}/runs/missing"], ["run: no spotfallback run at", "missing"]),
         (["status", "{tmp}/runs/bad name"], ["name: run name 'bad name'"]),
+        (["status", "{tmp}/runs/x/_spotfallback"], ["is a run's own _spotfallback folder; give the run:", "runs/x'"]),
+        (["status", "bare-name"], ["expected STORAGE_PATH/NAME, got 'bare-name' (a run in this directory: ./bare-name)"]),
         (["status", "{run}", "--events", "-1"], ["--events: must be 0 or more"]),
         (["report", "{run}", "--out", "{tmp}/t.jpg"], ["--out:", "must end in .png"]),
         (["report", "{run}", "--out", "{tmp}/nowhere/t.png"], ["--out: directory", "does not exist"]),

@@ -220,6 +220,8 @@ def _instance_types(entries: list[str]) -> dict[str, str]:
         tier, sep, kind = entry.partition("=")
         if not sep or not tier or not kind or " " in entry:
             _fail(f"--instance-type: expected TIER=TYPE, got {entry!r}")
+        if tier in pairs and pairs[tier] != kind:
+            _fail(f"--instance-type: tier {tier!r} is given twice ({pairs[tier]!r} and {kind!r}); give each tier once")
         pairs[tier] = kind
     return pairs
 
@@ -258,6 +260,9 @@ def launcher_command(
     if vm_cloud is VmCloud.GCP and instance_profile:
         _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
     types = _instance_types(instance_type or [])
+    if head_instance_type is not None and not head_instance_type.strip():
+        _fail("--head-instance-type: empty; give the head's instance or machine type, or leave the option out for "
+              "the default")
     config, run_name = _load(job, name, unique_name)
     try:
         opts = LauncherOptions(

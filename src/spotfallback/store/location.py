@@ -330,7 +330,10 @@ def split_run_uri(uri: str) -> tuple[str, str]:
     path = path.rstrip("/")
     storage_path, _, name = path.rpartition("/")
     if not storage_path or not name:
-        raise ConfigError(f"run: expected STORAGE_PATH/NAME, got {uri!r}")
+        hint = f" (a run in this directory: ./{name})" if name and not storage_path and "/" not in path else ""
+        raise ConfigError(f"run: expected STORAGE_PATH/NAME, got {uri!r}{hint}")
     if storage_path.endswith(":/"):
         raise ConfigError(f"run: {uri!r} names a bucket, not a run; expected STORAGE_PATH/NAME")
+    if name == STATE_DIR:
+        raise ConfigError(f"run: {uri!r} is a run's own {STATE_DIR} folder; give the run: {storage_path + sep + query!r}")
     return storage_path + sep + query, name
