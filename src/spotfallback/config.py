@@ -70,6 +70,10 @@ def label_selector_value_error(value: str) -> str | None:
     )
 
 
+# The URI schemes of storage the runs can use: pyarrow's filesystems, and Azure's names for its own.
+STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "file")
+
+
 class PreemptionRate(BaseModel):
     """Leave a tier when ``count`` preemptions fall within any ``window_s`` seconds.
 
@@ -837,6 +841,10 @@ class JobConfig(BaseModel):
         if not v.strip():
             raise ValueError("empty; give the durable storage root the run's checkpoints and ledger "
                              "go to: a local or NFS path (e.g. ./runs) or an s3:// or gs:// URI")
+        scheme = v.split("://", 1)[0].lower() if "://" in v else None
+        if scheme is not None and scheme not in STORAGE_SCHEMES:
+            raise ValueError(f"{scheme}:// is not storage Ray Train can write to; give a local or NFS path, or a URI "
+                             f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
         return v
 
     @field_validator("entrypoint")

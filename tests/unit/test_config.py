@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from pydantic import ValidationError
 
 from spotfallback.config import (
     JobConfig,
@@ -187,3 +188,16 @@ def test_a_yaml_yes_or_no_is_not_read_as_a_count(tmp_path, field):
     tier = {"name": "spot", "market": "spot", "num_workers": 2, field: True}
     with pytest.raises(ConfigError, match=rf"tiers\[0\]\.{field}: expected a whole number, got true"):
         make_ladder([tier])
+
+
+@pytest.mark.parametrize("storage_path", ["ftp://host/runs", "http://host/runs", "memory://runs"])
+def test_a_storage_uri_ray_train_cannot_write_is_refused_where_the_job_is_read(storage_path):
+    """Not only at `run`: a deployment file made for it would fail on the cluster, after the wait for nodes."""
+    with pytest.raises(ValidationError, match=rf"storage_path\n.*{storage_path.split(':')[0]}:// is not storage"):
+        JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
+
+
+@pytest.mark.parametrize("storage_path", ["s3://b/runs", "gs://b/runs", "abfss://c@acct.dfs.core.windows.net/runs",
+                                          "file:///tmp/runs", "./runs", "/mnt/nfs/runs"])
+def test_the_storage_ray_train_writes_is_taken(storage_path):
+    assert JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),)).storage_path
