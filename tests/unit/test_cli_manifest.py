@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-import errno
 import json
-import os
 import shlex
 from pathlib import Path
 
@@ -292,7 +290,7 @@ def test_a_ladder_across_clusters_writes_one_raycluster_per_cluster_and_says_whe
 
 @pytest.mark.parametrize("command", [["kuberay", "--cloud", "gke", "--storage-secret", "creds"], ["nodepools", "--cloud", "eks-karpenter"]])
 def test_an_out_that_cannot_be_written_is_one_line_and_keeps_the_old_file(
-    app: typer.Typer, job_file: Path, tmp_path: Path, command: list[str], monkeypatch: pytest.MonkeyPatch,
+    app: typer.Typer, job_file: Path, tmp_path: Path, command: list[str], request: pytest.FixtureRequest,
 ) -> None:
     """A write that fails midway (here: the disk fills as the file is synced) leaves the deployed file as it was."""
     out = tmp_path / "deploy.yaml"
@@ -303,10 +301,7 @@ def test_an_out_that_cannot_be_written_is_one_line_and_keeps_the_old_file(
     assert gone.exit_code == 2 and gone.stderr == (f"error: --out: '{dangling}' links to '/nonexistent/x.yaml', "
                                                    "whose directory does not exist\n")
 
-    def full(fd: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(os, "fsync", full)
+    request.getfixturevalue("disk_full_on_sync")
     failed = run(app, *command, "--job", job_file, "--out", out, "--force")
     assert failed.exit_code == 2 and "Traceback" not in failed.output
     assert failed.stderr == (f"error: --out: cannot write '{out}': No space left on device; free some space or give "

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import errno
 import json
 import os
 from pathlib import Path
@@ -346,14 +345,9 @@ def test_a_job_file_or_plot_that_fails_as_it_is_written_is_one_line_and_keeps_th
     assert r.exit_code == 2 and "error: --plot: cannot write" in r.output and "Traceback" not in r.output, r.output
 
 
-def test_a_forced_job_file_whose_write_fails_keeps_the_old_one(app, tmp_path, monkeypatch):
+def test_a_forced_job_file_whose_write_fails_keeps_the_old_one(app, tmp_path, disk_full_on_sync):
     yaml_path = tmp_path / "job.yaml"
     yaml_path.write_text("edited")
-
-    def full(fd: int) -> None:
-        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
-
-    monkeypatch.setattr(os, "fsync", full)
     r = invoke(app, "--hours", "10", "--rate", "0.1", "--runs", "20", "--entrypoint", "m:f", "--write-yaml", str(yaml_path),
                "--force")
     assert r.exit_code == 2 and f"error: --write-yaml: cannot write '{yaml_path}': No space left" in r.output, r.output

@@ -1,0 +1,19 @@
+"""Fixtures the unit tests of several commands share."""
+
+from __future__ import annotations
+
+import errno
+import os
+
+import pytest
+
+
+@pytest.fixture
+def disk_full_on_sync(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every ``os.fsync`` fails as a full disk would: a file written whole before it replaces another
+    fails there, with the old one still in place."""
+
+    def full(fd: int) -> None:
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full)
