@@ -843,7 +843,7 @@ class JobConfig(BaseModel):
                              "go to: a local or NFS path (e.g. ./runs) or an s3:// or gs:// URI")
         scheme = v.split("://", 1)[0].lower() if "://" in v else None
         if scheme is not None and scheme not in STORAGE_SCHEMES:
-            raise ValueError(f"{scheme}:// is not storage Ray Train can write to; give a local or NFS path, or a URI "
+            raise ValueError(f"{scheme + '://'!r} is not storage Ray Train can write to; give a local or NFS path, or a URI "
                              f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
         return v
 

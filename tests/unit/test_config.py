@@ -193,7 +193,7 @@ def test_a_yaml_yes_or_no_is_not_read_as_a_count(tmp_path, field):
 @pytest.mark.parametrize("storage_path", ["ftp://host/runs", "http://host/runs", "memory://runs"])
 def test_a_storage_uri_ray_train_cannot_write_is_refused_where_the_job_is_read(storage_path):
     """Not only at `run`: a deployment file made for it would fail on the cluster, after the wait for nodes."""
-    with pytest.raises(ValidationError, match=rf"storage_path\n.*{storage_path.split(':')[0]}:// is not storage"):
+    with pytest.raises(ValidationError, match=rf"storage_path\n.*'{storage_path.split(':')[0]}://' is not storage"):
         JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
 
 

@@ -330,7 +330,8 @@ def split_run_uri(uri: str) -> tuple[str, str]:
     path = path.rstrip("/")
     storage_path, _, name = path.rpartition("/")
     if not storage_path or not name:
-        hint = f" (a run in this directory: ./{name})" if name and not storage_path and "/" not in path else ""
+        bare = name and not storage_path and "/" not in path and run_name_error(name) is None
+        hint = f" (a run in this directory: ./{name})" if bare else ""
         raise ConfigError(f"run: expected STORAGE_PATH/NAME, got {uri!r}{hint}")
     if storage_path.endswith(":/"):
         raise ConfigError(f"run: {uri!r} names a bucket, not a run; expected STORAGE_PATH/NAME")
