@@ -339,10 +339,21 @@ def test_hanging_get_that_returns_at_once_does_not_spin(gcp):
     agent, drains, _ = agent_for(GcpPoller(gcp.url, wait_for_change=True))
     agent.interval_s = 0.1
     stop = threading.Event()
-    threading.Timer(0.6, stop.set).start()
+
+    def asked() -> int:
+        return sum("/instance/preempted" in r[1] for r in gcp.requests)
+
+    def stop_after_three() -> None:  # it keeps asking: three requests, however slow a loaded machine
+        deadline = time.monotonic() + 30
+        while asked() < 3 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        stop.set()
+
+    threading.Thread(target=stop_after_three, daemon=True).start()
+    t0 = time.monotonic()
     agent.run(stop)
-    preempted = [r for r in gcp.requests if "/instance/preempted" in r[1]]
-    assert 3 <= len(preempted) <= 9 and drains.calls == []
+    # Not a spin: each answer that comes at once is followed by the interval, so three take two of them.
+    assert asked() >= 3 and time.monotonic() - t0 >= 2 * agent.interval_s * 0.9 and drains.calls == []
 
 
 # ----------------------------------------------------------------------------- Azure
