@@ -59,7 +59,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("init")
     def init_cmd(
-        path: Annotated[Path, typer.Argument(help="Job file to write.", metavar="PATH")] = Path("job.yaml"),
+        path: Annotated[Path, typer.Argument(help="Job file to write (.yaml or .yml).", metavar="PATH")] = Path("job.yaml"),
         force: Annotated[bool, typer.Option("--force", help="Overwrite the file if it exists.")] = False,
     ) -> None:
         """Write a commented example job file (ladder, storage, entrypoint) that `spotfallback run` accepts."""

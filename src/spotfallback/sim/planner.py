@@ -90,7 +90,8 @@ class Rung(NamedTuple):
         return self.dwell_s is not None
 
 
-# Longer than any training run (eleven years): past it the simulated hours overflow the step counts.
+# Longer than any training run (eleven years). Past it a plan takes hours, and a deadline near the largest
+# float overflows the simulation's count of steps.
 MAX_HOURS = 100_000.0
 
 
