@@ -9,7 +9,7 @@ unreachable, a live driver, capacity that ran out can; a bad job file, denied ac
 that already finished cannot (SkyPilot keeps the same two apart).
 
 Some keep a builtin base that callers catch them by: ``ConfigError``, ``TraceError`` and
-``PoolError`` are ``ValueError`` (bad input values, as pydantic's own ``ValidationError`` for a job built in
+``PoolError`` and ``WindowError`` are ``ValueError`` (bad input values, as pydantic's own ``ValidationError`` for a job built in
 Python is, so one ``except ValueError`` catches a bad job however it was made), and
 ``UnsupportedRayError`` is an ``ImportError`` (it stops ``import spotfallback.runtime``). The
 rest derive from ``SpotfallbackError`` alone: nothing catches them as ``RuntimeError`` any more
@@ -74,6 +74,13 @@ class PoolError(SpotfallbackError, ValueError):
 
     def __reduce__(self) -> tuple[type[PoolError], tuple[str, str]]:
         return type(self), (self.tier, self.problem)
+
+
+class WindowError(SpotfallbackError, ValueError):
+    """A backtest's window length that cannot cut a trace (not a positive number, or into more
+    windows than any backtest needs), so the CLI can blame ``--window-h`` and not ``--trace``."""
+
+    exit_code = EXIT_BAD_INPUT
 
 
 class OptimumTooLargeError(SpotfallbackError):

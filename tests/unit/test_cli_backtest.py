@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from spotfallback.cli import backtest as cli_backtest
 from spotfallback.config import JobConfig, Ladder, Tier
-from spotfallback.errors import PoolError
-from spotfallback.sim import backtest
+from spotfallback.errors import PoolError, WindowError
+from spotfallback.sim import backtest, backtesting
 from spotfallback.sim.job import JobSpec
 from spotfallback.sim.planner import PlanRequest, load_process, plan
 from spotfallback.sim.simulate import simulate
@@ -194,7 +194,7 @@ def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
     alone = backtest(ladder, [trace, load_node_trace(NODES)], job, window_h=48, optimum=False)
     assert alone.optimum is None and alone.vs_optimum is None and alone.summary()["vs_optimum"] is None
     np.testing.assert_array_equal(alone.spend, res.spend)
-    with pytest.raises(ValueError, match="window_h"):
+    with pytest.raises(WindowError, match="window_h"):
         backtest(ladder, [trace], job, window_h=0)
     with pytest.raises(ValueError, match="deadline"):
         backtest(ladder, [trace], job.model_copy(update={"deadline_h": None}))
@@ -341,3 +341,17 @@ def test_a_csv_that_cannot_be_written_is_one_line_naming_the_option(app, job_fil
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert [ln for ln in r.output.splitlines() if ln.startswith("error:")] == ["error: " + needle.format(tmp=tmp_path)]
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+def test_every_traces_windows_are_counted_before_any_replay(monkeypatch):
+    """A window that cuts the second trace into too many windows stops the backtest before the first trace's
+    replay and optimum, which could take minutes; the CLI blames --window-h for it."""
+    trace, nodes = load_spot_trace(TRACE), load_node_trace(NODES)
+    job = JobSpec(work_h=0.001, deadline_h=0.002)
+    ladder = Ladder(tiers=(Tier.spot(1, price_per_worker_hour=0.3), Tier.on_demand(1, price_per_worker_hour=1.0)))
+    replays = []
+    monkeypatch.setattr(backtesting, "simulate", lambda *a, **k: replays.append(a) or simulate(*a, **k))
+    # 0.001 h windows: about 11,000 of the node trace's 11 h, 649,000 of the spot trace's 649 h.
+    with pytest.raises(WindowError, match=rf"{trace.name}.*more than 100,000; give a longer window"):
+        backtest(ladder, [nodes, trace], job, window_h=0.001)
+    assert len(replays) == 1  # on-demand alone, the yardstick: no window of either trace was replayed

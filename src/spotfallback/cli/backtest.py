@@ -16,13 +16,19 @@ from rich.table import Table
 
 from spotfallback.cli.common import fail, output_problem, usage_error, write_output
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
-from spotfallback.errors import ConfigError, OptimumTooLargeError, PoolError, TraceError, UsageError
+from spotfallback.errors import (
+    ConfigError,
+    OptimumTooLargeError,
+    PoolError,
+    TraceError,
+    UsageError,
+    WindowError,
+)
 from spotfallback.sim.backtesting import (
     BacktestResult,
     Spread,
     backtest,
     on_demand_tier,
-    window_starts,
 )
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
@@ -257,10 +263,6 @@ def register(app: typer.Typer) -> None:
                     traces.append(load_process(str(path)))
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
-                try:
-                    window_starts(traces[-1], window_h)
-                except ValueError as e:
-                    raise usage_error("--window-h", str(e)) from None
             pool_paths = _pool_paths(pool)
             pools = _pools(pool_paths, job.ladder)
             left_out: list[str] = []
@@ -274,6 +276,8 @@ def register(app: typer.Typer) -> None:
                                     "shorter deadline: --deadline-h).")
             except PoolError as e:  # e.g. a gang larger than the pool's node trace
                 raise usage_error("--pool", e.problem) from None
+            except WindowError as e:  # e.g. a window of seconds over a long trace
+                raise usage_error("--window-h", str(e)) from None
             except ValueError as e:  # e.g. a gang larger than a node trace's cluster
                 raise usage_error("--trace", str(e)) from None
         except UsageError as e:

@@ -255,10 +255,12 @@ def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, An
             raise fail(str(usage_error("--write-yaml", "; ".join(str(e).splitlines()))), e.exit_code) from None
     picture = _plot(result) if plot is not None else None
     done = []
-    if write_yaml is not None and text is not None:
+    if write_yaml is not None:
+        assert text is not None  # made above
         write_output("--write-yaml", write_yaml, text)
         done.append(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
-    if plot is not None and picture is not None:
+    if plot is not None:
+        assert picture is not None  # made above
         write_output("--plot", plot, picture)
         done.append(f"Wrote the plot to {plot}")
     return done

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from spotfallback.config import Ladder, Tier, make_ladder
-from spotfallback.errors import PoolError
+from spotfallback.errors import PoolError, WindowError
 from spotfallback.policy import FallbackPolicy
 from spotfallback.sim.job import JobSpec
 from spotfallback.sim.optimum import optimum_for
@@ -130,13 +130,13 @@ def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: in
     of the trace into its beginning again, as the simulator replays every trace.
     """
     if not (window_h > 0 and math.isfinite(window_h)):
-        raise ValueError(f"window_h must be a positive number of hours, got {window_h}")
+        raise WindowError(f"window_h must be a positive number of hours, got {window_h}")
     cap = compile_process(trace, num_workers)
     assert not isinstance(cap, RateModel)
     length_h = cap.period_h  # type: ignore[union-attr]
     n = max(1, math.floor(length_h / window_h + 1e-9))
     if n > MAX_WINDOWS:
-        raise ValueError(f"window_h={window_h:g} h cuts the {length_h:g} h of trace {trace.name!r} into {n:,} windows, "
+        raise WindowError(f"window_h={window_h:g} h cuts the {length_h:g} h of trace {trace.name!r} into {n:,} windows, "
                          f"more than {MAX_WINDOWS:,}; give a longer window")
     return np.arange(n) * window_h
 
@@ -198,10 +198,10 @@ def backtest(
     od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
     spot_workers = min((t.num_workers for t in lad.tiers if t.is_spot), default=1)
+    windows = [window_starts(trace, window_h, spot_workers) for trace in traces]  # every trace's, before any replay
     names, starts, spend, wall, on_time, switches, opt = [], [], [], [], [], [], []
-    for trace in traces:
+    for trace, ws in zip(traces, windows, strict=True):
         world = world_for(lad, trace, on_demand, pools)
-        ws = window_starts(trace, window_h, spot_workers)
         res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
         if optimum:
             optima = optimum_for(best, job, world if best is lad else world_for(best, trace, on_demand, pools), ws,

@@ -198,8 +198,9 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
         return []
     each = None if limit is None else min(limit, max(_SHARE * limit // len(distinct), _SHARE_FLOOR))
     too_large = OptimumTooLargeError(
-        f"the hindsight optimum's search is too large: one start's search passed {each or 0:,} states, its share of "
-        f"the limit of {limit or 0:,} for {len(distinct)} start(s). {_IN_REACH}")
+        f"the hindsight optimum's search is too large: one start's search (the states it met, or the cells of its "
+        f"tables) passed {each or 0:,}, its share of the limit of {limit or 0:,} for {len(distinct)} start(s). "
+        f"{_IN_REACH}")
     # A few starts from across the list first: how long they took says what spreading the rest would save.
     probe = np.unique(np.linspace(0, len(distinct) - 1, min(_PROBES, len(distinct))).round().astype(int)).tolist()
     searches = [_Search(job, markets, distinct[i], each) for i in probe]
@@ -370,7 +371,9 @@ class _Search:
         # margin of it are dropped (``_limit``). Only ``best`` is ever reported, and the margin
         # keeps every schedule that could still become it, so the answer is the same without.
         self.upper = math.inf
-        self.work = 0  # states met by every search so far, and _POINT_WORK per point: how long it took
+        # States met by every search so far, and _POINT_WORK per point: how long it took (or, for tables
+        # too large to build, their cells).
+        self.work = 0
         self.limit = limit  # past this much work, the search stops and answers None
 
     @property
