@@ -81,7 +81,7 @@ class PreemptionRate(BaseModel):
     spent would pay for several more restarts first.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     count: int = Field(ge=1, description="Preemptions inside the window that make the run leave.")
     window_s: float = Field(gt=0, description="Length of the sliding window in seconds.")
@@ -240,7 +240,7 @@ class ClusterRef(BaseModel):
     between clusters as Ray jobs; its ledger and checkpoints stay in the one storage path.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     address: str = Field(description="The cluster's Ray Jobs API, e.g. 'http://head-us-east-1:8265'.")
     name: str | None = Field(default=None, description="Short name in the ledger and `status`; default: host:port of the address.")

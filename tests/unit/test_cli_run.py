@@ -140,6 +140,20 @@ def test_bad_job_files_are_one_line_and_exit_2(app, tmp_path, change, needles):
     assert len(r.output.strip().splitlines()) == 1, r.output
 
 
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["--storage-path", ""], "error: --storage-path: storage_path: empty"),
+        (["--storage-path", "ftp://host/runs"], "error: --storage-path: storage_path:"),
+        (["--name", "a/b"], "error: --name: name: run name 'a/b'"),
+    ],
+)
+def test_a_bad_override_names_the_option_not_the_job_file(app, tmp_path, args, needle):
+    r = invoke(app, "run", job_file(tmp_path), *args)
+    assert_refused(r, 2, needle)
+    assert not (tmp_path / "runs").exists()  # refused before anything is written
+
+
 def test_another_ladder_for_the_same_run_is_refused_with_exit_2(app, tmp_path):
     path = job_file(tmp_path)
     seed(tmp_path, path, [RunStarted(1)])

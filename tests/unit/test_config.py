@@ -157,9 +157,14 @@ JOB_HEAD = "name: ok\nstorage_path: /tmp/x\nentrypoint: spotfallback.examples.dd
         # The ladder's own rule is reported under 'tiers', not 'tiers.tiers'.
         ("tiers:\n  - {name: spot, market: spot, num_workers: 2}\n  - {name: spot, market: on-demand, num_workers: 2}\n",
          "tiers: tier names must be unique; repeated: spot"),
+        # A number that is not one (YAML's .nan) is not called "not greater than 0".
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, max_preemption_rate: {count: 2, window_s: .nan}}\n",
+         "tiers[0].max_preemption_rate.window_s: Input should be a finite number"),
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, cluster: {address: 'http://h:8265', unreachable_timeout_s: .nan}}\n",
+         "tiers[0].cluster.unreachable_timeout_s: Input should be a finite number"),
     ],
 )
-def test_job_file_typos_get_suggestions_from_the_fields_valid_there(tmp_path, body, expected):
+def test_job_file_mistakes_name_the_field_and_typos_get_suggestions_from_the_fields_valid_there(tmp_path, body, expected):
     path = tmp_path / "job.yaml"
     path.write_text(JOB_HEAD + body)
     with pytest.raises(ConfigError) as info:

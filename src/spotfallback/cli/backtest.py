@@ -197,7 +197,7 @@ def register(app: typer.Typer) -> None:
             None, "--spot-price",
             help="Spot price per worker-hour the optimum may use when JOB.yaml's ladder has no spot tier (the "
                  "traces' capacity at this price, beside its on-demand tier); a ladder with spot tiers uses theirs."),
-        csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per window to this CSV file."),
+        csv_path: Path | None = typer.Option(None, "--csv", help="Write one row per window to this CSV file (replaced if it exists)."),
         as_json: bool = typer.Option(False, "--json", help="Print the summary and every window as JSON instead of tables."),
     ) -> None:
         """Replay JOB.yaml's ladder from the start of every window of the traces; set it against on-demand and the optimum.

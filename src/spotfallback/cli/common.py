@@ -6,11 +6,8 @@ itself in ``cli.app``); the exit codes themselves live with the errors (``spotfa
 
 from __future__ import annotations
 
-import contextlib
-import errno
 import logging
 import os
-import stat
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -28,6 +25,7 @@ from spotfallback.errors import (
     StorageUnavailableError,
     UsageError,
 )
+from spotfallback.store.files import replace_file, write_problem, written_path
 from spotfallback.store.ledger import Ledger, LedgerView
 from spotfallback.store.location import STATE_DIR, RunLocation, resolve_run, split_run_uri
 from spotfallback.store.retry import RESUME_HINT, read_only
@@ -79,8 +77,8 @@ def output_problem(path: Path, suffix: str | tuple[str, ...] | None, *, keep_exi
         return f"{str(path)!r} links to {str(target)!r}, whose directory does not exist"
     if keep_existing and path.exists():
         return f"{str(path)!r} already exists; pass --force to overwrite it"
-    if not os.access(_written(target), os.W_OK):
-        return f"{str(_written(target))!r} is not writable; give another path"
+    if not os.access(written_path(target), os.W_OK):
+        return f"{str(written_path(target))!r} is not writable; give another path"
     return None
 
 
@@ -91,46 +89,14 @@ def check_output(option: str, path: Path, suffix: str) -> None:
         raise fail(f"{option}: {problem}")
 
 
-def _written(target: Path) -> Path:
-    """What writing ``target`` changes: the file itself if it is a device or a pipe (written in
-    place), else its directory (a new file is renamed into it)."""
-    return target if target.exists() and not target.is_file() else target.parent
-
-
 def write_output(option: str, path: Path, data: str | bytes) -> None:
-    """Write ``data`` (a str as UTF-8) to the file ``option`` names, whole or not at all.
-
-    It goes to a temporary file beside the target, then is renamed over it, so a write that
-    fails (no permission, a full disk) leaves the file that was there, such as a job file the
-    user edited, and is one ``error: option:`` line, exit 2, not a traceback. A link is followed
-    and its target replaced, keeping that file's permissions; a device or pipe (/dev/stdout) is
-    written in place.
-    """
-    payload = data.encode() if isinstance(data, str) else data
-    target = Path(os.path.realpath(path))
-    tmp = target.with_name(f".{target.name}.tmp")
+    """Write ``data`` to the file ``option`` names, whole or not at all (``replace_file``): a write
+    that fails leaves the file that was there and is one ``error: option:`` line, exit 2, not a
+    traceback."""
     try:
-        if _written(target) == target:
-            with target.open("wb") as f:
-                f.write(payload)
-            return
-        mode = stat.S_IMODE(target.stat().st_mode) if target.exists() else None
-        try:
-            with tmp.open("wb") as f:
-                f.write(payload)
-                f.flush()
-                os.fsync(f.fileno())  # a full disk or lost mount shows here, before the old file is gone
-            if mode is not None:
-                os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except OSError:
-            with contextlib.suppress(OSError):
-                tmp.unlink(missing_ok=True)
-            raise
+        replace_file(path, data)
     except OSError as e:
-        where = repr(str(path)) + (f" (a link to {str(target)!r})" if path.is_symlink() else "")
-        fix = "free some space or give another path" if e.errno == errno.ENOSPC else "give a path that can be written"
-        raise fail(str(usage_error(option, f"cannot write {where}: {e.strerror or e}; {fix}"))) from None
+        raise fail(str(usage_error(option, write_problem(path, e)))) from None
 
 
 def open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:

@@ -17,7 +17,7 @@ def register(app: typer.Typer) -> None:
     def demo_cmd(
         verbose: Annotated[bool, typer.Option("--verbose", "-v", help="Show Ray's own logs.")] = False,
         keep: Annotated[bool, typer.Option("--keep", help="Keep the run's checkpoints and ledger (a temporary directory).")] = False,
-        out: Annotated[Path, typer.Option("--out", help="Where to write the run's timeline picture (PNG).")] = Path("spotfallback-demo-timeline.png"),
+        out: Annotated[Path, typer.Option("--out", help="Where to write the run's timeline picture (PNG; replaced if it exists).")] = Path("spotfallback-demo-timeline.png"),
     ) -> None:
         """Train the PyTorch example on a local spot cluster, preempt it onto on-demand, show the cost.
 

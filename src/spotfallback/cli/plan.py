@@ -452,7 +452,7 @@ def register(app: typer.Typer) -> None:
         seed_m: int = typer.Option(5, "--seed-m", help="M of the seed's fixed-M baseline."),
         runs: int = typer.Option(400, "--runs", help="Simulated runs per candidate."),
         seed: int = typer.Option(0, "--seed", help="Random seed (same draws for every candidate)."),
-        plot: Path | None = typer.Option(None, "--plot", help="Write spend and finish time against M and tau to this PNG."),
+        plot: Path | None = typer.Option(None, "--plot", help="Write spend and finish time against M and tau to this PNG (replaced if it exists)."),
         write_yaml: Path | None = typer.Option(
             None, "--write-yaml",
             help="Write a complete job file for `spotfallback run` / `manifest`: the recommended tiers, the plan's "

@@ -36,8 +36,8 @@ def register(app: typer.Typer) -> None:
     @app.command("report")
     def report_cmd(
         run: Annotated[str, typer.Argument(help=RUN_HELP, show_default=False, metavar="STORAGE_PATH/NAME")],
-        out: Annotated[Path | None, typer.Option("--out", help="Timeline picture to write (PNG). Default: NAME-timeline.png here.")] = None,
-        html_file: Annotated[Path | None, typer.Option("--html", help="Also write one self-contained HTML page (picture embedded).")] = None,
+        out: Annotated[Path | None, typer.Option("--out", help="Timeline picture to write (PNG; replaced if it exists). Default: NAME-timeline.png here.")] = None,
+        html_file: Annotated[Path | None, typer.Option("--html", help="Also write one self-contained HTML page (picture embedded; replaced if it exists).")] = None,
         as_json: Annotated[bool, typer.Option("--json", help="Print the cost report as one JSON object instead of tables.")] = False,
     ) -> None:
         """The run's cost table and timeline picture.

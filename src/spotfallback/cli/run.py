@@ -37,6 +37,7 @@ def load_job(job_file: Path | None, job_json: str | None, overrides: dict[str, A
     """The job from a YAML file or an inline JSON string (what a RayJob entrypoint carries)."""
     if (job_file is None) == (job_json is None):
         raise ConfigError("JOB_FILE: give a job file or --job-json, not both and not neither")
+    given = {k: v for k, v in overrides.items() if v is not None}
     try:
         if job_json is not None:
             data = json.loads(job_json)
@@ -47,11 +48,15 @@ def load_job(job_file: Path | None, job_json: str | None, overrides: dict[str, A
             base = JobConfig.from_yaml(job_file)  # type: ignore[arg-type]
             data = base.model_dump(mode="json", exclude_unset=True)
             source = str(job_file)
-        data.update({k: v for k, v in overrides.items() if v is not None})
+        data.update(given)
         return JobConfig.model_validate(data)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--job-json: not valid JSON: {e}") from None
     except ValidationError as e:
+        # A bad value given on the command line is the option's fault, not the file's.
+        blamed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
+        if blamed and blamed <= given.keys():
+            source = " / ".join("--" + k.replace("_", "-") for k in sorted(blamed))
         raise validation_config_error(source, e) from None
 
 

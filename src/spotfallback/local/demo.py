@@ -28,9 +28,12 @@ from pathlib import Path
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from spotfallback.config import Tier
+from spotfallback.errors import EXIT_BAD_INPUT
+from spotfallback.store.files import replace_file, write_problem
 
 # AWS us-east-1 p3.2xlarge list prices per instance-hour: on-demand and a typical spot price.
 SPOT_PRICE = 0.92
@@ -192,11 +195,17 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
                   f"test accuracy [bold]{metrics.get('accuracy', float('nan')):.3f}[/], weights {str(metrics.get('weights_sha256'))[:16]}…")
     console.print(f"spend {money(summary.spend)} vs all-on-demand {money(summary.on_demand_spend)} for the same useful work "
                   f"({saving:+.0%} saved; {summary.spot_fraction:.0%} of the work on spot)")
-    out.write_bytes(timeline_png(trainer.ladder, records, title="spotfallback demo: spot → on-demand"))
-    console.print(f"timeline picture: {out}; wall time {time.time() - t_start:.0f}s; "
-                  f"ledger: {trainer.location.uri()}/_spotfallback/ledger" + ("" if keep else " (removed; --keep keeps it)"))
+    try:
+        replace_file(out, timeline_png(trainer.ladder, records, title="spotfallback demo: spot → on-demand"))
+    except OSError as e:  # e.g. the disk filled during the run: the run's figures above stand
+        console.print(f"[red]error:[/red] --out: {escape(write_problem(out, e))}")
+        code = EXIT_BAD_INPUT
+    else:
+        console.print(f"timeline picture: {out}; wall time {time.time() - t_start:.0f}s; "
+                      f"ledger: {trainer.location.uri()}/_spotfallback/ledger" + ("" if keep else " (removed; --keep keeps it)"))
+        code = 0
     if not keep:
         import shutil
 
         shutil.rmtree(storage, ignore_errors=True)
-    return 0
+    return code
