@@ -36,6 +36,7 @@ EXPECTED = {
     "UsageError": (EXIT_BAD_INPUT, False),
     "TraceError": (EXIT_BAD_INPUT, False),
     "PoolError": (EXIT_BAD_INPUT, False),
+    "WindowError": (EXIT_BAD_INPUT, False),
     "OptimumTooLargeError": (EXIT_ERROR, False),
     "UnsupportedRayError": (EXIT_ERROR, False),
     "DriverAlreadyRunningError": (EXIT_DRIVER_LIVE, True),
