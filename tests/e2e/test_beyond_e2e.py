@@ -255,8 +255,10 @@ def test_without_periodic_checkpoints_the_climb_back_asks_the_gang_for_one_and_l
     asked = [r for r in records[climb:back] if r.event.kind == "checkpoint_committed"]
     on_demand = [r for r in records[switch:climb] if r.event.kind == "checkpoint_committed"]
     assert len(asked) == 1 and not on_demand  # the one checkpoint on on-demand is the one the climb asked for
-    jit = [r for r in records[:switch] if r.event.kind == "checkpoint_committed"]
-    assert jit and asked[0].event.step > jit[-1].event.step  # the steps on on-demand were kept
+    # The steps on on-demand were kept: past the notice's checkpoint, or past step 0 where a loaded
+    # machine let the preemption come before the notice's save could finish.
+    jit = [r.event.step for r in records[:switch] if r.event.kind == "checkpoint_committed"]
+    assert asked[0].event.step > max(jit, default=0)
     assert result.metrics["step"] == STEPS
     print_timeline(records)
 
