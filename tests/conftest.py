@@ -1,4 +1,10 @@
-"""Session hook: ``make reliability`` writes docs/reliability.md from what the fault tests recorded.
+"""Session hooks: the same Hypothesis examples in every run, and ``make reliability``'s table.
+
+Hypothesis draws some values from the constants of every project module loaded so far, so
+which examples a test sees used to depend on which test files its xdist worker had run
+before it: a CI run could meet a slow or failing example no local run had drawn. Every
+project module is loaded before the first test and examples are derandomized, so each run
+draws the same ones. ``HYPOTHESIS_PROFILE=explore`` draws fresh ones (and keeps failures).
 
 Each fault test calls ``reliability.record(...)``. Only a session started with
 ``SPOTFALLBACK_PUBLISH_RELIABILITY=1`` (the ``make reliability`` target) merges the rows into
@@ -8,11 +14,45 @@ run never rewrites a tracked file.
 
 from __future__ import annotations
 
+import contextlib
+import importlib
 import os
+import pkgutil
 import sys
+
+import pytest
+from hypothesis import settings
+
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
+settings.register_profile("explore")
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
+
+# Packages whose modules tests import; run-as-script modules are left out.
+_PROJECT_PACKAGES = ("spotfallback", "tests", "bench", "scripts")
+_NOT_IMPORTED = ("__main__", "conftest")
 
 _failed: set[str] = set()
 _published: list[str] = []
+
+
+def pytest_configure(config):
+    if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
+        return  # the xdist controller runs no test
+    _load_every_project_module()
+
+
+def _load_every_project_module() -> None:
+    """Import every module of the project, so Hypothesis's pool of constants is whole from the start.
+
+    One that cannot load here (an optional extra missing, a test module that skips itself)
+    is left to collection, which reports it as it would have.
+    """
+    for name in _PROJECT_PACKAGES:
+        package = importlib.import_module(name)
+        for module in pkgutil.walk_packages(package.__path__, f"{name}."):
+            if module.name.rpartition(".")[2] not in _NOT_IMPORTED:
+                with contextlib.suppress(Exception, pytest.skip.Exception):
+                    importlib.import_module(module.name)
 
 
 def pytest_runtest_logreport(report):

@@ -60,6 +60,7 @@ def node_groups(manifest: dict[str, Any]) -> list[Any]:
     return groups
 
 
+@pytest.mark.timeout(900)
 def test_generated_rayjob_entrypoint_trains_on_the_ladder(tmp_path: Path) -> None:
     apply_env()  # before the cluster starts: raylets inherit it
     from spotfallback.local import Injector, LocalSpotCluster

@@ -407,6 +407,7 @@ class KillLoop:
         return ""
 
 
+@pytest.mark.timeout(900)
 def test_sigkill_the_driver_at_ten_random_moments_of_one_run(cluster, s3, injector, reference, tmp_path):
     """Ten SIGKILLs at seeded random moments, each checked to be what it is named; same weights, every event once.
 

@@ -30,6 +30,7 @@ def cluster(s3):
         yield c
 
 
+@pytest.mark.timeout(900)
 def test_short_trace_driven_chaos_soak(cluster, s3, tmp_path_factory):
     config = dict(RUN_CONFIG)
     reference = reference_hash(tmp_path_factory.mktemp("ref"), config)

@@ -118,6 +118,7 @@ def shell(command: str, cwd: Path, env: dict[str, str], timeout: float = 120) ->
     return done
 
 
+@pytest.mark.timeout(900)
 def test_walkthrough_end_to_end_with_injected_preemptions(cluster, checkout, tmp_path):
     from spotfallback.accounting import summarize
     from spotfallback.config import JobConfig

@@ -100,6 +100,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "spotfallback.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
+@pytest.mark.timeout(900)
 def test_job_file_run_survives_a_preemption_and_a_driver_restart_and_status_reads_it(cluster, store, reference, tmp_path):
     from pyarrow.fs import FileSelector
 
@@ -170,6 +171,7 @@ def test_outage_in_the_middle_of_a_checkpoint_upload_only_pauses_the_run(cluster
     assert len(snapshot_names(location)) == 6 and committed_not_in_snapshot(location, records) == set()
 
 
+@pytest.mark.timeout(900)
 def test_damaged_newest_checkpoint_resumes_from_the_newest_whole_one(cluster, store, reference, tmp_path):
     from pyarrow.fs import FileSelector, FileType
 

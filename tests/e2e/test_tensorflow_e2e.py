@@ -58,6 +58,7 @@ def read_trace(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
+@pytest.mark.timeout(900)
 def test_keras_job_preempted_twice_falls_back_and_matches_uninterrupted_run(cluster, tmp_path):
     """The second preemption has a 6 s notice: the job saves a just-in-time checkpoint and loses no step."""
     from spotfallback import Tier
