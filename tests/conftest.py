@@ -1,10 +1,15 @@
-"""Session hooks: the same Hypothesis examples in every run, and ``make reliability``'s table.
+"""Session hooks: the same Hypothesis examples in every run, a time budget, and ``make reliability``'s table.
 
 Hypothesis draws some values from the constants of every project module loaded so far, so
 which examples a test sees used to depend on which test files its xdist worker had run
 before it: a CI run could meet a slow or failing example no local run had drawn. Every
 project module is loaded before the first test and examples are derandomized, so each run
 draws the same ones. ``HYPOTHESIS_PROFILE=explore`` draws fresh ones (and keeps failures).
+
+CI stops a run at 90 minutes, and a stopped run says nothing of what went wrong. Past
+``SPOTFALLBACK_SUITE_BUDGET_MIN`` minutes (default 65: with the set-up before the tests and a
+last test of up to 15 minutes, inside those 90) each test not yet started fails at once,
+naming the budget, so the run ends with its summary of failures; 0 turns it off.
 
 Each fault test calls ``reliability.record(...)``. Only a session started with
 ``SPOTFALLBACK_PUBLISH_RELIABILITY=1`` (the ``make reliability`` target) merges the rows into
@@ -19,6 +24,7 @@ import importlib
 import os
 import pkgutil
 import sys
+import time
 
 import pytest
 from hypothesis import settings
@@ -31,6 +37,7 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 _PROJECT_PACKAGES = ("spotfallback", "tests", "bench", "scripts")
 _NOT_IMPORTED = ("__main__", "conftest")
 
+_STARTED = time.monotonic()
 _failed: set[str] = set()
 _published: list[str] = []
 
@@ -53,6 +60,14 @@ def _load_every_project_module() -> None:
             if module.name.rpartition(".")[2] not in _NOT_IMPORTED:
                 with contextlib.suppress(Exception, pytest.skip.Exception):
                     importlib.import_module(module.name)
+
+
+def pytest_runtest_setup(item):
+    budget_min = float(os.environ.get("SPOTFALLBACK_SUITE_BUDGET_MIN") or 65)
+    spent_min = (time.monotonic() - _STARTED) / 60
+    if budget_min > 0 and spent_min > budget_min:
+        pytest.fail(f"not run: the suite's {budget_min:g}-minute budget is spent ({spent_min:.0f} min); a slower "
+                    "test before it says why (SPOTFALLBACK_SUITE_BUDGET_MIN sets the budget)", pytrace=False)
 
 
 def pytest_runtest_logreport(report):
