@@ -33,16 +33,25 @@ settings.register_profile("repeatable", derandomize=True, database=None, print_b
 settings.register_profile("explore")
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
-# Packages whose modules tests import; run-as-script modules are left out.
+# Packages whose modules tests import; run-as-script modules (``__main__``) and conftests, which
+# pytest loads itself, are left out.
 _PROJECT_PACKAGES = ("spotfallback", "tests", "bench", "scripts")
 _NOT_IMPORTED = ("__main__", "conftest")
 
 _STARTED = time.monotonic()
+_BUDGET_VAR = "SPOTFALLBACK_SUITE_BUDGET_MIN"
+_budget_min = 65.0  # minutes; pytest_configure reads SPOTFALLBACK_SUITE_BUDGET_MIN over it
 _failed: set[str] = set()
 _published: list[str] = []
 
 
 def pytest_configure(config):
+    global _budget_min
+    raw = os.environ.get(_BUDGET_VAR) or str(_budget_min)
+    try:
+        _budget_min = float(raw)
+    except ValueError:
+        raise pytest.UsageError(f"{_BUDGET_VAR}={raw!r}: give the suite's budget in minutes (0 turns it off)") from None
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return  # the xdist controller runs no test
     _load_every_project_module()
@@ -63,11 +72,10 @@ def _load_every_project_module() -> None:
 
 
 def pytest_runtest_setup(item):
-    budget_min = float(os.environ.get("SPOTFALLBACK_SUITE_BUDGET_MIN") or 65)
     spent_min = (time.monotonic() - _STARTED) / 60
-    if budget_min > 0 and spent_min > budget_min:
-        pytest.fail(f"not run: the suite's {budget_min:g}-minute budget is spent ({spent_min:.0f} min); a slower "
-                    "test before it says why (SPOTFALLBACK_SUITE_BUDGET_MIN sets the budget)", pytrace=False)
+    if _budget_min > 0 and spent_min > _budget_min:
+        pytest.fail(f"not run: the suite's {_budget_min:g}-minute budget is spent ({spent_min:.0f} min); a slower "
+                    f"test before it says why ({_BUDGET_VAR} sets the budget)", pytrace=False)
 
 
 def pytest_runtest_logreport(report):

@@ -26,6 +26,7 @@ pytest.importorskip("torch")
 pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the clusters extra)")
 
 from tests.support.helpers_e2e import (  # noqa: E402
+    SLOW_UNDER_LOAD,
     checkpoints_since,
     module_env,
     preempt_then_kill_the_driver,
@@ -134,7 +135,7 @@ def workers_tiers(records: list[Any]) -> list[int]:
     return [r.tier for r in records if r.event.kind == "workers_acquired"]
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_spot_gone_on_cluster_a_the_run_finishes_on_cluster_b(s3: S3Server, cluster_b: Any, reference: str,
                                                                tmp_path: Path) -> None:
     from spotfallback.clusters import ClusterMover
@@ -170,7 +171,7 @@ def test_spot_gone_on_cluster_a_the_run_finishes_on_cluster_b(s3: S3Server, clus
         a.shutdown()
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_no_spot_capacity_on_cluster_a_the_capacity_timeout_moves_the_run_to_b(
     s3: S3Server, cluster_b: Any, reference: str, tmp_path: Path
 ) -> None:
@@ -191,7 +192,7 @@ def test_no_spot_capacity_on_cluster_a_the_capacity_timeout_moves_the_run_to_b(
         a.shutdown()
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_cluster_a_lost_the_run_moves_to_b_within_its_timeout(s3: S3Server, cluster_b: Any, reference: str,
                                                               tmp_path: Path) -> None:
     from spotfallback.clusters import ClusterMover
@@ -219,7 +220,7 @@ def test_cluster_a_lost_the_run_moves_to_b_within_its_timeout(s3: S3Server, clus
         a.shutdown()
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_mover_killed_mid_move_the_same_command_finishes_on_the_right_cluster(
     s3: S3Server, cluster_b: Any, reference: str, env: dict[str, str], tmp_path: Path
 ) -> None:

@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
+    SLOW_UNDER_LOAD,
     TRAIN_CONFIG,
     Background,
     apply_env,
@@ -149,7 +150,7 @@ def until(predicate, timeout_s: float, show) -> None:
         time.sleep(0.5)
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_path):
     import ray.train
 
@@ -197,7 +198,7 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
 NOTICE_S = 40.0  # a notice longer than a node's provisioning plus one restart, even on a loaded machine
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the_node_goes(cluster, tmp_path):
     """The replacement is launched at the notice (no spare node is up: Ray Train's request for
     the tier's gang stops counting the draining node), provisioning overlaps the notice while
@@ -254,7 +255,7 @@ def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the
     assert result.metrics["step"] == config["total_steps"]
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_the_autoscaler_adds_one(cluster, tmp_path):
     """An elastic tier's gang takes what there is, and its resource request (the tier's maximum)
     keeps asking for the rest: once the cloud has room the autoscaler launches the node, and

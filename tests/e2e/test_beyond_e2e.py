@@ -17,6 +17,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
+    SLOW_UNDER_LOAD,
     TRAIN_CONFIG,
     Background,
     checkpoints_since,
@@ -166,7 +167,7 @@ def test_the_autoscaler_is_asked_for_the_current_tiers_gang_on_its_nodes(tmp_pat
 # ----------------------------------------------------------------- on the cluster
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there(cluster, injector, tmp_path):
     from spotfallback import Tier
     from spotfallback.accounting import summarize
@@ -206,7 +207,7 @@ def test_the_example_reports_the_work_left_at_its_own_pace_with_each_checkpoint(
         assert 0.15 < c.remaining_work_s / (steps - c.step) < 5.0
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_a_guard_reserve_leaves_spot_early_and_pays_for_the_climb_back(cluster, injector, tmp_path):
     from spotfallback import Tier
 
@@ -235,7 +236,7 @@ def test_a_guard_reserve_leaves_spot_early_and_pays_for_the_climb_back(cluster, 
     print_timeline(records)
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_without_periodic_checkpoints_the_climb_back_asks_the_gang_for_one_and_loses_no_work(cluster, injector, tmp_path):
     from spotfallback import Tier
 
@@ -266,7 +267,7 @@ def test_without_periodic_checkpoints_the_climb_back_asks_the_gang_for_one_and_l
     print_timeline(records)
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_elastic_spot_tier_shrinks_on_a_lost_node_and_grows_back(cluster, injector, tmp_path):
     from spotfallback import Tier
     from spotfallback.accounting import summarize
@@ -308,7 +309,7 @@ def test_elastic_spot_tier_shrinks_on_a_lost_node_and_grows_back(cluster, inject
     assert result.metrics["step"] == STEPS and result.metrics["world_size"] == 4
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_a_burst_of_preemptions_moves_down_before_the_count_budget_is_spent(cluster, injector, tmp_path):
     from spotfallback import Tier
     from spotfallback.accounting import summarize

@@ -25,7 +25,14 @@ import yaml
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import E2E_ENV, apply_env, checkpoints_since, unique_name, wait_for  # noqa: E402
+from tests.support.helpers_e2e import (  # noqa: E402
+    E2E_ENV,
+    SLOW_UNDER_LOAD,
+    apply_env,
+    checkpoints_since,
+    unique_name,
+    wait_for,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -60,7 +67,7 @@ def node_groups(manifest: dict[str, Any]) -> list[Any]:
     return groups
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_generated_rayjob_entrypoint_trains_on_the_ladder(tmp_path: Path) -> None:
     apply_env()  # before the cluster starts: raylets inherit it
     from spotfallback.local import Injector, LocalSpotCluster

@@ -16,6 +16,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
+    SLOW_UNDER_LOAD,
     TRAIN_CONFIG,
     Background,
     autoscaled_cluster,
@@ -66,7 +67,7 @@ def reference_hash(cluster, tmp_path_factory):
     return result.metrics["weights_sha256"]
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_two_preemptions_fall_back_to_on_demand_with_bit_identical_weights(cluster, injector, reference_hash, tmp_path):
     from spotfallback import Tier
     from spotfallback.accounting import summarize
@@ -121,7 +122,7 @@ def test_capacity_timeout_moves_to_next_tier_within_margin(cluster, injector, re
     assert result.metrics["weights_sha256"] == reference_hash
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_every_tier_unavailable_ends_with_clear_error_and_keeps_checkpoints(cluster, injector, tmp_path):
     from spotfallback import Tier
     from spotfallback.errors import LadderExhaustedError
@@ -158,7 +159,7 @@ def test_every_tier_unavailable_ends_with_clear_error_and_keeps_checkpoints(clus
     assert any(r.event.kind == "run_started" and r.event.reset and r.t >= before for r in resumed.ledger.read())
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_application_error_is_retried_on_spot_and_raised_never_moved(cluster, tmp_path):
     from spotfallback import Tier
 
@@ -178,7 +179,7 @@ def test_application_error_is_retried_on_spot_and_raised_never_moved(cluster, tm
     assert records[-1].decision["action"] == "give_up" and records[-1].decision["cause"] == "application"
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_driver_sigkill_after_tier_switch_resumes_on_the_right_tier(cluster, injector, reference_hash, tmp_path):
     """`kill -9` the driver mid-run, run the same command again: same tier, same counts, same weights."""
     import json

@@ -31,6 +31,7 @@ pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
     REPO,
+    SLOW_UNDER_LOAD,
     local_cluster,
     restoring_injector,
     unique_name,
@@ -407,7 +408,7 @@ class KillLoop:
         return ""
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_sigkill_the_driver_at_ten_random_moments_of_one_run(cluster, s3, injector, reference, tmp_path):
     """Ten SIGKILLs at seeded random moments, each checked to be what it is named; same weights, every event once.
 

@@ -15,7 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import autoscaled_cluster  # noqa: E402
+from tests.support.helpers_e2e import SLOW_UNDER_LOAD, autoscaled_cluster  # noqa: E402
 from tests.support.reliability import RUN_CONFIG, Outcome, record, reference_hash  # noqa: E402
 from tests.support.soak import CAPACITY_TIMEOUT_S, FIXTURES, RETRY_S, soak_run  # noqa: E402
 
@@ -30,7 +30,7 @@ def cluster(s3):
         yield c
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_short_trace_driven_chaos_soak(cluster, s3, tmp_path_factory):
     config = dict(RUN_CONFIG)
     reference = reference_hash(tmp_path_factory.mktemp("ref"), config)

@@ -21,6 +21,7 @@ import pytest
 pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
+    SLOW_UNDER_LOAD,
     Background,
     checkpoints_since,
     local_cluster,
@@ -99,7 +100,7 @@ def worker_logs(cluster, text: str) -> int:
 # -- S3 ------------------------------------------------------------------------------------
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_s3_run_survives_a_preemption_and_a_driver_restart(cluster, s3, injector, reference, tmp_path):
     """Checkpoints and ledger in the bucket; the relaunched driver resumes there, bit for bit."""
     from spotfallback.store.ledger import Ledger

@@ -28,7 +28,14 @@ import pytest
 
 pytest.importorskip("torch")
 
-from tests.support.helpers_e2e import E2E_ENV, REPO, checkpoints_since, local_cluster, wait_for  # noqa: E402
+from tests.support.helpers_e2e import (  # noqa: E402
+    E2E_ENV,
+    REPO,
+    SLOW_UNDER_LOAD,
+    checkpoints_since,
+    local_cluster,
+    wait_for,
+)
 
 pytestmark = pytest.mark.ray
 
@@ -118,7 +125,7 @@ def shell(command: str, cwd: Path, env: dict[str, str], timeout: float = 120) ->
     return done
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_walkthrough_end_to_end_with_injected_preemptions(cluster, checkout, tmp_path):
     from spotfallback.accounting import summarize
     from spotfallback.config import JobConfig

@@ -25,6 +25,7 @@ pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
     REPO,
+    SLOW_UNDER_LOAD,
     Background,
     local_cluster,
     preempt_then_kill_the_driver,
@@ -100,7 +101,7 @@ def cli(*args: str) -> subprocess.CompletedProcess[str]:
     return subprocess.run([sys.executable, "-m", "spotfallback.cli", *args], cwd=REPO, capture_output=True, text=True, timeout=120)
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_job_file_run_survives_a_preemption_and_a_driver_restart_and_status_reads_it(cluster, store, reference, tmp_path):
     from pyarrow.fs import FileSelector
 
@@ -171,7 +172,7 @@ def test_outage_in_the_middle_of_a_checkpoint_upload_only_pauses_the_run(cluster
     assert len(snapshot_names(location)) == 6 and committed_not_in_snapshot(location, records) == set()
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_damaged_newest_checkpoint_resumes_from_the_newest_whole_one(cluster, store, reference, tmp_path):
     from pyarrow.fs import FileSelector, FileType
 

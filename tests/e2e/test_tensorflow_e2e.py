@@ -14,6 +14,7 @@ pytest.importorskip("tensorflow", reason="TensorFlow is the optional extra: pip 
 pytest.importorskip("sklearn", reason="the Keras example trains on scikit-learn's bundled digits")
 
 from tests.support.helpers_e2e import (  # noqa: E402
+    SLOW_UNDER_LOAD,
     Background,
     checkpoints_since,
     kinds,
@@ -58,7 +59,7 @@ def read_trace(path):
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-@pytest.mark.timeout(900)
+@SLOW_UNDER_LOAD
 def test_keras_job_preempted_twice_falls_back_and_matches_uninterrupted_run(cluster, tmp_path):
     """The second preemption has a 6 s notice: the job saves a just-in-time checkpoint and loses no step."""
     from spotfallback import Tier

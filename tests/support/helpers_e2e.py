@@ -12,6 +12,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from unittest import mock
 
+import pytest
+
 if TYPE_CHECKING:
     from spotfallback.local import Injector, LocalSpotCluster, NodeGroup
     from spotfallback.local.autoscaling import LocalAutoscalingCluster
@@ -27,6 +29,10 @@ E2E_ENV = {
     "PYTHONPATH": os.pathsep.join(p for p in (str(REPO), os.environ.get("PYTHONPATH", "")) if p),
     "SPOTFALLBACK_LEASE_TTL_S": "10",
 }
+
+# The per-test limit (pyproject's 420 s) catches a hung test in minutes; these tests, whole runs
+# with faults and restarts, have taken 90 s to 5 minutes on a loaded 2-core CI, so they get 900 s.
+SLOW_UNDER_LOAD = pytest.mark.timeout(900)
 
 # Small and quick, but long enough to inject faults between checkpoints.
 TRAIN_CONFIG = {"total_steps": 30, "checkpoint_every": 5, "step_delay_s": 0.15, "seed": 7}
