@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import threading
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -154,9 +155,23 @@ def test_an_outage_during_a_one_request_write_is_waited_out(server, counted, req
     monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "20")
     ledger = _ledger(server, counted, request, compact_every=0)
     location = ledger.location
-    counted.proxy.cut("test", duration_s=1.5)
+    proxy = counted.proxy
+
+    def back_after_the_write_met_it() -> None:
+        # Storage returns once the write has been refused and retried a while: on a loaded
+        # machine a fixed-length outage could end before the write reached it.
+        deadline = time.monotonic() + 15
+        while proxy.refused == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(1.0)
+        proxy.restore()
+
+    proxy.cut("test")
+    restorer = threading.Thread(target=back_after_the_write_met_it, daemon=True)
+    restorer.start()
     record = ledger.append(RunStarted(1.0), 0)
-    assert counted.proxy.refused > 0
+    restorer.join()
+    assert proxy.refused > 0
     assert Ledger(location).read() == [record]
 
 
