@@ -287,6 +287,130 @@ def test_launcher_checks() -> None:
     assert errors(oversold) == []
 
 
+# Trimmed from github.com/ray-project/ray, python/ray/autoscaler/azure/example-full.yaml @
+# 3f70e60b9dedcf452817994232f0cfda588ad685 (aws/example-full.yaml @ 350466e142adff34cd18102fa15dd2dc8aa081be
+# ends the same way): `ray up` drops the empty legacy head_node/worker_nodes before it checks its schema.
+AZURE_EXAMPLE_FULL = """
+cluster_name: default
+max_workers: 2
+provider:
+    type: azure
+    location: westus2
+    resource_group: ray-cluster
+available_node_types:
+    ray.head.default:
+        resources: {"CPU": 2}
+        node_config:
+            azure_arm_parameters:
+                vmSize: Standard_D2s_v3
+    ray.worker.default:
+        min_workers: 0
+        max_workers: 2
+        resources: {"CPU": 2}
+        node_config:
+            azure_arm_parameters:
+                vmSize: Standard_D2s_v3
+                priority: Spot
+head_node_type: ray.head.default
+cluster_synced_files: []
+head_node: {}
+worker_nodes: {}
+"""
+
+# Trimmed from github.com/ray-project/ray, python/ray/autoscaler/local/example-minimal-automatic.yaml @
+# 00501e2bd10f17c70dc12cdf54a203cf2db02a09: on-prem, Ray moves the top-level min_workers into its one node
+# type and replaces the empty available_node_types and head_node_type.
+LOCAL_AUTOMATIC = """
+cluster_name: minimal-automatic
+provider:
+    type: local
+    coordinator_address: COORDINATOR_HOST:COORDINATOR_PORT
+min_workers: 0
+max_workers: 2
+auth:
+    ssh_user: YOUR_USERNAME
+available_node_types: {}
+head_node_type: {}
+"""
+
+# Trimmed from github.com/ray-project/ray, python/ray/autoscaler/aws/example-minimal.yaml @
+# 028dda96e78ebbad690c5902e7a89b8dc2a86a18, without cluster_name (Ray's defaults name it) and without the
+# node types' `resources`, which Ray fills from the AWS instance type before it checks its schema.
+AWS_NO_RESOURCES = """
+provider:
+    type: aws
+    region: us-west-2
+available_node_types:
+    ray.head.default:
+        node_config:
+            InstanceType: m5.large
+    ray.worker.default:
+        min_workers: 1
+        max_workers: 4
+        node_config:
+            InstanceType: m5.large
+head_node_type: ray.head.default
+"""
+
+# Trimmed from github.com/ray-project/ray, python/ray/autoscaler/gcp/example-full.yaml @
+# 21cc593f7dfe8c6439b12c897c210040d6b9b60a, a config of Ray before node types, which Ray 2 refuses.
+GCP_LEGACY = """
+cluster_name: default
+min_workers: 0
+max_workers: 2
+initial_workers: 0
+autoscaling_mode: default
+target_utilization_fraction: 0.8
+provider:
+    type: gcp
+    region: us-west1
+    availability_zone: us-west1-a
+    project_id: null
+head_node:
+    machineType: n1-standard-2
+worker_nodes:
+    machineType: n1-standard-2
+    scheduling:
+      - preemptible: true
+"""
+
+
+@pytest.mark.parametrize("text", [AZURE_EXAMPLE_FULL, LOCAL_AUTOMATIC, AWS_NO_RESOURCES])
+def test_launcher_fields_ray_up_fills_or_drops_pass(text: str) -> None:
+    report = validate_text(text)
+    assert report.kinds == ("cluster-launcher",)
+    assert [str(f) for f in report.findings] == []
+
+
+def test_launcher_legacy_fields_name_their_replacement() -> None:
+    report = validate_text(GCP_LEGACY)
+    assert {f.path: f.message for f in report.errors} == {
+        "autoscaling_mode": "a field of older Ray releases, which Ray 2's launcher refuses: upscaling_speed sets how fast the cluster grows",
+        "head_node": "a field of older Ray releases, which Ray 2's launcher refuses: put the head's node config under "
+                     "available_node_types.<head type>.node_config and name that type in head_node_type (Ray accepts "
+                     "the field only when it is empty)",
+        "initial_workers": "a field of older Ray releases, which Ray 2's launcher refuses: set min_workers on a node type in available_node_types",
+        "target_utilization_fraction": "a field of older Ray releases, which Ray 2's launcher refuses: upscaling_speed sets how fast the cluster grows",
+        "worker_nodes": "a field of older Ray releases, which Ray 2's launcher refuses: put the workers' node config under "
+                        "available_node_types.<worker type>.node_config (Ray accepts the field only when it is empty)",
+    }
+    assert [str(f) for f in report.warnings] == [
+        "min_workers: Ray ignores a top-level min_workers (only an on-prem cluster uses it): set min_workers on a "
+        "node type in available_node_types"]
+
+
+def test_launcher_config_without_provider_says_so() -> None:
+    # Ray's own python/ray/autoscaler/local/defaults.yaml (ray 2.60.0), trimmed: a launcher config, but no
+    # `ray up` file, since it names no provider.
+    report = validate_text("cluster_name: default\nauth: {}\nsetup_commands: []\nfile_mounts: {}\n")
+    assert report.kinds == ("cluster-launcher",)
+    assert [str(f) for f in report.findings] == ["provider: required field is missing"]
+    # A GCP node type still needs its resources: Ray fills them only on AWS.
+    gcp = yaml.safe_load(AWS_NO_RESOURCES)
+    gcp["provider"] = {"type": "gcp", "region": "us-west1", "project_id": "p"}
+    assert "available_node_types[\"ray.head.default\"].resources: required field is missing" in errors(gcp)
+
+
 @pytest.mark.skipif(not SHARED.is_dir(), reason="../shared/kuberay is not present")
 def test_fixtures_and_shipped_schema_match_shared() -> None:
     for name in (JOB_SAMPLE, CLUSTER_SAMPLE):

@@ -43,7 +43,12 @@ from spotfallback.deploy.clouds import (
 from spotfallback.deploy.common import parse_quantity
 from spotfallback.deploy.machines import machine, machine_spelling, pod_shortfall
 from spotfallback.deploy.pools import INSTANCE_TYPE_KEY
-from spotfallback.deploy.schema import KUBERAY_FILES, kuberay_validator, launcher_validator
+from spotfallback.deploy.schema import (
+    KUBERAY_FILES,
+    kuberay_validator,
+    launcher_schema,
+    launcher_validator,
+)
 from spotfallback.errors import ManifestInvalid
 
 MAX_NAME = {"RayJob": 47, "RayCluster": 53}
@@ -700,6 +705,52 @@ def _declared_beyond_machine(node_type: dict[str, Any], at: list[str | int]) -> 
                           f"declares {declared:g}, but {name!r} has {has}: Ray would place work on {key}s the node does not have")
 
 
+# Top-level fields of older Ray releases that Ray 2's launcher schema no longer has, and what replaces them.
+_RAY_LEGACY_FIELDS = {
+    "head_node": "put the head's node config under available_node_types.<head type>.node_config and name that "
+                 "type in head_node_type (Ray accepts the field only when it is empty)",
+    "worker_nodes": "put the workers' node config under available_node_types.<worker type>.node_config (Ray accepts "
+                    "the field only when it is empty)",
+    "initial_workers": "set min_workers on a node type in available_node_types",
+    "autoscaling_mode": "upscaling_speed sets how fast the cluster grows",
+    "target_utilization_fraction": "upscaling_speed sets how fast the cluster grows",
+}
+
+
+def _as_ray_validates(doc: dict[str, Any]) -> dict[str, Any]:
+    """The config as ``ray up`` checks it against its schema. Ray (``prepare_config``, then
+    ``validate_config``) first merges its provider's defaults, which give ``cluster_name``, drops
+    the top-level ``min_workers`` (on-prem, moves it into its one node type) and an empty legacy
+    ``head_node``/``worker_nodes``, replaces an empty ``available_node_types``/``head_node_type``
+    on-prem, and on AWS fills a node type's missing ``resources`` from its instance type."""
+    out = dict(doc)
+    out.setdefault("cluster_name", "default")
+    out.pop("min_workers", None)
+    provider = _get(out, "provider", "type")
+    emptied = ("head_node", "worker_nodes") + (("available_node_types", "head_node_type") if provider == "local" else ())
+    for key in emptied:
+        if key in out and not out[key]:
+            del out[key]
+    types = out.get("available_node_types")
+    if provider == "aws" and isinstance(types, dict):
+        out["available_node_types"] = {
+            name: {"resources": {}, **node_type} if isinstance(node_type, dict) else node_type
+            for name, node_type in types.items()
+        }
+    return out
+
+
+def _launcher_schema_findings(doc: dict[str, Any]) -> Iterator[Finding]:
+    for finding in _schema_check(launcher_validator(), _as_ray_validates(doc)):
+        hint = _RAY_LEGACY_FIELDS.get(finding.path)
+        if hint and finding.message.startswith("unknown field"):
+            finding = Finding(finding.path, f"a field of older Ray releases, which Ray 2's launcher refuses: {hint}")
+        yield finding
+    if "min_workers" in doc and _get(doc, "provider", "type") != "local":
+        yield Finding("min_workers", "Ray ignores a top-level min_workers (only an on-prem cluster uses it): set "
+                                     "min_workers on a node type in available_node_types", warning=True)
+
+
 def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
     types = _dict(doc.get("available_node_types"))
     head_type = doc.get("head_node_type")
@@ -875,8 +926,8 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
         return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
     api, kind = doc.get("apiVersion"), doc.get("kind")
     if api is None and kind is None:
-        if {"available_node_types", "provider", "head_node_type"} & doc.keys():
-            findings = _schema_check(launcher_validator(), doc) + list(_launcher_findings(doc))
+        if (launcher_schema()["properties"].keys() - {"metadata"}) & doc.keys():
+            findings = list(_launcher_schema_findings(doc)) + list(_launcher_findings(doc))
             return LAUNCHER_KIND, findings
         return "?", [Finding("(top level)", "neither a Kubernetes object (apiVersion, kind) nor a Ray cluster-launcher config")]
     if kind == "NodePool" and isinstance(api, str) and api.startswith("karpenter.sh/"):
