@@ -225,10 +225,79 @@ def test_validate_names_a_nodepool_it_cannot_check_and_one_of_an_unknown_provide
     (pool, _head) = nodepools_for(make_job(SPOT), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
     old = {**pool, "apiVersion": "karpenter.sh/v1beta1"}
     assert [str(f) for f in validate_text(_dump([old])).errors] == [
-        "apiVersion: 'karpenter.sh/v1beta1': only karpenter.sh/v1 NodePools are checked (Karpenter v1)"]
+        "apiVersion: 'karpenter.sh/v1beta1': Karpenter 1.1 and later serve NodePools only as karpenter.sh/v1 (the "
+        "shipped CRDs too), and only those are checked; migrate the NodePool to karpenter.sh/v1 (Karpenter's v1 "
+        "migration guide)"]
     pool["spec"]["template"]["spec"]["nodeClassRef"]["group"] = "karpenter.example.com"
     report = validate_text(_dump([pool]))
     assert report.ok and [f.path for f in report.warnings] == ["spec.template.spec.nodeClassRef.group"]
+
+
+# Trimmed from github.com/aws/karpenter-provider-aws, examples/v1/windows-custom-userdata.yaml @
+# 1d927085dd81a9df9301e613f371dac5b4d16bfe: its nodeClassRef.group is an apiVersion, which the CRD's
+# pattern (no '/') refuses; the EC2NodeClass after it is not checked.
+WINDOWS_EXAMPLE = """
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: windows2022
+spec:
+  template:
+    spec:
+      requirements:
+        - key: kubernetes.io/os
+          operator: In
+          values: ["windows"]
+      nodeClassRef:
+        group: karpenter.k8s.aws/v1
+        kind: EC2NodeClass
+        name: windows2022
+---
+apiVersion: karpenter.k8s.aws/v1
+kind: EC2NodeClass
+metadata:
+  name: windows2022
+spec:
+  amiSelectorTerms:
+    - alias: windows2022@latest
+"""
+
+# Trimmed from github.com/Azure/karpenter-provider-azure, examples/v1/perftest.yaml @
+# 352646f599290c3a6d2f9710fb535a7b288f88ed: a spot pool Karpenter accepts, without AKS's spot taint.
+AKS_PERFTEST_SPOT = """
+apiVersion: karpenter.sh/v1
+kind: NodePool
+metadata:
+  name: spot
+spec:
+  template:
+    spec:
+      nodeClassRef:
+        group: karpenter.azure.com
+        kind: AKSNodeClass
+        name: default
+      expireAfter: Never
+      requirements:
+        - key: karpenter.sh/capacity-type
+          operator: In
+          values: ["spot"]
+"""
+
+
+def test_validate_names_the_group_for_a_versioned_node_class_group() -> None:
+    report = validate_text(WINDOWS_EXAMPLE)
+    assert report.kinds == ("NodePool", "EC2NodeClass (not checked)")
+    assert [str(f) for f in report.findings] == [
+        "spec.template.spec.nodeClassRef.group: 'karpenter.k8s.aws/v1' is an apiVersion, which the API server refuses "
+        "here: nodeClassRef.group is the API group alone, 'karpenter.k8s.aws'"]
+    assert validate_text(WINDOWS_EXAMPLE.replace("group: karpenter.k8s.aws/v1", "group: karpenter.k8s.aws")).findings == ()
+
+
+def test_validate_says_the_aks_spot_taint_is_spotfallbacks_rule() -> None:
+    (finding,) = validate_text(AKS_PERFTEST_SPOT).errors
+    assert finding.path == "spec.template.spec.taints"
+    assert "for spotfallback" in finding.message and "Karpenter accepts the pool without it" in finding.message
+    assert finding.message.endswith("add {key: kubernetes.azure.com/scalesetpriority, value: spot, effect: NoSchedule} to the taints")
 
 
 def test_validate_with_the_job_checks_that_the_files_pools_serve_its_ladder(tmp_path: Path) -> None:

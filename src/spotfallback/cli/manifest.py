@@ -350,7 +350,8 @@ def validate_command(
     launcher schema.
 
     A NodePool is checked against its provider's CRD (by `nodeClassRef.group`); with `--job`, the file's
-    pools are also checked against the ladder, as `manifest nodepools` checks its own.
+    pools are also checked against the ladder, as `manifest nodepools` checks its own. Other documents
+    of the file (an EC2NodeClass or AKSNodeClass, a ConfigMap) are listed as not checked.
     """
     if kuberay_version is not None:
         try:

@@ -291,8 +291,9 @@ def aks_spot_taint_problem(pool: dict[str, Any], cloud: KarpenterCloud) -> str |
     if cloud is KarpenterCloud.AKS_NAP and _capacity_types(pool) == {"spot"} and not any(
         isinstance(t, dict) and t.get("key") == AKS_SPOT_TAINT["key"] for t in taints
     ):
-        return (f"a spot pool on AKS must taint its nodes {AKS_SPOT_TAINT['key']}=spot:NoSchedule, or on-demand pods "
-                "land on spot nodes")
+        return (f"a spot pool on AKS must taint its nodes {AKS_SPOT_TAINT['key']}=spot:NoSchedule for spotfallback, "
+                "as AKS spot node pools are, or on-demand pods land on spot nodes (Karpenter accepts the pool "
+                f"without it); add {{key: {AKS_SPOT_TAINT['key']}, value: spot, effect: NoSchedule}} to the taints")
     return None
 
 
@@ -302,10 +303,14 @@ def nodeclass_group(pool: dict[str, Any]) -> Any:
     return ref.get("group") if isinstance(ref, dict) else None
 
 
+def group_cloud(group: Any) -> KarpenterCloud | None:
+    """The provider whose node classes are in API group ``group`` (None: neither's)."""
+    return next((cloud for cloud, p in PROVIDERS.items() if p.node_class_group == group), None)
+
+
 def nodepool_cloud(pool: dict[str, Any]) -> KarpenterCloud | None:
     """The provider a NodePool is for, by its ``nodeClassRef.group`` (None: neither's)."""
-    group = nodeclass_group(pool)
-    return next((cloud for cloud, p in PROVIDERS.items() if p.node_class_group == group), None)
+    return group_cloud(nodeclass_group(pool))
 
 
 def _cluster_pools(pools: list[dict[str, Any]], key: str | None) -> tuple[list[dict[str, Any]], str]:

@@ -890,20 +890,33 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
         yield Finding(where, f"the file needs KubeRay {needed}, the operator is {running}; upgrade the operator to {needed} or later")
 
 
+GROUP_PATH = "spec.template.spec.nodeClassRef.group"
+
+
 def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
     """A Karpenter NodePool: its provider's CRD schema, and the AKS spot taint."""
     if api != karpenter.API_VERSION:
-        return [Finding("apiVersion", f"{api!r}: only {karpenter.API_VERSION} NodePools are checked (Karpenter v1)")]
+        return [Finding("apiVersion", f"{api!r}: Karpenter 1.1 and later serve NodePools only as {karpenter.API_VERSION} "
+                                      f"(the shipped CRDs too), and only those are checked; migrate the NodePool to "
+                                      f"{karpenter.API_VERSION} (Karpenter's v1 migration guide)")]
     cloud = karpenter.nodepool_cloud(doc)
     findings: list[Finding] = []
+    group = karpenter.nodeclass_group(doc)
+    versioned = isinstance(group, str) and "/" in group
+    if versioned:
+        # `group: karpenter.k8s.aws/v1` (an apiVersion): the CRD's pattern refuses any '/'.
+        bare = group.partition("/")[0]
+        cloud = karpenter.group_cloud(bare)
+        findings.append(Finding(GROUP_PATH, f"{group!r} is an apiVersion, which the API server refuses here: "
+                                            f"nodeClassRef.group is the API group alone, {bare!r}"))
     if cloud is None:
-        group = karpenter.nodeclass_group(doc)
         cloud = karpenter.KarpenterCloud.EKS_KARPENTER
         if group is not None:
-            findings.append(Finding("spec.template.spec.nodeClassRef.group", f"{_short(group)} is neither "
+            findings.append(Finding(GROUP_PATH, f"{_short(group)} is neither "
                                     "karpenter.k8s.aws (EKS) nor karpenter.azure.com (AKS): checked against EKS's "
                                     "NodePool schema", warning=True))
-    findings += _schema_check(karpenter.nodepool_validator(cloud), doc)
+    findings += [f for f in _schema_check(karpenter.nodepool_validator(cloud), doc)
+                 if not (versioned and f.path == GROUP_PATH)]
     problem = karpenter.aks_spot_taint_problem(doc, cloud)
     if problem:
         findings.append(Finding(karpenter.TAINTS_PATH, problem))
