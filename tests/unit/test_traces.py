@@ -90,6 +90,8 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
         ('{"metadata": {"gap_seconds": 60}, "data": [1, 0, "x"]}', "'data[2]' must be a non-negative integer"),
         ('{"metadata": {"gap_seconds": 60}, "data": [1, -1]}', "'data[1]'"),
         ('{"metadata": {"gap_seconds": 60}, "data": [true]}', "'data[0]'"),
+        ("", "the file is empty; expected a JSON object"),
+        (" \n", "the file is empty"),
     ],
 )
 def test_malformed_spot_trace_names_file_and_field(tmp_path, text, needle):
@@ -133,6 +135,7 @@ def test_integral_floats_are_accepted(tmp_path):
         ("0,add,node1\n", "the trace spans no time"),
         ("0,add,a\x0c1,add\n", "line 1: expected 3 fields"),  # a form feed ends no line in an editor
         ("0,add,a\r\n1,add\r\n", "line 2: expected 3 fields"),
+        ("60000,add,node1\n0,add,node2\n", "; sort the lines by time"),
     ],
 )
 def test_malformed_node_trace_names_file_and_line(tmp_path, text, needle):
@@ -146,3 +149,31 @@ def test_node_trace_header_and_comments(tmp_path):
     p = _write(tmp_path, "h.csv", "time_ms,action,node\n# warm-up\n0,add,a\n1500,remove,a\n")
     tr = load_node_trace(p)
     assert tr.events == (NodeEvent(0.0, "add", "a"), NodeEvent(1.5, "remove", "a"))
+
+
+def test_a_byte_order_mark_is_read_past(tmp_path):
+    """Windows editors and spreadsheet exports start UTF-8 files with a BOM: both kinds load as without it."""
+    spot = tmp_path / "bom.json"
+    spot.write_bytes(b"\xef\xbb\xbf" + b'{"metadata": {"gap_seconds": 600}, "data": [1, 0, 1]}')
+    assert load_spot_trace(spot).available.tolist() == [1, 0, 1]
+    node = tmp_path / "bom.csv"
+    node.write_bytes(b"\xef\xbb\xbf" + b"time_ms,action,node\r\n0,add,a\r\n1500,remove,a\r\n")
+    assert load_node_trace(node).events == (NodeEvent(0.0, "add", "a"), NodeEvent(1.5, "remove", "a"))
+
+
+def test_a_json_trace_read_as_a_node_trace_is_quoted_short(tmp_path):
+    """A one-line SkyPilot trace given as a node trace: the error quotes the start of the line, not megabytes
+    of it, and says what the file looks like."""
+    p = _write(tmp_path, "zone.csv", json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0] * 50_000}))
+    with pytest.raises(TraceError) as err:
+        load_node_trace(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: line 1: expected 3 fields") and "characters)" in msg
+    assert "looks like a SkyPilot JSON trace" in msg and len(msg) < 400
+
+
+def test_a_long_bad_value_is_quoted_short(tmp_path):
+    p = _write(tmp_path, "nested.json", json.dumps({"metadata": {"gap_seconds": 600}, "data": [[1] * 10_000]}))
+    with pytest.raises(TraceError, match=r"'data\[0\]' must be a non-negative integer, got \[1, 1.*characters\)$") as err:
+        load_spot_trace(p)
+    assert len(str(err.value)) < 300

@@ -64,8 +64,10 @@ class NodeTrace:
 
 
 def _read_text(path: Path) -> str:
+    """The file's text; a UTF-8 byte order mark (as some Windows editors and spreadsheet exports
+    write) is dropped, so neither the JSON parser nor the CSV header sees it."""
     try:
-        return path.read_text(encoding="utf-8")
+        return path.read_text(encoding="utf-8-sig")
     except FileNotFoundError:
         raise TraceError(f"{path}: no such file") from None
     except IsADirectoryError:
@@ -74,6 +76,16 @@ def _read_text(path: Path) -> str:
         raise TraceError(f"{path}: not UTF-8 text (byte {e.start})") from None
     except OSError as e:
         raise TraceError(f"{path}: cannot read: {e.strerror}") from None
+
+
+# The most of a bad value an error quotes: a one-line JSON trace read as a node trace is megabytes.
+_QUOTE_CHARS = 80
+
+
+def _quoted(value: object) -> str:
+    """``repr(value)`` as an error quotes it, cut to ``_QUOTE_CHARS`` characters."""
+    text = repr(value)
+    return text if len(text) <= _QUOTE_CHARS else f"{text[:_QUOTE_CHARS]}... ({len(text):,} characters)"
 
 
 def _is_number(value: Any) -> TypeGuard[int | float]:
@@ -87,6 +99,9 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     """
     path = Path(path)
     text = _read_text(path)
+    if not text.strip():
+        raise TraceError(f"{path}: the file is empty; expected a JSON object "
+                         "{\"metadata\": {\"gap_seconds\": N}, \"data\": [...]}")
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
@@ -98,7 +113,7 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
         raise TraceError(f"{path}: field 'metadata' is missing or not an object; expected {{\"gap_seconds\": N}}")
     gap = meta.get("gap_seconds")
     if not _is_number(gap) or not math.isfinite(gap) or gap <= 0:
-        raise TraceError(f"{path}: field 'metadata.gap_seconds' must be a positive number, got {gap!r}")
+        raise TraceError(f"{path}: field 'metadata.gap_seconds' must be a positive number, got {_quoted(gap)}")
     data = doc.get("data")
     if not isinstance(data, list):
         raise TraceError(f"{path}: field 'data' is missing or not a list of available instances per tick")
@@ -106,17 +121,18 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
         raise TraceError(f"{path}: field 'data' is empty; a trace needs at least one tick")
     for i, v in enumerate(data):
         if _is_number(v) and v > 2**53:  # no pool is that big, and int64 would overflow
-            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer up to 2**53, got {v!r}")
+            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer up to 2**53, got {_quoted(v)}")
         if not (isinstance(v, int) and not isinstance(v, bool)) or v < 0:
             if isinstance(v, float) and v.is_integer() and v >= 0:
                 continue
-            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer, got {v!r}")
+            raise TraceError(f"{path}: field 'data[{i}]' must be a non-negative integer, got {_quoted(v)}")
     available = np.asarray(data, dtype=np.int64)
     available.flags.writeable = False
     return SpotTrace(name=path.stem, gap_seconds=float(gap), available=available)
 
 
 _HEADER = ("time_ms", "action", "node")
+
 
 
 def load_node_trace(path: str | Path) -> NodeTrace:
@@ -140,28 +156,32 @@ def load_node_trace(path: str | Path) -> NodeTrace:
             continue
         where = f"{path}: line {lineno}"
         if len(fields) != 3:
-            raise TraceError(f"{where}: expected 3 fields 'time_ms,add|remove,node', got {len(fields)}: {line!r}")
+            hint = ("; it looks like a SkyPilot JSON trace: name it .json and give it with --trace"
+                    if line.startswith(("{", "[")) else "")
+            raise TraceError(f"{where}: expected 3 fields 'time_ms,add|remove,node', got {len(fields)}: "
+                             f"{_quoted(line)}{hint}")
         t_raw, action, node = fields
         try:
             t_ms = float(t_raw)
         except ValueError:
             header = f"; a header line must read '{','.join(_HEADER)}'" if lineno == 1 else ""
-            raise TraceError(f"{where}: time_ms {t_raw!r} is not a number{header}") from None
+            raise TraceError(f"{where}: time_ms {_quoted(t_raw)} is not a number{header}") from None
         if not math.isfinite(t_ms) or t_ms < 0:
-            raise TraceError(f"{where}: time_ms must be a non-negative number, got {t_raw!r}")
+            raise TraceError(f"{where}: time_ms must be a non-negative number, got {_quoted(t_raw)}")
         if t_ms < last_ms:
-            raise TraceError(f"{where}: time_ms {t_raw} goes back in time (previous line was at {last_ms:g})")
+            raise TraceError(f"{where}: time_ms {t_raw} goes back in time (previous line was at {last_ms:g}); "
+                             "sort the lines by time")
         if action not in ("add", "remove"):
-            raise TraceError(f"{where}: action must be 'add' or 'remove', got {action!r}")
+            raise TraceError(f"{where}: action must be 'add' or 'remove', got {_quoted(action)}")
         if not node:
             raise TraceError(f"{where}: node name is empty")
         if action == "add":
             if node in live:
-                raise TraceError(f"{where}: node {node!r} added while already present")
+                raise TraceError(f"{where}: node {_quoted(node)} added while already present")
             live.add(node)
         else:
             if node not in live:
-                raise TraceError(f"{where}: node {node!r} removed but not present")
+                raise TraceError(f"{where}: node {_quoted(node)} removed but not present")
             live.remove(node)
         last_ms = t_ms
         events.append(NodeEvent(t_s=t_ms / 1000.0, action=action, node=node))  # type: ignore[arg-type]
