@@ -142,7 +142,9 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     plain = tmp_path / "plain.yaml"
     plain.write_text(JOB.replace(", deadline_guard: {deadline_h: 15, work_h: 10, pace: 1.0, margin_h: 0.3}", ""))
     r = invoke(app, str(plain), "--trace", TRACE, "--hours", "10")
-    assert r.exit_code == 2 and "--deadline-h: required" in r.output
+    assert r.exit_code == 2 and r.output.strip() == (
+        "error: --deadline-h: required: the job file gives no deadline (no plan: deadline_h, no tier's deadline_guard); "
+        "give the hours from each window's start, e.g. --deadline-h 15"), r.output
     # Unpriced tiers (the default price is 0): spend against on-demand would be 0 / 0.
     unpriced = tmp_path / "unpriced.yaml"
     unpriced.write_text(JOB.replace(", price_per_worker_hour: 1.0", ""))
@@ -247,6 +249,23 @@ def test_backtest_pool_option_names_the_tier_that_replays_its_own_trace(app, tmp
     path.write_text(TWO_POOLS.replace("{name: spot-b, market: spot, num_workers: 1,", "{name: spot-b, market: spot, num_workers: 64,"))
     r = invoke(app, str(path), "--trace", TRACE, "--hours", "10", "--pool", f"spot-b={NODES}")
     assert r.exit_code == 2 and "error: --pool: 'spot-b': node trace 'aws-p3-trace' never has 64 nodes" in r.output, r.output
+
+
+def test_a_node_trace_too_small_for_the_gang_names_the_file_and_the_tier_to_change(app, tmp_path):
+    """The job file has no --workers to lower: the error names the trace and the tier whose num_workers sets the gang."""
+    big = tmp_path / "big.yaml"
+    big.write_text(JOB.replace("{name: spot, market: spot, num_workers: 1,", "{name: spot, market: spot, num_workers: 64,"))
+    r = invoke(app, str(big), "--trace", NODES, "--hours", "10")
+    assert r.exit_code == 2 and r.output.strip() == (
+        f"error: --trace: {NODES}: node trace 'aws-p3-trace' never has 64 nodes at once (at most 32), and JOB.yaml's "
+        "spot tier 'spot' has num_workers: 64; give a trace of a larger cluster, or fewer workers there"), r.output
+    # Without a spot tier, the optimum's spot gang is the on-demand tier's size.
+    od_only = tmp_path / "od.yaml"
+    od_only.write_text(JOB.split("  - {name: spot")[0]
+                       + "  - {name: on-demand, market: on-demand, num_workers: 40, price_per_worker_hour: 1.0}\n")
+    r = invoke(app, str(od_only), "--trace", NODES, "--hours", "10", "--deadline-h", "15", "--spot-price", "0.3")
+    assert r.exit_code == 2 and "never has 40 nodes at once (at most 32), and the optimum's spot gang at --spot-price " \
+        "(JOB.yaml's tier 'on-demand') has num_workers: 40" in r.output.replace("\n", ""), r.output
 
 
 def test_a_plan_made_for_checkpoint_requests_is_backtested_with_them_unless_told_otherwise(app, tmp_path):

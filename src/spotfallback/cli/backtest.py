@@ -157,6 +157,18 @@ def _pools(paths: Mapping[str, Path], ladder: Ladder) -> dict[str, SpotTrace | N
     return pools
 
 
+def _check_gang_fits(path: Path, trace: SpotTrace | NodeTrace, gangs: Sequence[tuple[int, str]]) -> None:
+    """A node trace replayed on gangs it never holds is refused, naming what sets the gang (``gangs``:
+    workers and what sets them, e.g. a spot tier of JOB.yaml)."""
+    if not isinstance(trace, NodeTrace) or not gangs:
+        return
+    need, who = max(gangs, key=lambda g: g[0])
+    if need > trace.peak:
+        raise usage_error("--trace", f"{path}: node trace {trace.name!r} never has {need} nodes at once (at most "
+                                     f"{trace.peak}), and {who} has num_workers: {need}; give a trace of a larger "
+                                     "cluster, or fewer workers there")
+
+
 def register(app: typer.Typer) -> None:
     """Add the ``backtest`` command to the spotfallback CLI."""
 
@@ -232,7 +244,9 @@ def register(app: typer.Typer) -> None:
             deadline = deadline_h if deadline_h is not None else (plan.deadline_h if plan and plan.deadline_h else
                                                                  guards[0].deadline_h if guards else None)
             if deadline is None:
-                raise usage_error("--deadline-h", "required: the job file's plan: gives none")
+                raise usage_error("--deadline-h", "required: the job file gives no deadline (no plan: deadline_h, no tier's "
+                                                  "deadline_guard); give the hours from each window's start, e.g. "
+                                                  f"--deadline-h {1.5 * hours:g}")
             tau = checkpoint_interval_h if checkpoint_interval_h is not None else (plan.checkpoint_interval_h if plan else None)
             for key, v in secs.items():
                 if v < 0 or not math.isfinite(v):
@@ -257,13 +271,20 @@ def register(app: typer.Typer) -> None:
                            checkpoint_on_request=on_request if on_request is not None else bool(plan and plan.checkpoint_on_request),
                            move_restart_h=planned.move_restart_h if planned else 0.0,
                            move_cost=planned.move_cost if planned else 0.0)
+            pool_paths = _pool_paths(pool)
+            # The gangs each --trace is replayed on: spot tiers without a --pool, and for a ladder without spot, the
+            # optimum's spot gang at --spot-price (the size of the on-demand tier's).
+            gangs = [(t.num_workers, f"JOB.yaml's spot tier {t.name!r}") for t in job.tiers
+                     if t.is_spot and t.name not in pool_paths]
+            if optimum_over is not None:
+                gangs.append((od.num_workers, f"the optimum's spot gang at --spot-price (JOB.yaml's tier {od.name!r})"))
             traces: list[SpotTrace | NodeTrace] = []
             for path in trace:
                 try:
                     traces.append(load_process(str(path)))
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
-            pool_paths = _pool_paths(pool)
+                _check_gang_fits(path, traces[-1], gangs)
             pools = _pools(pool_paths, job.ladder)
             left_out: list[str] = []
             try:

@@ -62,6 +62,15 @@ class NodeTrace:
     def duration_s(self) -> float:
         return self.events[-1].t_s if self.events else 0.0
 
+    @property
+    def peak(self) -> int:
+        """Most nodes present at once: the largest gang the trace can hold."""
+        peak = live = 0
+        for ev in self.events:
+            live += 1 if ev.action == "add" else -1
+            peak = max(peak, live)
+        return peak
+
 
 def _read_text(path: Path) -> str:
     """The file's text; a UTF-8 byte order mark (as some Windows editors and spreadsheet exports

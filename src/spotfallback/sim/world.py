@@ -165,10 +165,7 @@ def compile_node_trace(trace: NodeTrace, num_workers: int, gap_seconds: float = 
     Events are quantised up to ``gap_seconds`` ticks (the shared trace is minute-aligned).
     When the trace repeats, a gang still alive at its end carries on as if started at tick 0.
     """
-    peak = live = 0
-    for ev in trace.events:
-        live += 1 if ev.action == "add" else -1
-        peak = max(peak, live)
+    peak = trace.peak
     if num_workers > peak:
         raise ValueError(f"node trace {trace.name!r} never has {num_workers} nodes (at most {peak}); use fewer workers")
     gap_h = gap_seconds / 3600.0
