@@ -248,7 +248,9 @@ def test_backtest_pool_option_names_the_tier_that_replays_its_own_trace(app, tmp
     # A pool's node trace too small for its tier's gang is the --pool's fault, not the windows' trace.
     path.write_text(TWO_POOLS.replace("{name: spot-b, market: spot, num_workers: 1,", "{name: spot-b, market: spot, num_workers: 64,"))
     r = invoke(app, str(path), "--trace", TRACE, "--hours", "10", "--pool", f"spot-b={NODES}")
-    assert r.exit_code == 2 and "error: --pool: 'spot-b': node trace 'aws-p3-trace' never has 64 nodes" in r.output, r.output
+    assert r.exit_code == 2 and r.output.strip() == (
+        f"error: --pool: {NODES}: node trace 'aws-p3-trace' never has 64 nodes at once (at most 32), and JOB.yaml's "
+        "spot tier 'spot-b' has num_workers: 64; give a trace of a larger cluster, or fewer workers there"), r.output
 
 
 def test_a_node_trace_too_small_for_the_gang_names_the_file_and_the_tier_to_change(app, tmp_path):

@@ -145,26 +145,28 @@ def _pool_paths(given: list[str]) -> dict[str, Path]:
 
 def _pools(paths: Mapping[str, Path], ladder: Ladder) -> dict[str, SpotTrace | NodeTrace]:
     """The traces of ``--pool`` (``_pool_paths``), loaded, for tiers of ``ladder``."""
-    names = [t.name for t in ladder.tiers]
+    tiers = {t.name: t for t in ladder.tiers}
     pools: dict[str, SpotTrace | NodeTrace] = {}
     for name, path in paths.items():
-        if name not in names:
-            raise usage_error("--pool", f"JOB.yaml has no tier {name!r}; its tiers are {', '.join(map(repr, names))}")
+        if name not in tiers:
+            raise usage_error("--pool", f"JOB.yaml has no tier {name!r}; its tiers are {', '.join(map(repr, tiers))}")
         try:
             pools[name] = load_process(str(path))
         except TraceError as e:
             raise usage_error("--pool", str(e)) from None
+        if tiers[name].is_spot:  # another tier is refused by backtest() itself, as no trace applies to it
+            _check_gang_fits("--pool", path, pools[name], [(tiers[name].num_workers, f"JOB.yaml's spot tier {name!r}")])
     return pools
 
 
-def _check_gang_fits(path: Path, trace: SpotTrace | NodeTrace, gangs: Sequence[tuple[int, str]]) -> None:
+def _check_gang_fits(option: str, path: Path, trace: SpotTrace | NodeTrace, gangs: Sequence[tuple[int, str]]) -> None:
     """A node trace replayed on gangs it never holds is refused, naming what sets the gang (``gangs``:
     workers and what sets them, e.g. a spot tier of JOB.yaml)."""
     if not isinstance(trace, NodeTrace) or not gangs:
         return
     need, who = max(gangs, key=lambda g: g[0])
     if need > trace.peak:
-        raise usage_error("--trace", f"{path}: node trace {trace.name!r} never has {need} nodes at once (at most "
+        raise usage_error(option, f"{path}: node trace {trace.name!r} never has {need} nodes at once (at most "
                                      f"{trace.peak}), and {who} has num_workers: {need}; give a trace of a larger "
                                      "cluster, or fewer workers there")
 
@@ -284,7 +286,7 @@ def register(app: typer.Typer) -> None:
                     traces.append(load_process(str(path)))
                 except TraceError as e:
                     raise usage_error("--trace", str(e)) from None
-                _check_gang_fits(path, traces[-1], gangs)
+                _check_gang_fits("--trace", path, traces[-1], gangs)
             pools = _pools(pool_paths, job.ladder)
             left_out: list[str] = []
             try:

@@ -143,7 +143,6 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
 _HEADER = ("time_ms", "action", "node")
 
 
-
 def load_node_trace(path: str | Path) -> NodeTrace:
     """Read a node trace CSV of lines ``time_ms,add|remove,nodeN`` (an optional header is skipped).
 
