@@ -245,6 +245,59 @@ def test_other_ray_kinds_and_versions() -> None:
     assert findings and all(f.warning for f in findings)
 
 
+# Trimmed from ray-project/kuberay ray-operator/config/samples/ray-cluster.complete.large.yaml at
+# v1.0.0 (1add258fcfd5c83319428355c0af4dde60ea9047): a KubeRay 1.0 file, with the deprecated
+# headGroupSpec.replicas that KubeRay 1.1.0 removed from the CRD.
+KUBERAY_1_0_CLUSTER = """\
+apiVersion: ray.io/v1
+kind: RayCluster
+metadata:
+  labels:
+    controller-tools.k8s.io: "1.0"
+  name: raycluster-complete
+spec:
+  rayVersion: '2.7.0'
+  headGroupSpec:
+    serviceType: ClusterIP
+    # for the head group, replicas should always be 1.
+    # headGroupSpec.replicas is deprecated in KubeRay >= 0.3.0.
+    replicas: 1
+    rayStartParams:
+      dashboard-host: '0.0.0.0'
+    template:
+      spec:
+        containers:
+        - name: ray-head
+          image: rayproject/ray:2.7.0
+          resources:
+            limits: {cpu: "14", memory: "54Gi"}
+            requests: {cpu: "14", memory: "54Gi"}
+"""
+
+
+def test_a_field_kuberay_removed_is_named_as_removed_not_as_a_typo() -> None:
+    report = validate_text(KUBERAY_1_0_CLUSTER)
+    assert [str(f) for f in report.errors] == [
+        "spec.headGroupSpec.replicas: removed in KubeRay 1.1.0 (kubectl refuses it as an unknown field, or the API "
+        "server drops it): every operator ignores it, a Ray cluster has exactly one head pod; remove it"
+    ]
+    # The operator the file was written for still has the field: a warning, not an error.
+    old = validate_text(KUBERAY_1_0_CLUSTER, kuberay_version="1.0.0")
+    assert old.ok and [f.path for f in old.warnings] == ["spec.headGroupSpec.replicas"]
+    assert not validate_text(KUBERAY_1_0_CLUSTER, kuberay_version="1.1.0").ok
+    # The RayJob's base64 runtimeEnv went in the same release; its fix is runtimeEnvYAML.
+    job = sample(JOB_SAMPLE)
+    job["spec"]["runtimeEnv"] = "eyJwaXAiOiBbInJlcXVlc3RzIl19"
+    job["spec"]["rayClusterSpec"]["headGroupSpec"]["replicas"] = 1
+    found = errors(job)
+    assert any(f.startswith("spec.runtimeEnv: removed in KubeRay 1.1.0") and f.endswith("spec.runtimeEnvYAML") for f in found), found
+    assert any(f.startswith("spec.rayClusterSpec.headGroupSpec.replicas: removed in KubeRay 1.1.0") for f in found), found
+    # Elsewhere the same names are still typos.
+    cluster = yaml.safe_load(KUBERAY_1_0_CLUSTER)
+    cluster["spec"]["runtimeEnv"] = "x"
+    assert "spec.runtimeEnv: unknown field; remove it or check its spelling" in errors(cluster)
+
+
 LAUNCHER = {
     "cluster_name": "demo",
     "max_workers": 2,

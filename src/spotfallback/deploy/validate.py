@@ -811,6 +811,19 @@ KUBERAY_SINCE: dict[str, str] = {
 }
 MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
 
+# Fields of the v1 CRD that KubeRay 1.1.0 removed, so the shipped schema does not know them:
+# files written for KubeRay 1.0 (or converted from v1alpha1) still carry them, and "unknown field;
+# check its spelling" would mislead. From 1.1.0 on, kubectl's default strict field validation
+# refuses them and a lax apply drops them.
+KUBERAY_REMOVED: dict[tuple[str, str], tuple[str, str]] = {
+    ("RayCluster", "spec.headGroupSpec.replicas"): (
+        "1.1.0", "every operator ignores it, a Ray cluster has exactly one head pod; remove it"),
+    ("RayJob", "spec.rayClusterSpec.headGroupSpec.replicas"): (
+        "1.1.0", "every operator ignores it, a Ray cluster has exactly one head pod; remove it"),
+    ("RayJob", "spec.runtimeEnv"): (
+        "1.1.0", "it held the runtime env base64-encoded; write it, decoded, as YAML in spec.runtimeEnvYAML"),
+}
+
 
 def parse_version(text: str, where: str = "--kuberay-version") -> tuple[int, ...]:
     """``1.4.2`` -> (1, 4, 2); a leading ``v`` is allowed. ValueError names ``where`` and the form."""
@@ -890,6 +903,19 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
         yield Finding(where, f"the file needs KubeRay {needed}, the operator is {running}; upgrade the operator to {needed} or later")
 
 
+def _removed_field(finding: Finding, kind: str, version: tuple[int, ...] | None) -> Finding:
+    """An "unknown field" finding for a field KubeRay removed, said as such: an error from the
+    release that removed it on (or with no version stated), a warning for an older operator."""
+    removed = KUBERAY_REMOVED.get((kind, finding.path))
+    if removed is None or not finding.message.startswith("unknown field"):
+        return finding
+    since, fix = removed
+    if version is not None and version < parse_version(since):
+        return Finding(finding.path, f"KubeRay {_version_text(version)} still accepts it, but {since} removed it: {fix}", warning=True)
+    return Finding(finding.path, f"removed in KubeRay {since} (kubectl refuses it as an unknown field, or the API "
+                                 f"server drops it): {fix}")
+
+
 GROUP_PATH = "spec.template.spec.nodeClassRef.group"
 
 
@@ -951,7 +977,8 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
         return f"{kind} (not checked)", [Finding("kind", f"{kind!r} is not checked offline; only {' and '.join(KUBERAY_FILES)} are", warning=True)]
     if api != "ray.io/v1":
         return kind, [Finding("apiVersion", f"{api!r}: only ray.io/v1 is checked (v1alpha1 is deprecated)")]
-    findings = _schema_check(kuberay_validator(kind), doc) + list(_metadata_findings(doc, kind))
+    findings = [_removed_field(f, kind, version) for f in _schema_check(kuberay_validator(kind), doc)]
+    findings += _metadata_findings(doc, kind)
     annotations = _dict(_get(doc, "metadata", "annotations"))
     if kind == "RayJob":
         findings += _job_findings(doc.get("spec"), annotations)
