@@ -538,6 +538,17 @@ def test_each_stated_operator_refuses_the_fields_it_predates(version: str, first
     assert any(f.startswith("spec.rayClusterSpec.workerGroupSpecs[0].labels: KubeRay") for f in found)
 
 
+def test_dropped_group_labels_name_what_is_lost_where_the_group_has_no_market_label() -> None:
+    # The upstream label-selector sample: its head group is labelled only ray.io/region, so
+    # "no node gets ray.io/market-type" would blame a label it never had.
+    found = _operator(sample(CLUSTER_SAMPLE), "1.4.0")
+    assert ("spec.headGroupSpec.labels: KubeRay 1.4.0 drops group labels silently: this group's Ray nodes get none of "
+            "them (ray.io/region), so no label selector matches them (it first appears in 1.5.0; upgrade the operator "
+            "to 1.5.0 or later)") in found
+    assert any(f.startswith("spec.workerGroupSpecs[0].labels: KubeRay 1.4.0 drops group labels silently: no node gets "
+                            "ray.io/market-type") for f in found), found
+
+
 def test_the_min_kuberay_annotation_is_read_and_checked() -> None:
     doc = sample(JOB_SAMPLE)
     doc["spec"]["submissionMode"] = "SidecarMode"

@@ -837,6 +837,17 @@ def _version_text(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
+def _cluster_groups(doc: dict[str, Any], kind: str) -> list[tuple[list[str | int], Any]]:
+    """(path, group) of the head group and each worker group of a RayCluster or a RayJob's cluster."""
+    spec, at = _dict(doc.get("spec")), ["spec"]
+    if kind == "RayJob":
+        spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
+    groups: list[tuple[list[str | int], Any]] = [([*at, "headGroupSpec"], spec.get("headGroupSpec"))]
+    listed = spec.get("workerGroupSpecs")
+    groups += [([*at, "workerGroupSpecs", i], g) for i, g in enumerate(listed if isinstance(listed, list) else [])]
+    return groups
+
+
 def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     """(field path, ``KUBERAY_SINCE`` key) for each versioned field ``doc`` uses."""
     spec = _dict(doc.get("spec"))
@@ -850,11 +861,8 @@ def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
         spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
     if _get(spec, "autoscalerOptions", "version") is not None:
         needs.append((field_path([*at, "autoscalerOptions", "version"]), "autoscalerOptions.version"))
-    groups: list[tuple[list[str | int], Any]] = [([*at, "headGroupSpec"], spec.get("headGroupSpec"))]
-    listed = spec.get("workerGroupSpecs")
-    groups += [([*at, "workerGroupSpecs", i], g) for i, g in enumerate(listed if isinstance(listed, list) else [])]
     autoscaled = spec.get("enableInTreeAutoscaling") is True
-    for where, group in groups:
+    for where, group in _cluster_groups(doc, kind):
         needs += [(field_path([*where, key]), f"group {key}") for key in ("labels", "resources") if _dict(group).get(key)]
         if autoscaled and where[-2:-1] == ["workerGroupSpecs"] and _dict(group).get("labels"):
             # A fallback tier starts at zero replicas: only the autoscaler, scaling the group
@@ -893,10 +901,15 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
                               "a tier's group at zero replicas may never get nodes"),
         "native sidecar": f"KubeRay {running} drops it silently: the sidecar becomes an ordinary init container, which must exit before Ray starts",
     }
+    labels_at = {field_path([*where, "labels"]): _dict(_get(group, "labels")) for where, group in _cluster_groups(doc, kind)}
     for path, what, since in needs:
         if since > version:
             first = _version_text(since)
             consequence = consequences.get(what, f"KubeRay {running} drops this field silently")
+            labels = labels_at.get(path, {})
+            if what == "group labels" and MARKET_LABEL not in labels:
+                consequence = (f"KubeRay {running} drops group labels silently: this group's Ray nodes get none of "
+                               f"them ({', '.join(labels)}), so no label selector matches them")
             yield Finding(path, f"{consequence} (it first appears in {first}; upgrade the operator to {first} or later)")
     if minimum is not None and minimum > version:
         needed = _version_text(minimum)
