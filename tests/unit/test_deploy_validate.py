@@ -239,7 +239,8 @@ def test_yaml_problems_name_the_line() -> None:
 
 def test_other_ray_kinds_and_versions() -> None:
     assert errors({"apiVersion": "ray.io/v1alpha1", "kind": "RayJob", "metadata": {"name": "x"}}) == [
-        "apiVersion: 'ray.io/v1alpha1': only ray.io/v1 is checked (v1alpha1 is deprecated)"
+        "apiVersion: 'ray.io/v1alpha1': only ray.io/v1 is checked (v1alpha1 is deprecated); set apiVersion: ray.io/v1 "
+        "to have the file checked"
     ]
     kind, findings = validate_document({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "x"}})
     assert findings and all(f.warning for f in findings)

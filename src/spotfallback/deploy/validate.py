@@ -989,7 +989,8 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
     if kind not in KUBERAY_FILES:
         return f"{kind} (not checked)", [Finding("kind", f"{kind!r} is not checked offline; only {' and '.join(KUBERAY_FILES)} are", warning=True)]
     if api != "ray.io/v1":
-        return kind, [Finding("apiVersion", f"{api!r}: only ray.io/v1 is checked (v1alpha1 is deprecated)")]
+        return kind, [Finding("apiVersion", f"{api!r}: only ray.io/v1 is checked (v1alpha1 is deprecated); "
+                                                   "set apiVersion: ray.io/v1 to have the file checked")]
     findings = [_removed_field(f, kind, version) for f in _schema_check(kuberay_validator(kind), doc)]
     findings += _metadata_findings(doc, kind)
     annotations = _dict(_get(doc, "metadata", "annotations"))
