@@ -22,6 +22,7 @@ from tests.support.helpers_e2e import (  # noqa: E402
     Background,
     apply_env,
     checkpoints_since,
+    eventually,
     kinds,
     unique_name,
     wait_for,
@@ -195,7 +196,7 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
     assert result.metrics["step"] == config["total_steps"]
 
 
-NOTICE_S = 40.0  # a notice longer than a node's provisioning plus one restart, even on a loaded machine
+NOTICE_S = 60.0  # a notice longer than a node's provisioning plus one restart, even on a loaded machine (40 s was not)
 
 
 @SLOW_UNDER_LOAD
@@ -212,7 +213,7 @@ def test_the_replacement_is_launched_at_the_notice_and_the_gang_moves_before_the
     from spotfallback.notices.jit import jit_failure_config
 
     cluster.set_capacity("spot", 3)
-    tiers = [Tier.spot(2, max_preemptions=2, capacity_timeout_s=120, price_per_worker_hour=1.0),
+    tiers = [Tier.spot(2, max_preemptions=2, capacity_timeout_s=300, price_per_worker_hour=1.0),
              Tier.on_demand(2, price_per_worker_hour=3.0)]
     config = {**TRAIN_CONFIG, "total_steps": 150, "preemption_check_every_s": 1.0, "preemption_hold_s": 60.0}
     trainer = FallbackTrainer(
@@ -268,7 +269,7 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     cluster.set_capacity("spot", 1)
     for node in cluster.alive_nodes("spot"):  # left by the tests before, idle: the cloud takes them back
         cluster.kill_node(node["NodeID"])
-    tiers = [Tier.spot((1, 2), max_preemptions=2, min_dwell_s=2, capacity_timeout_s=120, price_per_worker_hour=1.0),
+    tiers = [Tier.spot((1, 2), max_preemptions=2, min_dwell_s=2, capacity_timeout_s=300, price_per_worker_hour=1.0),
              Tier.on_demand(2, price_per_worker_hour=3.0)]
     # Still training on one worker at the latest growth the test allows (DELAY_S + 30 s after
     # the room: about 230 steps of 0.15 s); the steps after it, on two workers, take longer.
@@ -284,7 +285,8 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180, driver)
     # One node is all the cloud has; the run's request asks for the tier's two.
     assert [(r.tier, r.event.num_workers) for r in ledger.read() if r.event.kind == "workers_acquired"] == [(0, 1)]
-    assert requested(cluster) == {"spot": 2}
+    # (the request of the test before may still be withdrawn when the machine is loaded)
+    assert eventually(lambda: requested(cluster) == {"spot": 2}, 60), requested(cluster)
     cluster.set_capacity("spot", 2)
     room = time.time()
     wait_for(ledger, lambda rs: sum(r.event.kind == "workers_acquired" for r in rs) >= 2, 120, driver)
@@ -297,5 +299,5 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     grow = next(r for r in records if r.decision and r.decision["action"] == "resize")
     assert grow.event.available_workers == 2 and grow.decision["num_workers"] == 2
     # The node's launch and start, then the next checkpoint-gated capacity look, on a loaded 2-core machine.
-    assert room + DELAY_S - 0.5 <= grow.event.t <= room + DELAY_S + 30.0, grow.event.t - room
+    assert room + DELAY_S - 0.5 <= grow.event.t <= room + DELAY_S + 60.0, grow.event.t - room
     assert result.metrics["step"] == config["total_steps"]
