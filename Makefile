@@ -8,8 +8,9 @@ BIN := $(VENV)/bin
 # its worker's own). A cluster module alone keeps about 1.6 of 2 cores busy (Ray starts a process
 # per Train worker and actor), so a third worker would only add contention. Files go out in
 # collection order, the cluster tests (tests/e2e, minutes each) before the unit tests (seconds),
-# which then fill the end of both workers' time; xdist's default order, most tests first, sent
-# the unit files first and left the last cluster modules to run on one worker while the other idled.
+# which then fill the end of both workers' time. xdist's default order (most tests first) sends
+# the unit files first and the cluster modules of 1-3 tests last, with nothing left to even out
+# the two workers' ends.
 PARALLEL := -n 2 --dist loadfile --no-loadscope-reorder
 STAMP := $(VENV)/.installed-stamp
 # Azurite (the Azure Storage emulator the storage tests start on loopback) comes from npm, run

@@ -22,7 +22,6 @@ from tests.support.helpers_e2e import (  # noqa: E402
     Background,
     apply_env,
     checkpoints_since,
-    eventually,
     kinds,
     unique_name,
     wait_for,
@@ -196,7 +195,9 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
     assert result.metrics["step"] == config["total_steps"]
 
 
-NOTICE_S = 60.0  # a notice longer than a node's provisioning plus one restart, even on a loaded machine (40 s was not)
+# A notice longer than a node's provisioning plus one restart, even on a loaded 2-core CI (where
+# 40 and 60 s were not: the gang was training again 2 and 4 s after the deadline); AWS gives 120 s.
+NOTICE_S = 90.0
 
 
 @SLOW_UNDER_LOAD
@@ -266,6 +267,8 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     from spotfallback import FallbackTrainer, Tier
     from spotfallback.examples.ddp_digits import train_fn
 
+    # A run of the test before that failed goes on to its end, holding its resource request.
+    until(lambda: not requested(cluster), 240, lambda: requested(cluster))
     cluster.set_capacity("spot", 1)
     for node in cluster.alive_nodes("spot"):  # left by the tests before, idle: the cloud takes them back
         cluster.kill_node(node["NodeID"])
@@ -285,8 +288,7 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180, driver)
     # One node is all the cloud has; the run's request asks for the tier's two.
     assert [(r.tier, r.event.num_workers) for r in ledger.read() if r.event.kind == "workers_acquired"] == [(0, 1)]
-    # (the request of the test before may still be withdrawn when the machine is loaded)
-    assert eventually(lambda: requested(cluster) == {"spot": 2}, 60), requested(cluster)
+    assert requested(cluster) == {"spot": 2}
     cluster.set_capacity("spot", 2)
     room = time.time()
     wait_for(ledger, lambda rs: sum(r.event.kind == "workers_acquired" for r in rs) >= 2, 120, driver)

@@ -168,16 +168,6 @@ def wait_for(ledger: Any, predicate: Callable[[list[Any]], bool], timeout: float
     raise TimeoutError(f"ledger condition not met in {timeout}s: {[r.event.kind for r in ledger.read()]}")
 
 
-def eventually(condition: Callable[[], bool], timeout: float) -> bool:
-    """Whether ``condition()`` holds within ``timeout`` seconds on a quiet machine (:data:`WAIT_SLACK` times that)."""
-    deadline = time.monotonic() + timeout * WAIT_SLACK
-    while not condition():
-        if time.monotonic() > deadline:
-            return False
-        time.sleep(0.25)
-    return True
-
-
 def checkpoints_since(records: list[Any], kind: str, tier: int | None = None) -> int:
     """Checkpoints committed after the last event of ``kind`` (on ``tier`` if given)."""
     last = max((i for i, r in enumerate(records) if r.event.kind == kind), default=-1)
