@@ -303,24 +303,23 @@ def notice_agent(cluster: Any, trainer: Any, node: Any) -> Iterator[tuple[Any, s
 
 
 def announce_and_take(
-    cluster: Any, injector: Any, trainer: Any, node: Any, driver: Background, ready: Any, gate: Path | None = None
+    cluster: Any, injector: Any, trainer: Any, node: Any, driver: Background, ready: Any
 ) -> tuple[int, float]:
     """The cloud's way: the agent watches first; once ``ready(steps)`` holds, a spot notice
     NOTICE_S ahead, which the agent drains once; the VM goes at the deadline.
 
     Returns (deadline, kill time). The agent starts before the notice (its start, a few
-    seconds of imports and GCS lookups, must not eat the notice). With ``gate`` (the run's
-    ``step_gate``) the workers hold while it starts, so that the run's remaining steps are not
-    eaten either: on a loaded machine the start takes longer than they do.
+    seconds of imports and GCS lookups, must not eat the notice). The workers hold at the run's
+    ``step_gate`` while it starts, so that the run's remaining steps are not eaten either: on a
+    loaded machine the start takes longer than they do.
     """
     from tests.support.metadata_fakes import iso
 
     log = Path(trainer.train_loop_config["step_log"])
-    if gate is not None:
-        gate.unlink()
+    gate = Path(trainer.train_loop_config["step_gate"])
+    gate.unlink()
     with notice_agent(cluster, trainer, node) as (imds, proc):
-        if gate is not None:
-            gate.touch()
+        gate.touch()
         wait_for(trainer.ledger, lambda rs: ready(read_steps(log)), 120, driver)
         deadline = int(time.time()) + NOTICE_S
         imds.instance_action = json.dumps({"action": "terminate", "time": iso(deadline)}).encode()
@@ -352,13 +351,12 @@ def test_notices_from_the_agent_on_either_rank_lose_no_step_and_resume_bit_ident
     driver = Background(trainer.fit)
     started_at_step(trainer, 1, driver)
     node1 = node_of_rank(cluster, trainer, 1)
-    deadline1, kill1 = announce_and_take(cluster, injector, trainer, node1, driver, lambda st: st[-1]["step"] >= 4, gate)
+    deadline1, kill1 = announce_and_take(cluster, injector, trainer, node1, driver, lambda st: st[-1]["step"] >= 4)
     injector.replenish("spot")  # the cloud replaces the VM: a spare for the second eviction
     wait_for(trainer.ledger, lambda rs: len(attempts(read_steps(log))) >= 2, 180, driver)
     node0 = node_of_rank(cluster, trainer, 0)
     resumed = attempts(read_steps(log))[1][0]["step"]
-    deadline0, kill0 = announce_and_take(cluster, injector, trainer, node0, driver, lambda st: st[-1]["step"] >= resumed + 2,
-                                         gate)
+    deadline0, kill0 = announce_and_take(cluster, injector, trainer, node0, driver, lambda st: st[-1]["step"] >= resumed + 2)
     result = driver.join(240)
     assert driver.error is None, driver.error
 
