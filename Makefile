@@ -34,10 +34,10 @@ $(NODE_STAMP): $(NODE_DIR)/package-lock.json $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotfallback demo
 
+# ruff, mypy and the wheel smoke run side by side (each output shown whole when it ends): mypy
+# and the wheel's install each keep one core busy, so one after the other left the second idle.
 test: $(STAMP) $(NODE_STAMP)
-	$(BIN)/ruff check src tests bench scripts
-	$(BIN)/mypy
-	$(MAKE) --no-print-directory wheel-smoke
+	$(MAKE) --no-print-directory -j3 --output-sync=target lint types wheel-smoke
 	SPOTFALLBACK_REQUIRE_EMULATORS=1 $(BIN)/python -m pytest $(PARALLEL)
 
 # What a user installs: build the sdist and wheel, install the wheel into a clean venv and run

@@ -132,6 +132,31 @@ def _base_provider() -> type:
     return FakeMultiNodeProvider
 
 
+def _share_the_heads_log_monitor() -> None:
+    """Start the nodes this (autoscaler) process launches without a log monitor of their own.
+
+    The nodes share the head's session directory, so the head's log monitor already reads
+    every log file; each extra one read them all again (measured: about 1.3% of a core per
+    node while idle, and about 9% of all the CPU of a cluster test module with five nodes).
+    Ray's fake provider builds the node's parameters itself, so its ``Node`` is swapped for
+    one that turns the log monitor off; only node launches use it in this process.
+    """
+    import ray._private.node as ray_node
+
+    base = ray_node.Node
+    if getattr(base, "_shares_the_heads_log_monitor", False):
+        return
+
+    class NodeWithoutLogMonitor(base):  # type: ignore[misc, valid-type]
+        _shares_the_heads_log_monitor = True
+
+        def __init__(self, ray_params: Any, *args: Any, **kwargs: Any) -> None:
+            ray_params.include_log_monitor = False
+            super().__init__(ray_params, *args, **kwargs)
+
+    ray_node.Node = NodeWithoutLogMonitor  # type: ignore[misc]
+
+
 class CappedFakeProvider(_base_provider()):  # type: ignore[misc]
     """Ray's fake multi-node provider with a launch delay and a capacity cap per node type.
 
@@ -148,6 +173,7 @@ class CappedFakeProvider(_base_provider()):  # type: ignore[misc]
     def __init__(self, provider_config: dict[str, Any], cluster_name: str) -> None:
         os.environ.setdefault("RAY_FAKE_CLUSTER", "1")  # the base class insists on it
         super().__init__(provider_config, cluster_name)
+        _share_the_heads_log_monitor()
         self._control_file: str = provider_config["control_file"]
         self._pending: dict[str, int] = {}
 
