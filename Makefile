@@ -5,8 +5,8 @@ PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 BIN := $(VENV)/bin
 # Two workers, each taking whole test files (so a module's shared cluster, servers and ports are
-# its worker's own). A cluster module alone keeps about 1.6 of 2 cores busy (Ray starts a process
-# per Train worker and actor), so a third worker would only add contention. Files go out in
+# its worker's own). One run of the example job alone keeps about 1.2 of 2 cores busy (Ray starts
+# a process per Train worker and actor), so a third worker would only add contention. Files go out in
 # collection order, the cluster tests (tests/e2e, minutes each) before the unit tests (seconds),
 # which then fill the end of both workers' time. xdist's default order (most tests first) sends
 # the unit files first and the cluster modules of 1-3 tests last, with nothing left to even out
