@@ -19,9 +19,10 @@ NODE_DIR := tests/support/node
 NODE_STAMP := $(NODE_DIR)/node_modules/.installed-stamp
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check
 # When `make` began (before any set-up): the suite's time budget (tests/conftest.py) counts
-# from here, and its 78 minutes leave 12 for the last tests inside CI's 90.
+# from here. Once it is spent the run fails (tests not yet started fail at once), so it is as late
+# as leaves time for the tests in flight (the last ones are unit tests, seconds) and the summary.
 SUITE_STARTED := $(shell date +%s)
-SPOTFALLBACK_SUITE_BUDGET_MIN ?= 78
+SPOTFALLBACK_SUITE_BUDGET_MIN ?= 86
 
 .PHONY: demo test check lint types unit reliability bench wheel-smoke clean
 
