@@ -62,25 +62,22 @@ _published: list[str] = []
 
 def pytest_configure(config):
     global _budget_min, _cluster_budget_min, _started
-    _budget_min = _minutes(_BUDGET_VAR, _budget_min, "the suite's budget")
-    _cluster_budget_min = _minutes(_CLUSTER_BUDGET_VAR, _cluster_budget_min, "the cluster tests' share of the suite's time")
-    raw = os.environ.get(_STARTED_VAR) or str(_started)
-    try:
-        _started = float(raw)
-    except ValueError:
-        raise pytest.UsageError(f"{_STARTED_VAR}={raw!r}: give the time the suite's command began, in seconds "
-                                "since the epoch (`date +%s`), or leave it unset") from None
+    _budget_min = _number(_BUDGET_VAR, _budget_min, "give the suite's budget in minutes (0 turns it off)")
+    _cluster_budget_min = _number(_CLUSTER_BUDGET_VAR, _cluster_budget_min,
+                                  "give the cluster tests' share of the suite's time in minutes (0 turns it off)")
+    _started = _number(_STARTED_VAR, _started,
+                       "give the time the suite's command began, in seconds since the epoch (`date +%s`), or leave it unset")
     if getattr(config.option, "numprocesses", None) and not hasattr(config, "workerinput"):
         return  # the xdist controller runs no test
     _load_every_project_module()
 
 
-def _minutes(var: str, default: float, what: str) -> float:
+def _number(var: str, default: float, fix: str) -> float:
     raw = os.environ.get(var) or str(default)
     try:
         return float(raw)
     except ValueError:
-        raise pytest.UsageError(f"{var}={raw!r}: give {what} in minutes (0 turns it off)") from None
+        raise pytest.UsageError(f"{var}={raw!r}: {fix}") from None
 
 
 def _load_every_project_module() -> None:
@@ -106,9 +103,12 @@ def pytest_collection_modifyitems(session, config, items):
     items.sort(key=_run_order)
 
 
+_FAULT_SUITE, _OTHER_CLUSTER_TESTS, _UNIT_TESTS = 0, 1, 2  # run in this order
+
+
 def _run_order(item) -> int:
     path = item.nodeid.partition("::")[0]
-    return 0 if path.startswith(_RUN_FIRST) else 1 if path.startswith(_CLUSTER_TESTS) else 2
+    return _FAULT_SUITE if path.startswith(_RUN_FIRST) else _OTHER_CLUSTER_TESTS if path.startswith(_CLUSTER_TESTS) else _UNIT_TESTS
 
 
 def pytest_runtest_setup(item):
@@ -116,8 +116,7 @@ def pytest_runtest_setup(item):
     if _budget_min > 0 and spent_min > _budget_min:
         pytest.fail(f"not run: the suite's {_budget_min:g}-minute budget is spent ({spent_min:.0f} min); a slower "
                     f"test before it says why ({_BUDGET_VAR} sets the budget)", pytrace=False)
-    cluster_test = item.nodeid.startswith(_CLUSTER_TESTS) and not item.nodeid.startswith(_RUN_FIRST)
-    if cluster_test and _cluster_budget_min > 0 and spent_min > _cluster_budget_min:
+    if _run_order(item) == _OTHER_CLUSTER_TESTS and _cluster_budget_min > 0 and spent_min > _cluster_budget_min:
         pytest.skip(f"not run: the cluster tests' {_cluster_budget_min:g} minutes are spent ({spent_min:.0f} min), "
                     f"so that the unit tests still run inside CI's time; {_CLUSTER_BUDGET_VAR}=0 runs every one")
 
