@@ -31,7 +31,6 @@ pytest.importorskip("torch")
 
 from tests.support.helpers_e2e import (  # noqa: E402
     REPO,
-    SLOW_UNDER_LOAD,
     local_cluster,
     restoring_injector,
     unique_name,
@@ -408,7 +407,13 @@ class KillLoop:
         return ""
 
 
-@SLOW_UNDER_LOAD
+# Eleven launches of one run, each a new driver, controller and worker group: 267 s alone on a
+# 2-core machine, 761 s beside another cluster module on the same 2 cores, and past 900 s on a
+# slower CI. Each moment keeps its own bound (240 s, 300 s for the last launch); this is the total.
+ELEVEN_LAUNCHES_UNDER_LOAD = pytest.mark.timeout(1500)
+
+
+@ELEVEN_LAUNCHES_UNDER_LOAD
 def test_sigkill_the_driver_at_ten_random_moments_of_one_run(cluster, s3, injector, reference, tmp_path):
     """Ten SIGKILLs at seeded random moments, each checked to be what it is named; same weights, every event once.
 
