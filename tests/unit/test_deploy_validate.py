@@ -433,7 +433,73 @@ worker_nodes:
 def test_launcher_fields_ray_up_fills_or_drops_pass(text: str) -> None:
     report = validate_text(text)
     assert report.kinds == ("cluster-launcher",)
-    assert [str(f) for f in report.findings] == []
+    assert [str(f) for f in report.errors] == []
+
+
+def test_a_missing_max_workers_is_rays_default_cap() -> None:
+    # Ray's own AWS example leaves max_workers out: its worker type allows 4, the default caps the cluster at 2.
+    assert [str(f) for f in validate_text(AWS_NO_RESOURCES).findings] == [
+        "max_workers: not set, so ray up takes Ray's aws default, 2, which caps the cluster at 2 worker nodes where "
+        "its node types allow up to 4: set max_workers to the most worker nodes the cluster may have"]
+    no_limit = yaml.safe_load(AWS_NO_RESOURCES)
+    del no_limit["available_node_types"]["ray.worker.default"]["max_workers"]
+    assert [f.message for f in validate_document(no_limit)[1]] == [
+        "not set, so ray up takes Ray's aws default, 2, which caps the cluster at 2 worker nodes where its node types "
+        "set no limit: set max_workers to the most worker nodes the cluster may have"]
+    assert all(f.warning for f in validate_document(no_limit)[1])
+    too_many = yaml.safe_load(AWS_NO_RESOURCES)
+    too_many["available_node_types"]["ray.worker.default"]["min_workers"] = 3
+    assert errors(too_many) == [
+        "max_workers: not set, so ray up takes Ray's aws default, 2, which is less than the sum of min_workers (3): "
+        "set max_workers to the most worker nodes the cluster may have"]
+    too_many["max_workers"] = 3
+    assert validate_document(too_many)[1] == []
+
+
+def test_a_missing_head_node_type_is_rays_default_type() -> None:
+    headless = copy.deepcopy(LAUNCHER)
+    del headless["head_node_type"]
+    assert errors(headless) == [
+        "head_node_type: not set, so ray up takes Ray's aws default 'ray.head.default', which is not one of "
+        "available_node_types (head, spot): name the head's node type"]
+    headless["available_node_types"]["ray.head.default"] = headless["available_node_types"].pop("head")
+    assert validate_document(headless)[1] == []
+    headless["provider"] = {"type": "gcp", "region": "us-west1", "project_id": "p"}
+    assert errors(headless)[0].startswith("head_node_type: not set, so ray up takes Ray's gcp default 'ray_head_default'")
+
+
+def _ray_up_refuses(doc: dict[str, Any]) -> bool:
+    from ray.autoscaler._private.util import prepare_config, validate_config
+
+    try:
+        validate_config(prepare_config(copy.deepcopy(doc)))
+    except ValueError:
+        return True
+    return False
+
+
+def _variant(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+    doc = copy.deepcopy(LAUNCHER)
+    change(doc)
+    return doc
+
+
+@pytest.mark.parametrize(
+    "doc",
+    [
+        _variant(lambda d: d.pop("max_workers")),
+        _variant(lambda d: (d.pop("max_workers"), d["available_node_types"]["spot"].update(min_workers=2, max_workers=8))),
+        _variant(lambda d: (d.pop("max_workers"), d["available_node_types"]["spot"].update(min_workers=3, max_workers=8))),
+        _variant(lambda d: d["available_node_types"]["head"].update(min_workers=1) or d["available_node_types"]["spot"].update(min_workers=2)),
+        _variant(lambda d: d.pop("head_node_type")),
+        _variant(lambda d: (d.pop("head_node_type"), d["available_node_types"].update({"ray.head.default": d["available_node_types"].pop("head")}))),
+        _variant(lambda d: d["provider"].update(type="azure", location="westus2", resource_group="rg")),
+    ],
+)
+def test_the_launchers_worker_cap_and_head_type_findings_agree_with_ray_up(doc: dict[str, Any]) -> None:
+    """Ray's own ``prepare_config`` and ``validate_config`` (what ``ray up`` runs before it starts a node) refuse
+    exactly the files these checks find an error in."""
+    assert _ray_up_refuses(doc) == bool(errors(doc)), errors(doc)
 
 
 def test_launcher_legacy_fields_name_their_replacement() -> None:

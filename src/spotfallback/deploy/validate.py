@@ -17,6 +17,7 @@ from __future__ import annotations
 import datetime as _dt
 import difflib
 import json
+import math
 import re
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -717,13 +718,33 @@ _RAY_LEGACY_FIELDS = {
 }
 
 
+# What ``ray up`` takes from its provider's defaults (``python/ray/autoscaler/<provider>/defaults.yaml``,
+# Ray 2.60) for a config that leaves these top-level fields out: the cluster's cap on worker nodes
+# and the head's node type. On-prem (``local``) clusters are prepared otherwise.
+RAY_PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
+    "aws": {"max_workers": 2, "head_node_type": "ray.head.default"},
+    "azure": {"max_workers": 2, "head_node_type": "ray.head.default"},
+    "gcp": {"max_workers": 2, "head_node_type": "ray_head_default"},
+    "vsphere": {"max_workers": 5, "head_node_type": "ray.head.default"},
+    "spark": {"max_workers": 8, "head_node_type": "ray.head.default"},
+    "readonly": {"max_workers": 0, "head_node_type": "ray.head.default"},
+}
+
+
+def _provider_defaults(doc: dict[str, Any]) -> dict[str, Any]:
+    """The top-level fields ``ray up`` fills from its provider's defaults, for those ``doc`` leaves out."""
+    defaults = RAY_PROVIDER_DEFAULTS.get(str(_get(doc, "provider", "type")), {})
+    return {key: value for key, value in defaults.items() if key not in doc}
+
+
 def _as_ray_validates(doc: dict[str, Any]) -> dict[str, Any]:
     """The config as ``ray up`` checks it against its schema. Ray (``prepare_config``, then
-    ``validate_config``) first merges its provider's defaults, which give ``cluster_name``, drops
+    ``validate_config``) first merges its provider's defaults, which give ``cluster_name``,
+    ``max_workers`` and ``head_node_type`` where the config has none, drops
     the top-level ``min_workers`` (on-prem, moves it into its one node type) and an empty legacy
     ``head_node``/``worker_nodes``, replaces an empty ``available_node_types``/``head_node_type``
     on-prem, and on AWS fills a node type's missing ``resources`` from its instance type."""
-    out = dict(doc)
+    out = {**_provider_defaults(doc), **doc}
     out.setdefault("cluster_name", "default")
     out.pop("min_workers", None)
     provider = _get(out, "provider", "type")
@@ -753,11 +774,18 @@ def _launcher_schema_findings(doc: dict[str, Any]) -> Iterator[Finding]:
 
 def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
     types = _dict(doc.get("available_node_types"))
-    head_type = doc.get("head_node_type")
+    defaults = _provider_defaults(doc) if types else {}
+    head_type = doc.get("head_node_type", defaults.get("head_node_type"))
     if isinstance(head_type, str) and types and head_type not in types:
-        yield Finding("head_node_type", f"{head_type!r} is not one of available_node_types ({', '.join(types)})")
+        if "head_node_type" in defaults:
+            provider = _get(doc, "provider", "type")
+            yield Finding("head_node_type", f"not set, so ray up takes Ray's {provider} default {head_type!r}, which is "
+                                            f"not one of available_node_types ({', '.join(types)}): name the head's node type")
+        else:
+            yield Finding("head_node_type", f"{head_type!r} is not one of available_node_types ({', '.join(types)})")
     why = "the head must run on on-demand capacity (a preempted head kills the run)"
     total_min = 0
+    allowed: float = 0  # worker nodes the node types allow; a type without max_workers allows any number
     for name, node_type in types.items():
         if not isinstance(node_type, dict):
             continue
@@ -765,6 +793,8 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
         spot_config = vm_config_is_spot(node_type.get("node_config"))
         market = _get(node_type, "labels", MARKET_LABEL)
         if name == head_type:
+            if isinstance(node_type.get("min_workers"), int):
+                total_min += node_type["min_workers"]  # Ray counts every type's, the head's too
             if spot_config:
                 yield Finding(field_path([*at, "node_config"]), f"requests spot/preemptible capacity, but {why}")
             if market == SPOT:
@@ -774,14 +804,33 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
         low, high = node_type.get("min_workers", 0), node_type.get("max_workers")
         if isinstance(low, int):
             total_min += low
+        allowed += high if isinstance(high, int) else math.inf
         if isinstance(low, int) and isinstance(high, int) and low > high:
             yield Finding(field_path([*at, "min_workers"]), f"{low} is more than max_workers {high}")
         if (market == SPOT) != spot_config and market in (SPOT, ON_DEMAND):
             asked = "spot" if spot_config else "on-demand"
             yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"says {market!r}, but node_config requests {asked} capacity", warning=True)
-    cap = doc.get("max_workers")
-    if isinstance(cap, int) and total_min > cap:
-        yield Finding("max_workers", f"{cap} is less than the sum of min_workers ({total_min})")
+    yield from _worker_cap_findings(doc, defaults, total_min, allowed)
+
+
+def _worker_cap_findings(doc: dict[str, Any], defaults: dict[str, Any], total_min: int, allowed: float) -> Iterator[Finding]:
+    """The cluster's cap on worker nodes against its node types' ``min_workers`` (Ray refuses a cap
+    below their sum) and, where Ray's default is the cap, against what the node types allow."""
+    cap = doc.get("max_workers", defaults.get("max_workers"))
+    if not isinstance(cap, int):
+        return
+    if "max_workers" not in defaults:
+        if total_min > cap:
+            yield Finding("max_workers", f"{cap} is less than the sum of min_workers ({total_min})")
+        return
+    default = f"not set, so ray up takes Ray's {_get(doc, 'provider', 'type')} default, {cap},"
+    fix = "set max_workers to the most worker nodes the cluster may have"
+    if total_min > cap:
+        yield Finding("max_workers", f"{default} which is less than the sum of min_workers ({total_min}): {fix}")
+    elif allowed > cap:
+        theirs = "set no limit" if math.isinf(allowed) else f"allow up to {allowed:g}"
+        yield Finding("max_workers", f"{default} which caps the cluster at {cap} worker nodes where its node types "
+                                     f"{theirs}: {fix}", warning=True)
 
 
 # --- operator version ---------------------------------------------------------------------------
