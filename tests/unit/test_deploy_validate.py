@@ -469,11 +469,12 @@ def test_a_missing_head_node_type_is_rays_default_type() -> None:
 
 
 def _ray_up_refuses(doc: dict[str, Any]) -> bool:
+    from click import ClickException
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     try:
         validate_config(prepare_config(copy.deepcopy(doc)))
-    except ValueError:
+    except (ValueError, ClickException):  # on-prem configs are refused through Ray's CLI logger
         return True
     return False
 
@@ -500,6 +501,46 @@ def test_the_launchers_worker_cap_and_head_type_findings_agree_with_ray_up(doc: 
     """Ray's own ``prepare_config`` and ``validate_config`` (what ``ray up`` runs before it starts a node) refuse
     exactly the files these checks find an error in."""
     assert _ray_up_refuses(doc) == bool(errors(doc)), errors(doc)
+
+
+ON_PREM_MANUAL = {"cluster_name": "lab", "provider": {"type": "local", "head_ip": "10.0.0.1", "worker_ips": ["10.0.0.2", "10.0.0.3"]},
+                  "auth": {"ssh_user": "ray"}}
+
+
+def _on_prem(base: str | dict[str, Any], change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
+    doc = yaml.safe_load(base) if isinstance(base, str) else copy.deepcopy(base)
+    change(doc)
+    return doc
+
+
+ON_PREM_VARIANTS = {
+    "coordinator": _on_prem(LOCAL_AUTOMATIC, lambda d: None),
+    "coordinator without max_workers": _on_prem(LOCAL_AUTOMATIC, lambda d: d.pop("max_workers")),
+    "coordinator with node types": _on_prem(LOCAL_AUTOMATIC, lambda d: d.update(available_node_types={
+        "gpu": {"resources": {"CPU": 8}, "node_config": {}, "max_workers": 2}}, head_node_type="gpu")),
+    "manual": _on_prem(ON_PREM_MANUAL, lambda d: None),
+    "manual without worker_ips": _on_prem(ON_PREM_MANUAL, lambda d: d["provider"].pop("worker_ips")),
+    "manual with a head_node": _on_prem(ON_PREM_MANUAL, lambda d: d.update(head_node={"InstanceType": "m5.large"})),
+}
+
+
+@pytest.mark.parametrize("name", ON_PREM_VARIANTS)
+def test_on_prem_findings_agree_with_ray_up(name: str) -> None:
+    doc = ON_PREM_VARIANTS[name]
+    assert _ray_up_refuses(doc) == bool(errors(doc)), errors(doc)
+
+
+def test_on_prem_findings_name_the_field_and_the_fix() -> None:
+    assert errors(ON_PREM_VARIANTS["coordinator without max_workers"]) == [
+        "max_workers: required for an on-prem cluster whose machines a coordinator gives (provider.coordinator_address): "
+        "set the most worker nodes to ask it for"]
+    assert errors(ON_PREM_VARIANTS["coordinator with node types"]) == [
+        "available_node_types: Ray refuses it on an on-prem (provider type local) cluster, which gets one node type of "
+        "its own: remove it (the machines come from provider.head_ip and provider.worker_ips, or from "
+        "provider.coordinator_address)"]
+    assert [e.split(":")[0] for e in errors(ON_PREM_VARIANTS["manual with a head_node"])] == ["head_node"]
+    assert errors(ON_PREM_VARIANTS["manual without worker_ips"]) == [
+        "provider.worker_ips: required for an on-prem cluster: give head_ip and worker_ips, or a coordinator_address"]
 
 
 def test_launcher_legacy_fields_name_their_replacement() -> None:

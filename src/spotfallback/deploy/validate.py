@@ -762,7 +762,10 @@ def _as_ray_validates(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _launcher_schema_findings(doc: dict[str, Any]) -> Iterator[Finding]:
+    on_prem = _get(doc, "provider", "type") == "local"
     for finding in _schema_check(launcher_validator(), _as_ray_validates(doc)):
+        if on_prem and finding.path in ("head_node", "worker_nodes"):
+            continue  # refused on-prem in any release (_on_prem_findings says so); no node type replaces it there
         hint = _RAY_LEGACY_FIELDS.get(finding.path)
         if hint and finding.message.startswith("unknown field"):
             finding = Finding(finding.path, f"a field of older Ray releases, which Ray 2's launcher refuses: {hint}")
@@ -772,7 +775,36 @@ def _launcher_schema_findings(doc: dict[str, Any]) -> Iterator[Finding]:
                                      "min_workers on a node type in available_node_types", warning=True)
 
 
+# The one node type Ray gives an on-prem cluster (``ray.autoscaler._private.local.config``); a config
+# that already has it was prepared by ``ray up`` and is taken as it is.
+LOCAL_CLUSTER_NODE_TYPE = "local.cluster.node"
+
+
+def _on_prem_findings(doc: dict[str, Any]) -> Iterator[Finding]:
+    """What ``ray up`` refuses in an on-prem (``provider.type: local``) config before it looks at its schema."""
+    if LOCAL_CLUSTER_NODE_TYPE in _dict(doc.get("available_node_types")):
+        return
+    for key in ("head_node", "worker_nodes", "available_node_types"):
+        if doc.get(key):
+            yield Finding(key, "Ray refuses it on an on-prem (provider type local) cluster, which gets one node type of its "
+                               "own: remove it (the machines come from provider.head_ip and provider.worker_ips, or from "
+                               "provider.coordinator_address)")
+    provider = _dict(doc.get("provider"))
+    if "coordinator_address" in provider:
+        if "max_workers" not in doc:
+            yield Finding("max_workers", "required for an on-prem cluster whose machines a coordinator gives "
+                                         "(provider.coordinator_address): set the most worker nodes to ask it for")
+    else:
+        missing = [key for key in ("head_ip", "worker_ips") if key not in provider]
+        if missing:
+            yield Finding(field_path(["provider", missing[0]]), "required for an on-prem cluster: give head_ip and "
+                                                                "worker_ips, or a coordinator_address")
+
+
 def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
+    if _get(doc, "provider", "type") == "local":
+        yield from _on_prem_findings(doc)
+        return
     types = _dict(doc.get("available_node_types"))
     defaults = _provider_defaults(doc) if types else {}
     head_type = doc.get("head_node_type", defaults.get("head_node_type"))
