@@ -299,6 +299,66 @@ def test_a_field_kuberay_removed_is_named_as_removed_not_as_a_typo() -> None:
     assert "spec.runtimeEnv: unknown field; remove it or check its spelling" in errors(cluster)
 
 
+def test_a_field_of_kuberay_1_3_and_1_4_only_is_removed_for_later_operators_and_unknown_to_earlier() -> None:
+    job = sample(JOB_SAMPLE)
+    job["spec"]["deletionPolicy"] = "DeleteCluster"
+
+    def said(version: str | None) -> list[str]:
+        return [str(f) for f in validate_document(job, kuberay_version=version)[1] if f.path == "spec.deletionPolicy"]
+
+    assert said(None) == ["spec.deletionPolicy: removed in KubeRay 1.5.0 (kubectl refuses it as an unknown field, or the "
+                          "API server drops it): spec.deletionStrategy replaced it: give the policy as "
+                          "deletionStrategy.onSuccess.policy and deletionStrategy.onFailure.policy"]
+    assert said("1.4.2") == ["spec.deletionPolicy: KubeRay 1.4.2 still accepts it, but 1.5.0 removed it: spec.deletionStrategy "
+                             "replaced it: give the policy as deletionStrategy.onSuccess.policy and "
+                             "deletionStrategy.onFailure.policy"]
+    assert [f.warning for f in validate_document(job, kuberay_version="1.4.2")[1] if f.path == "spec.deletionPolicy"] == [True]
+    assert [m.split(";")[0] for m in said("1.2.0")] == ["spec.deletionPolicy: unknown field"]  # that operator never had it
+
+
+def test_every_versioned_field_is_where_the_shipped_crd_has_it() -> None:
+    from spotfallback.deploy.schema import kuberay_schema
+    from spotfallback.deploy.validate import KUBERAY_FIELD_SINCE
+
+    cluster = kuberay_schema("RayCluster")["properties"]["spec"]
+    places = {
+        "cluster": cluster,
+        "job": kuberay_schema("RayJob")["properties"]["spec"],
+        "head group": cluster["properties"]["headGroupSpec"],
+        "worker group": cluster["properties"]["workerGroupSpecs"]["items"],
+    }
+    missing = [(where, key) for where, key in KUBERAY_FIELD_SINCE if key not in places[where]["properties"]]
+    assert missing == []
+
+
+FIELDS_OF_LATER_OPERATORS = [
+    # (where in the sample RayJob, value, the last release without it, the first whose CRD has it)
+    (("spec", "rayClusterSpec", "gcsFaultToleranceOptions"), {"redisAddress": "redis:6379"}, "1.2.2", "1.3.0"),
+    (("spec", "rayClusterSpec", "authOptions"), {"mode": "token"}, "1.5.0", "1.5.1"),
+    (("spec", "deletionStrategy"), {"onSuccess": {"policy": "DeleteCluster"}, "onFailure": {"policy": "DeleteNone"}}, "1.4.2", "1.5.0"),
+    (("spec", "rayClusterSpec", "workerGroupSpecs", 0, "idleTimeoutSeconds"), 60, "1.2.2", "1.3.0"),
+    (("spec", "preRunningDeadlineSeconds"), 600, "1.5.2", "1.6.0"),
+]
+
+
+@pytest.mark.parametrize(("at", "value", "before", "since"), FIELDS_OF_LATER_OPERATORS,
+                         ids=[str(at[-1]) for at, *_ in FIELDS_OF_LATER_OPERATORS])
+def test_a_field_an_older_operator_prunes_is_named_with_the_release_that_has_it(at: tuple, value: Any, before: str, since: str) -> None:
+    job = sample(JOB_SAMPLE)
+    parent = job
+    for key in at[:-1]:
+        parent = parent[key]
+    parent[at[-1]] = value
+    path = ".".join(str(k) for k in at).replace(".0.", "[0].")
+    assert [f for f in validate_document(job, kuberay_version=since)[1] if not f.warning] == []
+    found = [str(f) for f in validate_document(job, kuberay_version=before)[1] if f.path == path and not f.warning]
+    assert found == [f"{path}: KubeRay {before} drops this field silently (it first appears in {since}; upgrade the "
+                     f"operator to {since} or later)"]
+    job["metadata"].setdefault("annotations", {})["spotfallback/min-kuberay-version"] = before
+    stated = [str(f) for f in validate_document(job)[1] if f.path.startswith("metadata.annotations")]
+    assert len(stated) == 1 and f"but {path} " in stated[0] and stated[0].endswith(f"needs KubeRay {since}; set it to {since}")
+
+
 LAUNCHER = {
     "cluster_name": "demo",
     "max_workers": 2,

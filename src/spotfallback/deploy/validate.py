@@ -890,19 +890,55 @@ KUBERAY_SINCE: dict[str, str] = {
     "SidecarMode": "1.5.0",
     "label autoscaling": "1.5.1",
 }
+
+# Every other field of a RayCluster / RayJob spec and of their groups that the v1 CRD gained after
+# 1.0.0: the tag whose ray-operator/config/crd/bases first has it (v1.0.0 to v1.7.0), by where it
+# sits. "cluster" is a RayCluster's spec or a RayJob's spec.rayClusterSpec. An older operator's API
+# server prunes each without a word (a KubeRay 1.2 cluster with gcsFaultToleranceOptions runs
+# without GCS fault tolerance).
+KUBERAY_FIELD_SINCE: dict[tuple[str, str], str] = {
+    ("cluster", "suspend"): "1.1.0",
+    ("cluster", "gcsFaultToleranceOptions"): "1.3.0",
+    ("cluster", "managedBy"): "1.3.0",
+    ("cluster", "authOptions"): "1.5.1",
+    ("cluster", "upgradeStrategy"): "1.6.0",
+    ("cluster", "historyServerOptions"): "1.7.0",
+    ("cluster", "networkPolicy"): "1.7.0",
+    ("cluster", "tlsOptions"): "1.7.0",
+    ("job", "submitterConfig"): "1.2.0",
+    ("job", "managedBy"): "1.3.0",
+    ("job", "deletionStrategy"): "1.5.0",
+    ("job", "preRunningDeadlineSeconds"): "1.6.0",
+    ("head group", "ingressOptions"): "1.7.0",
+    ("worker group", "numOfHosts"): "1.1.0",
+    ("worker group", "idleTimeoutSeconds"): "1.3.0",
+    ("worker group", "suspend"): "1.3.0",
+    ("worker group", "priority"): "1.7.0",
+}
+KUBERAY_SINCE.update({f"{where} {key}": since for (where, key), since in KUBERAY_FIELD_SINCE.items()})
+
+
+def _fields_since(obj: Any, where: str, at: list[str | int]) -> list[tuple[str, str]]:
+    """(field path, ``KUBERAY_SINCE`` key) for each field of ``KUBERAY_FIELD_SINCE[where]`` that ``obj`` sets."""
+    present = _dict(obj)
+    return [(field_path([*at, key]), f"{where} {key}") for (w, key) in KUBERAY_FIELD_SINCE
+            if w == where and present.get(key) is not None]
 MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
 
-# Fields of the v1 CRD that KubeRay 1.1.0 removed, so the shipped schema does not know them:
-# files written for KubeRay 1.0 (or converted from v1alpha1) still carry them, and "unknown field;
-# check its spelling" would mislead. From 1.1.0 on, kubectl's default strict field validation
-# refuses them and a lax apply drops them.
-KUBERAY_REMOVED: dict[tuple[str, str], tuple[str, str]] = {
+# Fields that later releases of the v1 CRD removed, so the shipped schema does not know them: files
+# written for the operator that had them still carry them, and "unknown field; check its spelling"
+# would mislead. (first release with it, release that removed it, fix). From the removal on,
+# kubectl's default strict field validation refuses them and a lax apply drops them.
+KUBERAY_REMOVED: dict[tuple[str, str], tuple[str, str, str]] = {
     ("RayCluster", "spec.headGroupSpec.replicas"): (
-        "1.1.0", "every operator ignores it, a Ray cluster has exactly one head pod; remove it"),
+        "1.0.0", "1.1.0", "every operator ignores it, a Ray cluster has exactly one head pod; remove it"),
     ("RayJob", "spec.rayClusterSpec.headGroupSpec.replicas"): (
-        "1.1.0", "every operator ignores it, a Ray cluster has exactly one head pod; remove it"),
+        "1.0.0", "1.1.0", "every operator ignores it, a Ray cluster has exactly one head pod; remove it"),
     ("RayJob", "spec.runtimeEnv"): (
-        "1.1.0", "it held the runtime env base64-encoded; write it, decoded, as YAML in spec.runtimeEnvYAML"),
+        "1.0.0", "1.1.0", "it held the runtime env base64-encoded; write it, decoded, as YAML in spec.runtimeEnvYAML"),
+    ("RayJob", "spec.deletionPolicy"): (
+        "1.3.0", "1.5.0", "spec.deletionStrategy replaced it: give the policy as deletionStrategy.onSuccess.policy "
+                          "and deletionStrategy.onFailure.policy"),
 }
 
 
@@ -939,12 +975,15 @@ def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
         if mode is not None:
             needs.append(("spec.submissionMode", "SidecarMode" if mode == "SidecarMode" else "submissionMode"))
         needs += [(f"spec.{key}", key) for key in ("activeDeadlineSeconds", "backoffLimit") if key in spec]
+        needs += _fields_since(spec, "job", at)
         spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
+    needs += _fields_since(spec, "cluster", at)
     if _get(spec, "autoscalerOptions", "version") is not None:
         needs.append((field_path([*at, "autoscalerOptions", "version"]), "autoscalerOptions.version"))
     autoscaled = spec.get("enableInTreeAutoscaling") is True
     for where, group in _cluster_groups(doc, kind):
         needs += [(field_path([*where, key]), f"group {key}") for key in ("labels", "resources") if _dict(group).get(key)]
+        needs += _fields_since(group, "worker group" if "workerGroupSpecs" in where else "head group", where)
         if autoscaled and where[-2:-1] == ["workerGroupSpecs"] and _dict(group).get("labels"):
             # A fallback tier starts at zero replicas: only the autoscaler, scaling the group
             # for the gang's label selector, ever gives it nodes.
@@ -999,11 +1038,13 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
 
 def _removed_field(finding: Finding, kind: str, version: tuple[int, ...] | None) -> Finding:
     """An "unknown field" finding for a field KubeRay removed, said as such: an error from the
-    release that removed it on (or with no version stated), a warning for an older operator."""
+    release that removed it on (or with no version stated), a warning for an operator that has it."""
     removed = KUBERAY_REMOVED.get((kind, finding.path))
     if removed is None or not finding.message.startswith("unknown field"):
         return finding
-    since, fix = removed
+    added, since, fix = removed
+    if version is not None and version < parse_version(added):
+        return finding  # that operator never had it either
     if version is not None and version < parse_version(since):
         return Finding(finding.path, f"KubeRay {_version_text(version)} still accepts it, but {since} removed it: {fix}", warning=True)
     return Finding(finding.path, f"removed in KubeRay {since} (kubectl refuses it as an unknown field, or the API "
