@@ -539,7 +539,7 @@ def _ray_up_refuses(doc: dict[str, Any]) -> bool:
     return False
 
 
-def _variant(change: Callable[[dict[str, Any]], None]) -> dict[str, Any]:
+def _variant(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
     doc = copy.deepcopy(LAUNCHER)
     change(doc)
     return doc

@@ -923,6 +923,8 @@ def _fields_since(obj: Any, where: str, at: list[str | int]) -> list[tuple[str, 
     present = _dict(obj)
     return [(field_path([*at, key]), f"{where} {key}") for (w, key) in KUBERAY_FIELD_SINCE
             if w == where and present.get(key) is not None]
+
+
 MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
 
 # Fields that later releases of the v1 CRD removed, so the shipped schema does not know them: files
