@@ -127,7 +127,6 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
          "--storage-path: empty; give the durable storage root"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--name", ""], "--name: run name ''"),
         (["--hours", "10", "--rate", "0.1", "--seed", "-1"], "--seed: Input should be greater than or equal to 0 (got -1)"),
-        (["--hours", "10", "--rate", "1e9", "--runs", "20"], "--rate: no plan can be made for this spot capacity"),
         (["--hours", "10", "--rate", "0.1", "--deadline-h", "1e308"], "--deadline-h: Input should be less than or equal "
          "to 100000"),
     ],
@@ -166,6 +165,15 @@ def test_a_trace_with_no_capacity_at_all_is_refused_with_the_likely_cause(app, t
     assert r.exit_code == 2 and r.output.strip() == (
         f"error: --trace: {zeros}: no spot capacity in any of its 50 ticks, so spot never starts; if it counts "
         "preempted instances, pass --trace-counts preempted")
+
+
+def test_interruptions_too_frequent_for_any_checkpoint_recommend_on_demand_only(app):
+    """A gang lost every microsecond: Daly's interval is that, and the plan tries a minute at least."""
+    r = invoke(app, "--hours", "1", "--rate", "1e9", "--runs", "20", "--json")
+    assert r.exit_code == 0, r.output
+    out = json.loads(r.output)
+    assert [t["market"] for t in out["recommended_tiers"]] == ["on-demand"]
+    assert out["feasible"]
 
 
 def test_malformed_trace_names_the_file_and_field(app, tmp_path):

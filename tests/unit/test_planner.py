@@ -9,6 +9,7 @@ import pytest
 
 from spotfallback.config import JobConfig, ladder_from_yaml
 from spotfallback.sim.planner import (
+    TAU_MIN_H,
     PlanRequest,
     guarded,
     ladder_yaml,
@@ -179,6 +180,17 @@ def test_observed_mtbf_of_a_trace():
     assert mtbf == pytest.approx(2.5) and lossy == float("inf")  # 5 h up, 2 interruptions
     assert observed_mtbf_h(RateModel(preemptions_per_node_hour=0.1, failures_per_node_hour=0.025), 4) == (
         pytest.approx(2.0), pytest.approx(10.0))
+
+
+def test_a_trace_flipping_every_millisecond_gets_a_plan_with_intervals_no_shorter_than_a_minute():
+    """Daly's interval there is the gang's mean time between interruptions, a millisecond, which
+    the grid's six decimals of an hour once rounded to a zero interval that no job accepts."""
+    flips = SpotTrace("ms", 0.001, np.array([1, 0] * 500))
+    p = plan(request(work_h=0.5, num_workers=1, deadline_h=1.0, runs=8), flips)
+    assert p.tau_daly_h is not None and p.tau_daly_h < 1e-6
+    taus = {c.tau_h for c in p.candidates if c.tau_h is not None}
+    assert taus and min(taus) == TAU_MIN_H
+    assert p.recommended.label == "on-demand only"  # no gang there ever reaches a checkpoint
 
 
 def test_several_samples_split_the_runs_and_the_deadline_must_hold_on_the_worst():

@@ -59,6 +59,11 @@ TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
 # Deadline guards: paces of the start-to-deadline line (1 = Uniform Progress, 0 = slack only).
 PACE_GRID: tuple[float, ...] = (1.0, 0.9, 0.75, 0.5, 0.0)
 GUARD_TAU_FACTORS: tuple[float, ...] = (0.71, 1.0, 1.41)
+# The shortest checkpoint interval tried: a minute of work. Where a write costs more than half
+# the gang's mean time between interruptions, Daly's optimum is that mean time, which on a trace
+# flipping within seconds rounds to nothing: no interval makes progress there, and a finer one
+# would only multiply the simulated writes.
+TAU_MIN_H = round(1.0 / 60.0, 6)  # to the grid's six decimals, so that it is one candidate
 # Slack-rule guards that climb back: reserves, as shares of the job's slack (deadline less the
 # wall hours to finish) the guard keeps for coming back (``DeadlineGuard.reserve_h``).
 RESERVE_SHARES: tuple[float, ...] = (0.15, 0.3)
@@ -435,7 +440,12 @@ def _between_neighbours(m: int, grid: Sequence[int], per_side: int = 3) -> list[
 def _tau_grid(daly_h: float | None, work_h: float) -> Sequence[float | None]:
     if daly_h is None or not math.isfinite(daly_h) or daly_h >= work_h:
         return [None, work_h / 4, work_h / 8]
-    return sorted({min(round(daly_h * f, 6), work_h) for f in TAU_FACTORS})
+    return _scaled(daly_h, work_h)
+
+
+def _scaled(tau_h: float, work_h: float, factors: Sequence[float] = TAU_FACTORS) -> list[float]:
+    """``tau_h`` times each factor, no shorter than TAU_MIN_H and no longer than the work."""
+    return sorted({min(max(round(tau_h * f, 6), TAU_MIN_H), work_h) for f in factors})
 
 
 def _spot_tier(req: PlanRequest, i: int, rung: Rung, tau_h: float | None) -> Tier:
@@ -598,7 +608,7 @@ def plan(
     else:
         tau_young = tau_daly = None
     taus = _tau_grid(tau_daly, req.work_h)
-    tau0 = tau_daly if tau_daly is not None and tau_daly < req.work_h else None
+    tau0 = max(tau_daly, TAU_MIN_H) if tau_daly is not None and tau_daly < req.work_h else None
     notes: list[str] = list(dict.fromkeys(n for sample in samples for p in sample if (n := gating_note(p, req.num_workers))))
     if tau_daly is None:
         notes.append("no interruption loses work (or checkpoints are free): periodic checkpoints are optional")
@@ -665,7 +675,7 @@ def plan(
             if tau is None:
                 guard_taus: Sequence[float | None] = taus
             else:
-                guard_taus = sorted({min(round(tau * f, 6), req.work_h) for f in GUARD_TAU_FACTORS})
+                guard_taus = _scaled(tau, req.work_h, GUARD_TAU_FACTORS)
             for t in guard_taus:
                 best = best_of([best, *same_on_every_tier(_guard_grid(current[0], req, t), t)])
         # 3. Climbing back without a guard (it pays by climb_pays alone).
@@ -743,7 +753,7 @@ def _around(tau: float | None, taus: Sequence[float | None], work_h: float) -> S
     """The tau grid, rescaled around ``tau`` when the search moved it."""
     if tau is None:
         return list(taus)
-    return sorted({min(round(tau * f, 6), work_h) for f in TAU_FACTORS})
+    return _scaled(tau, work_h)
 
 
 def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
