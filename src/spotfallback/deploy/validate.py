@@ -824,18 +824,17 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
         at: list[str | int] = ["available_node_types", name]
         spot_config = vm_config_is_spot(node_type.get("node_config"))
         market = _get(node_type, "labels", MARKET_LABEL)
+        low = node_type.get("min_workers", 0)
+        if isinstance(low, int):
+            total_min += low  # Ray counts every type's, the head's too
         if name == head_type:
-            if isinstance(node_type.get("min_workers"), int):
-                total_min += node_type["min_workers"]  # Ray counts every type's, the head's too
             if spot_config:
                 yield Finding(field_path([*at, "node_config"]), f"requests spot/preemptible capacity, but {why}")
             if market == SPOT:
                 yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"is 'spot', but {why}")
             continue
         yield from _declared_beyond_machine(node_type, at)
-        low, high = node_type.get("min_workers", 0), node_type.get("max_workers")
-        if isinstance(low, int):
-            total_min += low
+        high = node_type.get("max_workers")
         allowed += high if isinstance(high, int) else math.inf
         if isinstance(low, int) and isinstance(high, int) and low > high:
             yield Finding(field_path([*at, "min_workers"]), f"{low} is more than max_workers {high}")
