@@ -19,11 +19,11 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     SLOW_UNDER_LOAD,
     TRAIN_CONFIG,
-    WAIT_SLACK,
     Background,
     apply_env,
     checkpoints_since,
     kinds,
+    poll_until,
     unique_name,
     wait_for,
 )
@@ -143,16 +143,6 @@ def requested(cluster) -> dict[str, int]:
     return counts
 
 
-def until(predicate, timeout_s: float, show) -> None:
-    """Poll ``predicate`` for up to ``timeout_s`` on a quiet machine (:data:`WAIT_SLACK` times that)."""
-    timeout_s *= WAIT_SLACK
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"not within {timeout_s} s; last: {show()}")
-        time.sleep(0.5)
-
-
 @SLOW_UNDER_LOAD
 def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_path):
     import ray.train
@@ -172,7 +162,7 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
     ledger = trainer.ledger
     wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 1, 180, driver)
     # Below spot, the run asks for on-demand's gang and the probe for spot's, beside it.
-    until(lambda: requested(cluster) == {"spot": 2, "on-demand": 2}, 30, lambda: requested(cluster))
+    poll_until(lambda: requested(cluster) == {"spot": 2, "on-demand": 2}, 30, lambda: requested(cluster))
     assert cluster.alive_nodes("spot") == [], "spot had no capacity: the autoscaler added no node"
     cluster.set_capacity("spot", 2)
     back = time.time()
@@ -181,7 +171,7 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
     assert requested(cluster) == {"spot": 2}
     result = driver.join(300)
     assert driver.error is None, driver.error
-    until(lambda: requested(cluster) == {}, 30, lambda: requested(cluster))  # the finished run asks for nothing
+    poll_until(lambda: requested(cluster) == {}, 30, lambda: requested(cluster))  # the finished run asks for nothing
 
     records = ledger.read()
     assert kinds(records)[:3] == ["run_started", "capacity_timed_out", "workers_acquired"]
@@ -271,7 +261,7 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     from spotfallback.examples.ddp_digits import train_fn
 
     # A run of the test before that failed goes on to its end, holding its resource request.
-    until(lambda: not requested(cluster), 240, lambda: requested(cluster))
+    poll_until(lambda: not requested(cluster), 240, lambda: requested(cluster))
     cluster.set_capacity("spot", 1)
     for node in cluster.alive_nodes("spot"):  # left by the tests before, idle: the cloud takes them back
         cluster.kill_node(node["NodeID"])

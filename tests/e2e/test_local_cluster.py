@@ -28,6 +28,7 @@ from spotfallback.local import (  # noqa: E402
     NodeGroup,
 )
 from spotfallback.sim.traces import load_node_trace, load_spot_trace  # noqa: E402
+from tests.support.helpers_e2e import poll_until  # noqa: E402
 
 pytestmark = pytest.mark.ray
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
@@ -53,14 +54,6 @@ def injector(cluster):
         inj.close()  # stops timed actions and replays; explicit calls still work
         inj.give_back("spot")
         inj.replenish("spot")
-
-
-def _wait(predicate, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"{what}: not within {timeout_s}s")
-        time.sleep(0.1)
 
 
 @ray.remote(num_cpus=1)
@@ -178,7 +171,7 @@ def test_replacements_come_back_unless_capacity_is_taken(cluster, injector) -> N
     injector.replace_after_s = 0.2
     victim = cluster.nodes("spot")[0]
     injector.kill(victim)
-    _wait(lambda: len(cluster.nodes("spot")) == 2, 30, "replacement node")
+    poll_until(lambda: len(cluster.nodes("spot")) == 2, 30, lambda: "replacement node", every=0.1)
     assert victim not in cluster.nodes("spot")
 
     removed = injector.take_capacity("spot")
@@ -191,7 +184,7 @@ def test_replacements_come_back_unless_capacity_is_taken(cluster, injector) -> N
 
     injector.take_capacity("spot", duration_s=1.0)  # comes back on its own
     assert cluster.nodes("spot") == []
-    _wait(lambda: len(cluster.nodes("spot")) == 2, 30, "capacity given back")
+    poll_until(lambda: len(cluster.nodes("spot")) == 2, 30, lambda: "capacity given back", every=0.1)
     actions = [e.action for e in injector.log]
     assert actions.count("take-capacity") == 2 and actions.count("give-back") == 2
     assert not injector.errors
@@ -264,6 +257,6 @@ def test_shutdown_stops_every_process(cluster) -> None:
         except psutil.NoSuchProcess:
             return False
 
-    _wait(lambda: not any(alive(p) for p in pids), 15, "every Ray process gone")
+    poll_until(lambda: not any(alive(p) for p in pids), 15, lambda: "every Ray process gone", every=0.1)
     assert temp_dir is not None and not Path(temp_dir).exists()
     assert not cluster.running

@@ -32,6 +32,7 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     REPO,
     local_cluster,
+    poll_until,
     restoring_injector,
     unique_name,
 )
@@ -96,14 +97,12 @@ class Driver:
         return (self.workdir / f"driver-{n}.log").read_text()
 
 
-def wait_until(predicate: Callable[[], bool], timeout: float, proc: subprocess.Popen | None = None, poll: float = 0.05) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if proc is not None and proc.poll() is not None:
-            raise AssertionError(f"the driver exited with {proc.returncode} before the moment came")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"the moment did not come within {timeout}s")
-        time.sleep(poll)
+def wait_until(predicate: Callable[[], bool], timeout: float, proc: subprocess.Popen | None = None) -> None:
+    """:func:`poll_until` every 50 ms (a moment lasts a second or two), failing at once if ``proc`` exits."""
+    def ended() -> str | None:
+        return None if proc is None or proc.poll() is None else f"the driver exited with {proc.returncode} before the moment came"
+
+    poll_until(predicate, timeout, every=0.05, ended=ended)
 
 
 def sigkill(proc: subprocess.Popen) -> None:

@@ -153,19 +153,37 @@ class Background:
 WAIT_SLACK = 2.0
 
 
-def wait_for(ledger: Any, predicate: Callable[[list[Any]], bool], timeout: float, driver: Background | None = None) -> list[Any]:
-    """Poll the run's ledger until ``predicate(records)`` holds, for up to ``timeout`` seconds on
-    a quiet machine (:data:`WAIT_SLACK` times that)."""
+def poll_until(predicate: Callable[[], bool], timeout: float, last: Callable[[], object] = lambda: "", *,
+               every: float = 0.5, ended: Callable[[], str | None] = lambda: None) -> None:
+    """Poll ``predicate`` until it holds, for up to ``timeout`` seconds on a quiet machine
+    (:data:`WAIT_SLACK` times that). ``last``: the state a timeout names; ``ended``: why waiting on
+    is pointless (a driver that exited), or None."""
     timeout *= WAIT_SLACK
     deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        records = ledger.read()
-        if predicate(records):
-            return records
-        if driver is not None and driver.done:
-            raise AssertionError(f"the driver ended early: {driver.error!r}; ledger: {[r.event.kind for r in records]}")
-        time.sleep(0.25)
-    raise TimeoutError(f"ledger condition not met in {timeout}s: {[r.event.kind for r in ledger.read()]}")
+    while not predicate():
+        if (why := ended()) is not None:
+            raise AssertionError(why)
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"not within {timeout} s; last: {last()}")
+        time.sleep(every)
+
+
+def wait_for(ledger: Any, predicate: Callable[[list[Any]], bool], timeout: float, driver: Background | None = None) -> list[Any]:
+    """Poll the run's ledger until ``predicate(records)`` holds (:func:`poll_until`); the records."""
+    records: list[Any] = []
+
+    def met() -> bool:
+        records[:] = ledger.read()
+        return predicate(records)
+
+    def seen() -> list[str]:  # every kind, commits too
+        return [r.event.kind for r in records]
+
+    def ended() -> str | None:
+        return None if driver is None or not driver.done else f"the driver ended early: {driver.error!r}; ledger: {seen()}"
+
+    poll_until(met, timeout, seen, every=0.25, ended=ended)
+    return records
 
 
 def checkpoints_since(records: list[Any], kind: str, tier: int | None = None) -> int:

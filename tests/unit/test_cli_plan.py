@@ -169,7 +169,7 @@ def test_a_trace_with_no_capacity_at_all_is_refused_with_the_likely_cause(app, t
 
 def test_interruptions_too_frequent_for_any_checkpoint_recommend_on_demand_only(app):
     """A gang lost every microsecond: Daly's interval is that, and the plan tries a minute at least."""
-    r = invoke(app, "--hours", "1", "--rate", "1e9", "--runs", "20", "--json")
+    r = invoke(app, "--hours", "0.5", "--rate", "1e9", "--runs", "8", "--json")
     assert r.exit_code == 0, r.output
     out = json.loads(r.output)
     assert [t["market"] for t in out["recommended_tiers"]] == ["on-demand"]
