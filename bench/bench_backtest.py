@@ -316,6 +316,27 @@ def generated_families(req: PlanRequest = SMALL, seed: int = 0, window_h: float 
     print(f"  recommended: {r['recommended']}")
 
 
+# Choppier than any generated family: capacity that comes and goes every 10 minutes on average,
+# sampled every minute. A trace like this is where the plan's search costs the most.
+CHOPPY = Family("1-minute ticks", up_h=1 / 6, down_h=1 / 6, gap_s=60.0)
+
+
+def family_plan_speed(seed: int = 0, repeat: int = 2) -> None:
+    """`plan` with the optimum (seconds, best of ``repeat``) for each held-out job on each generated
+    family and on ``CHOPPY``: the speed target on traces like none of the shared ones."""
+    print(f"machine: {os.cpu_count()} CPUs, {cpu_model()}, load average {os.getloadavg()[0]:.2f}")
+    print(f"  {'family':18s} " + " ".join(f"{name[:24]:>26s}" for name in HELD_OUT_JOBS) + "   (plan + optimum, s)")
+    for family in (*FAMILIES, CHOPPY):
+        trace = family.trace(seed)
+        cells = []
+        for req in HELD_OUT_JOBS.values():
+            plan_s, p = best_of(repeat, lambda req=req, trace=trace: plan(req, trace))
+            assert isinstance(p, Plan)
+            opt_s, _ = best_of(repeat, lambda p=p, trace=trace: plan_optimum(p, [trace]))
+            cells.append(f"{plan_s:6.2f} + {opt_s:5.2f} = {plan_s + opt_s:5.2f}")
+        print(f"  {family.name:18s} " + " ".join(f"{c:>26s}" for c in cells), flush=True)
+
+
 # ----------------------------------------------------------------------------- `python -m bench`
 
 

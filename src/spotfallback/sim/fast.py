@@ -338,12 +338,15 @@ def _cap_breaks(cfg: _Rows, idx: np.ndarray, k: np.ndarray, spent: np.ndarray, r
                 gang: np.ndarray) -> np.ndarray:
     """``FallbackPolicy.cost_cap_reason``: rows ``idx`` would break tier k's cost cap (``rem_s`` left on ``gang`` workers)."""
     last = cfg.K - 1
+    on = cfg.cap_on[idx, k] & (k < last)
+    if not on.any():  # no cap here (the default): nothing to price
+        return on
     w_last = cfg.workers[idx, last]
     rem_last = np.where((gang == 0) | (gang == w_last), rem_s, on_gang(rem_s, np.where(gang == 0, 1.0, gang), w_last))
     most = capped_spend(spent, cfg.cap_risk[idx, k], cfg.price[idx, last], np.maximum(rem_last, 0.0) / 3600.0,
                         cfg.cap_restart_h[idx, k])
     known = ~np.isnan(rem_s)
-    return cfg.cap_on[idx, k] & (k < last) & known & over_cap(np.where(known, most, 0.0), cfg.cap_limit[idx, k])
+    return on & known & over_cap(np.where(known, most, 0.0), cfg.cap_limit[idx, k])
 
 
 def _cap_moves(cfg: _Rows, s: _State, idx: np.ndarray, moved: np.ndarray) -> None:
