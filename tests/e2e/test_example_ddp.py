@@ -30,6 +30,7 @@ from spotfallback.examples.ddp_digits import (  # noqa: E402
     state_hash,
     train_fn,
 )
+from tests.support.helpers_e2e import SLOW_UNDER_LOAD  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -133,6 +134,7 @@ def uninterrupted(ray_local, scratch):
     return _fit(scratch / "uninterrupted", CONFIG)
 
 
+@SLOW_UNDER_LOAD  # its limit also covers the uninterrupted reference run its fixture makes first
 def test_resume_after_failure_is_bit_identical(uninterrupted, scratch) -> None:
     clean, clean_dir = uninterrupted
     assert clean.error is None and clean.metrics["step"] == 40
