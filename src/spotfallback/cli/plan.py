@@ -531,7 +531,7 @@ def register(app: typer.Typer) -> None:
             more = _samples(sample, len(spots))
             try:
                 result = plan(req, spots, more=more)
-            except ValidationError as e:  # e.g. interruptions so frequent that no checkpoint interval is left
+            except ValidationError as e:  # a tier or job the planner built from this capacity that the config refuses
                 source = "--trace" if trace else "--node-trace" if node_trace else "--rate"
                 raise usage_error(source, "no plan can be made for this spot capacity: "
                                   + " ".join(format_validation_error(e).split())) from None
