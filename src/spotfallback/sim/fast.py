@@ -126,6 +126,7 @@ class _Rows:
     climb_write: np.ndarray  # JobSpec.climb_write_h
     any_climb: bool
     cap_on: np.ndarray  # (n, K): the tier has a cost_cap
+    any_cap: bool  # some tier but the last has one: else no row is ever moved by a cap
     cap_risk: np.ndarray  # ... one lost attempt on the tier's gang: price x first_commit_h
     cap_restart_h: np.ndarray
     cap_limit: np.ndarray  # ... policy.spend_cap
@@ -152,6 +153,7 @@ class _Rows:
         price = per_tier(lambda t: t.num_workers * t.price_per_worker_hour)
         rate_last = price[:, -1:]
         cap_restart_h = per_tier(lambda t: t.cost_cap.restart_h if t.cost_cap else 0.0)
+        cap_on = flag(lambda t: t.cost_cap is not None)
         cluster = np.array([_cluster_numbers(lad) for lad, _ in configs], dtype=np.int64)[cand]
         return cls(
             n=C * runs,
@@ -183,7 +185,8 @@ class _Rows:
             on_request=per_job(lambda j: float(j.checkpoint_on_request)).astype(bool),
             climb_write=per_job(lambda j: j.climb_write_h),
             any_climb=bool(climbable[:, :-1].any()) if K > 1 else False,
-            cap_on=flag(lambda t: t.cost_cap is not None),
+            cap_on=cap_on,
+            any_cap=bool(cap_on[:, :-1].any()),
             cap_risk=price * per_tier(lambda t: t.cost_cap.first_commit_h if t.cost_cap else 0.0),
             cap_restart_h=cap_restart_h,
             cap_limit=spend_cap(per_tier(lambda t: t.cost_cap.factor if t.cost_cap else 1.0), rate_last,
@@ -351,6 +354,8 @@ def _cap_breaks(cfg: _Rows, idx: np.ndarray, k: np.ndarray, spent: np.ndarray, r
 
 def _cap_moves(cfg: _Rows, s: _State, idx: np.ndarray, moved: np.ndarray) -> None:
     """Rows ``idx`` about to wait on their tier go straight to the last one where its cost cap says so."""
+    if not cfg.any_cap:
+        return
     live = s.status[idx] == 0
     i = idx[live]
     jump = _cap_breaks(cfg, i, s.tier[i], s.policy_spent(i), s.reported_s[i], s.reported_gang[i])
@@ -359,6 +364,11 @@ def _cap_moves(cfg: _Rows, s: _State, idx: np.ndarray, moved: np.ndarray) -> Non
 
 # ---------------------------------------------------------------------------------------
 # One cycle: wait for capacity, then run
+
+
+def _present(tiers: np.ndarray, K: int) -> np.ndarray:
+    """The tiers that occur in ``tiers``, in order (``np.unique``'s answer, without its sort or hash)."""
+    return np.flatnonzero(np.bincount(tiers, minlength=K))
 
 
 def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -381,7 +391,7 @@ def _wait_for_capacity(cfg: _Rows, s: _State, world: _World, act: np.ndarray) ->
     cap_dl = np.minimum(since_s + cfg.timeout_s[act, k_act], np.maximum(since_s, guard_s)) / 3600.0
     off = world.offset
     horizon_h = world.horizon_h
-    for k in np.unique(k_act):
+    for k in _present(k_act, cfg.K):
         m = k_act == k
         idx = act[m]
         # Searched up to the horizon at most, as the policy engine does.
@@ -408,7 +418,7 @@ def _run_attempts(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, t_acq: n
     t_int = np.empty(gi.size)
     is_pre = np.empty(gi.size, dtype=bool)
     off = world.offset
-    for k in np.unique(kg):
+    for k in _present(kg, cfg.K):
         m = kg == k
         idx = gi[m]
         ti_k, ip_k = interrupt(world.procs[k], world.draws, cfg.row[idx], s.col[idx], t_acq[m] + off[idx],
