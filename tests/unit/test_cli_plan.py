@@ -237,6 +237,27 @@ def test_plan_shows_every_policy_as_a_multiple_of_the_hindsight_optimum(app):
     assert r.exit_code == 0 and "x opt" not in r.output
 
 
+def test_plan_searches_its_optimum_in_other_processes_beside_the_plan_with_the_same_answer(app, monkeypatch):
+    import json
+
+    from spotfallback.sim import optimum
+
+    args = ["--hours", "10", "--workers", "1", "--deadline-h", "15", "--trace", TRACE, "--runs", "40", "--json"]
+    here = json.loads(invoke(app, *args).output)  # a small search: all of it in this process
+    started = []
+
+    class Counted(optimum.Spread):  # the real Spread, and whether the caller kept a share
+        def __init__(self, fn, shared, items, processes, *, caller_share=True):
+            started.append(caller_share)
+            super().__init__(fn, shared, items, processes, caller_share=caller_share)
+
+    monkeypatch.setattr(optimum, "_SPREAD_FROM", 1)
+    monkeypatch.setattr(optimum, "Spread", Counted)
+    beside = json.loads(invoke(app, *args).output)
+    assert started == [False]
+    assert beside["optimum_mean_spend"] == here["optimum_mean_spend"] and beside["policies"] == here["policies"]
+
+
 def test_plan_leaves_out_an_optimum_whose_search_is_too_large_and_says_why(app, monkeypatch):
     import json
 

@@ -17,9 +17,9 @@ from spotfallback.sim import optimum
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.draws import run_offsets
 from spotfallback.sim.job import JobSpec, wall_to_finish
-from spotfallback.sim.optimum import Markets, hindsight_optimum, optimum_for
+from spotfallback.sim.optimum import Markets, hindsight_optimum, optimum_for, start_optima
 from spotfallback.sim.simulate import simulate
-from spotfallback.sim.spread import spread
+from spotfallback.sim.spread import Spread
 from spotfallback.sim.traces import SpotTrace, load_node_trace, load_spot_trace
 from spotfallback.sim.world import RateModel, compile_spot_trace, world_for
 
@@ -234,15 +234,19 @@ def test_starts_spread_over_processes_get_the_same_optima(monkeypatch):
     alone = optimum_for(ladder, job, world, starts, processes=1)
     used = []
 
-    def counted(fn, shared, items, processes):  # the real spread, and how many processes it was given
-        used.append(processes)
-        return spread(fn, shared, items, processes)
+    class Counted(Spread):  # the real Spread, and how it was started
+        def __init__(self, fn, shared, items, processes, *, caller_share=True):
+            used.append((processes, caller_share))
+            super().__init__(fn, shared, items, processes, caller_share=caller_share)
 
-    monkeypatch.setattr(optimum, "spread", counted)
+    monkeypatch.setattr(optimum, "Spread", Counted)
     assert optimum_for(ladder, job, world, starts, processes=3) == alone  # a small search stays here
     monkeypatch.setattr(optimum, "_SPREAD_FROM", 1)
     assert optimum_for(ladder, job, world, starts, processes=3) == alone
-    assert used == [3]
+    # In the background: the other processes take every share while the caller goes on.
+    with start_optima(ladder, job, world, starts, processes=2, background=True) as pending:
+        assert pending.result() == alone
+    assert used == [(3, True), (2, False)]
     with pytest.raises(ValueError, match="processes must be at least 1"):
         optimum_for(ladder, job, world, starts, processes=0)
 
@@ -267,6 +271,10 @@ def test_a_search_past_its_limit_says_how_large_it_is_and_one_within_it_answers_
     for processes in (1, 2):
         with pytest.raises(OptimumTooLargeError, match=r"one start's search \(the states it met, or the cells of its tables\) passed 1,555, its share of the limit"):
             optimum_for(ladder, job, world, [1.75, *starts, 40.0], processes=processes, limit=14_000)
+    # Searched in the background, a start past its share is found by another process and raised by ``result``.
+    pending = start_optima(ladder, job, world, [1.75, *starts, 40.0], processes=2, limit=14_000, background=True)
+    with pending, pytest.raises(OptimumTooLargeError, match=r"passed 1,555, its share of the limit"):
+        pending.result()
 
 
 def test_a_search_whose_tables_alone_would_pass_its_limit_stops_before_building_them(monkeypatch):

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from spotfallback.sim import spread as spread_module
-from spotfallback.sim.spread import available_cpus, spread
+from spotfallback.sim.spread import Spread, available_cpus, spread
 
 # What the other processes run: module-level functions, named by module and name.
 
@@ -40,6 +40,35 @@ def test_floats_come_back_the_same_to_the_last_bit():
     items = [0.1, 1 / 3, math.pi * 1e-300, 2.0**60 + 1, math.inf, -math.inf, math.nan, 5e-324]
     back = spread(scaled, 1.0, items, 3)
     assert [x.hex() for x in back] == [x.hex() for x in items]
+
+
+def whose(_: None, items: list[int]) -> list[int]:
+    import os
+
+    return [os.getpid()] * len(items)
+
+
+def test_work_left_to_the_others_comes_back_in_order_while_the_caller_goes_on():
+    import os
+
+    with Spread(scaled, 3, list(range(11)), 2, caller_share=False) as work:
+        assert len(work.children) == 2  # both shares under way at once
+        assert work.result() == [3 * i for i in range(11)]
+    with Spread(whose, None, list(range(6)), 2, caller_share=False) as work:
+        pids = work.result()
+    assert os.getpid() not in pids and len(set(pids)) == 2 and pids[0::2] == [pids[0]] * 3
+    with Spread(whose, None, [7], 2, caller_share=False) as work:  # one item: computed here, in ``result``
+        assert not work.children and work.result() == [os.getpid()]
+
+
+def test_closing_work_under_way_stops_its_processes_at_once():
+    import time
+
+    t0 = time.monotonic()
+    with Spread(napping, 60.0, [1, 2], 2, caller_share=False) as work:
+        children = list(work.children)
+    assert all(c.returncode is not None for c in children) and not any(w.is_alive() for w in work.writers)
+    assert time.monotonic() - t0 < 30
 
 
 def test_one_process_or_one_item_starts_nothing(monkeypatch):

@@ -21,7 +21,7 @@ from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from spotfallback.sim.draws import run_offsets
-from spotfallback.sim.optimum import optimum_for
+from spotfallback.sim.optimum import PendingOptima, start_optima
 from spotfallback.sim.planner import Candidate, Plan, PlanRequest, load_process, plan
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 from spotfallback.sim.world import Process, RateModel, compile_process, complement_trace
@@ -76,20 +76,67 @@ def plan_optimum(p: Plan, spots: list[Process], more: Sequence[Process] = (), li
     it says how much that policy leaves on the table on those replays. Its search may meet
     ``limit`` states in all (default ``OPTIMUM_LIMIT``; ``optimum_for``), or ``OptimumTooLargeError``.
     """
-    limit = OPTIMUM_LIMIT if limit is None else limit
-    req = p.request
-    samples = [spots, *([m] for m in more)]
-    if req.deadline_h is None or not all(isinstance(s, SpotTrace | NodeTrace) for sample in samples for s in sample):
-        return None
-    ladder = Ladder(tiers=(*[req.spot_tier(i) for i in range(len(spots))], req.on_demand_tier()))
-    runs = math.ceil(req.runs / len(samples))
-    spends = []
-    for sample in samples:
-        offsets = run_offsets([compile_process(sample[0], req.num_workers)], runs, req.seed)
-        spends += [o.spend for o in optimum_for(ladder, req.job(None), [*sample, RateModel()], offsets,
-                                                limit=limit // len(samples))]
-    arr = np.array(spends)
-    return float(arr.mean()) if np.isfinite(arr).all() else None
+    with PlanOptimum.start(p.request, spots, more, limit, background=False) as pending:
+        return pending.mean()
+
+
+class PlanOptimum:
+    """``plan_optimum``'s searches, started before the plan (they need only its request): with
+    ``background``, in other processes while this one simulates the candidates, so that ``plan``
+    with the optimum takes about the longer of the two on two cores, not their sum."""
+
+    def __init__(self, first: PendingOptima | None, later: Sequence[Callable[[], PendingOptima]] = (),
+                 error: OptimumTooLargeError | None = None):
+        self._first, self._later, self._error = first, later, error
+
+    @classmethod
+    def start(cls, req: PlanRequest, spots: list[Process], more: Sequence[Process] = (), limit: int | None = None, *,
+              background: bool = True) -> PlanOptimum:
+        """Start the searches; one found too large now is raised by ``mean``. Use it as a context
+        manager: leaving it stops the searches still running."""
+        limit = OPTIMUM_LIMIT if limit is None else limit
+        samples = [spots, *([m] for m in more)]
+        if req.deadline_h is None or not all(isinstance(s, SpotTrace | NodeTrace) for sample in samples for s in sample):
+            return cls(None)
+        ladder = Ladder(tiers=(*[req.spot_tier(i) for i in range(len(spots))], req.on_demand_tier()))
+        runs = math.ceil(req.runs / len(samples))
+
+        def part(sample: list[Process], background: bool = False) -> Callable[[], PendingOptima]:
+            offsets = run_offsets([compile_process(sample[0], req.num_workers)], runs, req.seed)
+            return lambda: start_optima(ladder, req.job(None), [*sample, RateModel()], offsets,
+                                        limit=limit // len(samples), background=background)
+
+        # The first sample's searches go to other processes now; the others' (the --sample traces)
+        # are searched in ``mean``, one sample at a time, rather than crowd the cores at once.
+        try:
+            first = part(samples[0], background)()
+        except OptimumTooLargeError as e:
+            return cls(None, error=e)
+        return cls(first, [part(sample) for sample in samples[1:]])
+
+    def mean(self) -> float | None:
+        """The mean optimum over the starts (None without a deadline or on a rate model), once searched."""
+        if self._error is not None:
+            raise self._error
+        if self._first is None:
+            return None
+        spends = [o.spend for o in self._first.result()]
+        for start in self._later:
+            with start() as pending:
+                spends += [o.spend for o in pending.result()]
+        arr = np.array(spends)
+        return float(arr.mean()) if np.isfinite(arr).all() else None
+
+    def close(self) -> None:
+        """Stop the searches still running in other processes."""
+        if self._first is not None:
+            self._first.close()
+
+    def __enter__(self) -> PlanOptimum:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
 
 
 def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
@@ -530,7 +577,13 @@ def register(app: typer.Typer) -> None:
                                   "for all, or one per --trace / --node-trace in order")
             more = _samples(sample, len(spots))
             try:
-                result = plan(req, spots, more=more)
+                # The optimum needs only the request: its searches run in other processes beside the plan.
+                optimum_search = PlanOptimum.start(req, spots, more)
+                try:
+                    result = plan(req, spots, more=more)
+                except BaseException:
+                    optimum_search.close()
+                    raise
             except ValidationError as e:  # a tier or job the planner built from this capacity that the config refuses
                 source = "--trace" if trace else "--node-trace" if node_trace else "--rate"
                 raise usage_error(source, "no plan can be made for this spot capacity: "
@@ -541,11 +594,12 @@ def register(app: typer.Typer) -> None:
             raise fail(str(e), e.exit_code) from None
 
         notes = list(result.notes)
-        try:
-            optimum = plan_optimum(result, spots, more)
-        except OptimumTooLargeError as e:
-            optimum = None
-            notes.append(f"x opt is left out: {e} (fewer starts: --runs).")
+        with optimum_search:
+            try:
+                optimum = optimum_search.mean()
+            except OptimumTooLargeError as e:
+                optimum = None
+                notes.append(f"x opt is left out: {e} (fewer starts: --runs).")
         if as_json:
             for line in _write_files(result, write_yaml, job_fields, plot):  # beside the JSON, not in it
                 typer.echo(line, err=True)

@@ -40,7 +40,8 @@ session before it) set that best early, with a margin that keeps every schedule 
 tie with the answer. The rows sent on to a later point are pruned there as they pile up,
 not only when the search reaches it, which holds a large search's memory to a few Pareto
 sets per point (docs/planner.md, section 9). ``optimum_for`` spreads the searches of many
-starts over processes where they would take more than about a second, and, given a
+starts over processes where they would take more than about a second (``start_optima``
+starts them there and lets the caller go on), and, given a
 ``limit``, stops a search that would take hours (``OptimumTooLargeError``) rather than
 answer after them.
 """
@@ -50,7 +51,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -59,7 +60,7 @@ import numpy as np
 from spotfallback.config import Ladder, make_ladder
 from spotfallback.errors import OptimumTooLargeError
 from spotfallback.sim.job import EPS, JobSpec
-from spotfallback.sim.spread import available_cpus, spread
+from spotfallback.sim.spread import Spread, available_cpus
 from spotfallback.sim.world import Process, RateModel, TraceCapacity, compile_process
 
 _TOL = 1e-9
@@ -189,14 +190,60 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
     deadline (long jobs on a node trace's large gangs, above all), and no answer is better
     than one after hours.
     """
+    with start_optima(ladder, job, world, starts_h, processes=processes, limit=limit) as pending:
+        return pending.result()
+
+
+class PendingOptima:
+    """Optima whose searches are under way (``start_optima``): ``result`` answers them, ``close`` stops them."""
+
+    def __init__(self, starts: list[float], found: dict[float, Optimum], rest: list[float],
+                 work: Spread[float, list[float] | None] | None, searches: Callable[[], list[Optimum | None]],
+                 too_large: OptimumTooLargeError):
+        self._starts, self._found, self._rest, self._work = starts, found, rest, work
+        self._searches, self._too_large = searches, too_large
+
+    def result(self) -> list[Optimum]:
+        """The optimum at each start, in their order; ``OptimumTooLargeError`` where a search passed its share."""
+        answers: list[Optimum | None]
+        if self._work is None:
+            answers = self._searches()
+        else:
+            answers = [None if a is None else Optimum(a[0], a[1], a[2], a[3], int(a[4])) for a in self._work.result()]
+        for s, a in zip(self._rest, answers, strict=True):
+            if a is None:
+                raise self._too_large
+            self._found[s] = a
+        return [self._found[s] for s in self._starts]
+
+    def close(self) -> None:
+        """Stop the searches still running in other processes."""
+        if self._work is not None:
+            self._work.close()
+
+    def __enter__(self) -> PendingOptima:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def start_optima(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence[Process],
+                 starts_h: Sequence[float] | np.ndarray, *, processes: int | None = None, limit: int | None = None,
+                 background: bool = False) -> PendingOptima:
+    """``optimum_for``'s searches, started; its ``result`` answers them.
+
+    With ``background``, searches spread over other processes start at once and this process
+    takes no share, so that it can do other work beside them: ``plan`` simulates its
+    candidates while its optimum is searched. A few searches run here first, so a search too
+    large for ``limit`` raises ``OptimumTooLargeError`` now, or from ``result``.
+    """
     if processes is not None and processes < 1:
         raise ValueError(f"processes must be at least 1, not {processes}")
     job, markets = _with_deadline(job), Markets.of(ladder, world)
     starts = np.asarray(starts_h, dtype=float).tolist()
     distinct = list(dict.fromkeys(starts))
-    if not distinct:
-        return []
-    each = None if limit is None else min(limit, max(_SHARE * limit // len(distinct), _SHARE_FLOOR))
+    each = None if limit is None or not distinct else min(limit, max(_SHARE * limit // len(distinct), _SHARE_FLOOR))
     too_large = OptimumTooLargeError(
         f"the hindsight optimum's search is too large: one start's search (the states it met, or the cells of its "
         f"tables) passed {each or 0:,}, its share of the limit of {limit or 0:,} for {len(distinct)} start(s). "
@@ -212,24 +259,21 @@ def optimum_for(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequence
         found[se.t0] = o
     rest = [s for s in distinct if s not in found]
     done = sum(se.work for se in searches)
-    work = done / len(searches) * len(rest)
+    work = done / max(len(searches), 1) * len(rest)
     if limit is not None and done + work > limit:
         raise OptimumTooLargeError(f"the hindsight optimum's search is too large: about {done + work:,.0f} states for "
                                    f"{len(distinct)} start(s), past the limit of {limit:,}. {_IN_REACH}")
     # No more processes than the CPUs, nor than would each get about a second of the work.
     n = min(available_cpus() if processes is None else processes, 1 + int(work // _SPREAD_FROM))
-    answers: list[Optimum | None]
+    spreading = None
     if n > 1:
         shared = {"job": job.model_dump(), "markets": markets.as_data(), "each": each}
-        answers = [None if a is None else Optimum(a[0], a[1], a[2], a[3], int(a[4]))
-                   for a in spread(_optima_at, shared, rest, n)]
-    else:
-        answers = [_Search(job, markets, s, each).run() for s in rest]
-    for s, a in zip(rest, answers, strict=True):
-        if a is None:
-            raise too_large
-        found[s] = a
-    return [found[s] for s in starts]
+        spreading = Spread(_optima_at, shared, rest, n, caller_share=not background)
+
+    def here() -> list[Optimum | None]:
+        return [_Search(job, markets, s, each).run() for s in rest]
+
+    return PendingOptima(starts, found, rest, spreading, here, too_large)
 
 
 _IN_REACH = ("It grows with the gang's interruptions before the deadline: a shorter job or deadline, a smaller gang "
@@ -950,4 +994,4 @@ def _lowest(x: np.ndarray, m: int) -> np.ndarray:
     return np.argpartition(rank_sum, m)[:m]
 
 
-__all__ = ["ANY_CLUSTER", "Markets", "Optimum", "hindsight_optimum", "optimum_for"]
+__all__ = ["ANY_CLUSTER", "Markets", "Optimum", "PendingOptima", "hindsight_optimum", "optimum_for", "start_optima"]

@@ -12,8 +12,9 @@ stdin, and answers with JSON on stdout: nothing is pickled, Python's JSON writes
 from plain data. Nothing is forked, so threads the caller holds (a Ray driver, a web server)
 cannot leave a child stuck on a lock, and nothing imports the caller's ``__main__``, so a
 script without an ``if __name__ == "__main__":`` guard is safe. The caller computes a share
-itself. Ctrl-C reaches the caller alone, which then stops the processes it started; a caller
-killed outright leaves its processes to notice and end within a second.
+itself, or leaves it all to the others and does other work beside them. Ctrl-C reaches the
+caller alone, which then stops the processes it started; a caller killed outright leaves its
+processes to notice and end within a second.
 """
 
 from __future__ import annotations
@@ -29,7 +30,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import IO, Any, Generic, TypeVar
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -78,46 +79,95 @@ def _cgroup_quota() -> float | None:
     return None
 
 
-def spread(fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T], processes: int) -> list[R]:
-    """``fn(shared, items)``, its items shared out between this process and up to ``processes - 1`` others.
+class Spread(Generic[T, R]):
+    """``fn(shared, items)`` under way in other processes while the caller goes on; ``result`` collects it.
 
     ``fn`` is a module-level function that answers one result per item, in order;
-    ``shared``, the items and the results are plain JSON data. Each process takes every n-th
-    item, so that neighbouring items of like cost are shared out. With one process or one
-    item, or no Python executable to start, nothing is started.
+    ``shared``, the items and the results are plain JSON data. Each of ``processes`` takes
+    every n-th item, so that neighbouring items of like cost are shared out. With
+    ``caller_share`` (``spread``) the caller is one of them and computes its share in
+    ``result``; without, the others take it all and start on it at once, so that the caller
+    can do other work beside them (the plan beside its optimum). With one process or one
+    item, or no Python executable to start, nothing is started: ``result`` computes it all.
+    Use it as a context manager, or call ``close``: it stops the processes a caller that
+    failed no longer needs.
     """
-    n = min(processes, len(items))
-    if n <= 1 or not sys.executable:
-        return fn(shared, list(items))
-    children: list[subprocess.Popen[bytes]] = []
-    try:
-        # Every child first, so that they start their interpreters side by side, then their work.
-        children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(os.getpid())], stdin=subprocess.PIPE,
-                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE) for _ in range(1, n)]
-        common = "\n".join([json.dumps(sys.path), json.dumps([fn.__module__, fn.__qualname__]), json.dumps(shared)])
-        for j, child in enumerate(children, start=1):
-            assert child.stdin is not None
-            with contextlib.suppress(BrokenPipeError):  # one that ended early says why below
-                child.stdin.write(f"{common}\n{json.dumps(list(items[j::n]))}\n".encode())
-            with contextlib.suppress(BrokenPipeError):
-                child.stdin.close()
-            child.stdin = None  # written and closed: ``communicate`` only reads
-        shares = [fn(shared, list(items[0::n]))]
-        for child in children:
-            out, err = child.communicate()
-            if child.returncode != 0:
-                raise RuntimeError(f"a process computing part of {fn.__qualname__} failed (exit {child.returncode}):\n"
-                                   + err.decode(errors="replace").strip())
-            shares.append(json.loads(out))
-    finally:
-        for child in children:
+
+    def __init__(self, fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T], processes: int, *,
+                 caller_share: bool = True):
+        self.fn, self.shared, self.items = fn, shared, list(items)
+        n = min(processes, len(self.items))
+        self.n = n if n > 1 and sys.executable else 1
+        self.own = caller_share or self.n == 1  # whether the caller computes the first share
+        self.children: list[subprocess.Popen[bytes]] = []
+        self.writers: list[threading.Thread] = []
+        if self.n == 1:
+            return
+        try:
+            # Every child first, so that they start their interpreters side by side, then their work.
+            self.children = [subprocess.Popen([sys.executable, "-c", _CHILD, str(os.getpid())], stdin=subprocess.PIPE,
+                                              stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+                             for _ in range(1 if self.own else 0, self.n)]
+            common = "\n".join([json.dumps(sys.path), json.dumps([fn.__module__, fn.__qualname__]), json.dumps(shared)])
+            for j, child in enumerate(self.children, start=1 if self.own else 0):
+                assert child.stdin is not None
+                # Written by a thread: a child reads its input only once it has imported the function's
+                # module, and the caller has its own work to do meanwhile.
+                writer = threading.Thread(target=_write_and_close, daemon=True,
+                                          args=(child.stdin, f"{common}\n{json.dumps(self.items[j::self.n])}\n".encode()))
+                writer.start()
+                self.writers.append(writer)
+                child.stdin = None  # the writer's: ``communicate`` only reads
+        except BaseException:
+            self.close()
+            raise
+
+    def result(self) -> list[R]:
+        """The answers, in the order of the items: the caller's share computed now, the others' awaited."""
+        try:
+            shares = [self.fn(self.shared, self.items[0::self.n])] if self.own else []
+            for child in self.children:
+                out, err = child.communicate()
+                if child.returncode != 0:
+                    raise RuntimeError(f"a process computing part of {self.fn.__qualname__} failed "
+                                       f"(exit {child.returncode}):\n" + err.decode(errors="replace").strip())
+                shares.append(json.loads(out))
+        finally:
+            self.close()
+        results: list[Any] = [None] * len(self.items)
+        for j, share in enumerate(shares):
+            results[j::self.n] = share
+        return results
+
+    def close(self) -> None:
+        """Stop the processes still running (none once ``result`` has answered)."""
+        for child in self.children:
             if child.poll() is None:
                 child.kill()
                 child.wait()
-    results: list[Any] = [None] * len(items)
-    for j, share in enumerate(shares):
-        results[j::n] = share
-    return results
+        for writer in self.writers:  # a killed child's pipe is broken: its writer ends at once
+            writer.join()
+
+    def __enter__(self) -> Spread[T, R]:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def spread(fn: Callable[[Any, list[T]], list[R]], shared: Any, items: Sequence[T], processes: int) -> list[R]:
+    """``fn(shared, items)``, its items shared out between this process and up to ``processes - 1`` others
+    (``Spread``'s terms), collected at once."""
+    with Spread(fn, shared, items, processes) as work:
+        return work.result()
+
+
+def _write_and_close(pipe: IO[bytes], data: bytes) -> None:
+    """A child's input, written whole; a child that ended early says why in ``Spread.result``."""
+    with contextlib.suppress(BrokenPipeError):
+        pipe.write(data)
+    with contextlib.suppress(BrokenPipeError):
+        pipe.close()
 
 
 def _exit_with(parent: int) -> None:
