@@ -152,6 +152,13 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     assert r.exit_code == 2 and r.output.strip() == (
         "error: JOB.yaml: tiers[1].price_per_worker_hour: 'on-demand' has no price, and a backtest sets spend against "
         "it; give every tier its price per worker-hour")
+    # An unpriced spot tier would count its hours as free: the ladder would look cheaper than any schedule.
+    free_spot = tmp_path / "free-spot.yaml"
+    free_spot.write_text(JOB.replace(", price_per_worker_hour: 0.3", ""))
+    r = invoke(app, str(free_spot), "--trace", TRACE, "--hours", "10")
+    assert r.exit_code == 2 and r.output.strip() == (
+        "error: JOB.yaml: tiers[0].price_per_worker_hour: 'spot' has no price, so a backtest would count its hours as "
+        "free; give every tier its price per worker-hour"), r.output
 
 
 def test_an_on_demand_ladder_is_measured_against_the_spot_it_could_have_used(app, tmp_path, job_file):
@@ -201,7 +208,7 @@ def test_backtest_replays_climbing_ladders_window_by_window_as_simulate_does():
     with pytest.raises(ValueError, match="deadline"):
         backtest(ladder, [trace], job.model_copy(update={"deadline_h": None}))
     with pytest.raises(ValueError, match="on-demand tier"):
-        backtest(Ladder(tiers=(Tier.spot(1),)), [trace], job)
+        backtest(Ladder(tiers=(Tier.spot(1, price_per_worker_hour=0.3),)), [trace], job)
 
 
 OTHER_POOL = str(FIXTURES / "us-east-1f_v100_4node.json")

@@ -205,6 +205,11 @@ def test_cluster_launcher_writes_a_valid_file(app: typer.Typer, job_file: Path, 
          "error: --instance-type: tier 'spot' is given twice ('m5.large' and 'm5.xlarge')"),
         (["--cloud", "aws", "--region", "us-east-1", "--head-instance-type", ""], "error: --head-instance-type: empty;"),
         (["--cloud", "gcp", "--zone", "us-central1-a"], "error: --project-id: required on GCP"),
+        (["--cloud", "aws", "--region", "not a region"], "error: --region: 'not a region' is not an AWS region name; give one "
+         "such as 'us-east-1'"),
+        (["--cloud", "aws", "--region", "us-west-2", "--zone", "us-west-2zz"], "error: --zone: 'us-west-2zz' is not an AWS "
+         "zone name; give one such as 'us-east-1a'"),
+        (["--cloud", "gcp", "--zone", "us-central1a", "--project-id", "p"], "error: --zone: 'us-central1a' is not a GCP zone"),
         (["--cloud", "aws", "--region", "us-east-1", "--image", "my image"], "error: --image: 'my image' is not a container image"),
     ],
 )
@@ -315,3 +320,23 @@ def test_an_empty_pip_package_is_refused_rather_than_written(app: typer.Typer, j
     """`pip install ''` fails on every node at start; said here, it is one line before anything is deployed."""
     r = run(app, *command, "--job", job_file, "--pip", "torch==2.3.1", "--pip", " ")
     assert r.exit_code == 2 and r.stderr.startswith("error: --pip: an empty package;") and not r.stdout
+
+
+@pytest.mark.parametrize(("package", "problem"), [
+    ("torch>=", "error: --pip: 'torch>=' is not a pip requirement (Expected semicolon (after name with no version "
+                "specifier) or end); give one such as 'torch==2.3.1'"),
+    ("--extra-index-url", "error: --pip: '--extra-index-url' is a pip option; give one requirement, wheel or URL per --pip"),
+])
+def test_a_pip_package_pip_would_refuse_on_every_node_is_refused_here(app: typer.Typer, job_file: Path, package: str,
+                                                                      problem: str) -> None:
+    r = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--pip", package)
+    assert r.exit_code == 2 and r.stderr.startswith(problem) and not r.stdout, r.stderr
+
+
+def test_requirements_wheels_and_urls_are_all_taken_by_pip(app: typer.Typer, job_file: Path) -> None:
+    packages = ["transformers>=4.40,<5", "numpy; python_version > '3.10'", "./dist/mylib-1.0-py3-none-any.whl",
+                "git+https://github.com/me/mylib@v1"]
+    r = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file,
+            *[x for p in packages for x in ("--pip", p)])
+    assert r.exit_code == 0, r.stderr
+    assert all(p in r.stdout or shlex.quote(p) in r.stdout for p in packages), r.stdout

@@ -116,6 +116,14 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
          "--worker-resources: resource 'gpu': Ray's name is 'GPU'"),
         (["--hours", "10", "--trace", TRACE, "--failure-rate", "0.5"], "--failure-rate: applies to the rate model only; give --rate too"),
         (["--hours", "10", "--trace", TRACE, "--outage-h", "5"], "--outage-h: applies to the rate model only"),
+        (["--seed-table", "--hours", "5"], "--seed-table: prints the seed's table only, with no job"),
+        (["--hours", "10", "--rate", "0.1", "--discount", "0.5"], "--discount: applies to --seed-table only"),
+        (["--hours", "10", "--node-trace", str(FIXTURES / "aws-p3-trace.csv"), "--workers", "1", "--trace-counts", "preempted"],
+         "--trace-counts: applies to SkyPilot JSON spot traces only"),
+        (["--hours", "10", "--rate", "0.1", "--checkpoint-gb", "5"], "--checkpoint-gb: prices a move between Ray clusters; "
+         "give --cluster too"),
+        (["--hours", "10", "--rate", "0.1", "--egress-price", "0.09"], "--egress-price: prices a move between Ray clusters"),
+        (["--hours", "10", "--rate", "0.1", "--move-restart-s", "600"], "--move-restart-s: prices a move between Ray clusters"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml"], "--entrypoint: required with --write-yaml"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "nocolon"], "--entrypoint: entrypoint 'nocolon'"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--name", "a/b"], "--name: run name 'a/b'"),
@@ -165,6 +173,11 @@ def test_a_trace_with_no_capacity_at_all_is_refused_with_the_likely_cause(app, t
     assert r.exit_code == 2 and r.output.strip() == (
         f"error: --trace: {zeros}: no spot capacity in any of its 50 ticks, so spot never starts; if it counts "
         "preempted instances, pass --trace-counts preempted")
+    # Another sample of the same market is read as --trace's are: all zeros would be 1000 h of 'spot forever'.
+    r = invoke(app, "--hours", "10", "--deadline-h", "15", "--trace", TRACE, "--sample", str(zeros))
+    assert r.exit_code == 2 and r.output.strip() == (
+        f"error: --sample: {zeros}: no spot capacity in any of its 50 ticks, so spot never starts; if it counts "
+        "preempted instances, pass --trace-counts preempted"), r.output
 
 
 def test_interruptions_too_frequent_for_any_checkpoint_recommend_on_demand_only(app):

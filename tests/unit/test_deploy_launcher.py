@@ -148,6 +148,29 @@ def test_region_and_zone_come_from_tiers_or_options() -> None:
     assert aws["provider"] == {"type": "aws", "region": "eu-west-1", "cache_stopped_nodes": False}
 
 
+@pytest.mark.parametrize(("cloud", "region", "zone"), [
+    (VmCloud.AWS, "us-gov-west-1", "us-gov-west-1b"), (VmCloud.AWS, "us-west-2", "us-west-2-lax-1a"),
+    (VmCloud.AWS, "ap-southeast-4", None), (VmCloud.GCP, "europe-west10", "europe-west10-c"),
+    (VmCloud.GCP, None, "northamerica-northeast1-a"),
+])
+def test_each_clouds_region_and_zone_names_are_taken(cloud, region, zone) -> None:
+    opts = LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="p")
+    provider = cluster_launcher_config(make_job(LADDERS[1]), opts)["provider"]
+    assert provider.get("availability_zone") == zone and (region is None or provider["region"] == region)
+
+
+@pytest.mark.parametrize(("cloud", "region", "zone", "problem"), [
+    (VmCloud.AWS, "us-central1", None, "^region: 'us-central1' is not an AWS region name; give one such as 'us-east-1'"),
+    (VmCloud.AWS, "us-west-2", "us-west-2zz", "^zone: 'us-west-2zz' is not an AWS zone name; give one such as 'us-east-1a'"),
+    (VmCloud.GCP, "us-east-1", "us-east-1a", "^region: 'us-east-1' is not a GCP region name"),
+    (VmCloud.GCP, None, "US-CENTRAL1-A", "^zone: 'US-CENTRAL1-A' is not a GCP zone name"),
+])
+def test_a_region_or_zone_of_another_shape_is_refused_before_ray_up(cloud, region, zone, problem) -> None:
+    """`ray up` would fail on it only after the file is written and handed on."""
+    with pytest.raises(ConfigError, match=problem):
+        cluster_launcher_config(make_job(LADDERS[1]), LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="p"))
+
+
 def test_storage_identity_goes_on_workers_only() -> None:
     arn = "arn:aws:iam::123456789012:instance-profile/ml-runs"
     types = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, instance_profile=arn))["available_node_types"]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -113,6 +114,23 @@ def test_missing_and_unreadable_files(tmp_path):
         load_node_trace(tmp_path / "bin.csv")
 
 
+@pytest.mark.parametrize(("head", "fix"), [(b"\x1f\x8b\x08\x00\xff", "gzip-compressed (gunzip)"),
+                                         (b"PK\x03\x04\x14\x00\xc3", "a zip archive (unzip)")])
+def test_a_packed_trace_is_named_for_what_it_is(tmp_path, head, fix):
+    """Traces are downloaded gzipped or zipped: the fix is to unpack, not to re-encode."""
+    (tmp_path / "t.json").write_bytes(head + b"\x00\x00")
+    with pytest.raises(TraceError, match=rf"not UTF-8 text \(byte \d+\); it is {re.escape(fix)}: unpack it first"):
+        load_spot_trace(tmp_path / "t.json")
+
+
+@pytest.mark.parametrize("text", ["time_ms,action,node\n0,add,a\n", "0,add,a\n60000,remove,a\n"])
+def test_a_node_trace_read_as_a_spot_trace_says_so(tmp_path, text):
+    p = _write(tmp_path, "nodes.txt", text)
+    with pytest.raises(TraceError, match="it looks like a node add/remove CSV trace: name it .csv or give it with "
+                                         "--node-trace"):
+        load_spot_trace(p)
+
+
 def test_integral_floats_are_accepted(tmp_path):
     p = _write(tmp_path, "f.json", '{"metadata": {"gap_seconds": 30.5}, "data": [1.0, 0, 2]}')
     assert load_spot_trace(p).available.tolist() == [1, 0, 2]
@@ -128,7 +146,7 @@ def test_integral_floats_are_accepted(tmp_path):
         ("60000,add,node1\n0,add,node2\n", "line 2: time_ms 0 goes back in time"),
         ("0,add,node1\n0,evict,node1\n", "line 2: action must be 'add' or 'remove'"),
         ("0,add,node1\n5,remove,node2\n", "line 2: node 'node2' removed but not present"),
-        ("0,add,node1\n\n5,add,node1\n", "line 3: node 'node1' added while already present"),
+        ("0,add,node1\n\n5,add,node1\n", "line 3: node 'node1' added while already present; remove it first"),
         ("0,add,\n", "line 1: node name is empty"),
         ("\n\n", "no events"),
         ("0,add,node1\n0,remove,node1\n", "the trace spans no time"),
@@ -136,6 +154,11 @@ def test_integral_floats_are_accepted(tmp_path):
         ("0,add,a\x0c1,add\n", "line 1: expected 3 fields"),  # a form feed ends no line in an editor
         ("0,add,a\r\n1,add\r\n", "line 2: expected 3 fields"),
         ("60000,add,node1\n0,add,node2\n", "; sort the lines by time"),
+        # Out of order with a remove first: the order is the cause, and it is what is said.
+        ("90000,remove,node1\n0,add,node1\n", "line 1: node 'node1' removed but not present; line 2 goes back in time: "
+                                                "sort the lines by time"),
+        ("5,remove,node1\n", "removed but not present; add it on an earlier line (nodes up when the trace begins "
+                               "are added at time 0)"),
     ],
 )
 def test_malformed_node_trace_names_file_and_line(tmp_path, text, needle):

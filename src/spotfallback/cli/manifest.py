@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
 import typer
+from packaging.requirements import InvalidRequirement, Requirement
 
 from spotfallback.cli.common import output_problem, write_output
 from spotfallback.config import JobConfig, run_name_error
@@ -65,9 +66,21 @@ def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
 
 
 def _packages(pip: list[str] | None) -> tuple[str, ...]:
-    """The --pip packages; an empty one would reach pip as '' and fail on every node at start."""
-    if any(not p.strip() for p in pip or ()):
-        _fail("--pip: an empty package; give a pip requirement such as 'torch==2.3.1', or leave --pip out")
+    """The --pip packages, each a requirement, a wheel or archive path, or a URL: anything else
+    would reach pip only on the nodes, and fail every one of them at start."""
+    for p in pip or ():
+        if not p.strip():
+            _fail("--pip: an empty package; give a pip requirement such as 'torch==2.3.1', or leave --pip out")
+        if p.lstrip().startswith("-"):
+            _fail(f"--pip: {p!r} is a pip option; give one requirement, wheel or URL per --pip (pip's options "
+                  "belong in the image or a requirements file it installs)")
+        if "/" in p or "\\" in p or p.endswith((".whl", ".tar.gz", ".zip")):
+            continue  # a path or URL: pip reads it there
+        try:
+            Requirement(p)
+        except InvalidRequirement as e:
+            _fail(f"--pip: {p!r} is not a pip requirement ({str(e).splitlines()[0].rstrip('.')}); give one such as "
+                  "'torch==2.3.1' or 'transformers>=4.40,<5'")
     return tuple(pip or ())
 
 

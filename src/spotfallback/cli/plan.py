@@ -313,27 +313,27 @@ def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, An
     return done
 
 
+def _spot_trace(option: str, path: Path, trace_counts: str, kind: str | None = None) -> Process:
+    """One trace of ``--trace`` / ``--sample`` (by extension, as backtest reads them: a .csv is a
+    node trace) or ``--node-trace``; a spot trace in which spot never starts is refused."""
+    try:
+        proc = load_process(str(path), kind)
+    except TraceError as e:
+        raise usage_error(option, str(e)) from None
+    proc = complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc
+    if isinstance(proc, SpotTrace) and not proc.available.any():
+        hint = "" if trace_counts == "preempted" else "; if it counts preempted instances, pass --trace-counts preempted"
+        raise usage_error(option, f"{path}: no spot capacity in any of its {proc.available.size:,} ticks, so spot "
+                                  f"never starts{hint}")
+    return proc
+
+
 def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str, rate: float | None,
                     failure_rate: float, outage_prob: float, outage_h: float) -> list[Process]:
-    procs: list[Process] = []
     if trace_counts not in ("available", "preempted"):
         raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
-    for path in trace:  # by extension, as backtest and --sample read them: a .csv is a node trace
-        try:
-            proc = load_process(str(path))
-        except TraceError as e:
-            raise usage_error("--trace", str(e)) from None
-        proc = complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc
-        if isinstance(proc, SpotTrace) and not proc.available.any():
-            hint = "" if trace_counts == "preempted" else "; if it counts preempted instances, pass --trace-counts preempted"
-            raise usage_error("--trace", f"{path}: no spot capacity in any of its {proc.available.size:,} ticks, so spot "
-                                         f"never starts{hint}")
-        procs.append(proc)
-    for path in node_trace:
-        try:
-            procs.append(load_process(str(path), "node"))
-        except TraceError as e:
-            raise usage_error("--node-trace", str(e)) from None
+    procs = [_spot_trace("--trace", path, trace_counts) for path in trace]
+    procs += [_spot_trace("--node-trace", path, trace_counts, "node") for path in node_trace]
     if rate is None:
         # The rate model's own terms: without --rate they would be silently ignored.
         given = [opt for opt, v in (("--failure-rate", failure_rate), ("--outage-prob", outage_prob), ("--outage-h", outage_h)) if v]
@@ -352,17 +352,30 @@ def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str
     return procs
 
 
-def _samples(paths: list[Path], n_spot: int) -> list[Process]:
-    """``--sample`` traces, each another sample of the one spot tier's market."""
+def _samples(paths: list[Path], n_spot: int, trace_counts: str) -> list[Process]:
+    """``--sample`` traces, each another sample of the one spot tier's market, read as --trace's are."""
     if paths and n_spot != 1:
         raise usage_error("--sample", f"samples are for a ladder with one spot tier, this one has {n_spot}")
-    out: list[Process] = []
-    for path in paths:
-        try:
-            out.append(load_process(str(path)))
-        except TraceError as e:
-            raise usage_error("--sample", str(e)) from None
-    return out
+    return [_spot_trace("--sample", path, trace_counts) for path in paths]
+
+
+# The defaults of the options that price a move between clusters: one changed without --cluster is refused.
+MOVE_RESTART_S = 120.0
+EGRESS_PRICE_PER_GB = 0.02
+
+
+def _unused_options(processes: Sequence[Process], trace_counts: str, cluster: Sequence[str], move_restart_s: float,
+                    checkpoint_gb: float, egress_price: float) -> None:
+    """Options that would change nothing here: said, rather than silently ignored."""
+    if trace_counts == "preempted" and not any(isinstance(p, SpotTrace) for p in processes):
+        raise usage_error("--trace-counts", "applies to SkyPilot JSON spot traces only (a node trace's lines say "
+                                            "which nodes come and go); leave it out or give a .json --trace")
+    if not cluster:
+        moved = [opt for opt, v, default in (("--move-restart-s", move_restart_s, MOVE_RESTART_S), ("--checkpoint-gb", checkpoint_gb, 0.0),
+                                             ("--egress-price", egress_price, EGRESS_PRICE_PER_GB)) if v != default]
+        if moved:
+            raise usage_error(moved[0], "prices a move between Ray clusters; give --cluster too (one per spot pool, "
+                                        "then the on-demand tier's)")
 
 
 _OPTION_OF = {
@@ -477,7 +490,7 @@ def register(app: typer.Typer) -> None:
         deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from the start."),
         deadline_prob: float = typer.Option(0.95, "--deadline-prob", help="Required probability of meeting the deadline."),
         trace: list[Path] = typer.Option([], "--trace", help="Spot trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more spot pools, tried in order."),
-        trace_counts: str = typer.Option("available", "--trace-counts", help="What trace ticks count: 'available' or 'preempted' instances."),
+        trace_counts: str = typer.Option("available", "--trace-counts", help="What the ticks of a SkyPilot JSON trace (--trace, --sample) count: 'available' or 'preempted' instances."),
         node_trace: list[Path] = typer.Option([], "--node-trace", help="Node add/remove CSV trace (time_ms,add|remove,node)."),
         sample: list[Path] = typer.Option(
             [], "--sample",
@@ -489,9 +502,9 @@ def register(app: typer.Typer) -> None:
             help="A ladder across Ray clusters: the Jobs API address (http://head:8265) of each spot pool's cluster, "
             "in --trace / --node-trace order, then the on-demand tier's. Moves between clusters are priced.",
         ),
-        move_restart_s: float = typer.Option(120.0, "--move-restart-s", help="With --cluster: extra billed seconds of a start on another cluster (the checkpoint pulled across regions, the job submitted)."),
+        move_restart_s: float = typer.Option(MOVE_RESTART_S, "--move-restart-s", help="With --cluster: extra billed seconds of a start on another cluster (the checkpoint pulled across regions, the job submitted)."),
         checkpoint_gb: float = typer.Option(0.0, "--checkpoint-gb", help="With --cluster: checkpoint size in GB, moved on every move between clusters."),
-        egress_price: float = typer.Option(0.02, "--egress-price", help="With --cluster: price per GB moved between clusters (AWS between regions: 0.02)."),
+        egress_price: float = typer.Option(EGRESS_PRICE_PER_GB, "--egress-price", help="With --cluster: price per GB moved between clusters (AWS between regions: 0.02)."),
         rate: float | None = typer.Option(None, "--rate", help="Spot preemptions per node-hour (rate model)."),
         failure_rate: float = typer.Option(0.0, "--failure-rate", help="With --rate: node failures without notice per node-hour."),
         outage_prob: float = typer.Option(0.0, "--outage-prob", help="With --rate: chance an acquisition finds spot capacity gone."),
@@ -536,6 +549,9 @@ def register(app: typer.Typer) -> None:
         console = Console()
         try:
             if seed_table_only:
+                if hours is not None:
+                    raise usage_error("--seed-table", "prints the seed's table only, with no job; leave --hours out to "
+                                                      "have it, or --seed-table out to plan the job")
                 if not 0 <= discount <= 1:
                     raise usage_error("--discount", f"must be between 0 and 1, got {discount:g}")
                 console.print(seed_table(discount))
@@ -546,6 +562,9 @@ def register(app: typer.Typer) -> None:
                 return
             if hours is None:
                 raise usage_error("--hours", "required: training hours of the job (or use --seed-table)")
+            if discount != DEFAULT_DISCOUNT:
+                raise usage_error("--discount", "applies to --seed-table only; a plan's discount is --spot-price "
+                                                "against --on-demand-price")
             for opt, v in (("--checkpoint-cost-s", checkpoint_cost_s), ("--restart-overhead-s", restart_overhead_s),
                            ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
                 if v < 0 or not math.isfinite(v):
@@ -575,7 +594,8 @@ def register(app: typer.Typer) -> None:
             if req.pool_prices and len(req.pool_prices) != len(spots):
                 raise usage_error("--spot-price", f"{len(req.pool_prices)} prices for {len(spots)} spot pools; give one "
                                   "for all, or one per --trace / --node-trace in order")
-            more = _samples(sample, len(spots))
+            more = _samples(sample, len(spots), trace_counts)
+            _unused_options([*spots, *more], trace_counts, cluster, move_restart_s, checkpoint_gb, egress_price)
             try:
                 # The optimum needs only the request: its searches run in other processes beside the plan.
                 optimum_search = PlanOptimum.start(req, spots, more)

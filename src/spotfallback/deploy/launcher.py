@@ -194,6 +194,26 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
     return config
 
 
+# Region and zone names as each cloud spells them: AWS us-east-1 / us-gov-west-1, zones us-east-1a or a
+# Local Zone us-west-2-lax-1a; GCP us-central1 / europe-west10, zones us-central1-a. A name of
+# another shape would only fail at `ray up`, after the file is written and handed on.
+_AWS_REGION = r"[a-z]{2}(-gov|-iso[a-z]?)?-[a-z]+-\d+"
+_GCP_REGION = r"[a-z]+-[a-z]+\d+"
+_NAMES: dict[VmCloud, tuple[str, re.Pattern[str], re.Pattern[str], str, str]] = {
+    VmCloud.AWS: ("an AWS", re.compile(_AWS_REGION), re.compile(rf"{_AWS_REGION}([a-z]|-[a-z0-9-]*[a-z0-9])"),
+                  "us-east-1", "us-east-1a"),
+    VmCloud.GCP: ("a GCP", re.compile(_GCP_REGION), re.compile(rf"{_GCP_REGION}-[a-z][a-z0-9]*"), "us-central1", "us-central1-a"),
+}
+
+
+def _check_names(cloud: VmCloud, region: str | None, zone: str | None) -> None:
+    a_cloud, region_re, zone_re, region_eg, zone_eg = _NAMES[cloud]
+    if region and not region_re.fullmatch(region):
+        raise ConfigError(f"region: {region!r} is not {a_cloud} region name; give one such as {region_eg!r}")
+    if zone and not zone_re.fullmatch(zone):
+        raise ConfigError(f"zone: {zone!r} is not {a_cloud} zone name; give one such as {zone_eg!r}")
+
+
 def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     region = shared_label(job, REGION_LABEL)
     zone = shared_label(job, ZONE_LABEL)
@@ -202,6 +222,7 @@ def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     if opts.zone and zone and opts.zone != zone:
         raise ConfigError(f"zone: {opts.zone!r} differs from the tiers' {ZONE_LABEL} {zone!r}")
     region, zone = opts.region or region, opts.zone or zone
+    _check_names(opts.cloud, region, zone)
     # A zone's name starts with its region's on both clouds (us-east-1a, us-west-2-lax-1a; us-central1-a).
     if region and zone and not zone.startswith(region):
         raise ConfigError(f"zone: {zone!r} is not in region {region!r}; a zone's name starts with its region's, e.g. "

@@ -142,7 +142,16 @@ def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: in
 
 
 def on_demand_tier(ladder: Ladder) -> Tier:
-    """The tier a backtest sets the ladder against: its last tier that is not on the spot market."""
+    """The tier a backtest sets the ladder against: its last tier that is not on the spot market.
+
+    Spot tiers must be priced too (the default price is 0): their hours would count as free, and
+    the ladder would look cheaper than any schedule that pays for spot. A tier off the spot market
+    may be free (capacity already paid for) only if it is not this one.
+    """
+    for i, t in enumerate(ladder.tiers):
+        if t.is_spot and t.price_per_worker_hour <= 0:
+            raise ValueError(f"tiers[{i}].price_per_worker_hour: {t.name!r} has no price, so a backtest would count its "
+                             "hours as free; give every tier its price per worker-hour")
     for i in reversed(range(len(ladder.tiers))):
         t = ladder.tiers[i]
         if not t.is_spot:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
@@ -72,6 +73,15 @@ class NodeTrace:
         return peak
 
 
+# A node trace's header line.
+_HEADER = ("time_ms", "action", "node")
+
+# The first bytes of the packed files a downloaded trace often comes in, and what each is.
+_ARCHIVES = ((b"\x1f\x8b", "gzip-compressed (gunzip)"), (b"PK\x03\x04", "a zip archive (unzip)"),
+             (b"BZh", "bzip2-compressed (bunzip2)"), (b"\xfd7zXZ\x00", "xz-compressed (unxz)"),
+             (b"\x28\xb5\x2f\xfd", "zstd-compressed (unzstd)"))
+
+
 def _read_text(path: Path) -> str:
     """The file's text; a UTF-8 byte order mark (as some Windows editors and spreadsheet exports
     write) is dropped, so neither the JSON parser nor the CSV header sees it."""
@@ -82,7 +92,9 @@ def _read_text(path: Path) -> str:
     except IsADirectoryError:
         raise TraceError(f"{path}: is a directory, expected a trace file") from None
     except UnicodeDecodeError as e:
-        raise TraceError(f"{path}: not UTF-8 text (byte {e.start})") from None
+        packed = next((kind for magic, kind in _ARCHIVES if e.object[:len(magic)] == magic), None)
+        fix = f"; it is {packed}: unpack it first" if packed else ""
+        raise TraceError(f"{path}: not UTF-8 text (byte {e.start}){fix}") from None
     except OSError as e:
         raise TraceError(f"{path}: cannot read: {e.strerror}") from None
 
@@ -114,7 +126,11 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        raise TraceError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON: {e.msg}") from None
+        first = text.lstrip().split("\n", 1)[0].strip()
+        node_csv = first.lower().replace(" ", "").startswith(",".join(_HEADER)) or (
+            first.count(",") == 2 and first.split(",")[0].strip().isdigit())
+        hint = "; it looks like a node add/remove CSV trace: name it .csv or give it with --node-trace" if node_csv else ""
+        raise TraceError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON: {e.msg}{hint}") from None
     if not isinstance(doc, dict):
         raise TraceError(f"{path}: expected a JSON object with 'metadata' and 'data', got {type(doc).__name__}")
     meta = doc.get("metadata")
@@ -140,7 +156,33 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     return SpotTrace(name=path.stem, gap_seconds=float(gap), available=available)
 
 
-_HEADER = ("time_ms", "action", "node")
+
+def _data_lines(text: str) -> Iterator[tuple[int, str, list[str]]]:
+    """A node trace's lines with an event (no blank line, comment or header): number, text, fields."""
+    # Lines as an editor counts them: only '\n' ends one (str.splitlines also splits on
+    # form feeds and other separators, which would number the lines after them wrong).
+    for lineno, raw in enumerate(text.split("\n"), start=1):
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        fields = [f.strip() for f in line.split(",")]
+        if lineno == 1 and tuple(f.lower() for f in fields) == _HEADER:
+            continue
+        yield lineno, line, fields
+
+
+def _back_in_time(text: str) -> int | None:
+    """The first line whose time is before an earlier line's, among the lines with a number for one."""
+    last = -math.inf
+    for lineno, _, fields in _data_lines(text):
+        try:
+            t = float(fields[0])
+        except ValueError:
+            continue
+        if t < last:
+            return lineno
+        last = max(last, t)
+    return None
 
 
 def load_node_trace(path: str | Path) -> NodeTrace:
@@ -153,15 +195,7 @@ def load_node_trace(path: str | Path) -> NodeTrace:
     events: list[NodeEvent] = []
     live: set[str] = set()
     last_ms = -math.inf
-    # Lines as an editor counts them: only '\n' ends one (str.splitlines also splits on
-    # form feeds and other separators, which would number the lines after them wrong).
-    for lineno, raw in enumerate(text.split("\n"), start=1):
-        line = raw.strip()
-        if not line or line.startswith("#"):
-            continue
-        fields = [f.strip() for f in line.split(",")]
-        if lineno == 1 and tuple(f.lower() for f in fields) == _HEADER:
-            continue
+    for lineno, line, fields in _data_lines(text):
         where = f"{path}: line {lineno}"
         if len(fields) != 3:
             hint = ("; it looks like a SkyPilot JSON trace: name it .json and give it with --trace"
@@ -183,13 +217,17 @@ def load_node_trace(path: str | Path) -> NodeTrace:
             raise TraceError(f"{where}: action must be 'add' or 'remove', got {_quoted(action)}")
         if not node:
             raise TraceError(f"{where}: node name is empty")
+        if (node in live) == (action == "add"):
+            # A file out of order fails here first, often at its first line: its order is the cause to name.
+            later = _back_in_time(text)
+            fix = (f"; line {later} goes back in time: sort the lines by time" if later is not None else
+                   "; remove it first, or name the new node otherwise" if action == "add" else
+                   "; add it on an earlier line (nodes up when the trace begins are added at time 0)")
+            state = "added while already present" if action == "add" else "removed but not present"
+            raise TraceError(f"{where}: node {_quoted(node)} {state}{fix}")
         if action == "add":
-            if node in live:
-                raise TraceError(f"{where}: node {_quoted(node)} added while already present")
             live.add(node)
         else:
-            if node not in live:
-                raise TraceError(f"{where}: node {_quoted(node)} removed but not present")
             live.remove(node)
         last_ms = t_ms
         events.append(NodeEvent(t_s=t_ms / 1000.0, action=action, node=node))  # type: ignore[arg-type]
