@@ -74,6 +74,17 @@ def label_selector_value_error(value: str) -> str | None:
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "file")
 
 
+def storage_scheme_error(storage_path: str) -> str | None:
+    """What is wrong with a storage URI's scheme (None: a local path, or a scheme runs can use)."""
+    scheme = storage_path.split("://", 1)[0] if "://" in storage_path else None
+    if scheme is None or scheme in STORAGE_SCHEMES:
+        return None
+    if scheme.lower() in STORAGE_SCHEMES:  # pyarrow, and so Ray, reads schemes in lower case only
+        return f"write the scheme in lower case: {scheme.lower() + '://'!r}, not {scheme + '://'!r}"
+    return (f"{scheme + '://'!r} is not storage Ray Train can write to; give a local or NFS path, or a URI "
+            f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+
+
 class PreemptionRate(BaseModel):
     """Leave a tier when ``count`` preemptions fall within any ``window_s`` seconds.
 
@@ -841,10 +852,9 @@ class JobConfig(BaseModel):
         if not v.strip():
             raise ValueError("empty; give the durable storage root the run's checkpoints and ledger "
                              "go to: a local or NFS path (e.g. ./runs) or an s3:// or gs:// URI")
-        scheme = v.split("://", 1)[0].lower() if "://" in v else None
-        if scheme is not None and scheme not in STORAGE_SCHEMES:
-            raise ValueError(f"{scheme + '://'!r} is not storage Ray Train can write to; give a local or NFS path, or a URI "
-                             f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+        problem = storage_scheme_error(v)
+        if problem:
+            raise ValueError(problem)
         return v
 
     @field_validator("entrypoint")

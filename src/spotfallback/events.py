@@ -220,8 +220,14 @@ def event_from_json(data: dict[str, Any]) -> Event:
     for name, value in data.items():
         if name != "kind" and not _has_type(value, hints[name]):
             raise ValueError(f"{kind}: field {name!r} must be {_type_name(hints[name])}, got {value!r}")
+        if name not in _SIGNED and not isinstance(value, bool) and isinstance(value, int | float) and value < 0:
+            raise ValueError(f"{kind}: field {name!r} must not be negative, got {value!r}")
     return cls(**{k: v for k, v in data.items() if k != "kind"})
 
+
+# The one number an event may hold below 0: the time to the deadline, once it has passed.
+# Every other is a count, a step, a tier, a duration or a time.
+_SIGNED = frozenset({"slack_s"})
 
 _SCHEMAS: dict[type[Event], tuple[frozenset[str], dict[str, Any]]] = {}
 

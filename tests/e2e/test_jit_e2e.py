@@ -47,7 +47,7 @@ from tests.support.helpers_e2e import (  # noqa: E402
     unique_name,
     wait_for,
 )
-from tests.support.ray_procs import clean_env, head_args, ray_start, wait_file, worker_args  # noqa: E402
+from tests.support.ray_procs import clean_env, head_args, ray_node, worker_args  # noqa: E402
 
 pytestmark = pytest.mark.ray
 
@@ -137,51 +137,51 @@ def test_ray_start_on_a_worker_writes_the_address_the_sidecar_agent_drains_with(
     head_tmp, pod_tmp = tempfile.mkdtemp(prefix="sfh-"), tempfile.mkdtemp(prefix="sfp-")
     imds = FakeAws()
     try:
-        with ray_start(*head_args(head_tmp), log=tmp_path / "head.log") as head:
-            gcs = wait_file(Path(head_tmp, "ray", "ray_current_cluster"), head, tmp_path / "head.log")
-            # The worker pod's own /tmp/ray: the emptyDir the sidecar shares.
-            with ray_start(*worker_args(gcs, pod_tmp), log=tmp_path / "worker.log") as worker:
-                written = wait_file(Path(pod_tmp, "ray", "ray_current_cluster"), worker, tmp_path / "worker.log")
-                assert written == gcs  # what `auto` discovery in the sidecar reads
-                client = GcsClient(address=gcs)
-                alive = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
-                deadline = time.monotonic() + 60  # the worker may still be registering
-                while True:
-                    nodes = {nid.hex(): info for nid, info in client.get_all_node_info(timeout=10).items() if info.state == alive}
-                    if len(nodes) == 2 or time.monotonic() > deadline:
-                        break
-                    time.sleep(0.2)
-                assert len(nodes) == 2, nodes
-                (worker_id,) = [n for n, info in nodes.items() if not info.is_head_node]
+        # The worker pod's own /tmp/ray: the emptyDir the sidecar shares.
+        with (
+            ray_node(lambda: head_args(head_tmp), head_tmp, log=tmp_path / "head.log") as (_, gcs),
+            ray_node(lambda: worker_args(gcs, pod_tmp), pod_tmp, log=tmp_path / "worker.log") as (worker, written),
+        ):
+            assert written == gcs  # what `auto` discovery in the sidecar reads
+            client = GcsClient(address=gcs)
+            alive = gcs_pb2.GcsNodeInfo.GcsNodeState.Value("ALIVE")
+            deadline = time.monotonic() + 60  # the worker may still be registering
+            while True:
+                nodes = {nid.hex(): info for nid, info in client.get_all_node_info(timeout=10).items() if info.state == alive}
+                if len(nodes) == 2 or time.monotonic() > deadline:
+                    break
+                time.sleep(0.2)
+            assert len(nodes) == 2, nodes
+            (worker_id,) = [n for n, info in nodes.items() if not info.is_head_node]
 
-                sidecar = {"RAY_TMPDIR": pod_tmp, "SPOTFALLBACK_CLOUD": "aws", "SPOTFALLBACK_METADATA_URL": imds.url}
-                # Head and worker share this machine's address: the agent cannot tell which is its own.
-                ambiguous = subprocess.run(agent_cmd("--once"), env=agent_env(**sidecar), capture_output=True, text=True, timeout=120)
-                assert ambiguous.returncode == 2, ambiguous.stderr
-                assert "2 live Ray nodes have this machine's address" in ambiguous.stderr
-                assert "--node-id (or SPOTFALLBACK_NODE_ID)" in ambiguous.stderr
+            sidecar = {"RAY_TMPDIR": pod_tmp, "SPOTFALLBACK_CLOUD": "aws", "SPOTFALLBACK_METADATA_URL": imds.url}
+            # Head and worker share this machine's address: the agent cannot tell which is its own.
+            ambiguous = subprocess.run(agent_cmd("--once"), env=agent_env(**sidecar), capture_output=True, text=True, timeout=120)
+            assert ambiguous.returncode == 2, ambiguous.stderr
+            assert "2 live Ray nodes have this machine's address" in ambiguous.stderr
+            assert "--node-id (or SPOTFALLBACK_NODE_ID)" in ambiguous.stderr
 
-                deadline_s = int(time.time()) + 40
-                imds.instance_action = json.dumps({"action": "terminate", "time": iso(deadline_s)}).encode()
-                agent = subprocess.Popen(
-                    agent_cmd("--interval", "0.2"),
-                    env=agent_env(**sidecar, SPOTFALLBACK_NODE_ID=worker_id),
-                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                )
-                try:
-                    assert agent.stdout is not None
-                    line = json.loads(agent.stdout.readline())
-                    assert (line["source"], line["drained"], line["deadline_s"]) == ("aws", True, float(deadline_s))
-                    polls = sum(1 for r in imds.requests if r[1].endswith("instance-action"))
-                    while sum(1 for r in imds.requests if r[1].endswith("instance-action")) < polls + 5:
-                        assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
-                        time.sleep(0.1)  # the same notice, polled 5 more times
-                finally:
-                    agent.send_signal(signal.SIGTERM)  # outside Kubernetes SIGTERM stops the agent
-                    out, err = agent.communicate(timeout=30)
-                assert agent.returncode == 0, err
-                assert out.strip() == ""  # no second notice line: drained once
-                assert_drained(client, worker_id, deadline_s, iso(deadline_s))
+            deadline_s = int(time.time()) + 40
+            imds.instance_action = json.dumps({"action": "terminate", "time": iso(deadline_s)}).encode()
+            agent = subprocess.Popen(
+                agent_cmd("--interval", "0.2"),
+                env=agent_env(**sidecar, SPOTFALLBACK_NODE_ID=worker_id),
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            )
+            try:
+                assert agent.stdout is not None
+                line = json.loads(agent.stdout.readline())
+                assert (line["source"], line["drained"], line["deadline_s"]) == ("aws", True, float(deadline_s))
+                polls = sum(1 for r in imds.requests if r[1].endswith("instance-action"))
+                while sum(1 for r in imds.requests if r[1].endswith("instance-action")) < polls + 5:
+                    assert agent.poll() is None, agent.stderr.read() if agent.stderr else ""
+                    time.sleep(0.1)  # the same notice, polled 5 more times
+            finally:
+                agent.send_signal(signal.SIGTERM)  # outside Kubernetes SIGTERM stops the agent
+                out, err = agent.communicate(timeout=30)
+            assert agent.returncode == 0, err
+            assert out.strip() == ""  # no second notice line: drained once
+            assert_drained(client, worker_id, deadline_s, iso(deadline_s))
     finally:
         imds.close()
         shutil.rmtree(head_tmp, ignore_errors=True)

@@ -28,9 +28,8 @@ from spotfallback.deploy.clouds import RAY_DRAIN_TIMEOUT_ENV
 from tests.support.ray_procs import (
     clean_env,
     head_args,
-    ray_start,
+    ray_node,
     vendored_psutil,
-    wait_file,
     worker_args,
 )
 
@@ -87,11 +86,9 @@ def test_sigterm_drains_a_generated_spot_pod_for_its_window_and_ends_inside_its_
     # Short paths: Ray's socket paths live under the temp dir and must stay under 108 bytes.
     head_tmp, pod_tmp = tempfile.mkdtemp(prefix="sfh-"), tempfile.mkdtemp(prefix="sfp-")
     try:
-        with ray_start(*head_args(head_tmp), log=tmp_path / "head.log") as head:
-            gcs = wait_file(Path(head_tmp, "ray", "ray_current_cluster"), head, tmp_path / "head.log")
+        with ray_node(lambda: head_args(head_tmp), head_tmp, log=tmp_path / "head.log") as (_, gcs):
             pod_env = {RAY_DRAIN_TIMEOUT_ENV: f"{window_s:g}"}  # as the generated container sets it
-            with ray_start(*worker_args(gcs, pod_tmp), log=tmp_path / "worker.log", env=pod_env) as worker:
-                wait_file(Path(pod_tmp, "ray", "ray_current_cluster"), worker, tmp_path / "worker.log")
+            with ray_node(lambda: worker_args(gcs, pod_tmp), pod_tmp, log=tmp_path / "worker.log", env=pod_env) as (worker, _):
                 holder = subprocess.Popen(
                     [sys.executable, "-c", HOLDER, gcs],
                     env=clean_env(RAY_AUTH_MODE="disabled"),

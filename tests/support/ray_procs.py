@@ -1,6 +1,9 @@
 """Real ``ray start --block`` processes, as a KubeRay pod runs them: a head and workers on free
 ports, each with its own temp dir (a pod's /tmp/ray), stopped by pid.
 
+A port found free can be taken by another Ray (another xdist worker's) before this one binds it;
+``ray_node`` then starts the node again on fresh ports rather than failing the test.
+
 For tests of what Ray itself does in a pod (its SIGTERM drain, the files the sidecar reads),
 where ``ray.cluster_utils.Cluster`` would hide the ``ray start`` process.
 """
@@ -15,7 +18,7 @@ import socket
 import subprocess
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -91,6 +94,29 @@ def head_args(temp: str) -> list[str]:
 def worker_args(gcs: str, temp: str) -> list[str]:
     """A one-CPU worker joining ``gcs``, with its own temp dir (a pod's /tmp/ray)."""
     return [f"--address={gcs}", "--num-cpus=1", f"--dashboard-agent-listen-port={free_port()}", f"--temp-dir={temp}/ray"]
+
+
+@contextlib.contextmanager
+def ray_node(
+    make_args: Callable[[], list[str]], temp: str, log: Path, env: dict[str, str] | None = None, attempts: int = 3
+) -> Iterator[tuple[subprocess.Popen[bytes], str]]:
+    """A ``ray start`` node up, with the address it wrote to ``{temp}/ray/ray_current_cluster``.
+
+    ``make_args`` picks fresh ports each call: a start that exits before it writes the file (a
+    port taken in between), or right after, is tried again, up to ``attempts`` times in all; each failed try's log
+    is kept beside ``log`` as ``<name>.try<N>``.
+    """
+    written = Path(temp, "ray", "ray_current_cluster")
+    for attempt in range(1, attempts + 1):
+        written.unlink(missing_ok=True)  # a failed try's, if it got that far
+        with ray_start(*make_args(), log=log, env=env) as proc:
+            deadline = time.monotonic() + 90
+            while not written.exists() and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.2)
+            if proc.poll() is None or attempt == attempts:
+                yield proc, wait_file(written, proc, log)
+                return
+        log.rename(log.with_name(f"{log.name}.try{attempt}"))
 
 
 def wait_file(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> str:

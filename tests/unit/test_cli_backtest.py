@@ -145,20 +145,25 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     assert r.exit_code == 2 and r.output.strip() == (
         "error: --deadline-h: required: the job file gives no deadline (no plan: deadline_h, no tier's deadline_guard); "
         "give the hours from each window's start, e.g. --deadline-h 15"), r.output
-    # Unpriced tiers (the default price is 0): spend against on-demand would be 0 / 0.
+
+
+@pytest.mark.parametrize(
+    ("price", "error"),
+    [
+        # Spend against on-demand would be 0 / 0.
+        (", price_per_worker_hour: 1.0", "tiers[1].price_per_worker_hour: 'on-demand' has no price, and a backtest sets "
+                                         "spend against it; give every tier its price per worker-hour"),
+        # Spot hours would count as free: the ladder would look cheaper than any schedule.
+        (", price_per_worker_hour: 0.3", "tiers[0].price_per_worker_hour: 'spot' has no price, so a backtest would count "
+                                         "its hours as free; give every tier its price per worker-hour"),
+    ],
+)
+def test_an_unpriced_tier_is_refused_by_name(app, tmp_path, price, error):
+    """The default price is 0: a tier left unpriced is named, not measured as free."""
     unpriced = tmp_path / "unpriced.yaml"
-    unpriced.write_text(JOB.replace(", price_per_worker_hour: 1.0", ""))
+    unpriced.write_text(JOB.replace(price, ""))
     r = invoke(app, str(unpriced), "--trace", TRACE, "--hours", "10")
-    assert r.exit_code == 2 and r.output.strip() == (
-        "error: JOB.yaml: tiers[1].price_per_worker_hour: 'on-demand' has no price, and a backtest sets spend against "
-        "it; give every tier its price per worker-hour")
-    # An unpriced spot tier would count its hours as free: the ladder would look cheaper than any schedule.
-    free_spot = tmp_path / "free-spot.yaml"
-    free_spot.write_text(JOB.replace(", price_per_worker_hour: 0.3", ""))
-    r = invoke(app, str(free_spot), "--trace", TRACE, "--hours", "10")
-    assert r.exit_code == 2 and r.output.strip() == (
-        "error: JOB.yaml: tiers[0].price_per_worker_hour: 'spot' has no price, so a backtest would count its hours as "
-        "free; give every tier its price per worker-hour"), r.output
+    assert r.exit_code == 2 and r.output.strip() == f"error: JOB.yaml: {error}", r.output
 
 
 def test_an_on_demand_ladder_is_measured_against_the_spot_it_could_have_used(app, tmp_path, job_file):
@@ -349,6 +354,16 @@ def test_a_trace_recorded_for_fewer_instances_than_a_tiers_gang_is_noted(app, tm
     assert note.startswith("trace 'us-west-2a_v100_1' records at most 1 instance(s), and the gang has 4 workers")
     own = json.loads(invoke(app, str(path), "--trace", TRACE, "--pool", f"spot={OTHER_POOL}", "--hours", "10", "--json").output)
     assert own["notes"] == []
+
+
+def test_a_trace_shorter_than_the_deadline_is_noted_as_recurring(app, tmp_path, job_file):
+    """One window of a 4 h trace under a 15 h deadline: the run meets the same 4 h again, and the note says so."""
+    short = tmp_path / "four-hours.json"
+    short.write_text(json.dumps({"metadata": {"gap_seconds": 60}, "data": [1] * 200 + [0] * 40}))
+    doc = json.loads(invoke(app, str(job_file), "--trace", str(short), "--hours", "10", "--json").output)
+    assert doc["windows"] == 1
+    assert doc["notes"] == ["trace 'four-hours' covers 4 h, less than the 15 h deadline: a run still going at its end "
+                            "replays it from its beginning, so those 4 h recur; a longer trace shows what they leave out"]
 
 
 @pytest.mark.parametrize(

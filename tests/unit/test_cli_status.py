@@ -113,6 +113,8 @@ def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, mon
         (["report", "{run}", "--out", "{tmp}/nowhere/t.png"], ["--out: directory", "does not exist"]),
         (["report", "{run}", "--html", "{tmp}/r.txt"], ["--html:", "must end in .html"]),
         (["report", "s3://bucket"], ["names a bucket, not a run"]),
+        (["status", "ftp://host/runs/x"], ["storage_path: 'ftp://' is not storage", "s3://, gs://"]),
+        (["report", "S3://bucket/runs/x"], ["storage_path: write the scheme in lower case: 's3://', not 'S3://'"]),
         (["init", "{tmp}/nowhere/job.yaml"], ["PATH: directory", "does not exist"]),
         (["init", "{tmp}"], ["is a directory"]),
         (["init", "{tmp}/job.json"], ["PATH:", "must end in .yaml or .yml"]),

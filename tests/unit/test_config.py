@@ -202,6 +202,12 @@ def test_a_storage_uri_ray_train_cannot_write_is_refused_where_the_job_is_read(s
         JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
 
 
+def test_a_storage_scheme_in_capitals_is_refused_with_its_lower_case():
+    """pyarrow, and so Ray, knows 's3://' but not 'S3://'."""
+    with pytest.raises(ValidationError, match=r"write the scheme in lower case: 'gs://', not 'GS://'"):
+        JobConfig(name="ok", storage_path="GS://b/runs", entrypoint="m:f", tiers=(Tier.spot(1),))
+
+
 @pytest.mark.parametrize("storage_path", ["s3://b/runs", "gs://b/runs", "abfss://c@acct.dfs.core.windows.net/runs",
                                           "file:///tmp/runs", "./runs", "/mnt/nfs/runs"])
 def test_the_storage_ray_train_writes_is_taken(storage_path):

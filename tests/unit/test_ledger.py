@@ -13,6 +13,7 @@ import pytest
 from spotfallback.accounting import summarize
 from spotfallback.errors import ConfigError, DriverAlreadyRunningError, LedgerError
 from spotfallback.events import (
+    CapacityObserved,
     CapacityTimedOut,
     CheckpointCommitted,
     Finished,
@@ -85,6 +86,39 @@ def test_damaged_or_foreign_ledger_objects_are_named(tmp_path):
     with open(os.path.join(ledger.directory, ".tmp-abc-0001-w-finished.json"), "w") as f:
         f.write("{half")
     assert len(ledger.read()) == 9
+
+
+@pytest.mark.parametrize(
+    ("record", "error"),
+    [
+        ({"tier": 2, "event": {"kind": "preempted", "t": 9500}}, r"tier 2 is not a tier of the run's ladder \(its 2 tiers "
+                                                                 r"are 0-1\); this ledger is not the run's \(.*run\.json\)"),
+        ({"tier": 0, "event": {"kind": "capacity_observed", "t": 9500, "tier": 5}}, "tier 5 is not a tier"),
+        ({"tier": 0, "event": {"kind": "workers_acquired", "t": 9500, "num_workers": -3}},
+         "workers_acquired: field 'num_workers' must not be negative, got -3"),
+        ({"tier": 0, "event": {"kind": "capacity_timed_out", "t": 9500, "waited_s": -60.0}}, "'waited_s' must not be negative"),
+    ],
+)
+def test_a_record_the_run_cannot_hold_is_named_not_billed(tmp_path, record, error):
+    """A tier past the ladder's end would be billed and drawn as no tier at all; a negative count as fewer than none."""
+    ledger = Ledger(resolve_run(str(tmp_path), "run-2"))
+    ledger.ensure_dirs()
+    ledger.write_meta(LADDER)
+    write_run(ledger)
+    with open(os.path.join(ledger.directory, "00000000000000009500-zz-odd.json"), "w") as f:
+        json.dump({"v": 1, "id": "x", "writer": "w", **record}, f)
+    for read in (ledger.read_view, ledger.read):  # a view for status, every event for report --html
+        with pytest.raises(LedgerError, match=rf"00000000000000009500-zz-odd.json: .*{error}"):
+            read(LADDER)
+
+
+def test_a_slack_past_the_deadline_is_read_as_negative(tmp_path):
+    """The one number allowed below 0: the time to the deadline once it has passed."""
+    ledger = Ledger(resolve_run(str(tmp_path), "run-2"))
+    ledger.ensure_dirs()
+    ledger.write_meta(LADDER)
+    ledger.append(CapacityObserved(5.0, tier=0, available_workers=2, slack_s=-120.0), 1)
+    assert [r.event.slack_s for r in ledger.read_view(LADDER).tail] == [-120.0]
 
 
 def test_duplicate_records_are_read_once(tmp_path):

@@ -246,3 +246,16 @@ def test_a_plan_on_a_trace_recorded_for_fewer_instances_than_the_gang_says_how_i
     notes = plan(req, tr).notes
     assert sum("'one-node' records at most 1 instance(s), and the gang has 8 workers" in n for n in notes) == 1
     assert not any("records at most" in n for n in plan(req.model_copy(update={"num_workers": 1}), tr).notes)
+
+
+def test_a_plan_on_a_trace_shorter_than_its_deadline_says_the_trace_recurs():
+    """A run outlasting a 6 h trace meets its first hours again: the plan says so, once the deadline passes its end."""
+    tr = SpotTrace("six-hours", 3600.0, np.array([1, 1, 0, 1, 1, 1]))
+    req = PlanRequest(work_h=4, num_workers=1, deadline_h=8, runs=20, checkpoint_cost_h=0.02, restart_overhead_h=0.1,
+                      provisioning_delay_h=0.05, notice_s=120, spot_price=0.3, on_demand_price=1.0)
+    (note,) = [n for n in plan(req, tr).notes if "recur" in n]
+    assert note.startswith("trace 'six-hours' covers 6 h, less than the 8 h deadline: a run still going at its end "
+                           "replays it from its beginning")
+    assert not any("recur" in n for n in plan(req.model_copy(update={"deadline_h": 6.0}), tr).notes)
+    no_deadline = plan(req.model_copy(update={"deadline_h": None, "work_h": 7.0}), tr).notes
+    assert any("less than the 7 h of work" in n for n in no_deadline)

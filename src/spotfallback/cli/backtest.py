@@ -28,12 +28,13 @@ from spotfallback.sim.backtesting import (
     BacktestResult,
     Spread,
     backtest,
+    check_spot_prices,
     on_demand_tier,
 )
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import gating_note
+from spotfallback.sim.world import gating_note, repeat_note
 
 # States the optimum's search of one backtest may meet over all its windows (``optimum_for``):
 # about 30-150 s on one core; past it, the optimum is left out with a note. The 27 windows of a
@@ -261,6 +262,7 @@ def register(app: typer.Typer) -> None:
             if csv_path is not None and (problem := output_problem(csv_path, ".csv")) is not None:
                 raise usage_error("--csv", problem)
             try:
+                check_spot_prices(job.ladder)
                 od = on_demand_tier(job.ladder)
             except ValueError as e:
                 raise usage_error("JOB.yaml", str(e)) from None
@@ -322,7 +324,7 @@ def register(app: typer.Typer) -> None:
                             "(a later deadline: --deadline-h)")
         notes = left_out + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
             n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
-            if (n := gating_note(p, t.num_workers))))
+            for n in (gating_note(p, t.num_workers), repeat_note(p, t.num_workers, deadline, "deadline")) if n))
         if as_json:
             typer.echo(json.dumps({"job": str(job_file), "traces": [str(p) for p in trace],
                                    "pools": {name: str(path) for name, path in pool_paths.items()}, "replayed": replayed,

@@ -125,9 +125,9 @@ def load_run(run: str, every_event: bool | Callable[[LedgerView], bool] = False,
     try:
         with read_only():
             location, ledger, ladder = open_run(run)
-            view = LedgerView(None, ledger.read()) if every_event is True else ledger.read_view(ladder)
+            view = LedgerView(None, ledger.read(ladder)) if every_event is True else ledger.read_view(ladder)
             if view.snapshot is not None and callable(every_event) and every_event(view):
-                view = LedgerView(None, ledger.read())
+                view = LedgerView(None, ledger.read(ladder))
             return location, ladder, view, ledger.read_meta() or {}
     except ConfigError as e:
         raise fail(str(e), e.exit_code) from None

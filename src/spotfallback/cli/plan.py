@@ -362,6 +362,7 @@ def _samples(paths: list[Path], n_spot: int, trace_counts: str) -> list[Process]
 # The defaults of the options that price a move between clusters: one changed without --cluster is refused.
 MOVE_RESTART_S = 120.0
 EGRESS_PRICE_PER_GB = 0.02
+CHECKPOINT_GB = 0.0
 
 
 def _unused_options(processes: Sequence[Process], trace_counts: str, cluster: Sequence[str], move_restart_s: float,
@@ -371,7 +372,7 @@ def _unused_options(processes: Sequence[Process], trace_counts: str, cluster: Se
         raise usage_error("--trace-counts", "applies to SkyPilot JSON spot traces only (a node trace's lines say "
                                             "which nodes come and go); leave it out or give a .json --trace")
     if not cluster:
-        moved = [opt for opt, v, default in (("--move-restart-s", move_restart_s, MOVE_RESTART_S), ("--checkpoint-gb", checkpoint_gb, 0.0),
+        moved = [opt for opt, v, default in (("--move-restart-s", move_restart_s, MOVE_RESTART_S), ("--checkpoint-gb", checkpoint_gb, CHECKPOINT_GB),
                                              ("--egress-price", egress_price, EGRESS_PRICE_PER_GB)) if v != default]
         if moved:
             raise usage_error(moved[0], "prices a move between Ray clusters; give --cluster too (one per spot pool, "
@@ -503,7 +504,7 @@ def register(app: typer.Typer) -> None:
             "in --trace / --node-trace order, then the on-demand tier's. Moves between clusters are priced.",
         ),
         move_restart_s: float = typer.Option(MOVE_RESTART_S, "--move-restart-s", help="With --cluster: extra billed seconds of a start on another cluster (the checkpoint pulled across regions, the job submitted)."),
-        checkpoint_gb: float = typer.Option(0.0, "--checkpoint-gb", help="With --cluster: checkpoint size in GB, moved on every move between clusters."),
+        checkpoint_gb: float = typer.Option(CHECKPOINT_GB, "--checkpoint-gb", help="With --cluster: checkpoint size in GB, moved on every move between clusters."),
         egress_price: float = typer.Option(EGRESS_PRICE_PER_GB, "--egress-price", help="With --cluster: price per GB moved between clusters (AWS between regions: 0.02)."),
         rate: float | None = typer.Option(None, "--rate", help="Spot preemptions per node-hour (rate model)."),
         failure_rate: float = typer.Option(0.0, "--failure-rate", help="With --rate: node failures without notice per node-hour."),

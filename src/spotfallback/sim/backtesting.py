@@ -141,17 +141,20 @@ def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: in
     return np.arange(n) * window_h
 
 
-def on_demand_tier(ladder: Ladder) -> Tier:
-    """The tier a backtest sets the ladder against: its last tier that is not on the spot market.
-
-    Spot tiers must be priced too (the default price is 0): their hours would count as free, and
-    the ladder would look cheaper than any schedule that pays for spot. A tier off the spot market
-    may be free (capacity already paid for) only if it is not this one.
-    """
+def check_spot_prices(ladder: Ladder) -> None:
+    """Refuse a spot tier without a price (the default is 0): a backtest would count its hours
+    as free, and the ladder would look cheaper than any schedule that pays for spot."""
     for i, t in enumerate(ladder.tiers):
         if t.is_spot and t.price_per_worker_hour <= 0:
             raise ValueError(f"tiers[{i}].price_per_worker_hour: {t.name!r} has no price, so a backtest would count its "
                              "hours as free; give every tier its price per worker-hour")
+
+
+def on_demand_tier(ladder: Ladder) -> Tier:
+    """The tier a backtest sets the ladder against: its last tier that is not on the spot market.
+
+    A tier off the spot market may be free (capacity already paid for) only if it is not this one.
+    """
     for i in reversed(range(len(ladder.tiers))):
         t = ladder.tiers[i]
         if not t.is_spot:
@@ -203,6 +206,7 @@ def backtest(
             compile_process(pool, spot[name].num_workers)  # e.g. a node trace too small for the tier's gang
         except ValueError as e:
             raise PoolError(name, f"{name!r}: {e}") from None
+    check_spot_prices(lad)
     od_tier = on_demand_tier(lad)
     od_ladder = Ladder(tiers=(od_tier.model_copy(update={"climb_back": False}),))
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
@@ -228,4 +232,4 @@ def backtest(
                           float(job.deadline_h), float(window_h))
 
 
-__all__ = ["BacktestResult", "Spread", "backtest", "on_demand_tier", "window_starts"]
+__all__ = ["BacktestResult", "Spread", "backtest", "check_spot_prices", "on_demand_tier", "window_starts"]

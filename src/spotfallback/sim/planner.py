@@ -51,7 +51,7 @@ from spotfallback.sim.job import NEVER_H, JobSpec, wall_to_finish
 from spotfallback.sim.results import SimResult
 from spotfallback.sim.simulate import simulate_many
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import Process, RateModel, gating_note, observed_mtbf_h
+from spotfallback.sim.world import Process, RateModel, gating_note, observed_mtbf_h, repeat_note
 
 M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
 TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
@@ -609,7 +609,9 @@ def plan(
         tau_young = tau_daly = None
     taus = _tau_grid(tau_daly, req.work_h)
     tau0 = max(tau_daly, TAU_MIN_H) if tau_daly is not None and tau_daly < req.work_h else None
-    notes: list[str] = list(dict.fromkeys(n for sample in samples for p in sample if (n := gating_note(p, req.num_workers))))
+    horizon_h, horizon = (req.deadline_h, "deadline") if req.deadline_h is not None else (req.work_h, "of work")
+    notes: list[str] = list(dict.fromkeys(n for sample in samples for p in sample for n in (
+        gating_note(p, req.num_workers), repeat_note(p, req.num_workers, horizon_h, horizon)) if n))
     if tau_daly is None:
         notes.append("no interruption loses work (or checkpoints are free): periodic checkpoints are optional")
 

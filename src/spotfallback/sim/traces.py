@@ -126,10 +126,7 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:
-        first = text.lstrip().split("\n", 1)[0].strip()
-        node_csv = first.lower().replace(" ", "").startswith(",".join(_HEADER)) or (
-            first.count(",") == 2 and first.split(",")[0].strip().isdigit())
-        hint = "; it looks like a node add/remove CSV trace: name it .csv or give it with --node-trace" if node_csv else ""
+        hint = "; it looks like a node add/remove CSV trace: name it .csv or give it with --node-trace" if _node_csv(text) else ""
         raise TraceError(f"{path}: line {e.lineno}, column {e.colno}: not valid JSON: {e.msg}{hint}") from None
     if not isinstance(doc, dict):
         raise TraceError(f"{path}: expected a JSON object with 'metadata' and 'data', got {type(doc).__name__}")
@@ -155,6 +152,11 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     available.flags.writeable = False
     return SpotTrace(name=path.stem, gap_seconds=float(gap), available=available)
 
+
+def _node_csv(text: str) -> bool:
+    """Whether the text's first event line has a node trace's shape (``time_ms,add|remove,node``)."""
+    first = next(_data_lines(text), None)
+    return first is not None and len(first[2]) == 3 and first[2][0].isdigit() and first[2][1].lower() in ("add", "remove")
 
 
 def _data_lines(text: str) -> Iterator[tuple[int, str, list[str]]]:

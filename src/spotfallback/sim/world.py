@@ -159,6 +159,20 @@ def gating_note(process: object, num_workers: int) -> str | None:
             "more often than simulated")
 
 
+def repeat_note(process: object, num_workers: int, horizon_h: float, horizon: str) -> str | None:
+    """What replaying a trace shorter than a run may last means, or None: every simulator reads
+    time past a trace's end as its beginning again, so a short trace's hours recur."""
+    if not isinstance(process, SpotTrace | NodeTrace):
+        return None
+    cap = compile_process(process, num_workers)
+    assert isinstance(cap, TraceCapacity)
+    if cap.period_h >= horizon_h - EPS:
+        return None
+    return (f"trace {process.name!r} covers {cap.period_h:g} h, less than the {horizon_h:g} h {horizon}: a run still "
+            f"going at its end replays it from its beginning, so those {cap.period_h:g} h recur; a longer trace "
+            "shows what they leave out")
+
+
 def compile_node_trace(trace: NodeTrace, num_workers: int, gap_seconds: float = 60.0) -> TraceCapacity:
     """The gang holds the N longest-running live nodes; removing any of them interrupts it.
 
@@ -210,8 +224,6 @@ def compile_process(process: Process, num_workers: int) -> RateModel | TraceCapa
     return process
 
 
-
-
 def compile_world(ladder: Ladder, world: Sequence[Process]) -> list[RateModel | TraceCapacity | ScriptedModel]:
     """Each tier's process compiled for the tier's gang."""
     if len(world) != len(ladder):
@@ -247,6 +259,7 @@ def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
 
 __all__ = [
     "gating_note",
+    "repeat_note",
     "observed_mtbf_h",
     "Process",
     "RateModel",

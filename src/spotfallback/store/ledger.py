@@ -291,10 +291,13 @@ class Ledger:
             return by_name
         raise LedgerError(f"{self.directory}: the ledger kept changing while it was read ({_READ_ATTEMPTS} tries)")
 
-    def read(self) -> list[LedgerRecord]:
-        """All records in order. Duplicates (same id) are dropped; damaged objects are errors."""
+    def read(self, ladder: Ladder | None = None) -> list[LedgerRecord]:
+        """All records in order. Duplicates (same id) are dropped; damaged objects are errors, and
+        so, given the run's ``ladder``, is a record of a tier it does not have."""
         by_name = self._read_sourced()
         assert by_name is not None  # nothing is covered
+        if ladder is not None:
+            self._on_ladder(_sourced_in_order(by_name), ladder)
         return _in_order({name: record for name, (record, _) in by_name.items()})
 
     def read_snapshot(self, ladder: Ladder) -> LedgerSnapshot | None:
@@ -318,14 +321,28 @@ class Ledger:
         if snapshot is not None:
             by_name = self._read_sourced(snapshot.segments)
             if by_name is not None and (not by_name or min(by_name) > snapshot.last):
-                items = _sourced_in_order(by_name)
+                items = self._on_ladder(_sourced_in_order(by_name), ladder)
                 return LedgerView(snapshot, [r for _, r, _ in items]), items
             logger.debug("the ledger snapshot does not fit the ledger (a segment it covers is gone, or an event "
                          "it does not cover is named before its last): reading everything")
         whole = self._read_sourced()
         assert whole is not None  # nothing is covered
-        items = _sourced_in_order(whole)
+        items = self._on_ladder(_sourced_in_order(whole), ladder)
         return LedgerView(None, [r for _, r, _ in items]), items
+
+    def _on_ladder(
+        self, items: list[tuple[str, LedgerRecord, str | None]], ladder: Ladder
+    ) -> list[tuple[str, LedgerRecord, str | None]]:
+        """``items``, once each names only tiers of ``ladder``: a record of another tier would be
+        billed and drawn as no tier of the run (another run's ledger copied in, or a damaged one)."""
+        n = len(ladder.tiers)
+        for name, record, segment in items:
+            tiers = {record.tier, getattr(record.event, "tier", 0)}
+            if max(tiers) >= n:
+                where = f"{segment}: event {name}" if segment else posixpath.join(self.directory, name)
+                raise LedgerError(f"{where}: tier {max(tiers)} is not a tier of the run's ladder (its {n} tiers are "
+                                  f"0-{n - 1}); this ledger is not the run's ({self.location.path(RUN_META)}), or is damaged")
+        return items
 
     @property
     def snapshot_path(self) -> str:
