@@ -74,15 +74,20 @@ def label_selector_value_error(value: str) -> str | None:
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "file")
 
 
-def storage_scheme_error(storage_path: str) -> str | None:
-    """What is wrong with a storage URI's scheme (None: a local path, or a scheme runs can use)."""
-    scheme = storage_path.split("://", 1)[0] if "://" in storage_path else None
-    if scheme is None or scheme in STORAGE_SCHEMES:
+def storage_uri_error(storage_path: str) -> str | None:
+    """What is wrong with a storage URI (None: a local path, or a URI runs can use): a scheme
+    pyarrow (and so Ray) cannot open, or no bucket (``s3://`` alone would list every bucket)."""
+    scheme, _, rest = storage_path.partition("://") if "://" in storage_path else (None, "", "")
+    if scheme is None:
         return None
-    if scheme.lower() in STORAGE_SCHEMES:  # pyarrow, and so Ray, reads schemes in lower case only
-        return f"write the scheme in lower case: {scheme.lower() + '://'!r}, not {scheme + '://'!r}"
-    return (f"{scheme + '://'!r} is not storage Ray Train can write to; give a local or NFS path, or a URI "
-            f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+    if scheme not in STORAGE_SCHEMES:
+        if scheme.lower() in STORAGE_SCHEMES:  # pyarrow, and so Ray, reads schemes in lower case only
+            return f"write the scheme in lower case: {scheme.lower() + '://'!r}, not {scheme + '://'!r}"
+        return (f"{scheme + '://'!r} is not storage Ray Train can write to; give a local or NFS path, or a URI "
+                f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
+    if scheme != "file" and not rest.split("?", 1)[0].strip("/"):
+        return f"{storage_path!r} names no bucket; give {scheme}://BUCKET/PREFIX"
+    return None
 
 
 class PreemptionRate(BaseModel):
@@ -852,7 +857,7 @@ class JobConfig(BaseModel):
         if not v.strip():
             raise ValueError("empty; give the durable storage root the run's checkpoints and ledger "
                              "go to: a local or NFS path (e.g. ./runs) or an s3:// or gs:// URI")
-        problem = storage_scheme_error(v)
+        problem = storage_uri_error(v)
         if problem:
             raise ValueError(problem)
         return v

@@ -75,6 +75,15 @@ def test_out_never_replaces_a_file_unless_forced(app: typer.Typer, job_file: Pat
     folder = run(app, *command, "--job", job_file, "--out", tmp_path)
     assert folder.exit_code == 2 and folder.stderr == f"error: --out: '{tmp_path}' is a directory; give a file name\n"
     assert not list(tmp_path.glob(".*.tmp"))
+    # --force replaces an old manifest, never the job file it is made from (through a link, too).
+    before = job_file.read_text()
+    link = tmp_path / "job-link.yaml"
+    link.symlink_to(job_file)
+    for target in (job_file, link):
+        same = run(app, *command, "--job", job_file, "--out", target, "--force")
+        assert same.exit_code == 2 and same.stderr == (
+            f"error: --out: '{target}' is the --job file; write the manifest to another path\n")
+    assert job_file.read_text() == before
 
 
 def test_cluster_launcher_refuses_the_other_clouds_identity_and_notes_a_missing_one(app: typer.Typer, job_file: Path) -> None:

@@ -202,6 +202,13 @@ def test_a_storage_uri_ray_train_cannot_write_is_refused_where_the_job_is_read(s
         JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
 
 
+@pytest.mark.parametrize("storage_path", ["s3://", "gs:///", "s3://?region=us-east-1"])
+def test_a_storage_uri_without_a_bucket_is_refused_where_the_job_is_read(storage_path):
+    """Not only by status: a manifest made from it would fail on the cluster."""
+    with pytest.raises(ValidationError, match=r"names no bucket; give (s3|gs)://BUCKET/PREFIX"):
+        JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
+
+
 def test_a_storage_scheme_in_capitals_is_refused_with_its_lower_case():
     """pyarrow, and so Ray, knows 's3://' but not 'S3://'."""
     with pytest.raises(ValidationError, match=r"write the scheme in lower case: 'gs://', not 'GS://'"):

@@ -8,6 +8,7 @@ resumes that run: a name reused by accident would continue someone else's traini
 
 from __future__ import annotations
 
+import os
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
@@ -134,9 +135,14 @@ def _say_run_name(job: JobConfig, name: str | None, unique: bool) -> None:
     )
 
 
-def _check_out(out: Path | None, force: bool) -> None:
-    """Before any work: the file --out names can be written, and is not one already there."""
-    if out is not None and (problem := output_problem(out, None, keep_existing=not force)) is not None:
+def _check_out(out: Path | None, force: bool, job: Path) -> None:
+    """Before any work: the file --out names can be written, is not one already there, and is
+    not the --job file (which --force would replace by its own manifest)."""
+    if out is None:
+        return
+    if out.exists() and job.exists() and os.path.samefile(out, job):
+        _fail(f"--out: {str(out)!r} is the --job file; write the manifest to another path")
+    if (problem := output_problem(out, None, keep_existing=not force)) is not None:
         _fail(f"--out: {problem}")
 
 
@@ -187,7 +193,7 @@ def kuberay_command(
 ) -> None:
     """Write a KubeRay RayJob (or RayCluster): on-demand head, one worker group per tier."""
     k8s_cloud = _choice("--cloud", cloud, K8sCloud)
-    _check_out(out, force)
+    _check_out(out, force, job)
     _check_options(image, name, namespace=namespace, service_account=service_account, storage_secret=storage_secret, storage_pvc=storage_pvc)
     config, run_name = _load(job, name, unique_name)
     default_kind = Kind.RAYCLUSTER if config.ladder.across_clusters else Kind.RAYJOB
@@ -266,7 +272,7 @@ def launcher_command(
 ) -> None:
     """Write a `ray up` config: on-demand head, one node type per tier."""
     vm_cloud = _choice("--cloud", cloud, VmCloud)
-    _check_out(out, force)
+    _check_out(out, force, job)
     _check_options(image, name)
     if vm_cloud is VmCloud.AWS and service_account:
         _fail("--service-account: a GCP service account; on aws give the workers --instance-profile ARN")
@@ -328,7 +334,7 @@ def nodepools_command(
     RayCluster is, in the one file: apply them with `kubectl apply -f FILE -l spotfallback/cluster=NAME`.
     """
     karpenter = _choice("--cloud", cloud, KarpenterCloud)
-    _check_out(out, force)
+    _check_out(out, force, job)
     problem = object_name_error(node_class)
     if problem:
         _fail(f"--node-class: {problem}")

@@ -21,7 +21,7 @@ from dataclasses import dataclass
 
 import pyarrow.fs as pafs
 
-from spotfallback.config import run_name_error, storage_scheme_error
+from spotfallback.config import run_name_error, storage_uri_error
 from spotfallback.errors import ConfigError
 
 STATE_DIR = "_spotfallback"
@@ -106,11 +106,8 @@ def resolve_run(storage_path: str, name: str, filesystem: pafs.FileSystem | None
             )
         root = storage_path
     elif _is_uri(storage_path):
-        scheme, rest = storage_path.split("://", 1)
-        if problem := storage_scheme_error(storage_path):
+        if problem := storage_uri_error(storage_path):
             raise ConfigError(f"storage_path: {problem}")
-        if scheme != "file" and not rest.split("?", 1)[0].strip("/"):  # s3:// alone would list every bucket
-            raise ConfigError(f"storage_path: {storage_path!r} names no bucket; give {scheme}://BUCKET/PREFIX")
         try:
             filesystem, root = filesystem_from_uri(storage_path)
         except (ValueError, OSError) as e:  # pyarrow.ArrowInvalid is a ValueError
