@@ -6,12 +6,14 @@ and says how to fix it, because a bad ladder found mid-run costs real money.
 
 from __future__ import annotations
 
+import datetime
 import difflib
 import json
+import math
 import re
 import shlex
 import typing
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
 
@@ -32,6 +34,9 @@ MARKET_LABEL = "ray.io/market-type"
 SPOT = "spot"
 ON_DEMAND = "on-demand"
 RESERVED = "reserved"
+
+# The most workers a tier may have: Kubernetes counts a group's replicas in 32 bits.
+MAX_WORKERS = 2**31 - 1
 
 # Same syntax Ray enforces for node labels and label selectors (ray/_private/label_utils.py):
 # Kubernetes-style keys with an optional DNS prefix, values of at most 63 characters, and
@@ -60,6 +65,13 @@ def label_key_error(key: str) -> str | None:
     return None
 
 
+def label_value_error(value: str) -> str | None:
+    """Why Kubernetes (and Ray) would reject ``value`` as a node label's value, or None if it is valid."""
+    if value == "" or _LABEL_RE.fullmatch(value):
+        return None
+    return f"label value {value!r} must be empty or 1-63 characters, start and end alphanumeric, with only '-', '_', '.' between"
+
+
 def label_selector_value_error(value: str) -> str | None:
     """Why Ray would reject ``value`` in a label selector, or None if it is valid."""
     if value == "" or _SELECTOR_VALUE_RE.fullmatch(value):
@@ -70,23 +82,39 @@ def label_selector_value_error(value: str) -> str | None:
     )
 
 
+def labels_error(labels: Mapping[str, str], value_error: Callable[[str], str | None]) -> str | None:
+    """The first problem of ``labels`` (keys as ``label_key_error`` says, values as ``value_error``), or None."""
+    for key, value in labels.items():
+        if problem := label_key_error(key) or value_error(value):
+            return problem
+    return None
+
+
 # The URI schemes of storage the runs can use: pyarrow's filesystems, and Azure's names for its own.
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "file")
 
 
 def storage_uri_error(storage_path: str) -> str | None:
-    """What is wrong with a storage URI (None: a local path, or a URI runs can use): a scheme
-    pyarrow (and so Ray) cannot open, or no bucket (``s3://`` alone would list every bucket)."""
-    scheme, _, rest = storage_path.partition("://") if "://" in storage_path else (None, "", "")
-    if scheme is None:
+    """What is wrong with a storage path or URI (None: a path or URI runs can use): a control
+    character (a pasted newline: the path reaches shell commands and pod specs), a scheme pyarrow
+    (and so Ray) cannot open, or no bucket (``s3://`` alone would list every bucket) or a space in it."""
+    if any(ord(c) < 32 or ord(c) == 127 for c in storage_path):
+        return f"{storage_path!r} holds a control character (a newline or tab?); give the path on one line"
+    if "://" not in storage_path:
         return None
+    scheme, _, rest = storage_path.partition("://")
     if scheme not in STORAGE_SCHEMES:
         if scheme.lower() in STORAGE_SCHEMES:  # pyarrow, and so Ray, reads schemes in lower case only
             return f"write the scheme in lower case: {scheme.lower() + '://'!r}, not {scheme + '://'!r}"
         return (f"{scheme + '://'!r} is not storage Ray Train can write to; give a local or NFS path, or a URI "
                 f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
-    if scheme != "file" and not rest.split("?", 1)[0].strip("/"):
+    if scheme == "file":
+        return None
+    bucket = rest.split("?", 1)[0].strip("/").split("/", 1)[0]
+    if not bucket:
         return f"{storage_path!r} names no bucket; give {scheme}://BUCKET/PREFIX"
+    if any(c.isspace() for c in bucket):
+        return f"bucket {bucket!r} of {storage_path!r} has a space, which no bucket name has; give {scheme}://BUCKET/PREFIX"
     return None
 
 
@@ -234,6 +262,13 @@ class TierPlacement(BaseModel):
         default_factory=list, description="Extra Kubernetes tolerations (taints of the pool's own making)."
     )
 
+    @field_validator("node_selector")
+    @classmethod
+    def _check_node_selector(cls, v: dict[str, str]) -> dict[str, str]:
+        if problem := labels_error(v, label_value_error):
+            raise ValueError(f"Kubernetes would reject this node selector: {problem}")
+        return v
+
 
 _BEYOND_DEFAULTS: dict[str, Any] = {
     "min_workers": None,
@@ -307,7 +342,7 @@ class Tier(BaseModel):
         default_factory=dict,
         description="Ray label selector for this tier's workers; defaults to {'ray.io/market-type': market}.",
     )
-    num_workers: int = Field(gt=0, description="Training workers on this tier.")
+    num_workers: int = Field(gt=0, le=MAX_WORKERS, description="Training workers on this tier.")
     resources_per_worker: dict[str, float] | None = Field(
         default=None, description="Ray resources per worker, e.g. {'CPU': 4, 'GPU': 1}."
     )
@@ -337,6 +372,7 @@ class Tier(BaseModel):
     min_workers: int | None = Field(
         default=None,
         gt=0,
+        le=MAX_WORKERS,
         description=(
             "Elastic tier: run with as few as this many workers (up to num_workers) instead of "
             "waiting for lost nodes; also given as num_workers: [min, max]. None = fixed size."
@@ -386,7 +422,7 @@ class Tier(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _default_selector(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and not data.get("label_selector") and data.get("market"):
+        if isinstance(data, Mapping) and not data.get("label_selector") and isinstance(data.get("market"), str) and data["market"]:
             data = dict(data)
             data["label_selector"] = {MARKET_LABEL: data["market"]}
         return data
@@ -405,7 +441,7 @@ class Tier(BaseModel):
 
     @model_serializer(mode="wrap")
     def _omit_unused_beyond(self, handler: Any) -> Any:
-        """Leave the issue-10 fields out while unused, so stored ladders and generated files stay as before."""
+        """Leave the fields beyond one-way fallback out while unused, so stored ladders and generated files stay as before."""
         data = handler(self)
         if isinstance(data, dict):
             for key, default in _BEYOND_DEFAULTS.items():
@@ -455,10 +491,8 @@ class Tier(BaseModel):
     @field_validator("label_selector")
     @classmethod
     def _check_selector(cls, v: dict[str, str]) -> dict[str, str]:
-        for key, value in v.items():
-            problem = label_key_error(key) or label_selector_value_error(value)
-            if problem:
-                raise ValueError(f"Ray would reject this label selector: {problem}")
+        if problem := labels_error(v, label_selector_value_error):
+            raise ValueError(f"Ray would reject this label selector: {problem}")
         return v
 
     @field_validator("resources_per_worker")
@@ -684,9 +718,23 @@ def format_validation_error(err: ValidationError, root: str = "") -> str:
             msg = unknown[where]
         elif item["type"] == "missing":
             msg = "required field is missing; add it"
+        elif item["type"] == "string_type" and (read_as := _yaml_reading(item.get("input"))):
+            msg = f"expected text, got {read_as}: put it in quotes"
         msg = msg.removeprefix("Value error, ")
         lines.append(f"{loc or '(top level)'}: {msg}")
     return "\n".join(lines)
+
+
+def _yaml_reading(value: Any) -> str | None:
+    """What YAML made of an unquoted scalar that was meant as text (``2024-01-01`` is a date,
+    ``yes`` a boolean, ``12`` a number), or None for anything else."""
+    if isinstance(value, bool):
+        return f"{str(value).lower()} (YAML reads yes/no/on/off/true/false as a boolean)"
+    if isinstance(value, datetime.date):
+        return f"{value.isoformat()} (YAML reads it as a date)"
+    if isinstance(value, int | float):
+        return f"{value!r} (YAML reads it as a number)"
+    return None
 
 
 def validation_config_error(source: str, err: ValidationError) -> ConfigError:
@@ -849,6 +897,26 @@ class JobConfig(BaseModel):
             raise ValueError(problem)
         return v
 
+    @field_validator("train_loop_config")
+    @classmethod
+    def _finite_numbers(cls, v: dict[str, Any]) -> dict[str, Any]:
+        # The job reaches the cluster and the run's record as JSON, where NaN and infinity have no
+        # spelling: pydantic would write null, and the train function would read None.
+        def check(value: Any, where: str) -> None:
+            if isinstance(value, float) and not math.isfinite(value):
+                raise ValueError(f"{where} is {value}, which JSON cannot carry (the job reaches the cluster as "
+                                 "JSON); give it as a string such as 'nan' and convert it in the train function")
+            if isinstance(value, Mapping):
+                for key, item in value.items():
+                    check(item, f"{where}.{key}")
+            elif isinstance(value, list | tuple):
+                for i, item in enumerate(value):
+                    check(item, f"{where}[{i}]")
+
+        for key, value in v.items():
+            check(value, str(key))
+        return v
+
     @field_validator("storage_path")
     @classmethod
     def _check_storage_path(cls, v: str) -> str:
@@ -866,7 +934,8 @@ class JobConfig(BaseModel):
     @classmethod
     def _check_entrypoint(cls, v: str) -> str:
         module, sep, func = v.rpartition(":")
-        if not sep or not module or not func.isidentifier():
+        importable = module.endswith(".py") or all(part.isidentifier() for part in module.split("."))
+        if not sep or not module or not func.isidentifier() or not importable:
             raise ValueError(f"entrypoint {v!r} must look like 'package.module:function' or 'file.py:function'")
         return v
 

@@ -103,16 +103,14 @@ def ray_node(
     """A ``ray start`` node up, with the address it wrote to ``{temp}/ray/ray_current_cluster``.
 
     ``make_args`` picks fresh ports each call: a start that exits before it writes the file (a
-    port taken in between), or right after, is tried again, up to ``attempts`` times in all; each failed try's log
-    is kept beside ``log`` as ``<name>.try<N>``.
+    port taken in between), or right after, is tried again, up to ``attempts`` times in all;
+    each failed try's log is kept beside ``log`` as ``<name>.try<N>``.
     """
     written = Path(temp, "ray", "ray_current_cluster")
     for attempt in range(1, attempts + 1):
         written.unlink(missing_ok=True)  # a failed try's, if it got that far
         with ray_start(*make_args(), log=log, env=env) as proc:
-            deadline = time.monotonic() + 90
-            while not written.exists() and proc.poll() is None and time.monotonic() < deadline:
-                time.sleep(0.2)
+            _wait_for(written, proc, 90)
             if proc.poll() is None or attempt == attempts:
                 yield proc, wait_file(written, proc, log)
                 return
@@ -121,9 +119,15 @@ def ray_node(
 
 def wait_file(path: Path, proc: subprocess.Popen[bytes], log: Path, timeout_s: float = 90) -> str:
     """The text of ``path`` once ``ray start`` has written it; fails with its log if it exits first."""
-    deadline = time.monotonic() + timeout_s
-    while not path.exists():
+    _wait_for(path, proc, timeout_s)
+    if not path.exists():
         assert proc.poll() is None, f"ray start exited {proc.returncode}:\n{log.read_text()[-3000:]}"
-        assert time.monotonic() < deadline, f"no {path} after {timeout_s}s:\n{log.read_text()[-3000:]}"
-        time.sleep(0.2)
+        raise AssertionError(f"no {path} after {timeout_s}s:\n{log.read_text()[-3000:]}")
     return path.read_text().strip()
+
+
+def _wait_for(path: Path, proc: subprocess.Popen[bytes], timeout_s: float) -> None:
+    """Poll until ``path`` exists, ``proc`` exits or ``timeout_s`` passes, whichever is first."""
+    deadline = time.monotonic() + timeout_s
+    while not path.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)

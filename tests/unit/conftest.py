@@ -6,6 +6,18 @@ import errno
 import os
 
 import pytest
+import typer
+
+from spotfallback.cli.app import _register_subcommands, app
+
+
+@pytest.fixture(scope="module")
+def cli() -> typer.Typer:
+    """The whole `spotfallback` app, every command registered once per process."""
+    if not getattr(_register_subcommands, "done", False):
+        _register_subcommands()
+        _register_subcommands.done = True  # type: ignore[attr-defined]
+    return app
 
 
 @pytest.fixture

@@ -7,18 +7,8 @@ import importlib
 import pytest
 from typer.testing import CliRunner
 
-from spotfallback.cli.app import _register_subcommands, app
-
 COMMANDS = ["run", "demo", "plan", "backtest", "notice-agent", "status", "report", "init", "manifest kuberay",
             "manifest nodepools", "manifest cluster-launcher", "manifest validate"]
-
-
-@pytest.fixture(scope="module")
-def cli():
-    if not getattr(_register_subcommands, "done", False):
-        _register_subcommands()
-        _register_subcommands.done = True  # type: ignore[attr-defined]
-    return app
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -349,3 +349,35 @@ def test_requirements_wheels_and_urls_are_all_taken_by_pip(app: typer.Typer, job
             *[x for p in packages for x in ("--pip", p)])
     assert r.exit_code == 0, r.stderr
     assert all(p in r.stdout or shlex.quote(p) in r.stdout for p in packages), r.stdout
+
+
+@pytest.mark.parametrize("package", ["torch; rm -rf /", "torch --index-url http://x", "my lib.whl"])
+def test_a_pip_value_with_a_space_is_checked_as_a_requirement_not_passed_as_a_path(app: typer.Typer, job_file: Path, package: str) -> None:
+    r = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--pip", package)
+    assert r.exit_code == 2 and r.stderr.startswith(f"error: --pip: {package!r} is not a pip requirement") and not r.stdout
+
+
+@pytest.mark.parametrize("option", ["--backoff-limit", "--active-deadline", "--ttl"])
+def test_a_rayjob_setting_is_refused_for_a_raycluster_and_bounded_for_a_rayjob(app: typer.Typer, job_file: Path, option: str) -> None:
+    """A RayCluster has no such field: the value would be dropped without a word. Kubernetes holds it in 32 bits."""
+    cluster = run(app, "kuberay", "--cloud", "gke", "--kind", "raycluster", "--job", job_file, option, "60")
+    assert cluster.exit_code == 2 and cluster.stderr.startswith(f"error: {option}: a RayJob's setting"), cluster.stderr
+    huge = run(app, "kuberay", "--cloud", "gke", "--job", job_file, option, str(2**31))
+    assert huge.exit_code == 2 and huge.stderr.startswith(f"error: {option}: must be at most 2147483647"), huge.stderr
+    job = yaml.safe_load(run(app, "kuberay", "--cloud", "gke", "--job", job_file, option, "60").stdout)
+    field = {"--backoff-limit": "backoffLimit", "--active-deadline": "activeDeadlineSeconds", "--ttl": "ttlSecondsAfterFinished"}[option]
+    assert job["spec"][field] == 60
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--project-id", "p"], "error: --project-id: a GCP setting, which an aws cluster does not use"),
+    (["--source-image", "img"], "error: --source-image: a GCP setting, which an aws cluster does not use"),
+    (["--instance-profile", "ray-worker"], "error: --instance-profile: 'ray-worker' is not an instance profile ARN"),
+    (["--instance-profile", "arn:aws:iam::123456789012:role/ray"], "error: --instance-profile: 'arn:aws:iam::123456789012:role/ray' is not"),
+])
+def test_an_aws_cluster_refuses_gcp_settings_and_a_profile_that_is_no_arn(app: typer.Typer, job_file: Path, args: list[str], message: str) -> None:
+    r = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, *args)
+    assert r.exit_code == 2 and r.stderr.startswith(message) and not r.stdout, r.stderr
+    arn = "arn:aws-us-gov:iam::123456789012:instance-profile/ml/ray-worker"
+    ok = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--instance-profile", arn)
+    assert ok.exit_code == 0 and f"Arn: {arn}" in ok.stdout, ok.stderr

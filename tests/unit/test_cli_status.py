@@ -141,6 +141,13 @@ def test_init_writes_a_valid_commented_job_and_refuses_to_overwrite(app, tmp_pat
     assert JobConfig.from_yaml(path).name == job.name
 
 
+def test_init_says_the_next_command_ready_to_paste(app, tmp_path):
+    path = tmp_path / "my jobs" / "job.yaml"
+    path.parent.mkdir()
+    r = invoke(app, "init", str(path))
+    assert r.exit_code == 0 and r.output.rstrip().endswith(f"Edit it, then: spotfallback run '{path}'"), r.output
+
+
 def test_report_of_a_run_with_no_events_yet_says_so(app, tmp_path):
     location = write_ledger(tmp_path / "runs", [], name="empty")[0]
     r = invoke(app, "report", f"{tmp_path / 'runs'}/empty")

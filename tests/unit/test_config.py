@@ -219,3 +219,63 @@ def test_a_storage_scheme_in_capitals_is_refused_with_its_lower_case():
                                           "file:///tmp/runs", "./runs", "/mnt/nfs/runs"])
 def test_the_storage_ray_train_writes_is_taken(storage_path):
     assert JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),)).storage_path
+
+
+@pytest.mark.parametrize(("storage_path", "problem"), [
+    ("s3://b/runs\n", "holds a control character"),
+    ("/mnt/runs\t", "holds a control character"),
+    ("s3://my bucket/runs", "bucket 'my bucket' of 's3://my bucket/runs' has a space"),
+])
+def test_a_storage_path_that_cannot_reach_a_shell_or_a_bucket_is_refused(storage_path, problem):
+    """The path goes into the deployment files' shell commands; no bucket name has a space."""
+    with pytest.raises(ValidationError, match=problem):
+        JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
+    assert JobConfig(name="ok", storage_path="/mnt/my runs", entrypoint="m:f", tiers=(Tier.spot(1),))  # a local path may
+
+
+@pytest.mark.parametrize(("config", "where"), [({"lr": float("nan")}, "lr is nan"),
+                                                ({"opt": {"betas": [0.9, float("inf")]}}, r"opt.betas\[1\] is inf")])
+def test_a_train_loop_config_number_json_cannot_carry_is_refused(config, where):
+    """The job reaches the cluster as JSON, where NaN would arrive as null."""
+    with pytest.raises(ValidationError, match=rf"train_loop_config\n.*{where}, which JSON cannot carry"):
+        JobConfig(name="ok", storage_path="s3://b/r", entrypoint="m:f", train_loop_config=config, tiers=(Tier.spot(1),))
+
+
+def test_more_workers_than_kubernetes_counts_are_refused_by_name():
+    with pytest.raises(ConfigError, match=r"tiers\[0\]\.num_workers: Input should be less than or equal to 2147483647"):
+        make_ladder([{"name": "spot", "market": "spot", "num_workers": 2**31}])
+
+
+@pytest.mark.parametrize(("selector", "problem"), [({"bad key!": "x"}, "label key name 'bad key!'"),
+                                                   ({"pool": "a b"}, "label value 'a b'")])
+def test_a_node_selector_kubernetes_would_reject_is_refused(selector, problem):
+    tier = {"name": "spot", "market": "spot", "num_workers": 1, "placement": {"node_selector": selector}}
+    with pytest.raises(ConfigError, match=rf"tiers\[0\]\.placement\.node_selector: Kubernetes would reject .*{problem}"):
+        make_ladder([tier])
+
+
+@pytest.mark.parametrize(("line", "expected"), [
+    ("name: 2024-01-01", "name: expected text, got 2024-01-01 (YAML reads it as a date): put it in quotes"),
+    ("name: 12", "name: expected text, got 12 (YAML reads it as a number): put it in quotes"),
+])
+def test_an_unquoted_yaml_scalar_meant_as_text_is_told_to_be_quoted(tmp_path, line, expected):
+    path = tmp_path / "job.yaml"
+    path.write_text(f"{line}\nstorage_path: /tmp/r\nentrypoint: m:f\ntiers: [{{name: od, market: on-demand, num_workers: 1}}]\n")
+    with pytest.raises(ConfigError) as info:
+        JobConfig.from_yaml(path)
+    assert str(info.value).endswith(expected), info.value
+
+
+def test_a_market_yaml_reads_as_a_boolean_is_one_problem_told_to_be_quoted():
+    with pytest.raises(ConfigError) as info:
+        make_ladder([{"name": "spot", "market": True, "num_workers": 1}])
+    assert str(info.value) == ("tiers[0].market: expected text, got true (YAML reads yes/no/on/off/true/false as a boolean): "
+                               "put it in quotes")
+
+
+@pytest.mark.parametrize("entrypoint", ["my mod:fn", "a:b:c", "pkg.:fn", "m:f x"])
+def test_an_entrypoint_python_cannot_import_is_refused(entrypoint):
+    with pytest.raises(ValidationError, match="must look like 'package.module:function' or 'file.py:function'"):
+        JobConfig(name="ok", storage_path="/tmp/r", entrypoint=entrypoint, tiers=(Tier.spot(1),))
+    for ok in ("pkg.mod:fn", "train.py:fn", "dir with space/train.py:fn"):
+        assert JobConfig(name="ok", storage_path="/tmp/r", entrypoint=ok, tiers=(Tier.spot(1),)).entrypoint == ok

@@ -646,6 +646,16 @@ def test_cli_malformed_ray_address_fails_at_once_without_waiting(gcp):
     assert time.monotonic() - t0 < 20  # not the --ray-wait of 120 s
 
 
+@pytest.mark.parametrize("address", ["head:99999", "head:0", "10.0.0.1:http"])
+def test_cli_ray_address_without_a_port_fails_at_once_naming_it(gcp, address):
+    """Ray would try such an address for about a minute, printing its C++ warnings, and fail."""
+    t0 = time.monotonic()
+    result = _cli(["notice-agent", "--cloud", "gcp", "--metadata-url", gcp.url, "--once", "--address", address])
+    assert result.exit_code == 2, result.output
+    assert f"cannot find the Ray node to drain: '{address}': '{address.rsplit(':', 1)[1]}' is not a port" in result.output
+    assert time.monotonic() - t0 < 20
+
+
 def test_cli_k8s_sidecar_drains_on_sigterm_at_once_with_the_grace_period(tmp_path):
     """The real process, configured only by the sidecar's environment; SIGTERM wakes the poll."""
     import subprocess

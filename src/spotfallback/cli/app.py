@@ -2,9 +2,57 @@
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Sequence
+from typing import Any
+
 import typer
+from typer.core import TyperGroup
+
+# Click's exception classes, as the typer installed raises them (its own copy of click, or click):
+# BadParameter is exported, and derives from UsageError, which derives from ClickException.
+_UsageError: type[Exception] = typer.BadParameter.__mro__[1]
+_ClickException: type[Exception] = typer.BadParameter.__mro__[2]
+
+
+class OneLineErrors(TyperGroup):
+    """Usage errors (a bad option value, a missing argument) as one ``error:`` line, exit 2,
+    like every error the commands raise themselves, rather than typer's boxed usage text."""
+
+    def main(  # type: ignore[override]  # click's overloads; this keeps its arguments
+        self,
+        args: Sequence[str] | None = None,
+        prog_name: str | None = None,
+        complete_var: str | None = None,
+        standalone_mode: bool = True,
+        **extra: Any,
+    ) -> Any:
+        if not standalone_mode:
+            return super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        try:
+            result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
+        except _ClickException as e:
+            code: int = getattr(e, "exit_code", 2)
+            if type(e).__name__ == "NoArgsIsHelpError":  # the help is the answer, and typer printed it
+                sys.exit(code)
+            message = _sentence(e.format_message())  # type: ignore[attr-defined]
+            ctx = getattr(e, "ctx", None)
+            if isinstance(e, _UsageError) and ctx is not None:
+                message += f" (`{ctx.command_path} --help` lists the options)"
+            typer.echo(f"error: {message}", err=True)
+            sys.exit(code)
+        except typer.Abort:  # input closed at a prompt
+            typer.echo("error: aborted", err=True)
+            sys.exit(1)
+        sys.exit(result if isinstance(result, int) else 0)  # an int: typer.Exit's code
+
+
+def _sentence(message: str) -> str:
+    return " ".join(message.split()).rstrip(".")
+
 
 app = typer.Typer(
+    cls=OneLineErrors,
     name="spotfallback",
     help="Run Ray Train jobs on spot capacity with a tiered fallback ladder.",
     no_args_is_help=True,

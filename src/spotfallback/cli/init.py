@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shlex
 from pathlib import Path
 from typing import Annotated
 
@@ -70,4 +71,4 @@ def register(app: typer.Typer) -> None:
         write_output("PATH", path, EXAMPLE_JOB)
         job = JobConfig.from_yaml(path)  # the example must always be a valid job
         typer.echo(f"wrote {path}: run {job.name!r} on {' -> '.join(t.name for t in job.tiers)}. "
-                   f"Edit it, then: spotfallback run {path}")
+                   f"Edit it, then: spotfallback run {shlex.quote(str(path))}")

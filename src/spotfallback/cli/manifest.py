@@ -9,6 +9,7 @@ resumes that run: a name reused by accident would continue someone else's traini
 from __future__ import annotations
 
 import os
+import re
 from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
@@ -42,7 +43,17 @@ _OPTION_OF = {
     "source_image": "--source-image",
     "notice_agent": "--notice-agent",
     "spot_grace_seconds": "--spot-grace",
+    "backoff_limit": "--backoff-limit",
+    "active_deadline_seconds": "--active-deadline",
+    "ttl_seconds_after_finished": "--ttl",
+    "instance_profile": "--instance-profile",
 }
+
+# A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
+_RAYJOB_DEFAULTS = {"backoff_limit": 5, "active_deadline_seconds": 3 * 24 * 3600, "ttl_seconds_after_finished": 300}
+
+# An instance profile's ARN, as EC2 takes it in IamInstanceProfile.Arn (any AWS partition).
+_INSTANCE_PROFILE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:instance-profile/[\w+=,.@/-]+")
 
 JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_path, entrypoint, tiers).")]
 ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, spotfallback and your code (default: rayproject/ray matching rayVersion).")]
@@ -75,14 +86,22 @@ def _packages(pip: list[str] | None) -> tuple[str, ...]:
         if p.lstrip().startswith("-"):
             _fail(f"--pip: {p!r} is a pip option; give one requirement, wheel or URL per --pip (pip's options "
                   "belong in the image or a requirements file it installs)")
-        if "/" in p or "\\" in p or p.endswith((".whl", ".tar.gz", ".zip")):
-            continue  # a path or URL: pip reads it there
+        if _path_or_url(p):
+            continue  # pip reads it there
         try:
             Requirement(p)
         except InvalidRequirement as e:
             _fail(f"--pip: {p!r} is not a pip requirement ({str(e).splitlines()[0].rstrip('.')}); give one such as "
                   "'torch==2.3.1' or 'transformers>=4.40,<5'")
     return tuple(pip or ())
+
+
+def _path_or_url(package: str) -> bool:
+    """A wheel or archive path, or a URL, as pip takes one: one word (a requirement's markers or
+    a pip option after a space are no path), naming a file or a place."""
+    if any(c.isspace() for c in package):
+        return False
+    return "://" in package or package.startswith((".", "/", "~")) or package.endswith((".whl", ".tar.gz", ".zip"))
 
 
 def _one_line(message: str) -> str:
@@ -166,9 +185,19 @@ def kuberay_command(
     storage_secret: Annotated[str | None, typer.Option(help="Secret with the storage credentials (s3://, gs://, abfs://).")] = None,
     storage_pvc: Annotated[str | None, typer.Option(help="PVC mounted at a local storage_path on every pod.")] = None,
     pip: PipOpt = None,
-    backoff_limit: Annotated[int, typer.Option(min=0, help="RayJob retries; each retry resumes the run.")] = 5,
-    active_deadline: Annotated[int, typer.Option(min=1, help="RayJob wall-clock limit, seconds.")] = 3 * 24 * 3600,
-    ttl: Annotated[int, typer.Option(min=0, help="Seconds the finished RayJob's cluster is kept for inspection.")] = 300,
+    backoff_limit: Annotated[
+        int | None,
+        typer.Option(help=f"RayJob retries; each retry resumes the run (default {_RAYJOB_DEFAULTS['backoff_limit']}).", show_default=False),
+    ] = None,
+    active_deadline: Annotated[
+        int | None,
+        typer.Option(help=f"RayJob wall-clock limit, seconds (default {_RAYJOB_DEFAULTS['active_deadline_seconds']}).", show_default=False),
+    ] = None,
+    ttl: Annotated[
+        int | None,
+        typer.Option(help="Seconds the finished RayJob's cluster is kept for inspection "
+                     f"(default {_RAYJOB_DEFAULTS['ttl_seconds_after_finished']}).", show_default=False),
+    ] = None,
     notice_agent: Annotated[
         bool | None,
         typer.Option(
@@ -198,6 +227,13 @@ def kuberay_command(
     config, run_name = _load(job, name, unique_name)
     default_kind = Kind.RAYCLUSTER if config.ladder.across_clusters else Kind.RAYJOB
     kind_ = default_kind if kind is None else _choice("--kind", kind, Kind)
+    rayjob = {"backoff_limit": backoff_limit, "active_deadline_seconds": active_deadline, "ttl_seconds_after_finished": ttl}
+    if kind_ is Kind.RAYCLUSTER:
+        for field, value in rayjob.items():
+            if value is not None:
+                _fail(f"{_OPTION_OF[field]}: a RayJob's setting, and this file makes RayClusters, which live "
+                      "until deleted; leave the option out (or pass --kind rayjob)")
+    chosen = {field: _RAYJOB_DEFAULTS[field] if value is None else value for field, value in rayjob.items()}
     try:
         opts = KubeRayOptions(
             cloud=k8s_cloud,
@@ -209,9 +245,9 @@ def kuberay_command(
             storage_secret=storage_secret,
             storage_pvc=storage_pvc,
             pip=_packages(pip),
-            backoff_limit=backoff_limit,
-            active_deadline_seconds=active_deadline,
-            ttl_seconds_after_finished=ttl,
+            backoff_limit=chosen["backoff_limit"],
+            active_deadline_seconds=chosen["active_deadline_seconds"],
+            ttl_seconds_after_finished=chosen["ttl_seconds_after_finished"],
             notice_agent=notice_agent,
             spot_grace_seconds=spot_grace,
         )
@@ -278,6 +314,13 @@ def launcher_command(
         _fail("--service-account: a GCP service account; on aws give the workers --instance-profile ARN")
     if vm_cloud is VmCloud.GCP and instance_profile:
         _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
+    for option, value in (("--project-id", project_id), ("--source-image", source_image)):
+        if vm_cloud is VmCloud.AWS and value is not None:
+            _fail(f"{option}: a GCP setting, which an aws cluster does not use; leave it out (on aws, --region and "
+                  "--instance-type choose the machines)")
+    if instance_profile is not None and not _INSTANCE_PROFILE_ARN.fullmatch(instance_profile):
+        _fail(f"--instance-profile: {instance_profile!r} is not an instance profile ARN; give one such as "
+              "'arn:aws:iam::123456789012:instance-profile/ray-worker' (the role's profile, not the role)")
     types = _instance_types(instance_type or [])
     if head_instance_type is not None and not head_instance_type.strip():
         _fail("--head-instance-type: empty; give the head's instance or machine type, or leave the option out for "

@@ -52,6 +52,7 @@ from spotfallback.deploy.clouds import (
 )
 from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
+    INT32_MAX,
     REGION_LABEL,
     ZONE_LABEL,
     check_image,
@@ -158,6 +159,8 @@ class KubeRayOptions:
             value = getattr(self, name)
             if value is not None and value < low:
                 raise ConfigError(f"{name}: must be at least {low} (got {value})")
+            if value is not None and value > INT32_MAX:  # the field's type in the CRD and in Kubernetes
+                raise ConfigError(f"{name}: must be at most {INT32_MAX}, Kubernetes' largest (got {value})")
         notice = SPOT_SHUTDOWN[self.cloud].notice_s
         if self.spot_grace_seconds is not None and self.spot_grace_seconds > notice:
             raise ConfigError(

@@ -87,6 +87,9 @@ def gcs_address_for(address: str | None) -> str:
             f"no Ray address: --address and RAY_ADDRESS are unset and {get_ray_address_file(None)} "
             "(written by `ray start` on this node) does not exist"
         )
+    _, _, port = found.rpartition(":")
+    if not (port.isdigit() and 0 < int(port) < 2**16):  # Ray would retry it for a minute, and fail
+        raise ValueError(f"{found!r}: {port!r} is not a port; give host:PORT with a port of 1-65535 (the GCS's, 6379 by default)")
     return found
 
 

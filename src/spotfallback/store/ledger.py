@@ -296,9 +296,9 @@ class Ledger:
         so, given the run's ``ladder``, is a record of a tier it does not have."""
         by_name = self._read_sourced()
         assert by_name is not None  # nothing is covered
-        if ladder is not None:
-            self._on_ladder(_sourced_in_order(by_name), ladder)
-        return _in_order({name: record for name, (record, _) in by_name.items()})
+        if ladder is None:
+            return _in_order({name: record for name, (record, _) in by_name.items()})
+        return [r for _, r, _ in self._on_ladder(_sourced_in_order(by_name), ladder)]
 
     def read_snapshot(self, ladder: Ladder) -> LedgerSnapshot | None:
         """The stored snapshot if it is one of this format and ladder (whether it fits the ledger is ``read_view``'s to check)."""
@@ -337,10 +337,10 @@ class Ledger:
         billed and drawn as no tier of the run (another run's ledger copied in, or a damaged one)."""
         n = len(ladder.tiers)
         for name, record, segment in items:
-            tiers = {record.tier, getattr(record.event, "tier", 0)}
-            if max(tiers) >= n:
+            top = max(record.tier, getattr(record.event, "tier", 0))
+            if top >= n:
                 where = f"{segment}: event {name}" if segment else posixpath.join(self.directory, name)
-                raise LedgerError(f"{where}: tier {max(tiers)} is not a tier of the run's ladder (its {n} tiers are "
+                raise LedgerError(f"{where}: tier {top} is not a tier of the run's ladder (its {n} tiers are "
                                   f"0-{n - 1}); this ledger is not the run's ({self.location.path(RUN_META)}), or is damaged")
         return items
 
