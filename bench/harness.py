@@ -207,6 +207,13 @@ def figure_rows(registry: Mapping[str, Measurement], results: Results) -> list[t
     return sorted(out, key=lambda mf: mf[1].item)
 
 
+def _harness_cluster(machine: Mapping[str, Any]) -> str:
+    return ("on one local cluster (a head without CPUs, three one-CPU spot nodes and two one-CPU on-demand nodes): "
+            + ("its nodes started ahead of time (`spotfallback.local.LocalSpotCluster`)." if machine.get("cluster", "prestarted") == "prestarted"
+               else "its nodes run by Ray's autoscaler v2, each node type kept at its count as a node pool is "
+                    "(`spotfallback.local.autoscaling`; a preempted node is replaced by the autoscaler)."))
+
+
 def render(registry: Mapping[str, Measurement], results: Results) -> str:
     """The results page: one table of every figure, then each measurement's method and raw runs."""
     mc = results.machine
@@ -216,11 +223,9 @@ def render(registry: Mapping[str, Measurement], results: Results) -> str:
         "",
         "Written by `python -m bench` from the raw runs in [benchmarks.json](benchmarks.json); do not edit by "
         "hand (`python -m bench --render` rebuilds this page from the JSON). Every ratio compares runs made "
-        "in the same harness run, alternating the compared variants, on one local cluster "
-        "(a head without CPUs, three one-CPU spot nodes and two one-CPU on-demand nodes): "
-        + ("its nodes started ahead of time (`spotfallback.local.LocalSpotCluster`)." if mc.get("cluster", "prestarted") == "prestarted"
-           else "its nodes run by Ray's autoscaler v2, each node type kept at its count as a node pool is "
-                "(`spotfallback.local.autoscaling`; a preempted node is replaced by the autoscaler)."),
+        "in the same harness run, alternating the compared variants, "
+        + (_harness_cluster(mc) if any(registry[n].cluster for n in results.rows if n in registry)
+           else "each measurement on the set-up its section describes (none uses the harness's own cluster)."),
         "",
         f"- command: `{results.command}`" + (" (quick: fewer repetitions)" if results.quick else ""),
         f"- machine: {mc.get('cores')} cores, {mc.get('cpu')}; Python {mc.get('python')}, Ray {mc.get('ray')}, "

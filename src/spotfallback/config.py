@@ -38,6 +38,11 @@ RESERVED = "reserved"
 # The most workers a tier may have: Kubernetes counts a group's replicas in 32 bits.
 MAX_WORKERS = 2**31 - 1
 
+# Ray holds a resource amount as a whole number of 1/10000ths in 64 bits (RESOURCE_UNIT_SCALING),
+# and refuses a request finer than that step; a test checks agreement with the Ray installed.
+RESOURCE_STEP = 1e-4
+RESOURCE_MAX = (2**63 - 1) * RESOURCE_STEP
+
 # Same syntax Ray enforces for node labels and label selectors (ray/_private/label_utils.py):
 # Kubernetes-style keys with an optional DNS prefix, values of at most 63 characters, and
 # selector values that may be negated (`!v`) or sets (`in(a,b)`, `!in(a,b)`).
@@ -500,8 +505,13 @@ class Tier(BaseModel):
     def _check_resources(cls, v: dict[str, float] | None) -> dict[str, float] | None:
         if v is not None:
             for key, amount in v.items():
+                if not key.strip():
+                    raise ValueError("a resource with an empty name; name it as the nodes do, e.g. 'CPU', 'GPU' or 'TPU'")
                 if amount < 0:
                     raise ValueError(f"resource {key!r} must not be negative (got {amount})")
+                if 0 < amount < RESOURCE_STEP or amount > RESOURCE_MAX:
+                    raise ValueError(f"resource {key!r}: {amount:g} is not an amount Ray can hold; give 0, or "
+                                     f"{RESOURCE_STEP:g} (Ray's smallest step) up to {RESOURCE_MAX:.3g}")
                 upper = next((ray_name for ray_name in ("CPU", "GPU", "memory") if key.lower() == ray_name.lower()), None)
                 if upper is not None and key != upper:
                     raise ValueError(f"resource {key!r}: Ray's name is {upper!r}; {key!r} would be a custom resource no node has")
@@ -720,9 +730,35 @@ def format_validation_error(err: ValidationError, root: str = "") -> str:
             msg = "required field is missing; add it"
         elif item["type"] == "string_type" and (read_as := _yaml_reading(item.get("input"))):
             msg = f"expected text, got {read_as}: put it in quotes"
+        elif item["type"] in _SHAPES:
+            msg = f"expected {_SHAPES[item['type']]}, got {_kind_of(item.get('input'))}"
+        elif item["type"] == "too_short":
+            least = (item.get("ctx") or {}).get("min_length", 1)
+            msg = f"empty; give at least {least} item{'s' if least != 1 else ''}"
         msg = msg.removeprefix("Value error, ")
         lines.append(f"{loc or '(top level)'}: {msg}")
     return "\n".join(lines)
+
+
+# What a field of each container type takes, as a job file's author writes it.
+_SHAPES = {
+    "tuple_type": "a list (in YAML, '- item' lines or [a, b])",
+    "list_type": "a list (in YAML, '- item' lines or [a, b])",
+    "dict_type": "a mapping (in YAML, 'key: value' lines or {key: value})",
+}
+
+
+def _kind_of(value: Any) -> str:
+    """A value's kind in a job file's words: a mapping, a list, text, nothing."""
+    if value is None:
+        return "nothing (an empty value)"
+    if isinstance(value, Mapping):
+        return "a mapping"
+    if isinstance(value, list | tuple):
+        return "a list"
+    if isinstance(value, str):
+        return f"text {value!r}" if len(value) <= 40 else "text"
+    return repr(value)
 
 
 def _yaml_reading(value: Any) -> str | None:

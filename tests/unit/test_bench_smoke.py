@@ -192,6 +192,14 @@ def test_figures_and_page_from_a_results_json(tmp_path):
     assert (tmp_path / "benchmarks.md").read_text() == page
 
 
+def test_the_page_names_the_harness_cluster_only_when_a_measurement_used_it():
+    reg, rows = registry(), rows_like_a_run()
+    full = render(reg, Results(command="c", machine={"cluster": "autoscaled"}, rows=rows)).split("\n## ")[0]
+    assert "on one local cluster" in full and "Ray's autoscaler v2" in full
+    alone = render(reg, Results(command="c", machine={}, rows={"clusters": rows["clusters"]})).split("\n## ")[0]
+    assert "on one local cluster" not in alone and "none uses the harness's own cluster" in alone
+
+
 def test_a_missed_target_is_said_on_the_page_with_why():
     reg = registry()
     rows = rows_like_a_run()

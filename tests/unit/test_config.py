@@ -259,11 +259,16 @@ def test_a_node_selector_kubernetes_would_reject_is_refused(selector, problem):
     ("name: 12", "name: expected text, got 12 (YAML reads it as a number): put it in quotes"),
 ])
 def test_an_unquoted_yaml_scalar_meant_as_text_is_told_to_be_quoted(tmp_path, line, expected):
+    assert _job_file_error(tmp_path, f"{line}\ntiers: [{{name: od, market: on-demand, num_workers: 1}}]").endswith(expected)
+
+
+def _job_file_error(tmp_path, lines: str) -> str:
+    """The ConfigError of a job file of ``lines`` after a storage path and an entrypoint."""
     path = tmp_path / "job.yaml"
-    path.write_text(f"{line}\nstorage_path: /tmp/r\nentrypoint: m:f\ntiers: [{{name: od, market: on-demand, num_workers: 1}}]\n")
+    path.write_text(f"storage_path: /tmp/r\nentrypoint: m:f\n{lines}\n")
     with pytest.raises(ConfigError) as info:
         JobConfig.from_yaml(path)
-    assert str(info.value).endswith(expected), info.value
+    return str(info.value)
 
 
 def test_a_market_yaml_reads_as_a_boolean_is_one_problem_told_to_be_quoted():
@@ -279,3 +284,33 @@ def test_an_entrypoint_python_cannot_import_is_refused(entrypoint):
         JobConfig(name="ok", storage_path="/tmp/r", entrypoint=entrypoint, tiers=(Tier.spot(1),))
     for ok in ("pkg.mod:fn", "train.py:fn", "dir with space/train.py:fn"):
         assert JobConfig(name="ok", storage_path="/tmp/r", entrypoint=ok, tiers=(Tier.spot(1),)).entrypoint == ok
+
+
+@pytest.mark.parametrize(("resources", "problem"), [
+    ({"": 1}, "a resource with an empty name"),
+    ({"CPU": 0.00001}, "resource 'CPU': 1e-05 is not an amount Ray can hold"),
+    ({"memory": 1e300}, "resource 'memory': 1e\\+300 is not an amount Ray can hold"),
+])
+def test_a_resource_ray_cannot_hold_is_refused_by_name(resources, problem):
+    with pytest.raises(ConfigError, match=rf"tiers\[0\]\.resources_per_worker: {problem}"):
+        make_ladder([{"name": "spot", "market": "spot", "num_workers": 1, "resources_per_worker": resources}])
+    assert make_ladder([{"name": "spot", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 0.5, "X": 0}}])
+
+
+def test_the_resource_step_is_rays():
+    import ray._raylet
+
+    from spotfallback.config import RESOURCE_STEP
+
+    assert RESOURCE_STEP * ray._raylet.RESOURCE_UNIT_SCALING == 1
+
+
+@pytest.mark.parametrize(("tiers", "expected"), [
+    ("[]", "tiers: empty; give at least 1 item"),
+    ("spot", "tiers: expected a list (in YAML, '- item' lines or [a, b]), got text 'spot'"),
+    ("", "tiers: expected a list (in YAML, '- item' lines or [a, b]), got nothing (an empty value)"),
+    ("[{name: od, market: on-demand, num_workers: 1, label_selector: [a]}]",
+     "tiers[0].label_selector: expected a mapping (in YAML, 'key: value' lines or {key: value}), got a list"),
+])
+def test_a_field_of_the_wrong_shape_says_the_shape_in_yaml_terms(tmp_path, tiers, expected):
+    assert _job_file_error(tmp_path, f"name: x\ntiers: {tiers}").endswith(expected)
