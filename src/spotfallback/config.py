@@ -35,8 +35,14 @@ SPOT = "spot"
 ON_DEMAND = "on-demand"
 RESERVED = "reserved"
 
+# The largest count or number of seconds most Kubernetes fields (int32) hold.
+INT32_MAX = 2**31 - 1
+# The longest duration a job file may give (10 years): longer than any run, and short enough
+# for every timer (a wait past threading.TIMEOUT_MAX, about 292 years, is an OverflowError).
+MAX_DURATION_S = 10 * 365 * 24 * 3600
+MAX_DURATION_H = MAX_DURATION_S / 3600
 # The most workers a tier may have: Kubernetes counts a group's replicas in 32 bits.
-MAX_WORKERS = 2**31 - 1
+MAX_WORKERS = INT32_MAX
 
 # Ray holds a resource amount as a whole number of 1/10000ths in 64 bits (RESOURCE_UNIT_SCALING),
 # and refuses a request finer than that step; a test checks agreement with the Ray installed.
@@ -133,7 +139,7 @@ class PreemptionRate(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     count: int = Field(ge=1, description="Preemptions inside the window that make the run leave.")
-    window_s: float = Field(gt=0, description="Length of the sliding window in seconds.")
+    window_s: float = Field(gt=0, le=MAX_DURATION_S, description="Length of the sliding window in seconds.")
 
 
 class DeadlineGuard(BaseModel):
@@ -167,25 +173,25 @@ class DeadlineGuard(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    deadline_h: float = Field(gt=0, description="Deadline in hours after the run first started.")
+    deadline_h: float = Field(gt=0, le=MAX_DURATION_H, description="Deadline in hours after the run first started.")
     work_h: float = Field(
-        gt=0, description="Wall hours this tier's gang needs for the whole job uninterrupted, checkpoints included."
+        gt=0, le=MAX_DURATION_H, description="Wall hours this tier's gang needs for the whole job uninterrupted, checkpoints included."
     )
     pace: float = Field(
         default=1.0, ge=0, le=1, description="Share of the start-to-deadline line to keep; 0 = slack rule only."
     )
     margin_h: float = Field(
-        default=0.5, ge=0, description="Hours behind schedule tolerated, and slack kept for the move to the next tier."
+        default=0.5, ge=0, le=MAX_DURATION_H, description="Hours behind schedule tolerated, and slack kept for the move to the next tier."
     )
     first_commit_h: float = Field(
         default=0.0,
-        ge=0,
+        ge=0, le=MAX_DURATION_H,
         description="Hours a new gang risks before its progress is safe: restore + interval + write (restore + notice "
         "when the notice holds a checkpoint). Waiting for capacity stops this much earlier; a climb needs it ahead.",
     )
     reserve_h: float = Field(
         default=0.0,
-        ge=0,
+        ge=0, le=MAX_DURATION_H,
         description="Slack kept for climbing back: the guard leaves this much earlier than margin_h alone, so a run "
         "on the next tier can still return when capacity does (with climb_back; 0 = leave at the margin).",
     )
@@ -206,12 +212,12 @@ class CostCap(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     work_h: float = Field(
-        gt=0, description="Wall hours the last tier's gang needs for the whole job uninterrupted, checkpoints included."
+        gt=0, le=MAX_DURATION_H, description="Wall hours the last tier's gang needs for the whole job uninterrupted, checkpoints included."
     )
-    restart_h: float = Field(default=0.0, ge=0, description="Billed hours of a start before training resumes (restore).")
+    restart_h: float = Field(default=0.0, ge=0, le=MAX_DURATION_H, description="Billed hours of a start before training resumes (restore).")
     first_commit_h: float = Field(
         default=0.0,
-        ge=0,
+        ge=0, le=MAX_DURATION_H,
         description="Billed hours a gang on this tier can lose in one interruption: restore + interval + write.",
     )
     factor: float = Field(
@@ -303,7 +309,7 @@ class ClusterRef(BaseModel):
     region: str | None = Field(default=None, description="Where the cluster runs, e.g. 'us-east-1' (shown in `status` and `report`).")
     unreachable_timeout_s: float = Field(
         default=120.0,
-        gt=0,
+        gt=0, le=MAX_DURATION_S,
         description="Leave the cluster's tiers once its Jobs API has not answered for this long (a region outage).",
     )
 
@@ -365,7 +371,7 @@ class Tier(BaseModel):
     )
     capacity_timeout_s: float | None = Field(
         default=600.0,
-        gt=0,
+        gt=0, le=MAX_DURATION_S,
         description="Longest wait for this tier's workers (at start and after each failure); null = forever.",
     )
     price_per_worker_hour: float = Field(default=0.0, ge=0, description="Price of one worker for one hour.")
@@ -388,7 +394,7 @@ class Tier(BaseModel):
     )
     min_dwell_s: float = Field(
         default=600.0,
-        ge=0,
+        ge=0, le=MAX_DURATION_S,
         description="Climb back to (or grow on) this tier only after this long on the current tier and size.",
     )
     climb_budgets: Literal["carry", "fresh"] = Field(
@@ -732,6 +738,9 @@ def format_validation_error(err: ValidationError, root: str = "") -> str:
             msg = f"expected text, got {read_as}: put it in quotes"
         elif item["type"] in _SHAPES:
             msg = f"expected {_SHAPES[item['type']]}, got {_kind_of(item.get('input'))}"
+        elif item["type"] == "less_than_equal" and (item.get("ctx") or {}).get("le") in (MAX_DURATION_S, MAX_DURATION_H):
+            unit = "seconds" if item["ctx"]["le"] == MAX_DURATION_S else "hours"
+            msg = f"{item['input']} is more than 10 years; give at most {item['ctx']['le']:.0f} {unit}"
         elif item["type"] == "too_short":
             least = (item.get("ctx") or {}).get("min_length", 1)
             msg = f"empty; give at least {least} item{'s' if least != 1 else ''}"
@@ -866,7 +875,7 @@ class PlannedJob(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    work_h: float = Field(gt=0, description="Training hours on an uninterrupted gang.")
+    work_h: float = Field(gt=0, le=MAX_DURATION_H, description="Training hours on an uninterrupted gang.")
     checkpoint_cost_h: float = Field(ge=0, description="Hours to write one checkpoint.")
     restart_overhead_h: float = Field(ge=0, description="Billed hours of every start before training moves (restore).")
     provisioning_delay_h: float = Field(default=0.0, ge=0, description="Hours to get workers once capacity exists.")
@@ -888,7 +897,7 @@ class PlanPrediction(BaseModel):
     spend: float = Field(ge=0, description="Expected spend of the whole run, in the tiers' price unit.")
     wall_h: float = Field(gt=0, description="Expected wall time of the whole run, in hours.")
     p90_wall_h: float | None = Field(default=None, gt=0, description="90th percentile of the wall time, hours.")
-    deadline_h: float | None = Field(default=None, gt=0, description="The deadline the plan was made for, hours.")
+    deadline_h: float | None = Field(default=None, gt=0, le=MAX_DURATION_H, description="The deadline the plan was made for, hours.")
     on_time_probability: float | None = Field(default=None, ge=0, le=1, description="Share of simulated runs that met the deadline.")
     checkpoint_interval_h: float | None = Field(default=None, gt=0, description="Recommended checkpoint interval (tau), hours.")
     checkpoint_on_request: bool = Field(

@@ -96,6 +96,22 @@ def test_cluster_launcher_refuses_the_other_clouds_identity_and_notes_a_missing_
     assert bare.exit_code == 0 and "note: Storage s3://" in bare.stderr and "the workers cannot write their checkpoints" in bare.stderr
 
 
+@pytest.mark.parametrize(
+    "command",
+    [["kuberay", "--cloud", "gke", "--storage-secret", "creds"], ["kuberay", "--cloud", "gke", "--kind", "raycluster"],
+     ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]],
+)
+def test_a_job_files_ray_address_the_cluster_does_not_use_is_noted(app: typer.Typer, tmp_path: Path, command: list[str]) -> None:
+    """The driver runs on the cluster's head and joins it: an address in the job file is not used, and says so."""
+    for address, noted in (("ray://head:10001", True), ("local", False), ("auto", False)):
+        job = tmp_path / "job.yaml"
+        job.write_text(JOB + f"ray_address: {address}\n")
+        result = run(app, *command, "--job", job)
+        assert result.exit_code == 0, result.output
+        note = f"note: ray_address {address!r} is not used here: the driver runs on the cluster's head and joins that cluster (auto)\n"
+        assert (note in result.stderr) is noted, result.stderr
+
+
 def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")
     assert result.exit_code == 0 and result.stderr.startswith("run name: churn-v2 (from --name); ")

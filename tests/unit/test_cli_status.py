@@ -331,6 +331,18 @@ def test_init_force_through_a_link_rewrites_its_target_and_keeps_its_permissions
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
 
 
+def test_init_through_a_link_to_nothing_needs_force(app, tmp_path):
+    """A dangling link would create its target somewhere else: say where, and write there only with --force."""
+    target = tmp_path / "elsewhere" / "job.yaml"
+    target.parent.mkdir()
+    link = tmp_path / "job.yaml"
+    link.symlink_to(target)
+    assert_usage_error(invoke(app, "init", str(link)), f"'{link}' is a link to '{target}', which does not exist", "--force")
+    assert not target.exists()
+    assert invoke(app, "init", str(link), "--force").exit_code == 0
+    assert link.is_symlink() and JobConfig.from_yaml(target).name == "my-first-run"
+
+
 def test_an_unwritable_directory_is_refused_before_any_work(app, run_uri, tmp_path, monkeypatch):
     """As root every directory is writable, so the permission is made to say no."""
     blocked = tmp_path / "ro"

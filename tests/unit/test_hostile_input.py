@@ -12,6 +12,7 @@ import json
 import math
 import posixpath
 import re
+import threading
 import typing
 from dataclasses import fields
 from pathlib import Path
@@ -22,7 +23,7 @@ from hypothesis import HealthCheck, assume, given, settings
 from hypothesis import strategies as st
 from pydantic import ValidationError
 
-from spotfallback.config import JobConfig, Tier, make_ladder, run_name_error
+from spotfallback.config import MAX_DURATION_S, JobConfig, Tier, make_ladder, run_name_error
 from spotfallback.errors import ConfigError, LedgerError, TraceError
 from spotfallback.events import EVENT_TYPES
 from spotfallback.sim.traces import load_node_trace, load_spot_trace
@@ -100,6 +101,7 @@ def _assert_sane(job: JobConfig) -> None:
     for tier in job.tiers:
         for value in (tier.price_per_worker_hour, tier.capacity_timeout_s):
             assert value is None or math.isfinite(value), f"tier {tier.name}: non-finite number accepted"
+        assert tier.capacity_timeout_s is None or tier.capacity_timeout_s <= MAX_DURATION_S
         assert tier.num_workers >= 1
 
 
@@ -131,6 +133,28 @@ def test_non_finite_numbers_in_a_tier_are_refused_by_name(field, value, tmp_path
     path.write_text(_dump(VALID_JOB).replace("max_preemptions: 1", given, 1))
     with pytest.raises(ConfigError, match=rf"tiers\[0\]\.{field}"):
         JobConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize(
+    ("given", "field", "unit"),
+    [("capacity_timeout_s: {s}", "tiers[0].capacity_timeout_s", "315360000 seconds"),
+     ("min_dwell_s: {s}", "tiers[0].min_dwell_s", "315360000 seconds"),
+     ("max_preemption_rate: {{count: 2, window_s: {s}}}", "tiers[0].max_preemption_rate.window_s", "315360000 seconds"),
+     ("deadline_guard: {{deadline_h: {h}, work_h: 2}}", "tiers[0].deadline_guard.deadline_h", "87600 hours"),
+     ("cost_cap: {{work_h: {h}}}", "tiers[0].cost_cap.work_h", "87600 hours")],
+)
+def test_a_duration_past_ten_years_is_refused_by_name_and_ten_years_is_not(given, field, unit, tmp_path):
+    """Every timer must hold a job file's durations (threading refuses a wait past TIMEOUT_MAX)."""
+    assert threading.TIMEOUT_MAX > MAX_DURATION_S
+    path = tmp_path / "job.yaml"
+    for s, h, refused in ((MAX_DURATION_S, MAX_DURATION_S / 3600, False), ("1.0e+300", "1.0e+300", True)):
+        path.write_text(_dump(VALID_JOB).replace("max_preemptions: 1", "max_preemptions: 1\n  " + given.format(s=s, h=h), 1))
+        if not refused:
+            JobConfig.from_yaml(path)
+            continue
+        with pytest.raises(ConfigError) as e:
+            JobConfig.from_yaml(path)
+        assert f"{field}: 1e+300 is more than 10 years; give at most {unit}" in str(e.value)
 
 
 @SETTINGS

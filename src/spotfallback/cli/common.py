@@ -60,7 +60,8 @@ def setup_logging(verbose: bool) -> None:
 def output_problem(path: Path, suffix: str | tuple[str, ...] | None, *, keep_existing: bool = False) -> str | None:
     """What is wrong with a file the command will write, or None: a directory, the suffix, a
     missing or unwritable directory (a link's, too), or (``keep_existing``: a file the user may
-    have edited, such as a job file or a deployment file) one that is there already.
+    have edited, such as a job file or a deployment file) one that is there already, or a link
+    to one that is not.
 
     Checked before any work, so that one bad output of several fails before any is written."""
     suffixes = (suffix,) if isinstance(suffix, str) else suffix
@@ -77,6 +78,8 @@ def output_problem(path: Path, suffix: str | tuple[str, ...] | None, *, keep_exi
         return f"{str(path)!r} links to {str(target)!r}, whose directory does not exist"
     if keep_existing and path.exists():
         return f"{str(path)!r} already exists; pass --force to overwrite it"
+    if keep_existing and path.is_symlink():  # a dangling link: writing would create its target somewhere else
+        return f"{str(path)!r} is a link to {str(target)!r}, which does not exist; pass --force to write there"
     if not os.access(written_path(target), os.W_OK):
         return f"{str(written_path(target))!r} is not writable; give another path"
     return None

@@ -50,7 +50,8 @@ _OPTION_OF = {
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
-_RAYJOB_DEFAULTS = {"backoff_limit": 5, "active_deadline_seconds": 3 * 24 * 3600, "ttl_seconds_after_finished": 300}
+_RAYJOB_FIELDS = ("backoff_limit", "active_deadline_seconds", "ttl_seconds_after_finished")
+_RAYJOB_DEFAULTS: dict[str, int] = {name: getattr(KubeRayOptions, name) for name in _RAYJOB_FIELDS}  # the dataclass's defaults
 
 # An instance profile's ARN, as EC2 takes it in IamInstanceProfile.Arn (any AWS partition).
 _INSTANCE_PROFILE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:instance-profile/[\w+=,.@/-]+")
@@ -152,6 +153,14 @@ def _say_run_name(job: JobConfig, name: str | None, unique: bool) -> None:
         "this file RESUMES it: for a new run, pass --unique-name or another --name",
         err=True,
     )
+
+
+def _say_ray_address(job: JobConfig) -> None:
+    """A note when the job file names a cluster the generated file does not use: its driver runs
+    on the cluster's head and joins that cluster (``auto``), whatever address the file gives."""
+    if job.ray_address not in ("auto", "local"):
+        typer.echo(f"note: ray_address {job.ray_address!r} is not used here: the driver runs on the cluster's head "
+                   "and joins that cluster (auto)", err=True)
 
 
 def _check_out(out: Path | None, force: bool, job: Path) -> None:
@@ -263,7 +272,9 @@ def kuberay_command(
     _emit(text, out, what)
     if (note := spot_grace_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
-    if config.ladder.across_clusters:
+    if not config.ladder.across_clusters:
+        _say_ray_address(config)
+    else:
         typer.echo("the moving driver: run `spotfallback run JOB.yaml` outside the clusters, where it reaches every "
                    "cluster's Jobs API and the storage (docs/clusters.md)", err=True)
     _say_run_name(config, run_name, unique_name)
@@ -350,6 +361,7 @@ def launcher_command(
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     if (note := identity_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
+    _say_ray_address(config)
     _say_run_name(config, run_name, unique_name)
 
 

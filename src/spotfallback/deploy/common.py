@@ -22,7 +22,6 @@ DEFAULT_PYTHON_TAG = "py311"
 
 ZONE_LABEL = "ray.io/availability-zone"
 REGION_LABEL = "ray.io/availability-region"
-INT32_MAX = 2**31 - 1  # the largest count or number of seconds most Kubernetes fields (int32) hold
 
 # Docker/OCI image reference grammar (distribution/reference), without the length quirks.
 _HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"

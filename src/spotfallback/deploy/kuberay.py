@@ -39,7 +39,7 @@ from typing import Any
 
 import yaml
 
-from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
+from spotfallback.config import INT32_MAX, MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import (
     AGENT_CLOUD,
     DRAIN_MARGIN_S,
@@ -52,7 +52,6 @@ from spotfallback.deploy.clouds import (
 )
 from spotfallback.deploy.common import (
     DEFAULT_RAY_VERSION,
-    INT32_MAX,
     REGION_LABEL,
     ZONE_LABEL,
     check_image,

@@ -153,7 +153,7 @@ class LedgerView:
 
 
 def _sourced_in_order(by_name: dict[str, tuple[LedgerRecord, str | None]]) -> list[tuple[str, LedgerRecord, str | None]]:
-    """(name, record, segment) in event order, each record id once (as ``_in_order``)."""
+    """(name, record, segment) in event order (their object names), each record id once."""
     out: list[tuple[str, LedgerRecord, str | None]] = []
     seen: set[str] = set()
     for name in sorted(by_name):
@@ -165,15 +165,8 @@ def _sourced_in_order(by_name: dict[str, tuple[LedgerRecord, str | None]]) -> li
 
 
 def _in_order(by_name: dict[str, LedgerRecord]) -> list[LedgerRecord]:
-    """Records in event order (their object names), each id once."""
-    out: list[LedgerRecord] = []
-    seen: set[str] = set()
-    for name in sorted(by_name):
-        record = by_name[name]
-        if record.id not in seen:
-            seen.add(record.id)
-            out.append(record)
-    return out
+    """Records in event order, each id once (``_sourced_in_order`` without the names and segments)."""
+    return [record for _, record, _ in _sourced_in_order({name: (record, None) for name, record in by_name.items()})]
 
 
 class Ledger:
@@ -296,9 +289,8 @@ class Ledger:
         so, given the run's ``ladder``, is a record of a tier it does not have."""
         by_name = self._read_sourced()
         assert by_name is not None  # nothing is covered
-        if ladder is None:
-            return _in_order({name: record for name, (record, _) in by_name.items()})
-        return [r for _, r, _ in self._on_ladder(_sourced_in_order(by_name), ladder)]
+        items = _sourced_in_order(by_name)
+        return [r for _, r, _ in (items if ladder is None else self._on_ladder(items, ladder))]
 
     def read_snapshot(self, ladder: Ladder) -> LedgerSnapshot | None:
         """The stored snapshot if it is one of this format and ladder (whether it fits the ledger is ``read_view``'s to check)."""
