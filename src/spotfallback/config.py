@@ -10,6 +10,7 @@ import datetime
 import difflib
 import json
 import math
+import os
 import re
 import shlex
 import typing
@@ -41,6 +42,16 @@ INT32_MAX = 2**31 - 1
 # for every timer (a wait past threading.TIMEOUT_MAX, about 292 years, is an OverflowError).
 MAX_DURATION_S = 10 * 365 * 24 * 3600
 MAX_DURATION_H = MAX_DURATION_S / 3600
+def env_seconds(name: str, default: float) -> float:
+    """A duration a ``SPOTFALLBACK_*`` environment variable tunes: ``default`` when it is unset, not
+    a number, negative or infinite (a knob a shell reads while the run goes on must never stop it)."""
+    try:
+        value = float(os.environ.get(name, default))
+    except ValueError:
+        return default
+    return value if math.isfinite(value) and value >= 0 else default
+
+
 # The most workers a tier may have: Kubernetes counts a group's replicas in 32 bits.
 MAX_WORKERS = INT32_MAX
 

@@ -806,3 +806,62 @@ class FallbackPolicy:
                 return Step(state, Continue())
         state = replace(self._ran(self._reported(state, event), event.t), waiting_since=event.t, running_since=None)
         return Step(state, Resize(tier=state.tier, num_workers=target))
+
+
+# A restart's length until the run has measured one of its own (its shells' default).
+DEFAULT_RESTART_S = 60.0
+# A shell decides a climb only this soon after the running gang's latest commit, so that
+# stopping the gang loses little work.
+CLIMB_AFTER_CHECKPOINT_S = 30.0
+
+
+@dataclass(frozen=True)
+class RunEstimates:
+    """The run's own measurements a climb is weighed with (a driver's ``CapacityWatch`` keeps them;
+    the moving driver reads them from the ledger)."""
+
+    remaining_work_s: float | None = None
+    restart_s: float = 0.0
+    checkpoint_interval_s: float = 0.0
+
+
+def probe_target(
+    policy: FallbackPolicy,
+    state: PolicyState,
+    now: float,
+    lead_s: float,
+    estimates: RunEstimates = RunEstimates(),
+    *,
+    across: bool = False,
+) -> int | None:
+    """The tier to look at (and ask the autoscaler for) while the run is below it, or None.
+
+    The policy itself answers: the first tier above the current one that it would climb back
+    to if that tier's full gang were placeable when its climb dwell ends (or now, if it has
+    ended), asked from ``lead_s`` before then so the nodes can be ready in time. Every climb
+    rule that does not depend on the capacity seen applies as it will to the real observation:
+    ``climb_back``, price against remaining work, re-preemption cost (a carried spent budget
+    included), deadline guards. Only while a gang runs: a run waiting for capacity or moving
+    has no climb to prepare. ``across``: a tier on another Ray cluster than the run's (which the
+    driver that moves the run between clusters looks at), instead of one on the same cluster
+    (which the run's own driver looks at); ``estimates.restart_s`` is then a move's restart.
+    """
+    if state.is_terminal or state.running_since is None:
+        return None
+    since = state.tier_since if state.tier_since is not None else state.running_since
+    for to in range(state.tier):
+        tier = policy.tiers[to]
+        dwell_ends = since + policy.climb_dwell_s(state, to)
+        if not tier.climb_back or now < dwell_ends - lead_s or policy.ladder.same_cluster(to, state.tier) == across:
+            continue
+        observed = CapacityObserved(
+            t=max(now, dwell_ends),
+            tier=to,
+            available_workers=tier.num_workers,
+            remaining_work_s=estimates.remaining_work_s,
+            restart_s=estimates.restart_s,
+            checkpoint_interval_s=estimates.checkpoint_interval_s,
+        )
+        if isinstance(policy.decide(state, observed).decision, ClimbBack):
+            return to
+    return None

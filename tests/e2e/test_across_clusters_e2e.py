@@ -72,35 +72,42 @@ def cluster_b(env: dict[str, str]) -> Iterator[Any]:
         cluster.shutdown()
 
 
-@pytest.fixture(scope="module")
-def reference(cluster_b: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
-    """Final weights of the same job run on one cluster with no fault at all."""
+def weights_of_a_run_without_faults(cluster: Any, config: dict[str, Any], tmp: Path) -> str:
+    """Final weights of the job run on one cluster with no fault at all."""
     import ray.train
 
     from spotfallback import FallbackTrainer, Tier
     from spotfallback.examples.ddp_digits import train_fn
 
-    with cluster_b.driver():
-        trainer = FallbackTrainer(train_fn, train_loop_config=CONFIG, tiers=[Tier.on_demand(1)],
-                                  run_config=ray.train.RunConfig(storage_path=str(tmp_path_factory.mktemp("ref")),
-                                                                 name=unique_name("ref")))
+    with cluster.driver():
+        trainer = FallbackTrainer(train_fn, train_loop_config=config, tiers=[Tier.on_demand(1)],
+                                  run_config=ray.train.RunConfig(storage_path=str(tmp), name=unique_name("ref")))
         result = trainer.fit()
     return str(result.metrics["weights_sha256"])
 
 
-def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path, spot_timeout_s: float = 180) -> tuple[Any, Path]:
-    """Spot on cluster A (no preemption tolerated), then on-demand on cluster B; the job file too."""
+@pytest.fixture(scope="module")
+def reference(cluster_b: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
+    return weights_of_a_run_without_faults(cluster_b, CONFIG, tmp_path_factory.mktemp("ref"))
+
+
+def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path, spot_timeout_s: float = 180,
+               config: dict[str, Any] = CONFIG, climb_back: bool = False) -> tuple[Any, Path]:
+    """Spot on cluster A (no preemption tolerated; ``climb_back``: priced below on-demand, and the run
+    returns to it), then on-demand on cluster B; the job file too."""
     from spotfallback.config import JobConfig
 
+    climb = {"climb_back": True, "min_dwell_s": 0, "price_per_worker_hour": 0.3} if climb_back else {}
     data = {
         "name": name,
         "storage_path": s3.uri("runs"),
         "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
-        "train_loop_config": CONFIG,
+        "train_loop_config": config,
         "tiers": [
             {"name": "spot-a", "market": "spot", "num_workers": 1, "max_preemptions": 0, "capacity_timeout_s": spot_timeout_s,
-             "cluster": {"address": a, "name": "a", "region": "us-east-1", "unreachable_timeout_s": UNREACHABLE_S}},
+             "cluster": {"address": a, "name": "a", "region": "us-east-1", "unreachable_timeout_s": UNREACHABLE_S}, **climb},
             {"name": "on-demand-b", "market": "on-demand", "num_workers": 1, "capacity_timeout_s": 180,
+             "price_per_worker_hour": 1.0,
              "cluster": {"address": b, "name": "b", "region": "us-west-2", "unreachable_timeout_s": UNREACHABLE_S}},
         ],
     }
@@ -189,6 +196,54 @@ def test_no_spot_capacity_on_cluster_a_the_capacity_timeout_moves_the_run_to_b(
         # The timeout, to a poll and a loaded machine's Train controller start (the precision is the benchmark's).
         assert 7.5 <= timeout.event.waited_s < 8 + 30 and workers_tiers(records) == [1]
         assert [d.status for d in jobs_of(a, job)] == ["FAILED"]  # exit 8: moved to cluster b
+    finally:
+        a.shutdown()
+
+
+@SLOW_UNDER_LOAD
+def test_spot_back_on_cluster_a_the_run_climbs_back_from_b_just_after_a_checkpoint(
+    s3: S3Server, cluster_b: Any, tmp_path: Path
+) -> None:
+    """No spot on cluster a at first: the capacity timeout sends the run to on-demand on b. Once a spot
+    node joins a, the moving driver's look (a Ray job on a) sees it, the policy says the climb pays,
+    and the mover stops b's job just after a commit: the run finishes on a with the weights of a
+    run without any move."""
+    from spotfallback.clusters import ClusterMover
+    from spotfallback.clusters.looks import LOOK_KEY
+    from spotfallback.local import NodeGroup
+    from tests.support.helpers_e2e import Background
+
+    config = {**CONFIG, "total_steps": 80}  # long enough on b for a node to join a and be looked at
+    expected = weights_of_a_run_without_faults(cluster_b, config, tmp_path / "ref")
+    a = start_cluster([])
+    try:
+        # The capacity timeout also bounds the climb's start on a, from its decision on: the move's
+        # job start included, 20 s and more on a loaded machine.
+        job, _ = job_config(s3, unique_name("climb"), a.jobs_address, cluster_b.jobs_address, tmp_path, spot_timeout_s=45,
+                            config=config, climb_back=True)
+        ledger = ledger_of(job)
+        run = Background(ClusterMover(job, poll_s=0.5, look_every_s=1.0, look_wait_s=2.0).run)
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 1, 180, run)
+        a.add_node(NodeGroup("spot", count=1))
+        outcome = run.join(300)
+        assert outcome.exit_code == 0, outcome.message
+        assert outcome.result is not None and outcome.result["metrics"]["weights_sha256"] == expected
+        records = ledger.read()
+        assert workers_tiers(records) == [1, 0]
+        climb = next(r for r in records if r.event.kind == "capacity_observed")
+        assert climb.decision is not None and climb.decision["action"] == "climb_back" and climb.decision["to_tier"] == 0
+        assert climb.tier == 1 and climb.event.available_workers == 1 and climb.info["cluster"] == "a"
+        # Decided just after one of b's commits (as a driver within its cluster decides a climb).
+        commits = [r.event.t for r in records if r.event.kind == "checkpoint_committed" and r.tier == 1]
+        assert commits and max(t for t in commits if t <= climb.event.t) >= climb.event.t - 30 - 60  # + the stop
+        assert_never_two_at_once(jobs_of(a, job) + jobs_of(cluster_b, job))
+        assert [d.status for d in jobs_of(cluster_b, job)] == ["STOPPED"]
+        assert [d.status for d in jobs_of(a, job)] == ["FAILED", "SUCCEEDED"]  # exit 8 to b, then the climb's
+        from ray.job_submission import JobSubmissionClient
+
+        looks = [d for d in JobSubmissionClient(a.jobs_address).list_jobs()
+                 if (d.metadata or {}).get(LOOK_KEY) == ledger.location.uri()]
+        assert looks and all(str(getattr(d.status, "value", d.status)) in ("SUCCEEDED", "STOPPED") for d in looks)
     finally:
         a.shutdown()
 

@@ -298,3 +298,26 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     # The node's launch and start, then the next checkpoint-gated capacity look, on a loaded 2-core machine.
     assert room + DELAY_S - 0.5 <= grow.event.t <= room + DELAY_S + 60.0, grow.event.t - room
     assert result.metrics["step"] == config["total_steps"]
+
+
+def test_a_look_from_the_moving_driver_gets_the_gang_from_the_autoscaler(cluster):
+    """The look the moving driver runs on a higher tier's cluster (a Ray job there; here, the test's
+    driver): the gang does not fit, so it asks Ray's autoscaler for it through Ray Train's
+    coordinator under its own requester id, and counts the nodes that come."""
+    from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+        TrainAutoscalingCoordinatorClient,
+    )
+
+    from spotfallback import Tier
+    from spotfallback.runtime.probe import look_capacity
+
+    tier = Tier(name="reserved", market="reserved", num_workers=2)
+    requester = "spotfallback-climb-look-test"
+    cluster.set_capacity("reserved", 2)
+    try:
+        assert look_capacity(tier, requester, wait_s=120.0, poll_s=1.0) == 2
+        assert len(cluster.alive_nodes("reserved")) == 2
+        assert requested(cluster).get("reserved", 0) >= 2  # left up for the climb: it expires on its own
+    finally:
+        TrainAutoscalingCoordinatorClient(requester).cancel_resource_request()
+        cluster.set_capacity("reserved", 0)

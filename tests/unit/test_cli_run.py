@@ -337,7 +337,7 @@ def test_each_command_is_a_module_that_imports_no_other_command():
     import spotfallback.cli
 
     folder = Path(spotfallback.cli.__file__).parent
-    commands = {"run", "demo", "init", "status", "report", "plan", "backtest", "manifest", "notice"}
+    commands = {"run", "demo", "init", "status", "report", "plan", "backtest", "manifest", "notice", "look"}
     assert commands <= {p.stem for p in folder.glob("*.py")}
     for name in commands:
         tree = ast.parse((folder / f"{name}.py").read_text())

@@ -314,3 +314,15 @@ def test_the_resource_step_is_rays():
 ])
 def test_a_field_of_the_wrong_shape_says_the_shape_in_yaml_terms(tmp_path, tiers, expected):
     assert _job_file_error(tmp_path, f"name: x\ntiers: {tiers}").endswith(expected)
+
+
+@pytest.mark.parametrize(("value", "expected"), [(None, 7.0), ("2.5", 2.5), ("0", 0.0), ("soon", 7.0), ("-1", 7.0),
+                                                 ("inf", 7.0), ("nan", 7.0)])
+def test_a_duration_knob_in_the_environment_falls_back_to_its_default_unless_usable(value, expected, monkeypatch):
+    from spotfallback.config import env_seconds
+
+    if value is None:
+        monkeypatch.delenv("SPOTFALLBACK_TEST_KNOB_S", raising=False)
+    else:
+        monkeypatch.setenv("SPOTFALLBACK_TEST_KNOB_S", value)
+    assert env_seconds("SPOTFALLBACK_TEST_KNOB_S", 7.0) == expected

@@ -139,14 +139,83 @@ def test_the_climb_probe_never_asks_another_cluster_for_nodes() -> None:
         return state
 
     across, within = policy(A), policy(B)
-    # Lost cluster a: running on cluster b, below a climbable, cheaper tier on cluster a: not probed.
+    # Lost cluster a: running on cluster b, below a climbable, cheaper tier on cluster a: not probed
+    # by the driver on cluster b, but looked at by the moving driver.
     assert on_demand(across).tier == 1 and probe_target(across, on_demand(across), now=1000.0, lead_s=0.0) is None
+    assert probe_target(across, on_demand(across), now=1000.0, lead_s=0.0, across=True) == 0
     # The same ladder within one cluster (left spot-1 some other way) would probe it.
     state = within.initial_state()
     for e in (RunStarted(0), WorkersAcquired(1)):
         state = within.decide(state, e).state
     state = replace(state, tier=1, tier_since=2.0, tier_history=(0, 1), running_since=3.0)
     assert probe_target(within, state, now=1000.0, lead_s=0.0) == 0
+    assert probe_target(within, state, now=1000.0, lead_s=0.0, across=True) is None
+
+
+def test_a_look_travels_as_one_command_and_comes_back_as_one_line() -> None:
+    """The mover's look at another cluster: the command the Ray job runs, and the line it reads back."""
+    import shlex
+
+    from spotfallback.clusters.looks import look_command, look_result, parse_look
+
+    tier = Tier.spot(2, name="spot-a", cluster=A, resources_per_worker={"CPU": 2}, climb_back=True)
+    argv = shlex.split(look_command(tier, "spotfallback-climb-look-run", 150.0))
+    assert argv[:2] == ["spotfallback", "look-capacity"] and argv[argv.index("--wait-s") + 1] == "150"
+    assert Tier.model_validate_json(argv[argv.index("--tier-json") + 1]) == tier
+    log = "Ray noise\n{\"not\": \"it\"}\n" + look_result(tier, 1) + "\n"
+    assert parse_look(log, tier) == 1
+    assert parse_look(log, Tier.spot(2, name="other")) is None and parse_look("", tier) is None
+    assert parse_look('{"type": "capacity", "tier": "spot-a", "available_workers": true}', tier) is None
+
+
+def test_the_restart_a_climb_is_priced_with_is_the_runs_latest_move() -> None:
+    from spotfallback.clusters.mover import measured_restart_s
+    from spotfallback.events import LedgerRecord
+    from spotfallback.policy import DEFAULT_RESTART_S
+
+    p = FallbackPolicy(ladder(A, A, B, max_preemptions=0))
+
+    def records(events: list) -> list[LedgerRecord]:
+        out, state = [], p.initial_state()
+        for i, e in enumerate(events):
+            step = p.decide(state, e)
+            out.append(LedgerRecord(id=str(i), writer="w", tier=state.tier, event=e, decision=step.decision.to_json()))
+            state = step.state
+        return out
+
+    started = [RunStarted(0), WorkersAcquired(5)]
+    assert measured_restart_s(records(started)) == DEFAULT_RESTART_S  # no move measured yet
+    lost = ClusterUnreachable(t=100, cluster="a", waited_s=30)
+    assert measured_restart_s(records([*started, lost])) == DEFAULT_RESTART_S  # moved, not yet up
+    assert measured_restart_s(records([*started, lost, WorkersAcquired(190)])) == 90.0
+
+
+def test_a_look_asks_the_autoscaler_only_while_the_gang_does_not_fit_and_leaves_the_request_up() -> None:
+    from spotfallback.runtime.probe import look_capacity
+
+    class Client:
+        _requester_id = "look"
+        sent: list[int] = []
+        cancelled = 0
+
+        def __init__(self, requester_id: str = "look") -> None:
+            pass
+
+        def send_resource_request(self, scaling_config: object, num_workers: int) -> None:
+            Client.sent.append(num_workers)
+
+        def cancel_resource_request(self) -> None:
+            Client.cancelled += 1
+
+    tier = Tier.spot(2, name="spot-1", cluster=A)
+    assert look_capacity(tier, "look", 60.0, capacity=lambda t: 2, client=Client()) == 2 and Client.sent == []
+    counts = iter([0, 0, 1, 2])
+    slept: list[float] = []
+    assert look_capacity(tier, "look", 60.0, poll_s=5.0, capacity=lambda t: next(counts), client=Client(),
+                         sleep=slept.append) == 2
+    assert Client.sent == [2] and slept == [5.0, 5.0, 5.0] and Client.cancelled == 0
+    # Nothing comes within the wait: what is there is the answer.
+    assert look_capacity(tier, "look", 0.0, capacity=lambda t: 1, client=Client()) == 1
 
 
 # -- a driver on one cluster ------------------------------------------------------------------

@@ -30,6 +30,12 @@ def test_the_probe_client_is_ray_trains_coordinator_client_keyed_by_requester_id
     # The run's own client, whose class and requester id the probe's copies, lives here.
     assert "_coordinator_client = TrainAutoscalingCoordinatorClient" in inspect.getsource(ScalingPolicy.after_controller_start)
     assert DEFAULT_PROBE_RENEW_S < AUTOSCALING_REQUESTS_EXPIRE_TIME_S
+    # A look (the moving driver's, on another cluster) makes its own client and leaves its request
+    # to expire: it stays up at least this long after the look, longer than the mover takes to
+    # look again, so the nodes are still wanted when the run climbs onto them.
+    from spotfallback.clusters.mover import DEFAULT_LOOK_EVERY_S
+
+    assert AUTOSCALING_REQUESTS_EXPIRE_TIME_S - DEFAULT_PROBE_RENEW_S > DEFAULT_LOOK_EVERY_S
 
 
 def test_the_fake_provider_the_capped_one_extends() -> None:

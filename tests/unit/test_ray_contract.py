@@ -467,6 +467,8 @@ def test_nothing_ray_private_is_imported_without_a_pin_here():
         "ray.train.v2._internal.execution.scaling_policy", "ray.train.v2._internal.execution.worker_group.poll",
         "ray.train.v2._internal.util", "ray.data._internal.cluster_autoscaler.default_autoscaling_coordinator",
         "ray.autoscaler._private.fake_multi_node.node_provider",  # local/autoscaling.py, pinned in test_probe_ray_contract.py
+        # runtime/probe.look_capacity's client, pinned in test_probe_ray_contract.py
+        "ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client",
     }
     private = set()
     for path in SRC.rglob("*.py"):

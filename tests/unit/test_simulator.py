@@ -130,7 +130,7 @@ def scenarios(draw):
     workers = draw(st.sampled_from([1, 2, 4, 8]))
     work_h = draw(st.sampled_from([1.0, 7.5, 40.0]))
     tiers, world = [], []
-    across = draw(st.booleans())  # tiers on two Ray clusters: moves between them cost more, climbs stay within one
+    across = draw(st.booleans())  # tiers on two Ray clusters: moves between them (climbs included) cost more
     for i in range(n_tiers):
         spot = i < n_tiers - 1 or draw(st.booleans())
         kw = dict(
@@ -538,3 +538,39 @@ def test_a_gang_that_checkpoints_on_request_climbs_back_between_checkpoints(engi
     # look at or after 4 h on its 5-minute grid, 2.1 + 23 / 12 h, and the write after it.
     assert climbs["billed_h"] - climbs["spot_h"] == pytest.approx(2.1 + 23 / 12 + 1 / 60 - 2.0)
     assert climbs["spend"] < stays["spend"] and climbs["lost_work_h"] == stays["lost_work_h"] == 0.0
+
+
+@pytest.mark.parametrize("engine", ["policy", "fast"])
+def test_a_run_climbs_back_to_spot_on_another_cluster_at_a_checkpoint_when_the_move_pays(engine):
+    """Spot on cluster east, on-demand on cluster west: the moving driver looks at east's capacity and
+    climbs back right after a periodic checkpoint, pricing the climb as a move (its longer restart).
+
+    Spot is there for 2 h, gone for 2 h, then back. The moving driver cannot ask the gang for a
+    checkpoint (requests travel in the gang's own cluster), so without periodic checkpoints the
+    run stays on on-demand; a move restart longer than the saving keeps it there too.
+    """
+    trace = SpotTrace("back", 1800.0, np.array([1] * 4 + [0] * 4 + [1] * 60, dtype=np.int64))
+    east, west = {"address": "http://east:8265"}, {"address": "http://west:8265"}
+
+    def ladder(second: dict) -> list[Tier]:
+        return [Tier.spot(1, max_preemptions=0, capacity_timeout_s=None, climb_back=True, min_dwell_s=0,
+                          price_per_worker_hour=0.3, cluster=east),
+                Tier.on_demand(1, price_per_worker_hour=1.0, cluster=second)]
+
+    def run(second: dict, interval_h: float | None, move_h: float) -> dict:
+        job = JobSpec(work_h=10, checkpoint_interval_h=interval_h, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1,
+                      notice_s=120, checkpoint_on_request=True, move_restart_h=move_h)
+        lad = ladder(second)
+        return simulate(lad, job, world_for(lad, trace), runs=1, start_h=np.array([0.0]), engine=engine).outcome(0)
+
+    across = run(west, 0.5, 0.25)
+    assert (across["switches"], across["final_tier"]) == (2, 0)
+    assert across["spend"] < run(west, 0.5, 20.0)["spend"]
+    assert (run(west, None, 0.25)["final_tier"], run(east, None, 0.25)["final_tier"]) == (1, 0)  # asked: within only
+    assert (run(west, 0.5, 20.0)["switches"], run(west, 0.5, 20.0)["final_tier"]) == (1, 1)
+    # Each move to the other cluster pays its longer restart: the on-demand gang from 2 h + 0.1 + 0.25,
+    # climbing at its first checkpoint end after 4 h (a 0.5 h interval and a 1-minute write).
+    cycle = 0.5 + 1 / 60
+    start = 2.0 + 0.1 + 0.25
+    first_end = start + math.ceil((4.0 - start) / cycle - 1e-9) * cycle
+    assert across["billed_h"] - across["spot_h"] == pytest.approx(first_end - 2.0)

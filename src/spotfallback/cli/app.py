@@ -64,9 +64,20 @@ app = typer.Typer(
 
 def _register_subcommands() -> None:
     # One module per command, each adding itself; `spotfallback --help` lists them in this order.
-    from spotfallback.cli import backtest, demo, init, manifest, notice, plan, report, run, status
+    from spotfallback.cli import (
+        backtest,
+        demo,
+        init,
+        look,
+        manifest,
+        notice,
+        plan,
+        report,
+        run,
+        status,
+    )
 
-    for command in (run, demo, plan, backtest, manifest, notice, status, report, init):
+    for command in (run, demo, plan, backtest, manifest, notice, status, report, init, look):
         command.register(app)
 
 

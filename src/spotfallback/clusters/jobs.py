@@ -95,10 +95,12 @@ class ClusterJobs:
         active = [j for j in self.jobs_of(run_uri) if j.active]
         return active[-1] if active else None
 
-    def submit(self, submission_id: str, entrypoint: str, run_uri: str, env: dict[str, str] | None = None) -> str:
+    def submit(self, submission_id: str, entrypoint: str, run_uri: str, env: dict[str, str] | None = None,
+               *, key: str = RUN_KEY) -> str:
+        """Submit a job of the run ``run_uri``, named in its metadata under ``key`` (``RUN_KEY``: a part of the run)."""
         runtime_env = {"env_vars": env} if env else None
         return str(self._call("submit the run", lambda c: c.submit_job(
-            entrypoint=entrypoint, submission_id=submission_id, metadata={RUN_KEY: run_uri}, runtime_env=runtime_env,
+            entrypoint=entrypoint, submission_id=submission_id, metadata={key: run_uri}, runtime_env=runtime_env,
         )))
 
     def status(self, submission_id: str) -> str:

@@ -9,7 +9,10 @@ is on, so the mover reads it, makes sure nothing of the run is active on any oth
 the run to a tier on another cluster (exit 8), finishes or gives up. When the cluster's
 Jobs API stops answering for the cluster's ``unreachable_timeout_s``, the mover writes
 ``ClusterUnreachable`` to the ledger, and the policy sends the run to the next tier on
-another cluster.
+another cluster. While the run is below a ``climb_back`` tier on another cluster, the mover
+looks at that tier's capacity there (``looks.py``) and, when the pure policy says the climb
+pays (priced with the run's own measured move), stops the job just after a checkpoint is
+committed and writes the climb: the run resumes on the higher tier's cluster.
 
 Safe to kill at any moment: everything it decided is in the ledger or on a cluster, so the
 same command finds the job a killed mover submitted and carries on. A second mover is
@@ -22,13 +25,15 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import time
 import uuid
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 
 from spotfallback.clusters.jobs import TERMINAL, ClusterJobs
-from spotfallback.config import JobConfig
+from spotfallback.clusters.looks import DEFAULT_LOOK_WAIT_S, CapacityLooks
+from spotfallback.config import JobConfig, env_seconds
 from spotfallback.errors import (
     EXIT_ERROR,
     EXIT_OK,
@@ -40,8 +45,15 @@ from spotfallback.errors import (
     RunFatalError,
     SpotfallbackError,
 )
-from spotfallback.events import ClusterUnreachable
-from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.events import CapacityObserved, ClimbBack, ClusterUnreachable, LedgerRecord
+from spotfallback.policy import (
+    CLIMB_AFTER_CHECKPOINT_S,
+    DEFAULT_RESTART_S,
+    FallbackPolicy,
+    PolicyState,
+    RunEstimates,
+    probe_target,
+)
 from spotfallback.store.lease import DriverLease
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import RunLocation, resolve_run
@@ -51,6 +63,11 @@ logger = logging.getLogger("spotfallback")
 MOVER_LEASE_FILE = "mover-lease.json"
 # A job that ends without the ledger moving on is retried this many times before the mover gives up.
 MAX_FRUITLESS_JOBS = 3
+# How often the mover looks at a higher tier's capacity on another cluster while the run is below it.
+DEFAULT_LOOK_EVERY_S = 60.0
+# How long a climb waits for the stopped job's driver to let go of the run's lease.
+LEASE_WAIT_S = 120.0
+_MOVES = ("retry", "switch_tier", "climb_back", "resize")
 
 
 @dataclass(frozen=True)
@@ -73,6 +90,8 @@ class ClusterMover:
         poll_s: float = 2.0,
         lease_ttl_s: float | None = None,
         say: Callable[[str], None] | None = None,
+        look_every_s: float | None = None,
+        look_wait_s: float | None = None,
     ):
         self.job = job
         self.ladder = job.ladder
@@ -87,6 +106,13 @@ class ClusterMover:
         self.say = say or (lambda line: logger.info("%s", line))
         self.clusters = {key: ClusterJobs(ref) for key, ref in self.ladder.clusters.items()}
         self._last_log = ""  # the end of the last finished job's log, for an error that needs it
+        # Climbing back across clusters: looks at a higher tier's capacity, at most one in flight.
+        self.look_every_s = env_seconds("SPOTFALLBACK_CLIMB_LOOK_S", DEFAULT_LOOK_EVERY_S) if look_every_s is None else look_every_s
+        self.look_wait_s = DEFAULT_LOOK_WAIT_S if look_wait_s is None else look_wait_s
+        self.after_checkpoint_s = env_seconds("SPOTFALLBACK_CLIMB_AFTER_CHECKPOINT_S", CLIMB_AFTER_CHECKPOINT_S)
+        self.looks = CapacityLooks(self.clusters, self.location.uri(), self.location.name)
+        self._last_look = -math.inf
+        self._seen: tuple[int, int, float] | None = None  # (tier, workers counted, when) of the latest look
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -111,7 +137,7 @@ class ClusterMover:
                 self._stop_elsewhere(key)
                 outcome, result = self._run_on(key, retry=state.status == "failed")
                 retry = False
-                if outcome == "unreachable" or _moved_on(state, self.state()):
+                if outcome in ("unreachable", "climbed") or _moved_on(state, self.state()):
                     fruitless = 0
                     continue
                 fruitless += 1
@@ -120,6 +146,7 @@ class ClusterMover:
                                                    f"run moving on; the last one's status: {outcome}; the end of its "
                                                    f"log:\n{self._last_log}")
         finally:
+            self.looks.cancel()
             lease.release()
 
     def state(self) -> PolicyState:
@@ -176,8 +203,9 @@ class ClusterMover:
     def _run_on(self, key: str, retry: bool) -> tuple[str, dict[str, object] | None]:
         """Attach to or submit the run's job on cluster ``key``; watch it to its end.
 
-        Returns the job's final status, or ``"unreachable"`` after ``ClusterUnreachable`` was
-        written, and the job's result line when it printed one.
+        Returns the job's final status, ``"unreachable"`` after ``ClusterUnreachable`` was
+        written, or ``"climbed"`` once the job was stopped for a climb back to another cluster,
+        and the job's result line when it printed one.
         """
         jobs = self.clusters[key]
         ref = jobs.ref
@@ -201,6 +229,8 @@ class ClusterMover:
                     result = self._result_line(jobs, submission_id)
                     self.say(f"job {submission_id} on cluster {key!r}: {status}")
                     return status, result
+                if status == "RUNNING" and self._climb_across(key, jobs, submission_id):
+                    return "climbed", None
             except ClusterUnreachableError as e:
                 now = time.time()
                 lost_since = lost_since if lost_since is not None else now
@@ -244,6 +274,99 @@ class ClusterMover:
                 return parsed if isinstance(parsed, dict) else None
         return None
 
+    # -- climbing back across clusters --------------------------------------------------------
+
+    def _climb_across(self, key: str, jobs: ClusterJobs, submission_id: str) -> bool:
+        """Look at a higher tier's capacity on another cluster; climb there when the policy says it pays.
+
+        A look runs as a Ray job on that cluster; what it saw is weighed just after the running
+        gang's next commit, with the run's own measurements from the ledger, by the same
+        ``CapacityObserved`` rule a driver applies within its cluster. True once the run's job
+        was stopped for a climb (written to the ledger, unless the policy changed its mind).
+        """
+        now = time.time()
+        if self.looks.pending is not None and not self._collect_look(now):
+            return False
+        if self._seen is None and now - self._last_look < self.look_every_s:
+            return False
+        records = self.ledger.read()
+        state = self.policy.replay(r.event for r in records)
+        if state.is_terminal or state.running_since is None or self.ladder.cluster_key(state.tier) != key:
+            self._seen = None
+            return False
+        estimates = _estimates(state, records)
+        target = probe_target(self.policy, state, now, self.look_wait_s, estimates, across=True)
+        if self._seen is not None:
+            to, workers, seen_at = self._seen
+            if to != target or workers < self.ladder.tiers[to].fewest_workers or now - seen_at > self.look_every_s:
+                self._seen = None
+            elif state.last_checkpoint_t is None or not (
+                state.running_since <= state.last_checkpoint_t >= now - self.after_checkpoint_s
+            ):
+                return False  # wait for the gang's next commit, so that stopping it loses little work
+            else:
+                self._seen = None
+                event = CapacityObserved(t=now, tier=to, available_workers=workers,
+                                         remaining_work_s=estimates.remaining_work_s, restart_s=estimates.restart_s,
+                                         checkpoint_interval_s=estimates.checkpoint_interval_s)
+                if isinstance(self.policy.decide(state, event).decision, ClimbBack):
+                    return self._climb(key, jobs, submission_id, event)
+        if self._seen is None and now - self._last_look >= self.look_every_s:
+            self._last_look = now  # the ledger is read again only at the next look
+            if target is None:
+                return False
+            to_key = self.ladder.cluster_key(target)
+            assert to_key is not None
+            try:
+                self.looks.start(target, self.ladder.tiers[target], to_key, now, self.look_wait_s)
+                logger.info("looking at %r's capacity on cluster %r", self.ladder.tiers[target].name, to_key)
+            except ClusterUnreachableError as e:
+                logger.info("cannot look at cluster %r: %s", to_key, e)
+        return False
+
+    def _collect_look(self, now: float) -> bool:
+        """Whether the pending look has ended (what it saw kept in ``_seen``); a silent cluster ends it with nothing."""
+        look = self.looks.pending
+        assert look is not None
+        try:
+            workers = self.looks.collect(self.ladder.tiers[look.tier])
+        except ClusterUnreachableError as e:  # the look's cluster, not the run's: no capacity seen there
+            logger.info("%s", e)
+            self.looks.pending = None
+            return True
+        if workers is None:
+            return False
+        self._seen = (look.tier, workers, now)
+        return True
+
+    def _climb(self, key: str, jobs: ClusterJobs, submission_id: str, seen: CapacityObserved) -> bool:
+        """Stop the run's job on ``key``, then write the climb the policy decides on the ledger as it stands."""
+        tier = self.ladder.tiers[seen.tier]
+        to_key = self.ladder.cluster_key(seen.tier)
+        self.say(f"capacity back on {tier.name!r} on cluster {to_key!r} ({seen.available_workers} workers): "
+                 f"stopping job {submission_id} on cluster {key!r} to climb back")
+        jobs.stop(submission_id)
+        self._wait_terminal(jobs, submission_id, timeout_s=60.0)
+        waited = time.monotonic() + LEASE_WAIT_S
+        while not self._driver_lease_free():  # its driver writes nothing more once its lease is free
+            if time.monotonic() > waited:
+                return True  # the run goes on where the ledger says, as after any job that ended
+            time.sleep(self.poll_s)
+        records = self.ledger.read()
+        state = self.policy.replay(r.event for r in records)
+        if state.is_terminal or state.running_since is None or self.ladder.cluster_key(state.tier) != key:
+            return True
+        estimates = _estimates(state, records)
+        event = replace(seen, t=time.time(), remaining_work_s=estimates.remaining_work_s, restart_s=estimates.restart_s,
+                        checkpoint_interval_s=estimates.checkpoint_interval_s)
+        step = self.policy.decide(state, event)
+        if not isinstance(step.decision, ClimbBack):
+            self.say(f"no climb to {tier.name!r} after all: the run goes on on cluster {key!r}")
+            return True
+        self.ledger.append(event, state.tier, step.decision.to_json(), {"tier": tier.name, "cluster": to_key})
+        self.say(f"climbing back to {tier.name!r} on cluster {to_key!r}: {step.decision.reason}")
+        return True
+
     def _cluster_lost(self, key: str, waited_s: float) -> None:
         state = self.state()
         if self.ladder.cluster_key(state.tier) != key or state.is_terminal:
@@ -252,6 +375,22 @@ class ClusterMover:
         step = self.policy.decide(state, event)
         self.ledger.append(event, state.tier, step.decision.to_json(), {"address": self.clusters[key].ref.address})
         self.say(f"cluster {key!r} did not answer for {waited_s:.0f}s: {step.decision.to_json()}")
+
+
+def measured_restart_s(records: Sequence[LedgerRecord]) -> float:
+    """The run's latest restart, from a move's decision to its new gang's workers (as a driver measures it)."""
+    restart, moved_at = DEFAULT_RESTART_S, None
+    for r in records:
+        if r.event.kind == "workers_acquired" and moved_at is not None:
+            restart, moved_at = max(0.0, r.event.t - moved_at), None
+        if (r.decision or {}).get("action") in _MOVES:
+            moved_at = r.event.t
+    return restart
+
+
+def _estimates(state: PolicyState, records: Sequence[LedgerRecord]) -> RunEstimates:
+    """What a climb is weighed with: the work left at the latest commit, the latest restart, the interval."""
+    return RunEstimates(state.remaining_work_s, measured_restart_s(records), state.checkpoint_interval_s or 0.0)
 
 
 def _moved_on(before: PolicyState, after: PolicyState) -> bool:

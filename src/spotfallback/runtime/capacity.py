@@ -12,9 +12,8 @@ loses little work), except the higher tiers' while the gang answers checkpoint r
 from __future__ import annotations
 
 import logging
-import os
 
-from spotfallback.config import Tier
+from spotfallback.config import Tier, env_seconds
 from spotfallback.events import (
     CheckpointCommitted,
     ClimbBack,
@@ -26,17 +25,9 @@ from spotfallback.events import (
     WorkersAcquired,
 )
 from spotfallback.notices.placement import tier_capacity
+from spotfallback.policy import CLIMB_AFTER_CHECKPOINT_S, DEFAULT_RESTART_S
 
 logger = logging.getLogger("spotfallback")
-
-DEFAULT_RESTART_S = 60.0  # until the run has measured one of its own restarts
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        return float(os.environ.get(name, default))
-    except ValueError:
-        return default
 
 
 class CapacityWatch:
@@ -49,8 +40,8 @@ class CapacityWatch:
     """
 
     def __init__(self) -> None:
-        self.poll_s = _env_float("SPOTFALLBACK_CAPACITY_POLL_S", 10.0)
-        self.after_checkpoint_s = _env_float("SPOTFALLBACK_CLIMB_AFTER_CHECKPOINT_S", 30.0)
+        self.poll_s = env_seconds("SPOTFALLBACK_CAPACITY_POLL_S", 10.0)
+        self.after_checkpoint_s = env_seconds("SPOTFALLBACK_CLIMB_AFTER_CHECKPOINT_S", CLIMB_AFTER_CHECKPOINT_S)
         self.last_poll = float("-inf")
         self.checkpoints: list[float] = []
         self.remaining_work_s: float | None = None  # at the latest commit: where a new gang resumes

@@ -8,7 +8,7 @@ of the best tier it could climb back to, under its own requester id beside the r
 request. When the cloud has capacity again the autoscaler adds those nodes, and the usual
 observation and the policy's climb rules (dwell, price, flapping) decide the climb itself.
 
-``probe_target`` is the pure rule (which tier, if any); ``CapacityProbe`` sends, renews and
+``policy.probe_target`` is the pure rule (which tier, if any); ``CapacityProbe`` sends, renews and
 cancels the request. A probe costs money (the nodes come up before the run uses them), so only
 a tier the policy would climb to once its nodes are there is probed (the pure policy is asked,
 with a hypothetical observation of the tier's full gang), and only from ``lead_s`` before its
@@ -19,18 +19,15 @@ from __future__ import annotations
 
 import logging
 import math
-import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, Protocol
 
 from ray.train.v2.api.config import ScalingConfig
 
-from spotfallback.config import Tier
-from spotfallback.events import CapacityObserved, ClimbBack
+from spotfallback.config import Tier, env_seconds
 from spotfallback.notices.placement import tier_capacity
-from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.policy import FallbackPolicy, PolicyState, RunEstimates, probe_target
 from spotfallback.runtime.ladder import LadderRuntime
 
 logger = logging.getLogger("spotfallback")
@@ -41,57 +38,6 @@ DEFAULT_PROBE_LEAD_S = 120.0
 DEFAULT_PROBE_RENEW_S = 20.0
 # How often to look whether the probed tier's nodes are already there (a GCS node-table read).
 DEFAULT_PROBE_POLL_S = 5.0
-
-
-def _env_float(name: str, default: float) -> float:
-    try:
-        value = float(os.environ.get(name, default))
-    except ValueError:
-        return default
-    return value if math.isfinite(value) and value >= 0 else default
-
-
-@dataclass(frozen=True)
-class RunEstimates:
-    """The run's own measurements a climb is weighed with (``CapacityWatch`` keeps them)."""
-
-    remaining_work_s: float | None = None
-    restart_s: float = 0.0
-    checkpoint_interval_s: float = 0.0
-
-
-def probe_target(
-    policy: FallbackPolicy, state: PolicyState, now: float, lead_s: float, estimates: RunEstimates = RunEstimates()
-) -> int | None:
-    """The tier to ask the autoscaler for while the run is below it, or None.
-
-    The policy itself answers: the first tier above the current one that it would climb back
-    to if that tier's full gang were placeable when its climb dwell ends (or now, if it has
-    ended), asked from ``lead_s`` before then so the nodes can be ready in time. Every climb
-    rule that does not depend on the capacity seen applies as it will to the real observation:
-    ``climb_back``, price against remaining work, re-preemption cost (a carried spent budget
-    included), deadline guards. Only while a gang runs: a run waiting for capacity or moving
-    has no climb to prepare.
-    """
-    if state.is_terminal or state.running_since is None:
-        return None
-    since = state.tier_since if state.tier_since is not None else state.running_since
-    for to in range(state.tier):
-        tier = policy.tiers[to]
-        dwell_ends = since + policy.climb_dwell_s(state, to)
-        if not tier.climb_back or now < dwell_ends - lead_s or not policy.ladder.same_cluster(to, state.tier):
-            continue
-        observed = CapacityObserved(
-            t=max(now, dwell_ends),
-            tier=to,
-            available_workers=tier.num_workers,
-            remaining_work_s=estimates.remaining_work_s,
-            restart_s=estimates.restart_s,
-            checkpoint_interval_s=estimates.checkpoint_interval_s,
-        )
-        if isinstance(policy.decide(state, observed).decision, ClimbBack):
-            return to
-    return None
 
 
 def gang_scaling_config(tier: Tier) -> ScalingConfig:
@@ -147,15 +93,15 @@ class CapacityProbe:
     @property
     def lead_s(self) -> float:
         """How long before a tier's climb dwell ends its nodes are asked for."""
-        return _env_float("SPOTFALLBACK_PROBE_LEAD_S", DEFAULT_PROBE_LEAD_S) if self._lead_s is None else self._lead_s
+        return env_seconds("SPOTFALLBACK_PROBE_LEAD_S", DEFAULT_PROBE_LEAD_S) if self._lead_s is None else self._lead_s
 
     @property
     def renew_s(self) -> float:
-        return _env_float("SPOTFALLBACK_PROBE_RENEW_S", DEFAULT_PROBE_RENEW_S) if self._renew_s is None else self._renew_s
+        return env_seconds("SPOTFALLBACK_PROBE_RENEW_S", DEFAULT_PROBE_RENEW_S) if self._renew_s is None else self._renew_s
 
     @property
     def poll_s(self) -> float:
-        return _env_float("SPOTFALLBACK_PROBE_POLL_S", DEFAULT_PROBE_POLL_S) if self._poll_s is None else self._poll_s
+        return env_seconds("SPOTFALLBACK_PROBE_POLL_S", DEFAULT_PROBE_POLL_S) if self._poll_s is None else self._poll_s
 
     def follow(
         self, rt: LadderRuntime, run_client: RequestClient | None, capacity: Callable[[Tier], int] = tier_capacity
@@ -213,3 +159,45 @@ class CapacityProbe:
         self.tier, self.sent_at = None, -math.inf
         if self.client is not None:
             self.client.cancel_resource_request()
+
+
+def look_capacity(
+    tier: Tier,
+    requester_id: str,
+    wait_s: float,
+    *,
+    poll_s: float = 2.0,
+    capacity: Callable[[Tier], int] = tier_capacity,
+    client: RequestClient | None = None,
+    sleep: Callable[[float], None] = time.sleep,
+) -> int:
+    """How many of ``tier``'s workers this cluster can place, asking its autoscaler for them first.
+
+    The look the moving driver runs on a higher tier's cluster (a Ray job) while the run is on
+    another cluster: what a driver's ``CapacityProbe`` and capacity observation do within their
+    own cluster. When the gang does not fit yet, its resources are requested under
+    ``requester_id`` (renewed every ``DEFAULT_PROBE_RENEW_S``) and the count taken again every
+    ``poll_s`` until it fits or ``wait_s`` has passed. The request is left to expire on its own
+    (Ray's 180 s), not withdrawn: nodes that came up for it must still be there when the run
+    climbs onto them.
+    """
+    available = capacity(tier)
+    if available >= tier.fewest_workers or wait_s <= 0:
+        return available
+    if client is None:
+        from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
+            TrainAutoscalingCoordinatorClient,
+        )
+
+        client = TrainAutoscalingCoordinatorClient(requester_id)
+    deadline = time.monotonic() + wait_s
+    sent = -math.inf
+    while True:
+        now = time.monotonic()
+        if now - sent >= DEFAULT_PROBE_RENEW_S:
+            client.send_resource_request(gang_scaling_config(tier), tier.num_workers)
+            sent = now
+        sleep(min(poll_s, max(deadline - now, 0.0)))
+        available = capacity(tier)
+        if available >= tier.fewest_workers or time.monotonic() >= deadline:
+            return available

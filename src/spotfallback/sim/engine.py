@@ -265,7 +265,7 @@ class _Engine:
         """The policy moved the gang at ``t_move``: at the end of a checkpoint write all work so far is
         committed; a climb on a requested checkpoint saves it too, and the gang is billed while it writes."""
         tier = self.policy.tiers[att.k]
-        write = self.job.climb_write_h if isinstance(step.decision, ClimbBack) else 0.0
+        write = self._write_h(step.decision.to_tier, att) if isinstance(step.decision, ClimbBack) else 0.0
         run.bill(tier, att.size, t_move + write - att.t0)
         done, _ = cycle_progress(t_move - att.start, att.tau_w, self.job.checkpoint_cost_h)
         run.progress(tier, float(done) * att.f)
@@ -319,7 +319,9 @@ class _Engine:
         (after the tier's dwell) at which the other tier, or a larger gang, could be placed, in
         time order (lower tiers first at the same time), until it says move. A gang that
         checkpoints on request is asked about higher tiers every ``LOOK_EVERY_H`` instead, and a
-        climb then waits for the requested checkpoint's write (``JobSpec.climb_write_h``).
+        climb then waits for the requested checkpoint's write (``JobSpec.climb_write_h``). A
+        higher tier on another Ray cluster is looked at by the moving driver, which cannot ask the
+        gang for a checkpoint: only at checkpoint ends, and its climb pays a move's restart.
         """
         policy, state, job = self.policy, run.state, self.job
         delta = job.checkpoint_cost_h
@@ -332,10 +334,10 @@ class _Engine:
         pending: dict[int, float] = {}
         for j in range(att.k + 1):
             target = policy.tiers[j]
-            if j < att.k and target.climb_back and policy.ladder.same_cluster(j, att.k):  # as the shell: within a cluster
+            if j < att.k and target.climb_back:
                 look = max(att.start, since_h + policy.climb_dwell_s(state, j) / 3600.0)
                 needs[j] = _observable(self.caps[j][min(self.caps[j])])
-                grids[j] = job.climb_grid_h(cycle)
+                grids[j] = job.climb_grid_h(cycle) if policy.ladder.same_cluster(j, att.k) else cycle
             elif j == att.k and target.is_elastic and att.size < target.num_workers:
                 # The shell observes a shrunk elastic gang after every checkpoint, whatever the
                 # capacity (the policy checks its deadline guard and whether growing pays).
@@ -348,6 +350,7 @@ class _Engine:
             if at is not None:
                 pending[j] = at
         restart_s = (job.restart_overhead_h + job.provisioning_delay_h) * 3600.0
+        move_s = job.move_restart_h * 3600.0  # a climb to another cluster is a move
         while pending:
             j = min(pending, key=lambda i: (pending[i], i))
             at = pending[j]
@@ -358,7 +361,7 @@ class _Engine:
                 tier=j,
                 available_workers=_available(self.caps[j], at + offset),
                 remaining_work_s=float(wall_to_finish(left_h, att.tau_w, delta)) * 3600.0,
-                restart_s=restart_s,
+                restart_s=restart_s if policy.ladder.same_cluster(j, att.k) else restart_s + move_s,
                 # What the shell measured between two commits: none without periodic checkpoints.
                 checkpoint_interval_s=att.tau_w * 3600.0 if job.checkpoint_interval_h is not None else 0.0,
             )
@@ -373,8 +376,9 @@ class _Engine:
         return None
 
     def _write_h(self, j: int, att: _Attempt) -> float:
-        """The write between deciding a move to tier ``j`` and the gang's end: a climb's requested checkpoint."""
-        return self.job.climb_write_h if j < att.k else 0.0
+        """The write between deciding a move to tier ``j`` and the gang's end: a climb's requested checkpoint
+        (none for a climb to another cluster, decided at a checkpoint's end)."""
+        return self.job.climb_write_h if j < att.k and self.policy.ladder.same_cluster(j, att.k) else 0.0
 
 
 def _observable(proc: Compiled) -> RateModel | TraceCapacity:

@@ -498,7 +498,8 @@ def _climb(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: np.ndarray,
     if not climbed.any():
         return climbed
     ci, kc, jc, tc = gi[climbed], kg[climbed], to[climbed], at[climbed]
-    write = cfg.climb_write[ci]  # a requested checkpoint's write: the gang is billed until it ends
+    # A requested checkpoint's write: the gang is billed until it ends (none across clusters: at a checkpoint's end).
+    write = np.where(cfg.cluster[ci, jc] == cfg.cluster[ci, kc], cfg.climb_write[ci], 0.0)
     dur = tc + write - t_acq[climbed]
     sp = cfg.is_spot[ci, kc]
     gain, _ = cycle_progress(tc - (t_acq[climbed] + overhead[climbed]), cfg.tau[ci], cfg.delta[ci])
@@ -542,8 +543,7 @@ def _climb_candidates(cfg: _Rows, s: _State, world: _World, gi: np.ndarray, kg: 
     best_to = np.zeros(gi.size, dtype=np.int64)
     best_rem = np.zeros(gi.size)
     for j in range(cfg.K - 1):
-        # Within one cluster only, as the shell observes (a ladder across clusters).
-        sel = np.flatnonzero((kg > j) & cfg.climbable[gi, j] & (cfg.cluster[gi, j] == cfg.cluster[gi, kg]))
+        sel = np.flatnonzero((kg > j) & cfg.climbable[gi, j])
         if sel.size == 0:
             continue
         found_at, found_rem = _first_climb_to(cfg, s, world, j, gi[sel], kg[sel], t_acq[sel], start[sel], end[sel])
@@ -559,16 +559,19 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
     """(time, remaining_work_s) of the first look at which rows ``idx`` on tiers ``k`` climb to ``j``.
 
     The looks are the checkpoint ends, or every ``LOOK_EVERY_H`` for a gang that checkpoints on
-    request (``JobSpec.climb_grid_h``), whose move comes a write later.
+    request (``JobSpec.climb_grid_h``), whose move comes a write later; a tier on another
+    cluster only at the checkpoint ends (the moving driver cannot ask for a checkpoint).
     """
-    look_h = np.where(cfg.on_request[idx], LOOK_EVERY_H, cfg.tau[idx] + cfg.delta[idx])  # between looks
-    write = cfg.climb_write[idx]
+    # The moving driver looks at a tier on another cluster, only at checkpoint ends, and the climb is a move.
+    across = cfg.cluster[idx, j] != cfg.cluster[idx, k]
+    look_h = np.where(cfg.on_request[idx] & ~across, LOOK_EVERY_H, cfg.tau[idx] + cfg.delta[idx])  # between looks
+    write = np.where(across, 0.0, cfg.climb_write[idx])
     since_s = s.tier_since[idx] * 3600.0
     dwell = cfg.dwell_s[idx, j] * 2.0 ** np.minimum(s.climbs_to[idx, j], CLIMB_DWELL_DOUBLINGS)
     look = np.maximum(st, s.tier_since[idx] + dwell / 3600.0)
     kk = np.maximum(1.0, np.ceil((look - st) / look_h - EPS))
     # The observation's fields and the policy's state that do not change during the attempt.
-    restart_s = (cfg.R[idx] + cfg.prov[idx]) * 3600.0
+    restart_s = (cfg.R[idx] + cfg.prov[idx] + np.where(across, cfg.move_h[idx], 0.0)) * 3600.0
     interval_s = np.where(cfg.tau[idx] >= NEVER_H, 0.0, cfg.tau[idx] * 3600.0)  # as measured: none without periodic ones
     w_cur, w_to = cfg.workers[idx, k], cfg.workers[idx, j]
     rate_cur, rate_to = cfg.price[idx, k], cfg.price[idx, j]
@@ -586,7 +589,7 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
     with np.errstate(divide="ignore", invalid="ignore"):
         kappa = np.where(gp > 0, gd / np.where(gp > 0, gp * gw, 1.0), 0.0)  # schedule hours per hour of work
         gaining = kappa * w_cur / w_to > 1.0
-        n_ahead = (st + 2.0 * (cfg.R[idx] + cfg.prov[idx]) + lead / 3600.0 - (gw - rem0) * kappa) / (look_h * (kappa * w_cur / w_to - 1.0))
+        n_ahead = (st + 2.0 * restart_s / 3600.0 + lead / 3600.0 - (gw - rem0) * kappa) / (look_h * (kappa * w_cur / w_to - 1.0))
         # On the request grid the remaining work falls by a look per look, give or take a write:
         # that many looks fewer, at the rate the line is gained.
         back_off = 2.0 + np.ceil(write / (look_h * np.where(gaining, kappa * w_cur / w_to - 1.0, 1.0)))
@@ -638,7 +641,7 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         # when not gaining. Between checkpoint ends (looks on request) the remaining work also
         # holds still during each write, so it wanders a write above that trend: judged at the
         # edge of that band a verdict holds for every later look too.
-        band_s = cfg.climb_write[iq] * 3600.0
+        band_s = write[q] * 3600.0
         if band_s.any():
             pays, _, _, _ = verdicts(rem_s + band_s)
             _, on_line, slack, capped = verdicts(np.maximum(rem_s - band_s, 0.0))
