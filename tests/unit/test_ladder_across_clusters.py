@@ -279,3 +279,42 @@ def test_the_bill_and_the_timeline_count_the_gang_a_lost_cluster_took_with_it() 
     assert (od.running_s, od.waiting_s) == (60, 20)
     waiting, redone, _ = run_intervals(records, 160)
     assert redone == [(0, 50, 80)] and (1, 80, 90) in waiting
+
+
+def test_a_look_that_ends_without_a_result_counts_no_capacity_and_says_so_once(caplog: pytest.LogCaptureFixture) -> None:
+    import logging
+
+    from spotfallback.clusters.looks import LOOK_KEY, CapacityLooks, look_result
+
+    class Jobs:
+        """What the looks use of one cluster's Jobs API."""
+
+        def __init__(self) -> None:
+            self.submitted: list[tuple[str, str, str]] = []
+            self.state, self.log = "RUNNING", "/bin/sh: 1: spotfallback: not found"
+
+        def submit(self, submission_id: str, entrypoint: str, run_uri: str, env: object = None, *, key: str) -> str:
+            self.submitted.append((submission_id, run_uri, key))
+            return submission_id
+
+        def status(self, submission_id: str) -> str:
+            return self.state
+
+        def logs(self, submission_id: str) -> str:
+            return self.log
+
+    jobs = Jobs()
+    looks = CapacityLooks({"a": jobs}, "s3://bucket/runs/r", "r")  # type: ignore[dict-item]
+    tier = Tier.spot(1, name="spot-1", cluster=A)
+    looks.start(0, tier, "a", now=0.0)
+    assert jobs.submitted[0][1:] == ("s3://bucket/runs/r", LOOK_KEY) and looks.collect(tier) is None  # still running
+    jobs.state = "FAILED"
+    with caplog.at_level(logging.WARNING, logger="spotfallback"):
+        assert looks.collect(tier) == 0 and looks.pending is None
+        looks.start(0, tier, "a", now=1.0)
+        assert looks.collect(tier) == 0
+    said = [r.getMessage() for r in caplog.records if "without a result" in r.getMessage()]
+    assert len(said) == 1 and "spotfallback: not found" in said[0] and "FAILED" in said[0]
+    jobs.state, jobs.log = "SUCCEEDED", "noise\n" + look_result(tier, 1)
+    looks.start(0, tier, "a", now=2.0)
+    assert looks.collect(tier) == 1

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import shlex
 import uuid
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from dataclasses import dataclass
 from spotfallback.clusters.jobs import TERMINAL, ClusterJobs
 from spotfallback.config import Tier
 from spotfallback.errors import ClusterUnreachableError
+
+logger = logging.getLogger("spotfallback")
 
 LOOK_KEY = "spotfallback_look"  # the job metadata naming the run a look is for
 LOOK_RESULT = "capacity"  # the result line's type
@@ -70,6 +73,7 @@ class CapacityLooks:
         self.run_uri = run_uri
         self.requester_id = f"spotfallback-climb-look-{run_name}"
         self.pending: PendingLook | None = None
+        self._failed_on: set[str] = set()  # clusters whose look failed (said once each)
 
     def start(self, index: int, tier: Tier, cluster: str, now: float, wait_s: float = DEFAULT_LOOK_WAIT_S) -> None:
         """Submit a look at tier ``index`` (``tier``) on ``cluster``; ``ClusterUnreachableError`` if it cannot."""
@@ -84,10 +88,18 @@ class CapacityLooks:
         look = self.pending
         assert look is not None
         jobs = self.clusters[look.cluster]
-        if jobs.status(look.submission_id) not in TERMINAL:
+        status = jobs.status(look.submission_id)
+        if status not in TERMINAL:
             return None
         self.pending = None
-        return parse_look(jobs.logs(look.submission_id), tier) or 0
+        logs = jobs.logs(look.submission_id)
+        found = parse_look(logs, tier)
+        if found is None and look.cluster not in self._failed_on:  # e.g. no spotfallback in that cluster's image
+            self._failed_on.add(look.cluster)
+            tail = " | ".join(logs.strip().splitlines()[-3:])
+            logger.warning("a look at %r's capacity on cluster %r ended %s without a result (counted as no capacity; "
+                           "said once): %s", tier.name, look.cluster, status, tail or "no log")
+        return found or 0
 
     def cancel(self) -> None:
         """Stop the pending look, if any (best effort: it ends on its own within its wait)."""

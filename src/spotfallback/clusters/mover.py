@@ -41,6 +41,7 @@ from spotfallback.errors import (
     ClusterUnreachableError,
     ConfigError,
     LadderExhaustedError,
+    LedgerError,
     RunFailedError,
     RunFatalError,
     SpotfallbackError,
@@ -55,7 +56,7 @@ from spotfallback.policy import (
     probe_target,
 )
 from spotfallback.store.lease import DriverLease
-from spotfallback.store.ledger import Ledger
+from spotfallback.store.ledger import Ledger, LedgerTail
 from spotfallback.store.location import RunLocation, resolve_run
 
 logger = logging.getLogger("spotfallback")
@@ -113,6 +114,7 @@ class ClusterMover:
         self.looks = CapacityLooks(self.clusters, self.location.uri(), self.location.name)
         self._last_look = -math.inf
         self._seen: tuple[int, int, float] | None = None  # (tier, workers counted, when) of the latest look
+        self._tail = LedgerTail(self.location)  # the ledger as the looks read it, incrementally
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -289,7 +291,11 @@ class ClusterMover:
             return False
         if self._seen is None and now - self._last_look < self.look_every_s:
             return False
-        records = self.ledger.read()
+        try:
+            records = self._tail.poll()  # only what is new since the last look: a run of weeks costs a new one's
+        except (LedgerError, OSError) as e:  # storage trouble: look again later, the run goes on
+            logger.info("cannot read the ledger to weigh a climb: %s", e)
+            return False
         state = self.policy.replay(r.event for r in records)
         if state.is_terminal or state.running_since is None or self.ladder.cluster_key(state.tier) != key:
             self._seen = None
