@@ -813,6 +813,33 @@ DEFAULT_RESTART_S = 60.0
 # A shell decides a climb only this soon after the running gang's latest commit, so that
 # stopping the gang loses little work.
 CLIMB_AFTER_CHECKPOINT_S = 30.0
+# Decisions that stop the gang and start another one: a restart runs from one to the new gang's workers.
+MOVE_ACTIONS = frozenset({Retry.action, SwitchTier.action, ClimbBack.action, Resize.action})
+
+
+@dataclass(frozen=True)
+class RestartClock:
+    """The run's latest restart, from a move's decision to its new gang's workers: what its shells price a move with.
+
+    A driver folds the events it applies, the moving driver the ledger's records; both the same way.
+    """
+
+    restart_s: float = DEFAULT_RESTART_S
+    moved_at: float | None = None  # the latest move's decision, until its gang's workers come
+
+    def after(self, event: Event, action: str) -> RestartClock:
+        """The clock once ``event`` was applied and answered with a decision of ``action``."""
+        restart_s, moved_at = self.restart_s, self.moved_at
+        if isinstance(event, WorkersAcquired) and moved_at is not None:
+            restart_s, moved_at = max(0.0, event.t - moved_at), None
+        if action in MOVE_ACTIONS:
+            moved_at = event.t
+        return RestartClock(restart_s, moved_at)
+
+
+def committed_since(last_commit_t: float | None, running_since: float, now: float, within_s: float) -> bool:
+    """Whether the running gang committed a checkpoint in the last ``within_s``: only then does a shell decide a climb."""
+    return last_commit_t is not None and running_since <= last_commit_t >= now - within_s
 
 
 @dataclass(frozen=True)

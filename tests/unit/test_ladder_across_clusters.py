@@ -168,26 +168,83 @@ def test_a_look_travels_as_one_command_and_comes_back_as_one_line() -> None:
     assert parse_look('{"type": "capacity", "tier": "spot-a", "available_workers": true}', tier) is None
 
 
-def test_the_restart_a_climb_is_priced_with_is_the_runs_latest_move() -> None:
-    from spotfallback.clusters.mover import measured_restart_s
+def _records(p: FallbackPolicy, events: list) -> list:
+    """Ledger records of ``events`` as a driver writes them: each with the policy's decision."""
     from spotfallback.events import LedgerRecord
+
+    out, state = [], p.initial_state()
+    for i, e in enumerate(events):
+        step = p.decide(state, e)
+        out.append(LedgerRecord(id=str(i), writer="w", tier=state.tier, event=e, decision=step.decision.to_json()))
+        state = step.state
+    return out
+
+
+def test_the_restart_a_climb_is_priced_with_is_the_runs_latest_move() -> None:
+    from spotfallback.clusters.mover import LedgerFold
     from spotfallback.policy import DEFAULT_RESTART_S
 
     p = FallbackPolicy(ladder(A, A, B, max_preemptions=0))
 
-    def records(events: list) -> list[LedgerRecord]:
-        out, state = [], p.initial_state()
-        for i, e in enumerate(events):
-            step = p.decide(state, e)
-            out.append(LedgerRecord(id=str(i), writer="w", tier=state.tier, event=e, decision=step.decision.to_json()))
-            state = step.state
-        return out
+    def restart_s(events: list) -> float:
+        records = _records(p, events)
+        return LedgerFold(p).update(records, records)[1].restart_s
 
     started = [RunStarted(0), WorkersAcquired(5)]
-    assert measured_restart_s(records(started)) == DEFAULT_RESTART_S  # no move measured yet
+    assert restart_s(started) == DEFAULT_RESTART_S  # no move measured yet
     lost = ClusterUnreachable(t=100, cluster="a", waited_s=30)
-    assert measured_restart_s(records([*started, lost])) == DEFAULT_RESTART_S  # moved, not yet up
-    assert measured_restart_s(records([*started, lost, WorkersAcquired(190)])) == 90.0
+    assert restart_s([*started, lost]) == DEFAULT_RESTART_S  # moved, not yet up
+    assert restart_s([*started, lost, WorkersAcquired(190)]) == 90.0
+
+
+def test_the_mover_folds_in_only_new_records_and_all_again_when_one_comes_before_them() -> None:
+    from spotfallback.clusters.mover import LedgerFold
+
+    p = FallbackPolicy(ladder(A, A, B, max_preemptions=0))
+    records = _records(p, [RunStarted(0), WorkersAcquired(5), CheckpointCommitted(60, remaining_work_s=900),
+                           ClusterUnreachable(t=100, cluster="a", waited_s=30), WorkersAcquired(190)])
+    whole = LedgerFold(p).update(records, records)
+    fold = LedgerFold(p)
+    fold.update(records[:2], records[:2])
+    assert fold.update(records, records[2:]) == whole and fold.count == len(records)
+
+    class Counting(FallbackPolicy):
+        decided = 0
+
+        def decide(self, state, event):
+            Counting.decided += 1
+            return super().decide(state, event)
+
+    counting = Counting(p.ladder)
+    fold = LedgerFold(counting)
+    fold.update(records[:3], records[:3])
+    assert fold.update(records, records[3:]) == whole and Counting.decided == len(records)  # each record once
+    late = [records[0], records[3], records[1], records[2], records[4]]  # one that sorts before folded ones
+    fold = LedgerFold(counting)
+    fold.update([records[0], records[1], records[2]], [records[0], records[1], records[2]])
+    Counting.decided = 0
+    state, clock = fold.update(late, [records[3], records[4]])
+    assert Counting.decided == len(late) and (state, clock) == LedgerFold(p).update(late, late)
+
+
+def test_look_capacity_refuses_a_bad_tier_and_a_missing_cluster_in_one_line(cli, monkeypatch) -> None:
+    from typer.testing import CliRunner
+
+    result = CliRunner().invoke(cli, ["look-capacity", "--tier-json", '{"name": "spot", "num_workers": 0}',
+                                      "--requester", "r"])
+    [line] = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and line.startswith("error: --tier-json: ") and "num_workers" in line, result.output
+
+    import ray
+
+    def no_cluster(**_: object) -> None:  # what ray.init(address="auto") raises where no cluster runs
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    monkeypatch.setattr(ray, "init", no_cluster)
+    tier = Tier.spot(1, name="spot-a", cluster=A)
+    result = CliRunner().invoke(cli, ["look-capacity", "--tier-json", tier.model_dump_json(), "--requester", "r"])
+    [line] = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert result.exit_code == 2 and line.startswith("error: no Ray cluster to look at here"), result.output
 
 
 def test_a_look_asks_the_autoscaler_only_while_the_gang_does_not_fit_and_leaves_the_request_up() -> None:

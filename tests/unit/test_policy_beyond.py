@@ -303,7 +303,8 @@ def test_label_selector_matching_follows_ray_semantics():
 
 def test_capacity_watch_observes_only_after_a_checkpoint_of_the_running_gang():
     from spotfallback.events import CheckpointCommitted
-    from spotfallback.runtime.capacity import DEFAULT_RESTART_S, CapacityWatch
+    from spotfallback.policy import DEFAULT_RESTART_S
+    from spotfallback.runtime.capacity import CapacityWatch
 
     watch = CapacityWatch()
     watch.poll_s, watch.after_checkpoint_s = 5.0, 30.0

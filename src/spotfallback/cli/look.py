@@ -37,7 +37,11 @@ def register(app: typer.Typer) -> None:
 
         from spotfallback.runtime.probe import look_capacity
 
-        ray.init(address="auto", log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+        try:
+            ray.init(address="auto", log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
+        except (ConnectionError, RuntimeError, ValueError) as e:
+            raise fail(f"no Ray cluster to look at here ({type(e).__name__}: {e}); run it as a Ray job on the "
+                       "tier's cluster, as the driver that moves a run between clusters does") from None
         try:
             available = look_capacity(tier, requester, wait_s)
         finally:

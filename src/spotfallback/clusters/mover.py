@@ -49,10 +49,11 @@ from spotfallback.errors import (
 from spotfallback.events import CapacityObserved, ClimbBack, ClusterUnreachable, LedgerRecord
 from spotfallback.policy import (
     CLIMB_AFTER_CHECKPOINT_S,
-    DEFAULT_RESTART_S,
     FallbackPolicy,
     PolicyState,
+    RestartClock,
     RunEstimates,
+    committed_since,
     probe_target,
 )
 from spotfallback.store.lease import DriverLease
@@ -68,7 +69,6 @@ MAX_FRUITLESS_JOBS = 3
 DEFAULT_LOOK_EVERY_S = 60.0
 # How long a climb waits for the stopped job's driver to let go of the run's lease.
 LEASE_WAIT_S = 120.0
-_MOVES = ("retry", "switch_tier", "climb_back", "resize")
 
 
 @dataclass(frozen=True)
@@ -115,6 +115,7 @@ class ClusterMover:
         self._last_look = -math.inf
         self._seen: tuple[int, int, float] | None = None  # (tier, workers counted, when) of the latest look
         self._tail = LedgerTail(self.location)  # the ledger as the looks read it, incrementally
+        self._fold = LedgerFold(self.policy)
 
     # -- the loop -------------------------------------------------------------------------
 
@@ -292,23 +293,21 @@ class ClusterMover:
         if self._seen is None and now - self._last_look < self.look_every_s:
             return False
         try:
-            records = self._tail.poll()  # only what is new since the last look: a run of weeks costs a new one's
+            running = self._running_on(key)
         except (LedgerError, OSError) as e:  # storage trouble: look again later, the run goes on
             logger.info("cannot read the ledger to weigh a climb: %s", e)
             return False
-        state = self.policy.replay(r.event for r in records)
-        if state.is_terminal or state.running_since is None or self.ladder.cluster_key(state.tier) != key:
+        if running is None:
             self._seen = None
             return False
-        estimates = _estimates(state, records)
+        state, estimates = running
+        assert state.running_since is not None
         target = probe_target(self.policy, state, now, self.look_wait_s, estimates, across=True)
         if self._seen is not None:
             to, workers, seen_at = self._seen
             if to != target or workers < self.ladder.tiers[to].fewest_workers or now - seen_at > self.look_every_s:
                 self._seen = None
-            elif state.last_checkpoint_t is None or not (
-                state.running_since <= state.last_checkpoint_t >= now - self.after_checkpoint_s
-            ):
+            elif not committed_since(state.last_checkpoint_t, state.running_since, now, self.after_checkpoint_s):
                 return False  # wait for the gang's next commit, so that stopping it loses little work
             else:
                 self._seen = None
@@ -329,6 +328,21 @@ class ClusterMover:
             except ClusterUnreachableError as e:
                 logger.info("cannot look at cluster %r: %s", to_key, e)
         return False
+
+    def _running_on(self, key: str, records: Sequence[LedgerRecord] | None = None) -> tuple[PolicyState, RunEstimates] | None:
+        """Where the run stands and what a climb is weighed with; None unless a gang of it runs on cluster ``key``.
+
+        From ``records`` (the whole ledger), or else from the ledger's tail: only the records
+        new since the last look are read and folded in, so a look at a run of weeks costs what
+        one at a new run does.
+        """
+        if records is None:
+            state, clock = self._fold.update(self._tail.poll(), self._tail.fresh)
+        else:
+            state, clock = LedgerFold(self.policy).update(records, records)
+        if state.is_terminal or state.running_since is None or self.ladder.cluster_key(state.tier) != key:
+            return None
+        return state, RunEstimates(state.remaining_work_s, clock.restart_s, state.checkpoint_interval_s or 0.0)
 
     def _collect_look(self, now: float) -> bool:
         """Whether the pending look has ended (what it saw kept in ``_seen``); a silent cluster ends it with nothing."""
@@ -358,11 +372,11 @@ class ClusterMover:
             if time.monotonic() > waited:
                 return True  # the run goes on where the ledger says, as after any job that ended
             time.sleep(self.poll_s)
-        records = self.ledger.read()
-        state = self.policy.replay(r.event for r in records)
-        if state.is_terminal or state.running_since is None or self.ladder.cluster_key(state.tier) != key:
+        records = self.ledger.read()  # waits out a storage outage: what is written next must follow every record
+        running = self._running_on(key, records)
+        if running is None:
             return True
-        estimates = _estimates(state, records)
+        state, estimates = running
         event = replace(seen, t=time.time(), remaining_work_s=estimates.remaining_work_s, restart_s=estimates.restart_s,
                         checkpoint_interval_s=estimates.checkpoint_interval_s)
         step = self.policy.decide(state, event)
@@ -383,20 +397,29 @@ class ClusterMover:
         self.say(f"cluster {key!r} did not answer for {waited_s:.0f}s: {step.decision.to_json()}")
 
 
-def measured_restart_s(records: Sequence[LedgerRecord]) -> float:
-    """The run's latest restart, from a move's decision to its new gang's workers (as a driver measures it)."""
-    restart, moved_at = DEFAULT_RESTART_S, None
-    for r in records:
-        if r.event.kind == "workers_acquired" and moved_at is not None:
-            restart, moved_at = max(0.0, r.event.t - moved_at), None
-        if (r.decision or {}).get("action") in _MOVES:
-            moved_at = r.event.t
-    return restart
+class LedgerFold:
+    """The run's state and latest restart, folded from the ledger's records as a driver folds its events.
 
+    ``update`` folds in only the records new since the last call when they come after every
+    record already folded (a ledger read again from its tail), and all of them again otherwise.
+    """
 
-def _estimates(state: PolicyState, records: Sequence[LedgerRecord]) -> RunEstimates:
-    """What a climb is weighed with: the work left at the latest commit, the latest restart, the interval."""
-    return RunEstimates(state.remaining_work_s, measured_restart_s(records), state.checkpoint_interval_s or 0.0)
+    def __init__(self, policy: FallbackPolicy):
+        self.policy = policy
+        self.state = policy.initial_state()
+        self.clock = RestartClock()
+        self.count = 0  # records folded
+
+    def update(self, records: Sequence[LedgerRecord], fresh: Sequence[LedgerRecord]) -> tuple[PolicyState, RestartClock]:
+        """Fold ``records`` (the whole ledger, in order), of which ``fresh`` are new since the last call."""
+        kept = len(records) - len(fresh)
+        if kept != self.count or any(a is not b for a, b in zip(records[kept:], fresh, strict=True)):
+            self.state, self.clock, kept = self.policy.initial_state(), RestartClock(), 0  # one came before the folded
+        for r in records[kept:]:
+            self.state = self.policy.decide(self.state, r.event).state
+            self.clock = self.clock.after(r.event, str((r.decision or {}).get("action", "")))
+        self.count = len(records)
+        return self.state, self.clock
 
 
 def _moved_on(before: PolicyState, after: PolicyState) -> bool:
@@ -409,4 +432,4 @@ def run_across_clusters(job: JobConfig, **kwargs: object) -> MoveOutcome:
     return ClusterMover(job, **kwargs).run()  # type: ignore[arg-type]
 
 
-__all__ = ["MOVER_LEASE_FILE", "ClusterMover", "MoveOutcome", "run_across_clusters"]
+__all__ = ["MOVER_LEASE_FILE", "ClusterMover", "LedgerFold", "MoveOutcome", "run_across_clusters"]

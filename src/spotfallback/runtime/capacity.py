@@ -14,18 +14,14 @@ from __future__ import annotations
 import logging
 
 from spotfallback.config import Tier, env_seconds
-from spotfallback.events import (
-    CheckpointCommitted,
-    ClimbBack,
-    Decision,
-    Event,
-    Resize,
-    Retry,
-    SwitchTier,
-    WorkersAcquired,
-)
+from spotfallback.events import CheckpointCommitted, Decision, Event
 from spotfallback.notices.placement import tier_capacity
-from spotfallback.policy import CLIMB_AFTER_CHECKPOINT_S, DEFAULT_RESTART_S
+from spotfallback.policy import (
+    CLIMB_AFTER_CHECKPOINT_S,
+    MOVE_ACTIONS,
+    RestartClock,
+    committed_since,
+)
 
 logger = logging.getLogger("spotfallback")
 
@@ -46,8 +42,12 @@ class CapacityWatch:
         self.checkpoints: list[float] = []
         self.remaining_work_s: float | None = None  # at the latest commit: where a new gang resumes
         self.latest: tuple[float, float] | None = None  # (when, remaining_work_s) of the running gang's latest report
-        self.restart_s = DEFAULT_RESTART_S
-        self.moved_at: float | None = None
+        self.restart = RestartClock()
+
+    @property
+    def restart_s(self) -> float:
+        """The run's latest restart (a default until it has measured one)."""
+        return self.restart.restart_s
 
     @property
     def checkpoint_interval_s(self) -> float:
@@ -62,11 +62,8 @@ class CapacityWatch:
             if event.remaining_work_s is not None:
                 self.remaining_work_s = event.remaining_work_s
                 self.latest = (event.t, event.remaining_work_s)
-        elif isinstance(event, WorkersAcquired) and self.moved_at is not None:
-            self.restart_s = max(0.0, event.t - self.moved_at)
-            self.moved_at = None
-        if isinstance(decision, Retry | SwitchTier | ClimbBack | Resize):
-            self.moved_at = event.t
+        self.restart = self.restart.after(event, decision.action)
+        if decision.action in MOVE_ACTIONS:
             self.checkpoints = []  # checkpoints of the stopped gang say nothing about the next
             self.latest = None  # the next gang resumes from the latest commit
 
@@ -81,7 +78,8 @@ class CapacityWatch:
 
     def after_commit(self, now: float, running_since: float) -> bool:
         """Whether the running gang committed a checkpoint in the last ``after_checkpoint_s``."""
-        return bool(self.checkpoints) and running_since <= self.checkpoints[-1] >= now - self.after_checkpoint_s
+        last = self.checkpoints[-1] if self.checkpoints else None
+        return committed_since(last, running_since, now, self.after_checkpoint_s)
 
     def reported(self, t: float, remaining_work_s: float | None) -> None:
         """A report of the running gang without a checkpoint: how much work it has left now."""

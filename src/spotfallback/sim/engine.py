@@ -332,12 +332,18 @@ class _Engine:
         since_h = since / 3600.0
         needs: dict[int, RateModel | TraceCapacity] = {}
         pending: dict[int, float] = {}
+        restart_s = (job.restart_overhead_h + job.provisioning_delay_h) * 3600.0
+        restarts: dict[int, float] = {}  # a climb to another cluster is a move: it pays the move's restart too
+        writes: dict[int, float] = {}
         for j in range(att.k + 1):
             target = policy.tiers[j]
+            here = policy.ladder.same_cluster(j, att.k)
+            restarts[j] = restart_s if here else restart_s + job.move_restart_h * 3600.0
+            writes[j] = self._write_h(j, att)
             if j < att.k and target.climb_back:
                 look = max(att.start, since_h + policy.climb_dwell_s(state, j) / 3600.0)
                 needs[j] = _observable(self.caps[j][min(self.caps[j])])
-                grids[j] = job.climb_grid_h(cycle) if policy.ladder.same_cluster(j, att.k) else cycle
+                grids[j] = job.climb_grid_h(cycle) if here else cycle
             elif j == att.k and target.is_elastic and att.size < target.num_workers:
                 # The shell observes a shrunk elastic gang after every checkpoint, whatever the
                 # capacity (the policy checks its deadline guard and whether growing pays).
@@ -346,11 +352,9 @@ class _Engine:
                 grids[j] = cycle
             else:
                 continue
-            at = _next_candidate(needs[j], look, att, grids[j], self._write_h(j, att), offset)
+            at = _next_candidate(needs[j], look, att, grids[j], writes[j], offset)
             if at is not None:
                 pending[j] = at
-        restart_s = (job.restart_overhead_h + job.provisioning_delay_h) * 3600.0
-        move_s = job.move_restart_h * 3600.0  # a climb to another cluster is a move
         while pending:
             j = min(pending, key=lambda i: (pending[i], i))
             at = pending[j]
@@ -361,14 +365,14 @@ class _Engine:
                 tier=j,
                 available_workers=_available(self.caps[j], at + offset),
                 remaining_work_s=float(wall_to_finish(left_h, att.tau_w, delta)) * 3600.0,
-                restart_s=restart_s if policy.ladder.same_cluster(j, att.k) else restart_s + move_s,
+                restart_s=restarts[j],
                 # What the shell measured between two commits: none without periodic checkpoints.
                 checkpoint_interval_s=att.tau_w * 3600.0 if job.checkpoint_interval_h is not None else 0.0,
             )
             step = policy.decide(state, event)
             if isinstance(step.decision, ClimbBack | Resize | SwitchTier | GiveUp):
                 return at, step
-            nxt = _next_candidate(needs[j], at + 0.5 * grids[j], att, grids[j], self._write_h(j, att), offset)
+            nxt = _next_candidate(needs[j], at + 0.5 * grids[j], att, grids[j], writes[j], offset)
             if nxt is None:
                 del pending[j]
             else:
