@@ -813,9 +813,59 @@ def make_ladder(tiers: Any) -> Ladder:
         raise ConfigError(format_validation_error(e)) from None
 
 
+# What YAML aliases may expand a document to (values), past ten times the document's own:
+# a file that aliases its way past that is a bomb, not a configuration.
+ALIAS_EXPANSION_LIMIT = 100_000
+
+
+def check_yaml_aliases(root: yaml.Node) -> None:
+    """Refuse a YAML document whose aliases refer to their own node or expand it without bound.
+
+    PyYAML would build the first (and a reader then loops) and expand the second for ever, so
+    both are refused before anything is built (kubectl refuses "excessive aliasing" too). The
+    graph is walked iteratively: a deep document needs no deep stack.
+    """
+    expanded: dict[int, int] = {}  # node id -> nodes it expands to, itself included
+    open_nodes: set[int] = set()
+    stack: list[tuple[yaml.Node, bool]] = [(root, False)]
+    while stack:
+        node, closing = stack.pop()
+        children = _child_nodes(node)
+        if closing:
+            open_nodes.discard(id(node))
+            expanded[id(node)] = 1 + sum(expanded[id(c)] for c in children)
+            continue
+        if id(node) in expanded:
+            continue
+        if id(node) in open_nodes:
+            raise yaml.constructor.ConstructorError(
+                None, None, "an alias refers to a node that holds it (a structure without end); "
+                "write that part out instead", node.start_mark)
+        open_nodes.add(id(node))
+        stack.append((node, True))
+        stack.extend((c, False) for c in children)
+    limit = max(ALIAS_EXPANSION_LIMIT, 10 * len(expanded))
+    if expanded[id(root)] > limit:
+        raise yaml.constructor.ConstructorError(
+            None, None, f"its aliases expand this document to more than {limit:,} values (from {len(expanded):,} "
+            "written); write the repeated parts out, or alias fewer of them", root.start_mark)
+
+
+def _child_nodes(node: yaml.Node) -> list[yaml.Node]:
+    if isinstance(node, yaml.MappingNode):
+        return [n for pair in node.value for n in pair]
+    if isinstance(node, yaml.SequenceNode):
+        return list(node.value)
+    return []
+
+
 class _UniqueKeyLoader(yaml.SafeLoader):
     """PyYAML's safe loader, refusing a key given twice in one mapping: YAML lets the last one
     win without a word, so a job file with two ``tiers:`` would run a ladder its author did not read."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        check_yaml_aliases(node)
+        return super().construct_document(node)
 
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
@@ -834,6 +884,8 @@ def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
     """Parse YAML that must be a mapping (no key twice); errors say where."""
     try:
         data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+    except RecursionError:
+        raise ConfigError(f"{source}: not readable YAML: its values nest deeper than the YAML reader can follow") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""

@@ -39,7 +39,10 @@ pytestmark = pytest.mark.ray
 
 BIN = Path(sys.executable).parent
 CONFIG = {"total_steps": 16, "checkpoint_every": 4, "step_delay_s": 0.4, "seed": 7}
-UNREACHABLE_S = 8.0
+UNREACHABLE_S = 8.0  # the outage test's: short, so that it is quick
+# Every other test's: a freshly started head's Jobs API can be silent for seconds on a loaded
+# machine, which must not read as a lost cluster where the test is about something else.
+PATIENT_S = 60.0
 
 
 @pytest.fixture(scope="module")
@@ -92,7 +95,8 @@ def reference(cluster_b: Any, tmp_path_factory: pytest.TempPathFactory) -> str:
 
 
 def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path, spot_timeout_s: float = 180,
-               config: dict[str, Any] = CONFIG, climb_back: bool = False) -> tuple[Any, Path]:
+               config: dict[str, Any] = CONFIG, climb_back: bool = False,
+               unreachable_s: float = PATIENT_S) -> tuple[Any, Path]:
     """Spot on cluster A (no preemption tolerated; ``climb_back``: priced below on-demand, and the run
     returns to it), then on-demand on cluster B; the job file too."""
     from spotfallback.config import JobConfig
@@ -105,10 +109,10 @@ def job_config(s3: S3Server, name: str, a: str, b: str, tmp: Path, spot_timeout_
         "train_loop_config": config,
         "tiers": [
             {"name": "spot-a", "market": "spot", "num_workers": 1, "max_preemptions": 0, "capacity_timeout_s": spot_timeout_s,
-             "cluster": {"address": a, "name": "a", "region": "us-east-1", "unreachable_timeout_s": UNREACHABLE_S}, **climb},
+             "cluster": {"address": a, "name": "a", "region": "us-east-1", "unreachable_timeout_s": unreachable_s}, **climb},
             {"name": "on-demand-b", "market": "on-demand", "num_workers": 1, "capacity_timeout_s": 180,
              "price_per_worker_hour": 1.0,
-             "cluster": {"address": b, "name": "b", "region": "us-west-2", "unreachable_timeout_s": UNREACHABLE_S}},
+             "cluster": {"address": b, "name": "b", "region": "us-west-2", "unreachable_timeout_s": unreachable_s}},
         ],
     }
     path = tmp / "job.yaml"
@@ -256,7 +260,8 @@ def test_cluster_a_lost_the_run_moves_to_b_within_its_timeout(s3: S3Server, clus
 
     a = start_cluster(["spot"])
     try:
-        job, _ = job_config(s3, unique_name("outage"), a.jobs_address, cluster_b.jobs_address, tmp_path)
+        job, _ = job_config(s3, unique_name("outage"), a.jobs_address, cluster_b.jobs_address, tmp_path,
+                            unreachable_s=UNREACHABLE_S)
         run = Background(ClusterMover(job, poll_s=0.5).run)
         ledger = ledger_of(job)
         wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 120, run)

@@ -237,6 +237,61 @@ def test_yaml_problems_name_the_line() -> None:
     assert validate_file(FIXTURES / "missing.yaml").errors[0].message.startswith("cannot read")
 
 
+def _alias_bomb(levels: int) -> str:
+    """Each level a list of ten aliases of the one before: 10**levels values from a few lines."""
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, levels + 1)]
+    return "\n".join(lines) + "\n"
+
+
+def test_aliases_that_loop_or_expand_without_bound_are_refused_and_a_deep_file_read_or_refused() -> None:
+    [loop] = validate_text("a: &a [*a]\n").errors
+    assert loop.message.startswith("line 1, column 4: not valid YAML: an alias refers to a node that holds it")
+    [bomb] = validate_text(_alias_bomb(9)).errors  # a billion values: refused before any is built
+    assert "its aliases expand this document to more than 100,000 values" in bomb.message
+    doc = sample(CLUSTER_SAMPLE)  # aliases as people use them: one group's template shared by two groups
+    groups = doc["spec"]["workerGroupSpecs"]
+    groups.append({**groups[0], "groupName": "second"})
+    text = yaml.safe_dump(doc)
+    assert "*id001" in text and errors(doc) == [str(f) for f in validate_text(text).errors] == []
+    [deep] = validate_text("a: " + "[" * 3000 + "]" * 3000).errors
+    assert deep.message == "not readable YAML: its values nest deeper than the YAML reader can follow"
+
+
+@pytest.mark.parametrize(
+    ("head", "message"),
+    [
+        ("apiVersion: ray.io/v1\nkind: [RayCluster]", "kind: expected a string, got array"),
+        ("apiVersion: ray.io/v1\nkind: {a: 1}", "kind: expected a string, got object"),
+        ("apiVersion: ray.io/v1", "kind: missing: kubectl refuses an object without one; set the object's kind (e.g. RayJob or RayCluster)"),
+        ("kind: RayCluster", "apiVersion: missing: kubectl refuses an object without one; set it (ray.io/v1 for a RayCluster)"),
+        ('apiVersion: ""\nkind: RayCluster', "apiVersion: missing: kubectl refuses an object without one; set it (ray.io/v1 for a RayCluster)"),
+        ("apiVersion: [ray.io/v1]\nkind: RayCluster", "apiVersion: expected a string, got array; set it (ray.io/v1 for a RayCluster)"),
+        ("apiVersion: v1\nkind: RayCluster", "apiVersion: 'v1': a RayCluster is in the ray.io group; set apiVersion: ray.io/v1"),
+    ],
+)
+def test_a_kind_or_api_version_kubectl_refuses_is_named(head: str, message: str) -> None:
+    assert [str(f) for f in validate_text(head + "\nmetadata: {name: x}\nspec: {}\n").errors] == [message]
+
+
+@pytest.mark.parametrize(("kind", "message"), [
+    ("RayCluster", "spec.headGroupSpec: required field is missing"),
+    ("RayJob", "spec.rayClusterSpec: required field is missing (or set clusterSelector to use an existing cluster)"),
+])
+@pytest.mark.parametrize("spec", ["", "spec:\n", "spec: null\n"])
+def test_an_object_without_a_spec_is_refused_as_the_operator_refuses_it(kind: str, message: str, spec: str) -> None:
+    assert [str(f) for f in validate_text(f"apiVersion: ray.io/v1\nkind: {kind}\nmetadata: {{name: x}}\n{spec}").errors] == [message]
+
+
+def test_a_deletion_strategy_is_noted_only_for_an_operator_whose_feature_gate_is_off_by_default() -> None:
+    doc = sample(JOB_SAMPLE)
+    doc["spec"]["deletionStrategy"] = {"deletionRules": [
+        {"condition": {"jobStatus": "FAILED", "ttlSeconds": 30}, "policy": "DeleteWorkers"}]}
+    assert not validate_document(doc)[1] and not validate_document(doc, "1.6.0")[1]
+    [note] = validate_document(doc, "1.5.1")[1]
+    assert note.warning and note.path == "spec.deletionStrategy" and "RayJobDeletionPolicy" in note.message
+
+
 def test_other_ray_kinds_and_versions() -> None:
     assert errors({"apiVersion": "ray.io/v1alpha1", "kind": "RayJob", "metadata": {"name": "x"}}) == [
         "apiVersion: 'ray.io/v1alpha1': only ray.io/v1 is checked (v1alpha1 is deprecated); set apiVersion: ray.io/v1 "

@@ -191,6 +191,20 @@ def test_a_key_given_twice_is_refused_naming_its_line(tmp_path, text, line, key)
         JobConfig.from_yaml(path)
 
 
+@pytest.mark.parametrize(
+    ("text", "message"),
+    [("tiers: &t [*t]\n", "an alias refers to a node that holds it"),
+     ("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
+      + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)) + "tiers: []\n",
+      "its aliases expand this document to more than 100,000 values")],
+)
+def test_a_job_file_whose_aliases_loop_or_explode_is_refused_before_it_is_built(tmp_path, text, message):
+    path = tmp_path / "job.yaml"
+    path.write_text(text)
+    with pytest.raises(ConfigError, match=rf"job.yaml: not valid YAML at line 1, column \d+: {message}"):
+        JobConfig.from_yaml(path)
+
+
 # -- command line -------------------------------------------------------------------------------
 
 

@@ -28,7 +28,7 @@ import yaml
 from jsonschema import ValidationError
 from jsonschema.protocols import Validator
 
-from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, check_yaml_aliases
 from spotfallback.deploy import nodepools as karpenter
 from spotfallback.deploy.clouds import (
     K8S_DEFAULT_GRACE_S,
@@ -105,7 +105,12 @@ class Report:
 
 
 class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, which kubectl rejects too (PyYAML keeps the last)."""
+    """SafeLoader that rejects duplicate keys, which kubectl rejects too (PyYAML keeps the last),
+    and aliases that refer to their own node or expand without bound (``check_yaml_aliases``)."""
+
+    def construct_document(self, node: yaml.Node) -> Any:
+        check_yaml_aliases(node)
+        return super().construct_document(node)
 
 
 def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
@@ -129,6 +134,8 @@ def load_documents(text: str) -> list[Any]:
     """All YAML documents of ``text``; raises ValueError naming the line of a syntax error."""
     try:
         return list(yaml.load_all(text, Loader=_StrictLoader))
+    except RecursionError:
+        raise ValueError("not readable YAML: its values nest deeper than the YAML reader can follow") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None) or getattr(e, "context_mark", None)
         where = f"line {mark.line + 1}, column {mark.column + 1}: " if mark else ""
@@ -170,6 +177,9 @@ def field_path(parts: Iterable[str | int]) -> str:
 
 
 def _short(value: Any) -> str:
+    """The value as shown after its type; nothing for null, whose type says it all."""
+    if value is None:
+        return ""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 
@@ -203,9 +213,9 @@ def _schema_findings(err: ValidationError) -> list[Finding]:
     where = field_path(path)
     if kind == "type":
         expected = err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
-        return [Finding(where, f"expected {expected}, got {_json_type(err.instance)} {_short(err.instance)}")]
+        return [Finding(where, f"expected {expected}, got {_json_type(err.instance)} {_short(err.instance)}".rstrip())]
     if kind == "anyOf" and schema.get("x-kubernetes-int-or-string"):
-        return [Finding(where, f"expected an integer or a string such as \"2\" or \"500m\", got {_json_type(err.instance)} {_short(err.instance)}")]
+        return [Finding(where, f"expected an integer or a string such as \"2\" or \"500m\", got {_json_type(err.instance)} {_short(err.instance)}".rstrip())]
     if kind == "enum":
         allowed = ", ".join(map(str, err.validator_value))
         return [Finding(where, f"{_short(err.instance)} is not one of: {allowed}")]
@@ -663,13 +673,11 @@ def _job_findings(spec: Any, annotations: dict[str, Any]) -> Iterator[Finding]:
     runtime_env = spec.get("runtimeEnvYAML")
     if isinstance(runtime_env, str):
         try:
-            parsed = yaml.safe_load(runtime_env)
-        except yaml.YAMLError:
+            parsed = yaml.load(runtime_env, Loader=_StrictLoader)  # aliases bounded, as in the file itself
+        except (yaml.YAMLError, RecursionError):
             parsed = []
         if parsed is not None and not isinstance(parsed, dict):
             yield Finding("spec.runtimeEnvYAML", "must be a YAML mapping such as 'pip: [requests]'")
-    if "deletionStrategy" in spec:
-        yield Finding("spec.deletionStrategy", "needs the operator's RayJobDeletionPolicy feature gate", warning=True)
     yield from _cluster_findings(spec.get("rayClusterSpec"), ["spec", "rayClusterSpec"], annotations)
 
 
@@ -995,6 +1003,10 @@ def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     return needs
 
 
+# The RayJobDeletionPolicy feature gate: alpha and off by default until KubeRay 1.6.0 turned it on.
+DELETION_POLICY_DEFAULT_ON = (1, 6, 0)
+
+
 def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] | None) -> Iterator[Finding]:
     """What the stated operator (``--kuberay-version``) would drop or not know, and whether the
     file's ``spotfallback/min-kuberay-version`` annotation still covers what it uses."""
@@ -1014,6 +1026,9 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
     if version is None:
         return
     running = _version_text(version)
+    if kind == "RayJob" and "deletionStrategy" in _dict(doc.get("spec")) and version < DELETION_POLICY_DEFAULT_ON:
+        yield Finding("spec.deletionStrategy", f"KubeRay {running} applies it only with its RayJobDeletionPolicy feature "
+                      f"gate on (off by default before {_version_text(DELETION_POLICY_DEFAULT_ON)})", warning=True)
     consequences = {
         "ray.io/v1": f"KubeRay {running} has no ray.io/v1 API",
         "SidecarMode": f"SidecarMode: KubeRay {running} does not know this mode and would never submit the job",
@@ -1099,12 +1114,15 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
     """``validate_document`` of a document ``_normalize`` has already been through."""
     if not isinstance(doc, dict):
         return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
-    api, kind = doc.get("apiVersion"), doc.get("kind")
+    api, kind = doc.get("apiVersion") or None, doc.get("kind") or None  # kubectl takes "" as unset too
     if api is None and kind is None:
         if (launcher_schema()["properties"].keys() - {"metadata"}) & doc.keys():
             findings = list(_launcher_schema_findings(doc)) + list(_launcher_findings(doc))
             return LAUNCHER_KIND, findings
         return "?", [Finding("(top level)", "neither a Kubernetes object (apiVersion, kind) nor a Ray cluster-launcher config")]
+    shape = _object_shape_findings(api, kind)
+    if shape:
+        return str(kind) if isinstance(kind, str) else "?", shape
     if kind == "NodePool" and isinstance(api, str) and api.startswith("karpenter.sh/"):
         return kind, _nodepool_findings(doc, api)
     if not (isinstance(api, str) and api.startswith("ray.io/")):
@@ -1114,6 +1132,8 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
     if api != "ray.io/v1":
         return kind, [Finding("apiVersion", f"{api!r}: only ray.io/v1 is checked (v1alpha1 is deprecated); "
                                                    "set apiVersion: ray.io/v1 to have the file checked")]
+    if "spec" not in doc:  # the schema leaves spec optional; the operator refuses an object without one
+        doc = {**doc, "spec": {}}
     findings = [_removed_field(f, kind, version) for f in _schema_check(kuberay_validator(kind), doc)]
     findings += _metadata_findings(doc, kind)
     annotations = _dict(_get(doc, "metadata", "annotations"))
@@ -1123,6 +1143,26 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
         findings += _cluster_findings(doc.get("spec"), ["spec"], annotations)
     findings += _operator_findings(doc, kind, version)
     return kind, findings
+
+
+def _object_shape_findings(api: Any, kind: Any) -> list[Finding]:
+    """What kubectl refuses before any schema: a kind or apiVersion that is missing or not a
+    string, and a KubeRay kind under another group (the API server has no such kind there)."""
+    findings = []
+    if kind is None:
+        findings.append(Finding("kind", "missing: kubectl refuses an object without one; set the object's kind "
+                                        f"(e.g. {' or '.join(KUBERAY_FILES)})"))
+    elif not isinstance(kind, str):
+        findings.append(Finding("kind", f"expected a string, got {_json_type(kind)}"))
+    kuberay = isinstance(kind, str) and kind in KUBERAY_FILES
+    group = f"ray.io/v1 for a {kind}" if kuberay else "the kind's group and version"
+    if api is None:
+        findings.append(Finding("apiVersion", f"missing: kubectl refuses an object without one; set it ({group})"))
+    elif not isinstance(api, str):
+        findings.append(Finding("apiVersion", f"expected a string, got {_json_type(api)}; set it ({group})"))
+    elif kuberay and "/" not in api:
+        findings.append(Finding("apiVersion", f"{api!r}: a {kind} is in the ray.io group; set apiVersion: ray.io/v1"))
+    return findings
 
 
 def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, job: JobConfig | None = None) -> Report:
@@ -1164,7 +1204,7 @@ def validate_file(path: str | Path, kuberay_version: str | None = None, job: Job
     except OSError as e:
         return Report((), (Finding("(file)", f"cannot read {path}: {e.strerror}"),))
     except UnicodeDecodeError as e:
-        return Report((), (Finding("(file)", f"{path} is not UTF-8 text (byte {e.start}); save it as UTF-8"),))
+        return Report((), (Finding("(file)", f"{path} is not UTF-8 text (at byte offset {e.start}); save it as UTF-8"),))
     return validate_text(text, kuberay_version, job)
 
 

@@ -337,21 +337,22 @@ class _Engine:
         writes: dict[int, float] = {}
         for j in range(att.k + 1):
             target = policy.tiers[j]
-            here = policy.ladder.same_cluster(j, att.k)
-            restarts[j] = restart_s if here else restart_s + job.move_restart_h * 3600.0
-            writes[j] = self._write_h(j, att)
             if j < att.k and target.climb_back:
+                here = policy.ladder.same_cluster(j, att.k)
                 look = max(att.start, since_h + policy.climb_dwell_s(state, j) / 3600.0)
                 needs[j] = _observable(self.caps[j][min(self.caps[j])])
                 grids[j] = job.climb_grid_h(cycle) if here else cycle
             elif j == att.k and target.is_elastic and att.size < target.num_workers:
                 # The shell observes a shrunk elastic gang after every checkpoint, whatever the
                 # capacity (the policy checks its deadline guard and whether growing pays).
+                here = True
                 look = att.start
                 needs[j] = _ALWAYS
                 grids[j] = cycle
             else:
                 continue
+            restarts[j] = restart_s if here else restart_s + job.move_restart_h * 3600.0
+            writes[j] = self._write_h(j, att)
             at = _next_candidate(needs[j], look, att, grids[j], writes[j], offset)
             if at is not None:
                 pending[j] = at
