@@ -585,12 +585,15 @@ def test_a_missing_head_node_type_is_rays_default_type() -> None:
 
 def _ray_up_refuses(doc: dict[str, Any]) -> bool:
     from click import ClickException
+    from jsonschema import ValidationError as SchemaError
     from ray.autoscaler._private.util import prepare_config, validate_config
 
     try:
         validate_config(prepare_config(copy.deepcopy(doc)))
-    except (ValueError, ClickException):  # on-prem configs are refused through Ray's CLI logger
+    except (ValueError, ClickException, SchemaError):  # on-prem configs are refused through Ray's CLI logger
         return True
+    except (NotImplementedError, TypeError, AttributeError):  # an unknown provider, a null where a mapping goes:
+        return True  # ray up stops with a traceback
     return False
 
 
@@ -610,6 +613,10 @@ def _variant(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
         _variant(lambda d: d.pop("head_node_type")),
         _variant(lambda d: (d.pop("head_node_type"), d["available_node_types"].update({"ray.head.default": d["available_node_types"].pop("head")}))),
         _variant(lambda d: d["provider"].update(type="azure", location="westus2", resource_group="rg")),
+        _variant(lambda d: d["provider"].update(type="bogus")),
+        _variant(lambda d: d["provider"].update(type="kubernetes")),
+        _variant(lambda d: d.update(available_node_types=None)),
+        _variant(lambda d: d["available_node_types"].update(spot=None)),
     ],
 )
 def test_the_launchers_worker_cap_and_head_type_findings_agree_with_ray_up(doc: dict[str, Any]) -> None:
@@ -636,6 +643,8 @@ ON_PREM_VARIANTS = {
     "manual": _on_prem(ON_PREM_MANUAL, lambda d: None),
     "manual without worker_ips": _on_prem(ON_PREM_MANUAL, lambda d: d["provider"].pop("worker_ips")),
     "manual with a head_node": _on_prem(ON_PREM_MANUAL, lambda d: d.update(head_node={"InstanceType": "m5.large"})),
+    "coordinator with min_workers above max_workers": _on_prem(LOCAL_AUTOMATIC, lambda d: d.update(min_workers=5, max_workers=2)),
+    "coordinator with a placeholder min_workers": _on_prem(LOCAL_AUTOMATIC, lambda d: d.update(min_workers="N")),
 }
 
 
@@ -656,6 +665,23 @@ def test_on_prem_findings_name_the_field_and_the_fix() -> None:
     assert [e.split(":")[0] for e in errors(ON_PREM_VARIANTS["manual with a head_node"])] == ["head_node"]
     assert errors(ON_PREM_VARIANTS["manual without worker_ips"]) == [
         "provider.worker_ips: required for an on-prem cluster: give head_ip and worker_ips, or a coordinator_address"]
+
+
+def test_a_provider_ray_does_not_know_a_null_a_bad_on_prem_min_workers_and_a_second_document_are_named() -> None:
+    bogus = _variant(lambda d: d["provider"].update(type="kubernetes"))
+    [found] = errors(bogus)
+    assert found.startswith("provider.type: 'kubernetes' is not one of Ray's node providers (aliyun, aws, azure,")
+    assert found.endswith("on Kubernetes, Ray runs under KubeRay: write its files with spotfallback manifest kuberay")
+    assert errors(_variant(lambda d: d["available_node_types"].update(spot=None))) == [
+        'available_node_types.spot: expected object, got null']
+    assert errors(ON_PREM_VARIANTS["coordinator with a placeholder min_workers"]) == [
+        "min_workers: expected a number of worker nodes (0 or more), got string 'N'"]
+    assert errors(ON_PREM_VARIANTS["coordinator with min_workers above max_workers"]) == [
+        "min_workers: 5 is more than max_workers 2, which Ray refuses on an on-prem cluster"]
+    report = validate_text(yaml.safe_dump(LAUNCHER) + "---\n" + (FIXTURES / JOB_SAMPLE).read_text())
+    assert [str(f) for f in report.errors] == [
+        "(file): a cluster-launcher config must be the file's only YAML document (ray up reads one; this file has 3): "
+        "put the others in files of their own"]
 
 
 def test_launcher_legacy_fields_name_their_replacement() -> None:

@@ -457,6 +457,15 @@ def test_the_replacement_request_joins_ray_trains_own_autoscaling_coordinator():
     assert coord.ResourceRequestPriority.HIGH in coord.ResourceRequestPriority
 
 
+def test_the_launchers_node_providers_are_rays():
+    """manifest validate refuses a provider.type Ray's launcher does not know: the same list as Ray's."""
+    from ray.autoscaler._private.providers import _NODE_PROVIDERS
+
+    from spotfallback.deploy.validate import RAY_NODE_PROVIDERS
+
+    assert set(_NODE_PROVIDERS) == RAY_NODE_PROVIDERS
+
+
 def test_nothing_ray_private_is_imported_without_a_pin_here():
     """A new private Ray import anywhere in the package must come with a pin in this file."""
     pinned = {

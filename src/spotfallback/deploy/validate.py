@@ -142,13 +142,14 @@ def load_documents(text: str) -> list[Any]:
         raise ValueError(f"{where}not valid YAML: {getattr(e, 'problem', None) or e}") from None
 
 
-def _normalize(value: Any) -> Any:
+def _normalize(value: Any, keep_null: bool = False) -> Any:
     """What the API server sees: nulls in objects dropped (it prunes them), keys as strings,
-    YAML timestamps as strings (Kubernetes' YAML reader keeps them as text)."""
+    YAML timestamps as strings (Kubernetes' YAML reader keeps them as text). ``keep_null``: what
+    ``ray up`` sees, which keeps a null as a value (and fails on it where it wants another)."""
     if isinstance(value, dict):
-        return {_key(k): _normalize(v) for k, v in value.items() if v is not None}
+        return {_key(k): _normalize(v, keep_null) for k, v in value.items() if keep_null or v is not None}
     if isinstance(value, list):
-        return [_normalize(v) for v in value]
+        return [_normalize(v, keep_null) for v in value]
     if isinstance(value, _dt.date):
         return value.isoformat()
     return value
@@ -739,6 +740,12 @@ RAY_PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# The node providers Ray 2.60's launcher knows (``ray.autoscaler._private.providers._NODE_PROVIDERS``;
+# tests/unit/test_ray_contract.py pins the two together).
+RAY_NODE_PROVIDERS = frozenset({"local", "fake_multinode", "fake_multinode_docker", "readonly", "aws", "gcp", "vsphere",
+                                "azure", "kuberay", "aliyun", "external", "spark"})
+
+
 def _provider_defaults(doc: dict[str, Any]) -> dict[str, Any]:
     """The top-level fields ``ray up`` fills from its provider's defaults, for those ``doc`` leaves out."""
     defaults = RAY_PROVIDER_DEFAULTS.get(str(_get(doc, "provider", "type")), {})
@@ -797,6 +804,11 @@ def _on_prem_findings(doc: dict[str, Any]) -> Iterator[Finding]:
             yield Finding(key, "Ray refuses it on an on-prem (provider type local) cluster, which gets one node type of its "
                                "own: remove it (the machines come from provider.head_ip and provider.worker_ips, or from "
                                "provider.coordinator_address)")
+    low, cap = doc.get("min_workers"), doc.get("max_workers")
+    if "min_workers" in doc and (not isinstance(low, int) or isinstance(low, bool) or low < 0):
+        yield Finding("min_workers", f"expected a number of worker nodes (0 or more), got {_json_type(low)} {_short(low)}".rstrip())
+    elif isinstance(low, int) and isinstance(cap, int) and not isinstance(cap, bool) and low > cap:
+        yield Finding("min_workers", f"{low} is more than max_workers {cap}, which Ray refuses on an on-prem cluster")
     provider = _dict(doc.get("provider"))
     if "coordinator_address" in provider:
         if "max_workers" not in doc:
@@ -810,7 +822,14 @@ def _on_prem_findings(doc: dict[str, Any]) -> Iterator[Finding]:
 
 
 def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
-    if _get(doc, "provider", "type") == "local":
+    provider = _get(doc, "provider", "type")
+    if isinstance(provider, str) and provider not in RAY_NODE_PROVIDERS:
+        hint = ("; on Kubernetes, Ray runs under KubeRay: write its files with spotfallback manifest kuberay"
+                if provider == "kubernetes" else "")
+        yield Finding("provider.type", f"{provider!r} is not one of Ray's node providers "
+                                       f"({', '.join(sorted(RAY_NODE_PROVIDERS))}){hint}")
+        return
+    if provider == "local":
         yield from _on_prem_findings(doc)
         return
     types = _dict(doc.get("available_node_types"))
@@ -1107,7 +1126,19 @@ def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str
     """(what the document is, its findings) for one parsed YAML document; with
     ``kuberay_version``, also what that operator would drop (ValueError if it is no version)."""
     version = parse_version(kuberay_version) if kuberay_version else None
-    return _validate_normalized(_normalize(doc), version)
+    return _validate_normalized(_as_read(doc), version)
+
+
+def _as_read(doc: Any) -> Any:
+    """The document as its reader sees it: the API server, or ``ray up`` for a launcher config."""
+    return _normalize(doc, keep_null=_is_launcher_config(doc))
+
+
+def _is_launcher_config(doc: Any) -> bool:
+    """Whether a parsed document is shaped as a Ray cluster-launcher config: a mapping with some of
+    its top-level fields and neither apiVersion nor kind."""
+    return (isinstance(doc, dict) and not doc.get("apiVersion") and not doc.get("kind")
+            and bool({_key(k) for k in doc} & (launcher_schema()["properties"].keys() - {"metadata"})))
 
 
 def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str, list[Finding]]:
@@ -1116,7 +1147,7 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
         return "?", [Finding("(top level)", f"expected a mapping, got {_json_type(doc)}")]
     api, kind = doc.get("apiVersion") or None, doc.get("kind") or None  # kubectl takes "" as unset too
     if api is None and kind is None:
-        if (launcher_schema()["properties"].keys() - {"metadata"}) & doc.keys():
+        if _is_launcher_config(doc):
             findings = list(_launcher_schema_findings(doc)) + list(_launcher_findings(doc))
             return LAUNCHER_KIND, findings
         return "?", [Finding("(top level)", "neither a Kubernetes object (apiVersion, kind) nor a Ray cluster-launcher config")]
@@ -1172,12 +1203,15 @@ def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, 
     pools: list[dict[str, Any]] = []
     version = parse_version(kuberay_version) if kuberay_version else None
     for i, doc in enumerate(d for d in docs if d is not None):
-        doc = _normalize(doc)
+        doc = _as_read(doc)
         kind, found = _validate_normalized(doc, version)
         kinds.append(kind)
         findings += [Finding(f.path, f.message, f.warning, i) for f in found]
         if kind == "NodePool":
             pools.append(doc)
+    if LAUNCHER_KIND in kinds and len(kinds) > 1:
+        findings.append(Finding("(file)", f"a cluster-launcher config must be the file's only YAML document (ray up "
+                                          f"reads one; this file has {len(kinds)}): put the others in files of their own"))
     if not kinds:
         findings.append(Finding("(top level)", "the file holds no YAML document"))
     elif job is not None:
