@@ -382,7 +382,14 @@ def test_every_versioned_field_is_where_the_shipped_crd_has_it() -> None:
         "head group": cluster["properties"]["headGroupSpec"],
         "worker group": cluster["properties"]["workerGroupSpecs"]["items"],
     }
-    missing = [(where, key) for where, key in KUBERAY_FIELD_SINCE if key not in places[where]["properties"]]
+    def has(schema: dict[str, Any], dotted: str) -> bool:
+        for key in dotted.split("."):
+            schema = schema.get("properties", {}).get(key)
+            if schema is None:
+                return False
+        return True
+
+    missing = [(where, key) for where, key in KUBERAY_FIELD_SINCE if not has(places[where], key)]
     assert missing == []
 
 
@@ -393,6 +400,10 @@ FIELDS_OF_LATER_OPERATORS = [
     (("spec", "deletionStrategy"), {"onSuccess": {"policy": "DeleteCluster"}, "onFailure": {"policy": "DeleteNone"}}, "1.4.2", "1.5.0"),
     (("spec", "rayClusterSpec", "workerGroupSpecs", 0, "idleTimeoutSeconds"), 60, "1.2.2", "1.3.0"),
     (("spec", "preRunningDeadlineSeconds"), 600, "1.5.2", "1.6.0"),
+    # Fields an option object gained after the object itself.
+    (("spec", "rayClusterSpec", "authOptions", "secretName"), "ray-token", "1.5.2", "1.6.0"),
+    (("spec", "rayClusterSpec", "gcsFaultToleranceOptions", "backend"), "rocksdb", "1.6.2", "1.7.0"),
+    (("spec", "rayClusterSpec", "autoscalerOptions", "command"), ["ray"], "1.6.2", "1.7.0"),
 ]
 
 
@@ -402,7 +413,7 @@ def test_a_field_an_older_operator_prunes_is_named_with_the_release_that_has_it(
     job = sample(JOB_SAMPLE)
     parent = job
     for key in at[:-1]:
-        parent = parent[key]
+        parent = parent[key] if isinstance(key, int) else parent.setdefault(key, {})
     parent[at[-1]] = value
     path = ".".join(str(k) for k in at).replace(".0.", "[0].")
     assert [f for f in validate_document(job, kuberay_version=since)[1] if not f.warning] == []

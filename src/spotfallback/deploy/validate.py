@@ -919,14 +919,21 @@ KUBERAY_SINCE: dict[str, str] = {
 
 # Every other field of a RayCluster / RayJob spec and of their groups that the v1 CRD gained after
 # 1.0.0: the tag whose ray-operator/config/crd/bases first has it (v1.0.0 to v1.7.0), by where it
-# sits. "cluster" is a RayCluster's spec or a RayJob's spec.rayClusterSpec. An older operator's API
-# server prunes each without a word (a KubeRay 1.2 cluster with gcsFaultToleranceOptions runs
-# without GCS fault tolerance).
+# sits; a dotted key is a field an option object gained after the object itself. "cluster" is a
+# RayCluster's spec or a RayJob's spec.rayClusterSpec. An older operator's API server prunes each
+# without a word (a KubeRay 1.2 cluster with gcsFaultToleranceOptions runs without GCS fault
+# tolerance; a 1.6 one drops gcsFaultToleranceOptions.backend and keeps Redis).
 KUBERAY_FIELD_SINCE: dict[tuple[str, str], str] = {
     ("cluster", "suspend"): "1.1.0",
     ("cluster", "gcsFaultToleranceOptions"): "1.3.0",
     ("cluster", "managedBy"): "1.3.0",
     ("cluster", "authOptions"): "1.5.1",
+    ("cluster", "authOptions.secretName"): "1.6.0",
+    ("cluster", "authOptions.enableK8sTokenAuth"): "1.6.0",
+    ("cluster", "autoscalerOptions.command"): "1.7.0",
+    ("cluster", "autoscalerOptions.args"): "1.7.0",
+    ("cluster", "gcsFaultToleranceOptions.backend"): "1.7.0",
+    ("cluster", "gcsFaultToleranceOptions.storage"): "1.7.0",
     ("cluster", "upgradeStrategy"): "1.6.0",
     ("cluster", "historyServerOptions"): "1.7.0",
     ("cluster", "networkPolicy"): "1.7.0",
@@ -946,9 +953,8 @@ KUBERAY_SINCE.update({f"{where} {key}": since for (where, key), since in KUBERAY
 
 def _fields_since(obj: Any, where: str, at: list[str | int]) -> list[tuple[str, str]]:
     """(field path, ``KUBERAY_SINCE`` key) for each field of ``KUBERAY_FIELD_SINCE[where]`` that ``obj`` sets."""
-    present = _dict(obj)
-    return [(field_path([*at, key]), f"{where} {key}") for (w, key) in KUBERAY_FIELD_SINCE
-            if w == where and present.get(key) is not None]
+    return [(field_path([*at, *key.split(".")]), f"{where} {key}") for (w, key) in KUBERAY_FIELD_SINCE
+            if w == where and _get(obj, *key.split(".")) is not None]
 
 
 MIN_KUBERAY_ANNOTATION = "spotfallback/min-kuberay-version"
