@@ -859,9 +859,14 @@ def _child_nodes(node: yaml.Node) -> list[yaml.Node]:
     return []
 
 
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """PyYAML's safe loader, refusing a key given twice in one mapping: YAML lets the last one
-    win without a word, so a job file with two ``tiers:`` would run a ladder its author did not read."""
+class StrictYamlLoader(yaml.SafeLoader):
+    """PyYAML's safe loader, refusing a key given twice in one mapping and aliases that refer to
+    their own node or expand without bound (``check_yaml_aliases``).
+
+    YAML lets the last of two keys win without a word, so a job file with two ``tiers:`` would run
+    a ladder its author did not read (kubectl refuses both too). Merge keys (``<<: *base``) are
+    not keys of their own: the mapping's own keys override what they merge, as YAML says.
+    """
 
     def construct_document(self, node: yaml.Node) -> Any:
         check_yaml_aliases(node)
@@ -870,6 +875,8 @@ class _UniqueKeyLoader(yaml.SafeLoader):
     def construct_mapping(self, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
         seen: set[Any] = set()
         for key_node, _ in node.value:
+            if key_node.tag == "tag:yaml.org,2002:merge":
+                continue
             key = self.construct_object(key_node, deep=deep)
             if not isinstance(key, str | int | float | bool):
                 continue  # an unhashable key: the base class says what is wrong with it
@@ -883,7 +890,7 @@ class _UniqueKeyLoader(yaml.SafeLoader):
 def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
     """Parse YAML that must be a mapping (no key twice); errors say where."""
     try:
-        data = yaml.load(text, Loader=_UniqueKeyLoader)  # a SafeLoader: no arbitrary objects
+        data = yaml.load(text, Loader=StrictYamlLoader)  # a SafeLoader: no arbitrary objects
     except RecursionError:
         raise ConfigError(f"{source}: not readable YAML: its values nest deeper than the YAML reader can follow") from None
     except yaml.YAMLError as e:

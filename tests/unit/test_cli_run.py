@@ -348,3 +348,17 @@ def test_each_command_is_a_module_that_imports_no_other_command():
     imported = {a.name for n in ast.walk(registered) if isinstance(n, ast.ImportFrom)
                 and n.module == "spotfallback.cli" for a in n.names}
     assert imported == commands
+
+
+def test_a_cluster_that_cannot_be_joined_is_one_error_line_naming_ray_address(app, tmp_path, monkeypatch):
+    import ray
+
+    def unreachable(**_: object) -> None:  # what ray.init raises where no cluster answers at the address
+        raise ConnectionError("Could not find any running Ray instance. Please specify the one to connect to.")
+
+    monkeypatch.setattr(ray, "init", unreachable)
+    path = Path(job_file(tmp_path))
+    path.write_text(path.read_text().replace("ray_address: local", "ray_address: 10.0.0.1:6379"))
+    assert_refused(invoke(app, "run", str(path)), 2,
+                   "ray_address: cannot connect to Ray at '10.0.0.1:6379' (ConnectionError: Could not find",
+                   "start the cluster, or use 'local'")

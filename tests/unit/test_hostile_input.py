@@ -29,6 +29,7 @@ from spotfallback.events import EVENT_TYPES
 from spotfallback.sim.traces import load_node_trace, load_spot_trace
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import resolve_run
+from tests.support.yaml_texts import alias_bomb, nested_too_deep
 
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 CLI_SETTINGS = settings(SETTINGS, max_examples=50)  # each example runs the whole typer command
@@ -194,15 +195,31 @@ def test_a_key_given_twice_is_refused_naming_its_line(tmp_path, text, line, key)
 @pytest.mark.parametrize(
     ("text", "message"),
     [("tiers: &t [*t]\n", "an alias refers to a node that holds it"),
-     ("a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n"
-      + "".join(f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 10)) + "tiers: []\n",
-      "its aliases expand this document to more than 100,000 values")],
+     (alias_bomb(9, tail="tiers: []\n"), "its aliases expand this document to more than 100,000 values")],
 )
 def test_a_job_file_whose_aliases_loop_or_explode_is_refused_before_it_is_built(tmp_path, text, message):
     path = tmp_path / "job.yaml"
     path.write_text(text)
     with pytest.raises(ConfigError, match=rf"job.yaml: not valid YAML at line 1, column \d+: {message}"):
         JobConfig.from_yaml(path)
+
+
+def test_a_job_file_nested_past_the_yaml_readers_depth_is_refused_in_one_line(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text(nested_too_deep())
+    with pytest.raises(ConfigError, match=r"job.yaml: not readable YAML: its values nest deeper than the YAML reader can follow$"):
+        JobConfig.from_yaml(path)
+
+
+def test_a_job_file_may_share_a_tiers_settings_through_a_merge_key(tmp_path):
+    """``<<: *spot`` is how YAML repeats a mapping; the mapping's own keys override what it merges."""
+    path = tmp_path / "job.yaml"
+    path.write_text("name: merged\nentrypoint: spotfallback.examples.ddp_digits:train_fn\nstorage_path: /tmp/merged\ntiers:\n"
+                    "  - &spot {name: spot-a, market: spot, num_workers: 2, max_preemptions: 3}\n"
+                    "  - {<<: *spot, name: spot-b, max_preemptions: 1}\n"
+                    "  - {name: on-demand, market: on-demand, num_workers: 2}\n")
+    ladder = JobConfig.from_yaml(path).ladder
+    assert [(t.name, t.num_workers, t.max_preemptions) for t in ladder.tiers[:2]] == [("spot-a", 2, 3), ("spot-b", 2, 1)]
 
 
 # -- command line -------------------------------------------------------------------------------

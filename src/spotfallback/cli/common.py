@@ -35,6 +35,22 @@ RUN_HELP = "The run as STORAGE_PATH/NAME, e.g. ./runs/digits-1 or s3://bucket/ru
 err_console = Console(stderr=True, highlight=False)
 
 
+def join_ray(address: str, verbose: bool = False) -> str | None:
+    """Join the Ray cluster at ``address`` (``auto``: the one this machine belongs to).
+
+    Returns None once joined, or why it could not in a few words: each command says what that
+    means for it in its one error line, rather than Ray's traceback.
+    """
+    import ray
+
+    try:
+        ray.init(address=address, log_to_driver=verbose, include_dashboard=False,
+                 logging_level=logging.INFO if verbose else logging.WARNING)
+    except (ConnectionError, RuntimeError, ValueError) as e:
+        return f"{type(e).__name__}: {e}"
+    return None
+
+
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     """Print ``error: message`` (taken literally, never as markup) and return the exit to raise."""
     err_console.print(f"[bold red]error:[/] {escape(message)}", soft_wrap=True)

@@ -7,13 +7,12 @@ and reads the one line it prints (``clusters/looks.py``).
 
 from __future__ import annotations
 
-import logging
 from typing import Annotated
 
 import typer
 from pydantic import ValidationError
 
-from spotfallback.cli.common import fail
+from spotfallback.cli.common import fail, join_ray
 from spotfallback.clusters.looks import DEFAULT_LOOK_WAIT_S, look_result
 from spotfallback.config import MAX_DURATION_S, Tier, format_validation_error
 
@@ -37,11 +36,9 @@ def register(app: typer.Typer) -> None:
 
         from spotfallback.runtime.probe import look_capacity
 
-        try:
-            ray.init(address="auto", log_to_driver=False, include_dashboard=False, logging_level=logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise fail(f"no Ray cluster to look at here ({type(e).__name__}: {e}); run it as a Ray job on the "
-                       "tier's cluster, as the driver that moves a run between clusters does") from None
+        if (why := join_ray("auto")) is not None:
+            raise fail(f"no Ray cluster to look at here ({why}); run it as a Ray job on the "
+                       "tier's cluster, as the driver that moves a run between clusters does")
         try:
             available = look_capacity(tier, requester, wait_s)
         finally:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
 import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
@@ -12,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from spotfallback.cli.common import err_console, fail, setup_logging
+from spotfallback.cli.common import err_console, fail, join_ray, setup_logging
 from spotfallback.config import JobConfig, validation_config_error
 from spotfallback.errors import (
     EXIT_ERROR,
@@ -101,15 +100,9 @@ def _connect(job: JobConfig, verbose: bool) -> Any:
         from spotfallback.local import LocalSpotCluster
 
         return LocalSpotCluster.for_ladder(job.ladder, connect=True, verbose=verbose).start()
-    if not ray.is_initialized():
-        try:
-            ray.init(address=job.ray_address, log_to_driver=verbose, include_dashboard=False,
-                     logging_level=logging.INFO if verbose else logging.WARNING)
-        except (ConnectionError, RuntimeError, ValueError) as e:
-            raise ConfigError(
-                f"ray_address: cannot connect to Ray at {job.ray_address!r} ({type(e).__name__}: {e}); "
-                "start the cluster, or use 'local' for an embedded one"
-            ) from None
+    if not ray.is_initialized() and (why := join_ray(job.ray_address, verbose)) is not None:
+        raise ConfigError(f"ray_address: cannot connect to Ray at {job.ray_address!r} ({why}); "
+                          "start the cluster, or use 'local' for an embedded one")
     return None
 
 

@@ -28,7 +28,7 @@ import yaml
 from jsonschema import ValidationError
 from jsonschema.protocols import Validator
 
-from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, check_yaml_aliases
+from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, StrictYamlLoader
 from spotfallback.deploy import nodepools as karpenter
 from spotfallback.deploy.clouds import (
     K8S_DEFAULT_GRACE_S,
@@ -104,36 +104,10 @@ class Report:
 # --- parsing -----------------------------------------------------------------------------------
 
 
-class _StrictLoader(yaml.SafeLoader):
-    """SafeLoader that rejects duplicate keys, which kubectl rejects too (PyYAML keeps the last),
-    and aliases that refer to their own node or expand without bound (``check_yaml_aliases``)."""
-
-    def construct_document(self, node: yaml.Node) -> Any:
-        check_yaml_aliases(node)
-        return super().construct_document(node)
-
-
-def _mapping(loader: _StrictLoader, node: yaml.MappingNode, deep: bool = False) -> dict[Any, Any]:
-    seen: set[Any] = set()
-    for key_node, _ in node.value:
-        if key_node.tag == "tag:yaml.org,2002:merge":
-            continue
-        key = loader.construct_object(key_node, deep=True)
-        if key in seen:
-            raise yaml.constructor.ConstructorError(
-                None, None, f"duplicate key {key!r}", key_node.start_mark
-            )
-        seen.add(key)
-    return loader.construct_mapping(node, deep=deep)
-
-
-_StrictLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _mapping)
-
-
 def load_documents(text: str) -> list[Any]:
     """All YAML documents of ``text``; raises ValueError naming the line of a syntax error."""
     try:
-        return list(yaml.load_all(text, Loader=_StrictLoader))
+        return list(yaml.load_all(text, Loader=StrictYamlLoader))
     except RecursionError:
         raise ValueError("not readable YAML: its values nest deeper than the YAML reader can follow") from None
     except yaml.YAMLError as e:
@@ -674,7 +648,7 @@ def _job_findings(spec: Any, annotations: dict[str, Any]) -> Iterator[Finding]:
     runtime_env = spec.get("runtimeEnvYAML")
     if isinstance(runtime_env, str):
         try:
-            parsed = yaml.load(runtime_env, Loader=_StrictLoader)  # aliases bounded, as in the file itself
+            parsed = yaml.load(runtime_env, Loader=StrictYamlLoader)  # aliases bounded, as in the file itself
         except (yaml.YAMLError, RecursionError):
             parsed = []
         if parsed is not None and not isinstance(parsed, dict):
