@@ -277,13 +277,46 @@ def test_an_object_without_a_spec_is_refused_as_the_operator_refuses_it(kind: st
     assert [str(f) for f in validate_text(f"apiVersion: ray.io/v1\nkind: {kind}\nmetadata: {{name: x}}\n{spec}").errors] == [message]
 
 
-def test_a_deletion_strategy_is_noted_only_for_an_operator_whose_feature_gate_is_off_by_default() -> None:
-    doc = sample(JOB_SAMPLE)
-    doc["spec"]["deletionStrategy"] = {"deletionRules": [
+def _gate_notes(doc: dict[str, Any], version: str | None) -> list[tuple[str, str]]:
+    return [(f.path, f.message.split(" feature gate")[0].rsplit(" ", 1)[-1])
+            for f in validate_document(doc, version)[1] if f.warning and "feature gate" in f.message]
+
+
+def test_a_field_the_operator_refuses_with_its_default_feature_gates_is_noted_with_the_gate() -> None:
+    job = sample(JOB_SAMPLE)
+    cluster = job["spec"]["rayClusterSpec"]
+    job["spec"]["deletionStrategy"] = {"deletionRules": [
         {"condition": {"jobStatus": "FAILED", "ttlSeconds": 30}, "policy": "DeleteWorkers"}]}
-    assert not validate_document(doc)[1] and not validate_document(doc, "1.6.0")[1]
-    [note] = validate_document(doc, "1.5.1")[1]
-    assert note.warning and note.path == "spec.deletionStrategy" and "RayJobDeletionPolicy" in note.message
+    cluster["workerGroupSpecs"][0]["suspend"] = True
+    # RayJobDeletionPolicy: on by default from 1.6.0, so noted only for an operator before it.
+    assert _gate_notes(job, None) == _gate_notes(job, "1.6.0") == []
+    assert _gate_notes(job, "1.5.1") == [("spec.deletionStrategy", "RayJobDeletionPolicy"),
+                                         ("spec.rayClusterSpec.workerGroupSpecs[0].suspend", "RayJobDeletionPolicy")]
+    assert _gate_notes(job, "1.3.0") == [("spec.rayClusterSpec.workerGroupSpecs[0].suspend", "RayJobDeletionPolicy")]
+    cluster["workerGroupSpecs"][0]["suspend"] = False  # only suspending needs the gate
+    assert _gate_notes(job, "1.5.1") == [("spec.deletionStrategy", "RayJobDeletionPolicy")]
+
+    # Alpha gates, off by default in every release to 1.7.0: noted without a version too.
+    ray_cluster = sample(CLUSTER_SAMPLE)
+    ray_cluster["spec"]["networkPolicy"] = {"mode": "DenyAll"}
+    ray_cluster["spec"]["gcsFaultToleranceOptions"] = {"backend": "redis", "redisAddress": "redis:6379"}
+    gated = [("spec.networkPolicy", "RayClusterNetworkPolicy")]
+    assert _gate_notes(ray_cluster, None) == _gate_notes(ray_cluster, "1.7.0") == gated
+    ray_cluster["spec"]["gcsFaultToleranceOptions"] = {"backend": "rocksdb"}  # only the embedded backend is gated
+    gated.append(("spec.gcsFaultToleranceOptions.backend", "GCSFaultToleranceEmbeddedStorage"))
+    assert _gate_notes(ray_cluster, "1.7.0") == gated
+    [note] = [f for f in validate_document(ray_cluster)[1] if f.path == "spec.networkPolicy"]
+    assert str(note) == ("spec.networkPolicy: KubeRay refuses the object unless the operator runs with its "
+                         "RayClusterNetworkPolicy feature gate on (alpha, off by default): enable it (Helm: featureGates, "
+                         "name RayClusterNetworkPolicy, enabled true; or the operator's "
+                         "--feature-gates=RayClusterNetworkPolicy=true)")
+    # An operator without the field drops it instead: that error, not the gate, is what it needs.
+    assert _gate_notes(ray_cluster, "1.6.0") == []
+    assert any(f.path == "spec.networkPolicy" and not f.warning for f in validate_document(ray_cluster, "1.6.0")[1])
+    job["spec"]["rayClusterSpec"]["tlsOptions"] = {}
+    job["spec"]["rayClusterSpec"]["historyServerOptions"] = {}
+    assert _gate_notes(job, None) == [("spec.rayClusterSpec.tlsOptions", "RayClusterMTLS"),
+                                      ("spec.rayClusterSpec.historyServerOptions", "RayClusterHistoryServer")]
 
 
 def test_other_ray_kinds_and_versions() -> None:
@@ -367,7 +400,7 @@ def test_a_field_of_kuberay_1_3_and_1_4_only_is_removed_for_later_operators_and_
 
 def test_every_versioned_field_is_where_the_shipped_crd_has_it() -> None:
     from spotfallback.deploy.schema import kuberay_schema
-    from spotfallback.deploy.validate import KUBERAY_FIELD_SINCE
+    from spotfallback.deploy.validate import FEATURE_GATED, KUBERAY_FIELD_SINCE
 
     cluster = kuberay_schema("RayCluster")["properties"]["spec"]
     places = {
@@ -385,6 +418,8 @@ def test_every_versioned_field_is_where_the_shipped_crd_has_it() -> None:
 
     missing = [(where, key) for where, key in KUBERAY_FIELD_SINCE if not has(places[where], key)]
     assert missing == []
+    gated = [(where, key) for where, key, *_ in FEATURE_GATED]
+    assert [g for g in gated if g not in KUBERAY_FIELD_SINCE] == []  # each has its first release too
 
 
 FIELDS_OF_LATER_OPERATORS = [
@@ -801,6 +836,12 @@ def test_dropped_group_labels_name_what_is_lost_where_the_group_has_no_market_la
             "to 1.5.0 or later)") in found
     assert any(f.startswith("spec.workerGroupSpecs[0].labels: KubeRay 1.4.0 drops group labels silently: no node gets "
                             "ray.io/market-type") for f in found), found
+    doc = sample(CLUSTER_SAMPLE)  # an autoscaled group labelled for its zone only: a group, not a tier
+    doc["spec"]["enableInTreeAutoscaling"] = True
+    doc["spec"]["workerGroupSpecs"][0]["labels"] = {"ray.io/availability-zone": "us-east-1a"}
+    assert ("spec.workerGroupSpecs[0].labels: KubeRay 1.5.0 does not fully support scaling a worker group for a label "
+            "selector: this group at zero replicas may never get nodes (it first appears in 1.5.1; upgrade the operator "
+            "to 1.5.1 or later)") in _operator(doc, "1.5.0")
 
 
 def test_the_min_kuberay_annotation_is_read_and_checked() -> None:

@@ -1002,8 +1002,48 @@ def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
     return needs
 
 
-# The RayJobDeletionPolicy feature gate: alpha and off by default until KubeRay 1.6.0 turned it on.
-DELETION_POLICY_DEFAULT_ON = (1, 6, 0)
+# Fields the operator refuses unless one of its feature gates is on (its validation rejects the
+# object, so no cluster is made): (where the field is, its path there, the value that needs the gate
+# or None for any, the gate, the first release with the gate on by default or None for none to
+# 1.7.0). From ray-operator/pkg/features/features.go and controllers/ray/utils/validation.go.
+FEATURE_GATED: tuple[tuple[str, str, Any, str, tuple[int, ...] | None], ...] = (
+    ("job", "deletionStrategy", None, "RayJobDeletionPolicy", (1, 6, 0)),
+    ("worker group", "suspend", True, "RayJobDeletionPolicy", (1, 6, 0)),
+    ("cluster", "networkPolicy", None, "RayClusterNetworkPolicy", None),
+    ("cluster", "tlsOptions", None, "RayClusterMTLS", None),
+    ("cluster", "historyServerOptions", None, "RayClusterHistoryServer", None),
+    ("cluster", "gcsFaultToleranceOptions.backend", "rocksdb", "GCSFaultToleranceEmbeddedStorage", None),
+)
+
+
+def _gated_fields(doc: dict[str, Any], kind: str) -> Iterator[tuple[list[str | int], tuple[str, str], str, tuple[int, ...] | None]]:
+    """(path, its ``KUBERAY_FIELD_SINCE`` key, gate, on by default since) for each gated field ``doc`` sets."""
+    spec = _dict(doc.get("spec"))
+    places: list[tuple[str, Any, list[str | int]]] = [("cluster", spec, ["spec"])]
+    if kind == "RayJob":
+        places = [("job", spec, ["spec"]), ("cluster", _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"])]
+    places += [("worker group", group, where) for where, group in _cluster_groups(doc, kind) if "workerGroupSpecs" in where]
+    for where, obj, path in places:
+        for gated_where, key, value, gate, default_on in FEATURE_GATED:
+            got = _get(obj, *key.split("."))
+            if gated_where == where and got is not None and (value is None or got == value):
+                yield [*path, *key.split(".")], (where, key), gate, default_on
+
+
+def _feature_gate_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] | None) -> Iterator[Finding]:
+    """A warning for each field the stated operator (the newest, without ``--kuberay-version``)
+    refuses with its default feature gates: the fix is the operator's, not the file's."""
+    running = "KubeRay" if version is None else f"KubeRay {_version_text(version)}"
+    for path, what, gate, default_on in _gated_fields(doc, kind):
+        since = KUBERAY_FIELD_SINCE.get(what)
+        if version is not None and since is not None and parse_version(since) > version:
+            continue  # that operator has no such field: the "drops this field" error says so
+        if default_on is not None and (version is None or version >= default_on):
+            continue
+        off = f"off by default before {_version_text(default_on)}" if default_on else "alpha, off by default"
+        yield Finding(field_path(path), f"{running} refuses the object unless the operator runs with its {gate} "
+                      f"feature gate on ({off}): enable it (Helm: featureGates, name {gate}, enabled true; "
+                      f"or the operator's --feature-gates={gate}=true)", warning=True)
 
 
 def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] | None) -> Iterator[Finding]:
@@ -1022,12 +1062,10 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
         path, what, since = max(needs, key=lambda need: need[2])
         if since > minimum:
             yield Finding(where, f"says {stated}, but {path} ({what}) needs KubeRay {_version_text(since)}; set it to {_version_text(since)}")
+    yield from _feature_gate_findings(doc, kind, version)
     if version is None:
         return
     running = _version_text(version)
-    if kind == "RayJob" and "deletionStrategy" in _dict(doc.get("spec")) and version < DELETION_POLICY_DEFAULT_ON:
-        yield Finding("spec.deletionStrategy", f"KubeRay {running} applies it only with its RayJobDeletionPolicy feature "
-                      f"gate on (off by default before {_version_text(DELETION_POLICY_DEFAULT_ON)})", warning=True)
     consequences = {
         "ray.io/v1": f"KubeRay {running} has no ray.io/v1 API",
         "SidecarMode": f"SidecarMode: KubeRay {running} does not know this mode and would never submit the job",
@@ -1045,6 +1083,8 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
             if what == "group labels" and MARKET_LABEL not in labels:
                 consequence = (f"KubeRay {running} drops group labels silently: this group's Ray nodes get none of "
                                f"them ({', '.join(labels)}), so no label selector matches them")
+            if what == "label autoscaling" and MARKET_LABEL not in labels:
+                consequence = consequence.replace("a tier's group", "this group")
             yield Finding(path, f"{consequence} (it first appears in {first}; upgrade the operator to {first} or later)")
     if minimum is not None and minimum > version:
         needed = _version_text(minimum)
