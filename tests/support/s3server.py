@@ -1,8 +1,8 @@
 """A real S3 API on loopback for the tests: ``moto[server]`` in a subprocess, and an outage switch.
 
-Nothing is installed or started at import time. ``S3Server`` starts ``python -m moto.server``
-on 127.0.0.1 at a free port, waits until it answers, creates a bucket, and stops the process
-by its pid. moto keeps objects in memory only, so a storage outage is made in front of it:
+Nothing is installed or started at import time. ``S3Server`` starts moto's server (its object
+writes made atomic, as S3's are: ``moto_atomic``) on 127.0.0.1 at a free port, waits until it
+answers, creates a bucket, and stops the process by its pid. moto keeps objects in memory only, so a storage outage is made in front of it:
 ``OutageProxy`` forwards a second port to moto and can reset and refuse every connection for
 a while (at a moment of its choosing, e.g. the instant a checkpoint file's upload is sent),
 which is what a client sees when the storage endpoint goes away and comes back, with the data
@@ -30,6 +30,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, NoReturn
 
 import pytest
@@ -154,7 +155,7 @@ class S3Server:
 
     def start(self) -> S3Server:
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(self.port)],
+            [sys.executable, str(Path(__file__).with_name("moto_atomic.py")), "-H", "127.0.0.1", "-p", str(self.port)],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
         )
