@@ -10,7 +10,9 @@ back once spot capacity returns: only the climb-back probe asks the autoscaler f
 from __future__ import annotations
 
 import os
+import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -36,6 +38,8 @@ SPOT_TIMEOUT_S = 6.0
 # The controller's capacity look and probe throttles, shortened so the test measures the
 # autoscaler and the policy rather than polling intervals.
 ENV = {
+    # The venv's `spotfallback` on PATH: the head's raylet, hence each Ray job's driver, inherits it.
+    "PATH": f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}",
     "SPOTFALLBACK_CAPACITY_POLL_S": "1",
     "SPOTFALLBACK_PROBE_POLL_S": "1",
     "SPOTFALLBACK_PROBE_LEAD_S": "3600",  # probe as soon as the run is below spot
@@ -73,6 +77,7 @@ def cluster():
             AutoscaledGroup(NodeGroup("reserved"), max_workers=2, cap=0, delay_s=DELAY_S),
         ],
         connect=True,
+        jobs_api=True,  # for the moving driver's look, a Ray job
     )
     try:
         c.start()
@@ -130,6 +135,7 @@ def test_a_resource_request_launches_nodes_after_the_delay_and_never_beyond_the_
         assert nodes[0]["Labels"][MARKET_LABEL] == "reserved"
     finally:
         request_resources(bundles=[])
+        cluster.set_capacity("reserved", 0)
 
 
 def requested(cluster) -> dict[str, int]:
@@ -300,24 +306,49 @@ def test_an_elastic_spot_gang_starts_with_the_node_the_cloud_has_and_grows_when_
     assert result.metrics["step"] == config["total_steps"]
 
 
+def look(looks, tier, wait_s: float) -> tuple[int, float]:
+    """One look at ``tier`` as the moving driver makes it: `spotfallback look-capacity` as a Ray job,
+    submitted through the cluster's Jobs API, its count read from the job's log. (count, seconds)"""
+    t0 = time.monotonic()
+    looks.start(0, tier, "a", now=time.time(), wait_s=wait_s)
+    found: list[int] = []
+
+    def ended() -> bool:
+        count = looks.collect(tier)
+        if count is not None:
+            found.append(count)
+        return bool(found)
+
+    poll_until(ended, timeout=wait_s + 60, every=1.0)
+    return found[0], time.monotonic() - t0
+
+
 def test_a_look_from_the_moving_driver_gets_the_gang_from_the_autoscaler(cluster):
-    """The look the moving driver runs on a higher tier's cluster (a Ray job there; here, the test's
-    driver): the gang does not fit, so it asks Ray's autoscaler for it through Ray Train's
-    coordinator under its own requester id, and counts the nodes that come."""
+    """The look the moving driver runs on a higher tier's cluster: a Ray job there, through its
+    Jobs API. The gang does not fit, so it asks Ray's autoscaler for it through Ray Train's
+    coordinator under the run's own requester id and counts the nodes that come; where the cloud
+    has none, it counts none once its wait is over."""
     from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
         TrainAutoscalingCoordinatorClient,
     )
 
     from spotfallback import Tier
-    from spotfallback.runtime.probe import look_capacity
+    from spotfallback.clusters.jobs import ClusterJobs
+    from spotfallback.clusters.looks import CapacityLooks
+    from spotfallback.config import ClusterRef
 
     tier = Tier(name="reserved", market="reserved", num_workers=2)
-    requester = "spotfallback-climb-look-test"
-    cluster.set_capacity("reserved", 2)
+    looks = CapacityLooks({"a": ClusterJobs(ClusterRef(address=cluster.jobs_address, name="a"))},
+                          run_uri="file:///tmp/runs/looked-at", run_name="looked-at")
+    cluster.set_capacity("reserved", 0)  # the cloud has no reserved node: none launched, none left up
+    poll_until(lambda: cluster.alive_nodes("reserved") == [], timeout=90, last=lambda: cluster.alive_nodes("reserved"))
     try:
-        assert look_capacity(tier, requester, wait_s=120.0, poll_s=1.0) == 2
-        assert len(cluster.alive_nodes("reserved")) == 2
+        count, took = look(looks, tier, wait_s=10.0)
+        assert count == 0 and took >= 10.0 and cluster.alive_nodes("reserved") == []
+        cluster.set_capacity("reserved", 2)
+        count, _ = look(looks, tier, wait_s=120.0)
+        assert count == 2 and len(cluster.alive_nodes("reserved")) == 2
         assert requested(cluster).get("reserved", 0) >= 2  # left up for the climb: it expires on its own
     finally:
-        TrainAutoscalingCoordinatorClient(requester).cancel_resource_request()
+        TrainAutoscalingCoordinatorClient(looks.requester_id).cancel_resource_request()
         cluster.set_capacity("reserved", 0)

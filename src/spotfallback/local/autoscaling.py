@@ -39,6 +39,9 @@ from spotfallback.local.cluster import (
     _keep_ray_address_file,
     _wait_gone,
     connect_driver,
+    jobs_address,
+    jobs_api_params,
+    publish_cluster_address,
     train_workers_per_node,
 )
 
@@ -222,7 +225,8 @@ class LocalAutoscalingCluster:
     and every node the autoscaler launched), even after a failed start. Raylets inherit this
     process's environment plus :data:`LOCAL_RAY_ENV` (for variables not already set) plus
     ``ray_env``. ``idle_timeout_s`` is how long an unneeded node lives before the autoscaler
-    removes it.
+    removes it. ``jobs_api`` starts the head's dashboard with the Ray Jobs API (``jobs_address``),
+    which is all a driver moving a run between clusters reaches of each.
     """
 
     def __init__(
@@ -235,8 +239,11 @@ class LocalAutoscalingCluster:
         object_store_mb: int = 100,
         ray_env: Mapping[str, str] | None = None,
         verbose: bool = False,
+        jobs_api: bool = False,
     ) -> None:
         self.groups: dict[str, AutoscaledGroup] = {}
+        self._jobs_api = jobs_api
+        self._dashboard_port: int | None = None
         for g in groups:
             if g.name in self.groups or g.name == HEAD_TYPE:
                 raise ValueError(f"node type names must be unique and not {HEAD_TYPE!r}; repeated: {g.name!r}")
@@ -384,20 +391,23 @@ class LocalAutoscalingCluster:
             "RAY_FAKE_CLUSTER": "1",
             "AUTOSCALER_UPDATE_INTERVAL_S": "1",
         }
+        self._dashboard_port = _free_port()  # Ray's API server; 8265 may be another cluster's
         cluster = self._cluster = Cluster(shutdown_at_exit=threading.current_thread() is threading.main_thread())
         with _keep_ray_address_file(), _environ(env):
             cluster.add_node(
                 num_cpus=0,
                 labels={GROUP_LABEL: HEAD_GROUP},
-                include_dashboard=False,
-                dashboard_port=_free_port(),
+                dashboard_port=self._dashboard_port,
                 gcs_server_port=port,
                 temp_dir=self._temp_dir,
                 object_store_memory=self._object_store_bytes,
                 autoscaling_config=config_path,
                 env_vars={**self._ray_env, "RAY_CLOUD_INSTANCE_ID": FAKE_HEAD_NODE_ID, "RAY_OVERRIDE_NODE_ID_FOR_TESTING": FAKE_HEAD_NODE_ID},
                 _system_config=system_config,
+                **jobs_api_params(self._jobs_api),
             )
+        if self._jobs_api:
+            publish_cluster_address(cluster.gcs_address, self._temp_dir)
 
     def connect(self) -> None:
         """Make this process the cluster's driver, keeping Ray's log noise out of the terminal."""
@@ -507,6 +517,12 @@ class LocalAutoscalingCluster:
     def gcs_address(self) -> str:
         """The head's GCS (host:port): what ``RAY_ADDRESS`` takes for a process that joins as a driver."""
         return str(self._head_cluster().gcs_address)
+
+    @property
+    def jobs_address(self) -> str:
+        """The Ray Jobs API of the cluster (``jobs_api=True``), as a tier's ``cluster.address`` names it."""
+        self._head_cluster()
+        return jobs_address(self._jobs_api, self._dashboard_port)
 
     @property
     def temp_dir(self) -> str | None:

@@ -276,30 +276,19 @@ class LocalSpotCluster:
             shutdown_at_exit=threading.current_thread() is threading.main_thread()
         )
         self._dashboard_port = _free_port()  # Ray's API server; 8265 may be another cluster's
-        jobs: dict[str, Any] = {}
-        if self._jobs_api:
-            # The Jobs API runs in the head's dashboard and its agent; two clusters on one
-            # machine need their own agent port (Ray's default is fixed).
-            jobs = {"dashboard_host": "127.0.0.1", "dashboard_agent_listen_port": _free_port()}
         with _keep_ray_address_file():
             self._cluster.add_node(
                 num_cpus=0,
                 labels={GROUP_LABEL: HEAD_GROUP},
-                include_dashboard=self._jobs_api,
                 dashboard_port=self._dashboard_port,
                 temp_dir=self._temp_dir,
                 object_store_memory=self._object_store_bytes,
                 env_vars=self._ray_env,
                 _system_config=system_config,
-                **jobs,
+                **jobs_api_params(self._jobs_api),
             )
         if self._jobs_api:
-            # A job's driver finds its cluster through the "current cluster" file of the head's
-            # temp dir; Ray's test Cluster writes only the machine-wide one, which another
-            # cluster on this machine may own.
-            from ray._private.utils import write_ray_address
-
-            write_ray_address(self._cluster.gcs_address, self._temp_dir)
+            publish_cluster_address(self._cluster.gcs_address, self._temp_dir)
 
     def connect(self) -> None:
         """Make this process the cluster's driver, keeping Ray's log noise out of the terminal."""
@@ -364,9 +353,7 @@ class LocalSpotCluster:
     def jobs_address(self) -> str:
         """The Ray Jobs API of the cluster (``jobs_api=True``), as a tier's ``cluster.address`` names it."""
         self._require()
-        if not self._jobs_api:
-            raise RuntimeError("this local cluster runs no Jobs API; start it with jobs_api=True")
-        return f"http://127.0.0.1:{self._dashboard_port}"
+        return jobs_address(self._jobs_api, self._dashboard_port)
 
     def kill_all(self) -> None:
         """A region outage: SIGKILL every process of the cluster at once (head, nodes, jobs' drivers).
@@ -622,6 +609,34 @@ def _remove_node(cluster: Any, node: Node, graceful: bool) -> None:
         for child in frozen:
             with contextlib.suppress(psutil.Error):
                 child.kill()
+
+
+def jobs_api_params(jobs_api: bool) -> dict[str, Any]:
+    """A local head's dashboard parameters: with ``jobs_api``, the Ray Jobs API on loopback.
+
+    The Jobs API runs in the head's dashboard and its agent; two clusters on one machine need
+    their own agent port (Ray's default is fixed). Without it, no dashboard: less to start.
+    """
+    if not jobs_api:
+        return {"include_dashboard": False}
+    return {"include_dashboard": True, "dashboard_host": "127.0.0.1", "dashboard_agent_listen_port": _free_port()}
+
+
+def publish_cluster_address(gcs_address: str, temp_dir: str) -> None:
+    """Write the head's "current cluster" file into its temp dir, where a Ray job's driver looks.
+
+    Ray's test Cluster writes only the machine-wide one, which another cluster on this machine may own.
+    """
+    from ray._private.utils import write_ray_address
+
+    write_ray_address(gcs_address, temp_dir)
+
+
+def jobs_address(jobs_api: bool, dashboard_port: int | None) -> str:
+    """The Ray Jobs API's address of a local cluster started with ``jobs_api``."""
+    if not jobs_api or dashboard_port is None:
+        raise RuntimeError("this local cluster runs no Jobs API; start it with jobs_api=True")
+    return f"http://127.0.0.1:{dashboard_port}"
 
 
 def connect_driver(address: str, verbose: bool) -> None:
