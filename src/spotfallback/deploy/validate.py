@@ -962,11 +962,17 @@ def _version_text(version: tuple[int, ...]) -> str:
     return ".".join(map(str, version))
 
 
+def _cluster_spec(doc: dict[str, Any], kind: str) -> tuple[dict[str, Any], list[str | int]]:
+    """(spec, path) of the cluster: a RayCluster's spec or a RayJob's spec.rayClusterSpec."""
+    spec = _dict(doc.get("spec"))
+    if kind == "RayJob":
+        return _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
+    return spec, ["spec"]
+
+
 def _cluster_groups(doc: dict[str, Any], kind: str) -> list[tuple[list[str | int], Any]]:
     """(path, group) of the head group and each worker group of a RayCluster or a RayJob's cluster."""
-    spec, at = _dict(doc.get("spec")), ["spec"]
-    if kind == "RayJob":
-        spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
+    spec, at = _cluster_spec(doc, kind)
     groups: list[tuple[list[str | int], Any]] = [([*at, "headGroupSpec"], spec.get("headGroupSpec"))]
     listed = spec.get("workerGroupSpecs")
     groups += [([*at, "workerGroupSpecs", i], g) for i, g in enumerate(listed if isinstance(listed, list) else [])]
@@ -984,7 +990,7 @@ def kuberay_needs(doc: dict[str, Any], kind: str) -> list[tuple[str, str]]:
             needs.append(("spec.submissionMode", "SidecarMode" if mode == "SidecarMode" else "submissionMode"))
         needs += [(f"spec.{key}", key) for key in ("activeDeadlineSeconds", "backoffLimit") if key in spec]
         needs += _fields_since(spec, "job", at)
-        spec, at = _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"]
+    spec, at = _cluster_spec(doc, kind)
     needs += _fields_since(spec, "cluster", at)
     if _get(spec, "autoscalerOptions", "version") is not None:
         needs.append((field_path([*at, "autoscalerOptions", "version"]), "autoscalerOptions.version"))
@@ -1018,10 +1024,8 @@ FEATURE_GATED: tuple[tuple[str, str, Any, str, tuple[int, ...] | None], ...] = (
 
 def _gated_fields(doc: dict[str, Any], kind: str) -> Iterator[tuple[list[str | int], tuple[str, str], str, tuple[int, ...] | None]]:
     """(path, its ``KUBERAY_FIELD_SINCE`` key, gate, on by default since) for each gated field ``doc`` sets."""
-    spec = _dict(doc.get("spec"))
-    places: list[tuple[str, Any, list[str | int]]] = [("cluster", spec, ["spec"])]
-    if kind == "RayJob":
-        places = [("job", spec, ["spec"]), ("cluster", _dict(spec.get("rayClusterSpec")), ["spec", "rayClusterSpec"])]
+    places: list[tuple[str, Any, list[str | int]]] = [("job", _dict(doc.get("spec")), ["spec"])] if kind == "RayJob" else []
+    places.append(("cluster", *_cluster_spec(doc, kind)))
     places += [("worker group", group, where) for where, group in _cluster_groups(doc, kind) if "workerGroupSpecs" in where]
     for where, obj, path in places:
         for gated_where, key, value, gate, default_on in FEATURE_GATED:
@@ -1071,7 +1075,7 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
         "SidecarMode": f"SidecarMode: KubeRay {running} does not know this mode and would never submit the job",
         "group labels": f"KubeRay {running} drops group labels silently: no node gets {MARKET_LABEL}, so no tier finds its workers",
         "label autoscaling": (f"KubeRay {running} does not fully support scaling a worker group for a label selector: "
-                              "a tier's group at zero replicas may never get nodes"),
+                              "{group} at zero replicas may never get nodes"),
         "native sidecar": f"KubeRay {running} drops it silently: the sidecar becomes an ordinary init container, which must exit before Ray starts",
     }
     labels_at = {field_path([*where, "labels"]): _dict(_get(group, "labels")) for where, group in _cluster_groups(doc, kind)}
@@ -1083,8 +1087,8 @@ def _operator_findings(doc: dict[str, Any], kind: str, version: tuple[int, ...] 
             if what == "group labels" and MARKET_LABEL not in labels:
                 consequence = (f"KubeRay {running} drops group labels silently: this group's Ray nodes get none of "
                                f"them ({', '.join(labels)}), so no label selector matches them")
-            if what == "label autoscaling" and MARKET_LABEL not in labels:
-                consequence = consequence.replace("a tier's group", "this group")
+            if what == "label autoscaling":
+                consequence = consequence.format(group="a tier's group" if MARKET_LABEL in labels else "this group")
             yield Finding(path, f"{consequence} (it first appears in {first}; upgrade the operator to {first} or later)")
     if minimum is not None and minimum > version:
         needed = _version_text(minimum)
