@@ -94,8 +94,14 @@ def soak_run(
     storage_outages: int = 1,
     timeout_s: float = 600,
     tiers: list[dict[str, Any]] | None = None,
+    kill_on: str | None = None,
 ) -> SoakResult:
-    """One run of the example job on S3 under trace-driven capacity, driver kills and S3 outages."""
+    """One run of the example job on S3 under trace-driven capacity, driver kills and S3 outages.
+
+    Driver kills come at random moments, or, with ``kill_on`` (a ledger event kind), right
+    after the run records that event: a relaunched driver starts its tier's capacity wait
+    afresh, so a kill inside a capacity gap can keep the gap from ever outlasting the timeout.
+    """
     from spotfallback.local import Injector
     from spotfallback.store.ledger import LedgerTail
     from spotfallback.store.location import resolve_run
@@ -131,8 +137,9 @@ def soak_run(
     replay = None
     # Chaos on a schedule drawn up front: (seconds after start, what).
     horizon = max(20.0, config["total_steps"] * 0.4)
+    kills = [(rng.uniform(8, horizon), "kill") for _ in range(driver_kills)]
     schedule = sorted(
-        [(rng.uniform(8, horizon), "kill") for _ in range(driver_kills)]
+        (kills if kill_on is None else [])
         + [(rng.uniform(8, horizon), "outage") for _ in range(storage_outages)]
     )
     proc = launch()
@@ -141,9 +148,13 @@ def soak_run(
         while True:
             code = proc.poll()
             elapsed = time.monotonic() - t0
-            if replay is None and any(r.event.kind == "workers_acquired" for r in ledger.poll()):
+            kinds = {r.event.kind for r in ledger.poll()}
+            if replay is None and "workers_acquired" in kinds:
                 # The trace starts once the run trains, so its first drops hit a running gang.
                 replay = _start_replay(injector, trace, tick_s, start_tick, ticks, rng)
+            if kill_on in kinds and kills:
+                schedule = sorted(schedule + [(elapsed, "kill") for _ in kills])
+                kills = []
             if schedule and elapsed >= schedule[0][0]:
                 _, what = schedule.pop(0)
                 if what == "kill" and code is None:
