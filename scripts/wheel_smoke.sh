@@ -52,7 +52,7 @@ rc=0
 # the job file plan writes carries the job, so backtest needs only the trace.
 python -c 'import json; json.dump({"metadata": {"gap_seconds": 600}, "data": ([1] * 30 + [0] * 6) * 28}, open("trace.json", "w"))'
 spotfallback plan --hours 10 --deadline-h 15 --workers 1 --trace trace.json --write-yaml planned.yaml \
-    --entrypoint spotfallback.examples.ddp_digits:train_func >"$WORK/plan.log" 2>&1 || rc=$?
+    --entrypoint spotfallback.examples.ddp_digits:train_fn >"$WORK/plan.log" 2>&1 || rc=$?
 ((rc == 0)) || { tail -40 "$WORK/plan.log"; fail "spotfallback plan exited $rc"; }
 spotfallback backtest planned.yaml --trace trace.json --json >"$WORK/backtest.json" 2>&1 || rc=$?
 ((rc == 0)) || { tail -40 "$WORK/backtest.json"; fail "spotfallback backtest exited $rc"; }

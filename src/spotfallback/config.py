@@ -976,6 +976,11 @@ class PlanPrediction(BaseModel):
         "answer_requests=True)), so its climbs back come between checkpoints.",
     )
     made_with: str = Field(default="", description="What the plan was made from: trace or rate model, job size, number of runs.")
+    trace_counts: Literal["available", "preempted"] = Field(
+        default="available",
+        description="What the ticks of the plan's SkyPilot JSON traces counted (`plan --trace-counts`); `backtest` "
+        "reads its traces the same way unless told otherwise.",
+    )
     job: PlannedJob | None = Field(
         default=None, description="The job the plan was made for; `backtest` replays it unless told otherwise."
     )

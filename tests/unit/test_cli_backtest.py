@@ -21,7 +21,7 @@ from spotfallback.sim.job import JobSpec
 from spotfallback.sim.planner import PlanRequest, load_process, plan
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import load_node_trace, load_spot_trace
-from spotfallback.sim.world import world_for
+from spotfallback.sim.world import complement_trace, world_for
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures"
 TRACE = str(FIXTURES / "us-west-2a_v100_1.json")
@@ -316,7 +316,7 @@ def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_say
     assert doc["replayed"] == {"work_h": 10, "checkpoint_interval_h": JobConfig.from_yaml(planned).plan.checkpoint_interval_h,
                                "checkpoint_cost_s": pytest.approx(60), "restart_overhead_s": pytest.approx(360),
                                "provisioning_delay_s": pytest.approx(180), "notice_s": 30, "jit_checkpoint": True,
-                               "checkpoint_on_request": True}
+                               "checkpoint_on_request": True, "trace_counts": "available"}
     flags = ["--hours", "10", "--checkpoint-cost-s", "60", "--restart-overhead-s", "360", "--provisioning-delay-s", "180",
              "--notice-s", "30", "--jit", "--checkpoint-on-request"]
     stated = json.loads(invoke(app, str(planned), "--trace", TRACE, "--json", *flags).output)
@@ -327,6 +327,68 @@ def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_say
     assert slower["spend"]["mean"] > doc["spend"]["mean"]
     r = invoke(app, str(planned), "--trace", TRACE)
     assert r.exit_code == 0 and "Job: 10 h of training" in r.output and "as planned in the job file" in r.output
+
+
+def test_traces_are_read_as_the_plan_read_them_unless_trace_counts_says_otherwise(app, tmp_path):
+    """A plan made on traces that count preempted instances replays its windows on the same reading."""
+    req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1, spot_price=0.3,
+                      on_demand_price=1.0, deadline_h=15, runs=40)
+    planned = tmp_path / "planned.yaml"
+    made = plan(req, complement_trace(load_process(TRACE)))
+    planned.write_text(made.job_yaml("planned", "./runs", "m:f", trace_counts="preempted"))
+    assert JobConfig.from_yaml(planned).plan.trace_counts == "preempted"
+
+    def windows(*args: str) -> dict:
+        r = invoke(app, str(planned), "--trace", TRACE, "--json", *args)
+        assert r.exit_code == 0, r.output
+        return json.loads(r.output)
+
+    as_planned, preempted, available = windows(), windows("--trace-counts", "preempted"), windows("--trace-counts", "available")
+    assert as_planned["replayed"]["trace_counts"] == "preempted" and available["replayed"]["trace_counts"] == "available"
+    assert as_planned["windows_detail"] == preempted["windows_detail"] != available["windows_detail"]
+    r = invoke(app, str(planned), "--trace", TRACE)
+    assert "JSON traces read as counting preempted instances" in " ".join(r.output.split())
+    bad = invoke(app, str(planned), "--trace", TRACE, "--trace-counts", "free")
+    assert bad.exit_code == 2 and "--trace-counts: must be 'available' or 'preempted', got 'free'" in bad.output
+    nodes = invoke(app, str(planned), "--trace", NODES, "--trace-counts", "preempted")
+    assert nodes.exit_code == 2 and "--trace-counts: applies to SkyPilot JSON traces" in nodes.output
+
+
+ELASTIC_NO_LIMITS = """name: el
+storage_path: ./runs
+entrypoint: a.b:c
+tiers:
+  - {name: spot, market: spot, num_workers: [1, 4], price_per_worker_hour: 0.9}
+  - {name: on-demand, market: on-demand, num_workers: 4, price_per_worker_hour: 3.06}
+"""
+
+
+def test_a_window_whose_run_never_finishes_is_counted_not_passed_off_as_a_result(app, tmp_path, job_file):
+    """No budget, no timeout and no periodic checkpoint on a trace that preempts the gang every few minutes:
+    the run never finishes, and the spend shown is that of the hours until the simulator gave up."""
+    job = tmp_path / "el.yaml"
+    job.write_text(ELASTIC_NO_LIMITS)
+    r = invoke(app, str(job), "--trace", NODES, "--hours", "10", "--deadline-h", "15", "--json")
+    assert r.exit_code == 0, r.output
+    doc = json.loads(r.output)
+    assert doc["unfinished"] == doc["windows"] == 1 and doc["windows_detail"][0]["finished"] is False
+    assert doc["windows_detail"][0]["wall_h"] == 1000  # 100 x the work
+    (note,) = [n for n in doc["notes"] if "never finished" in n]
+    assert note.startswith("in 1 of 1 windows the run never finished: the simulator gave up after 1,000 h") and (
+        "max_preemptions or capacity_timeout_s" in note)
+    fine = json.loads(invoke(app, str(job_file), "--trace", TRACE, "--hours", "10", "--json").output)
+    assert fine["unfinished"] == 0 and all(w["finished"] for w in fine["windows_detail"])
+    assert not any("never finished" in n for n in fine["notes"])
+
+
+def test_a_trace_without_spot_capacity_replays_without_a_numpy_warning(app, tmp_path, recwarn):
+    """Spot never comes: the run leaves it for on-demand, where the search for a climb back finds no look at all."""
+    zero = tmp_path / "zero.json"
+    zero.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0] * 500}))
+    r = invoke(app, str(_planned_job_file(tmp_path, notice_s=120)), "--trace", str(zero), "--json")
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.output)["vs_on_demand"]["mean"] == pytest.approx(1.0, abs=0.05)
+    assert [str(w.message) for w in recwarn.list if issubclass(w.category, RuntimeWarning)] == []
 
 
 def test_a_deadline_guard_made_for_another_job_than_the_replayed_one_is_pointed_out(app, tmp_path):

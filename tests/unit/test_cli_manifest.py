@@ -74,6 +74,8 @@ def test_out_never_replaces_a_file_unless_forced(app: typer.Typer, job_file: Pat
     assert run(app, *command, "--job", job_file, "--out", out, "--force").exit_code == 0 and validate_file(out).ok
     folder = run(app, *command, "--job", job_file, "--out", tmp_path)
     assert folder.exit_code == 2 and folder.stderr == f"error: --out: '{tmp_path}' is a directory; give a file name\n"
+    json_out = run(app, *command, "--job", job_file, "--out", tmp_path / "deploy.json")
+    assert json_out.exit_code == 2 and json_out.stderr == f"error: --out: '{tmp_path / 'deploy.json'}' must end in .yaml or .yml\n"
     assert not list(tmp_path.glob(".*.tmp"))
     # --force replaces an old manifest, never the job file it is made from (through a link, too).
     before = job_file.read_text()

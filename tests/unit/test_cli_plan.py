@@ -44,6 +44,15 @@ def test_seed_table_prints_the_corrected_rows(app):
     assert r.exit_code == 0 and "d = 0.7" in r.output
 
 
+def test_the_job_file_records_how_the_plan_read_its_traces(app, tmp_path):
+    yaml_path = tmp_path / "job.yaml"
+    r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--trace-counts", "preempted", "--deadline-h", "15",
+               "--runs", "20", "--write-yaml", str(yaml_path), "--entrypoint", "m:f")
+    assert r.exit_code == 0, r.output
+    plan = JobConfig.from_yaml(yaml_path).plan
+    assert plan is not None and plan.trace_counts == "preempted" and "(complemented)" in plan.made_with
+
+
 def test_plan_on_a_trace_writes_a_job_file_and_a_plot(app, tmp_path):
     yaml_path, png = tmp_path / "job.yaml", tmp_path / "plan.png"
     r = invoke(app, "--hours", "24", "--workers", "4", "--trace", TRACE, "--deadline-h", "40",
@@ -58,7 +67,7 @@ def test_plan_on_a_trace_writes_a_job_file_and_a_plot(app, tmp_path):
     assert job.train_loop_config == {"total_steps": 50}
     assert job.tiers[-1].market == "on-demand" and all(t.num_workers == 4 for t in job.tiers)
     assert job.plan is not None and job.plan.deadline_h == 40 and job.plan.on_time_probability >= 0.95
-    assert "us-west-2a_v100_1" in job.plan.made_with
+    assert "us-west-2a_v100_1" in job.plan.made_with and job.plan.trace_counts == "available"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     again = ("--hours", "24", "--workers", "4", "--rate", "0.01", "--runs", "20", "--write-yaml", str(yaml_path),
              "--entrypoint", "train.py:main", "--name", "nightly", "--storage-path", "s3://bucket/runs")
@@ -110,6 +119,11 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--rate", "0.1", "--write-yaml", ".", "--entrypoint", "m:f"], "--write-yaml: '.' is a directory; give a file name"),
         (["--seed-table", "--discount", "3"], "--discount:"),
         (["--hours", "10", "--rate", "0.1", "--worker-resources", '{"GPU": 8}'], "--worker-resources: applies to the job file; give --write-yaml too"),
+        (["--hours", "10", "--rate", "0.1", "--entrypoint", "m:f"], "--entrypoint: applies to the job file; give --write-yaml too"),
+        (["--hours", "10", "--rate", "0.1", "--name", "x"], "--name: applies to the job file; give --write-yaml too"),
+        (["--hours", "10", "--rate", "0.1", "--storage-path", "s3://b/r"], "--storage-path: applies to the job file"),
+        (["--hours", "10", "--rate", "0.1", "--train-loop-config", "{}"], "--train-loop-config: applies to the job file"),
+        (["--hours", "10", "--rate", "0.1", "--force"], "--force: applies to the job file; give --write-yaml too"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--worker-resources", "{x"],
          "--worker-resources: not valid JSON"),
         (["--hours", "10", "--rate", "0.1", "--write-yaml", "JOB.yaml", "--entrypoint", "m:f", "--worker-resources", '{"gpu": 8}'],
@@ -376,8 +390,8 @@ def test_both_outputs_are_checked_before_the_simulation_and_before_either_is_wri
 def test_a_job_file_or_plot_that_fails_as_it_is_written_is_one_line_and_keeps_the_old_file(app, tmp_path):
     full = tmp_path / "full.yaml"
     full.symlink_to("/dev/full")
-    args = ("--hours", "10", "--rate", "0.1", "--runs", "20", "--entrypoint", "m:f")
-    r = invoke(app, *args, "--write-yaml", str(full), "--force")
+    args = ("--hours", "10", "--rate", "0.1", "--runs", "20")
+    r = invoke(app, *args, "--write-yaml", str(full), "--force", "--entrypoint", "m:f")
     lines = [ln for ln in r.output.splitlines() if ln.startswith("error:")]
     assert r.exit_code == 2 and "Traceback" not in r.output, r.output
     assert lines == [f"error: --write-yaml: cannot write '{full}' (a link to '/dev/full'): No space left on device; "

@@ -107,7 +107,8 @@ def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, mon
         (["status", "{tmp}/runs/missing"], ["run: no spotfallback run at", "missing"]),
         (["status", "{tmp}/runs/bad name"], ["name: run name 'bad name'"]),
         (["status", "{tmp}/runs/x/_spotfallback"], ["is a run's own _spotfallback folder; give the run:", "runs/x'"]),
-        (["status", "bare-name"], ["expected STORAGE_PATH/NAME, got 'bare-name' (a run in this directory: ./bare-name)"]),
+        (["status", "bare-name"], ["expected STORAGE_PATH/NAME, got 'bare-name' (STORAGE_PATH is the job file's "
+                                   "storage_path: ./runs/bare-name for the job file `spotfallback init` writes)"]),
         (["status", "{run}", "--events", "-1"], ["--events: must be 0 or more"]),
         (["report", "{run}", "--out", "{tmp}/t.jpg"], ["--out:", "must end in .png"]),
         (["report", "{run}", "--out", "{tmp}/nowhere/t.png"], ["--out: directory", "does not exist"]),
@@ -124,6 +125,13 @@ def test_report_default_picture_name_is_the_run_name(app, run_uri, tmp_path, mon
 def test_bad_input_is_one_clear_line_and_exit_code_2(app, run_uri, tmp_path, args, needles):
     args = [a.format(tmp=tmp_path, run=run_uri) for a in args]
     assert_usage_error(invoke(app, *args), *needles)
+
+
+@pytest.mark.parametrize("where", ["runs/my-run", "my-run"])
+def test_a_run_named_alone_is_pointed_to_the_folder_of_that_name_here(app, tmp_path, monkeypatch, where):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / where).mkdir(parents=True)
+    assert_usage_error(invoke(app, "status", "my-run"), f"got 'my-run' (did you mean ./{where}?)")
 
 
 def test_init_writes_a_valid_commented_job_and_refuses_to_overwrite(app, tmp_path):

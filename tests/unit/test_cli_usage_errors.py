@@ -36,7 +36,14 @@ def test_help_still_prints_the_help_and_exits_0(cli):
     assert "Usage:" in result.output and "--hours" in result.output
 
 
-def test_no_command_prints_the_help(cli):
-    result = CliRunner().invoke(cli, ["manifest"])
+@pytest.mark.parametrize(("args", "path", "commands"), [
+    (["manifest"], "spotfallback manifest", "kuberay, cluster-launcher, nodepools, validate"),
+    ([], "spotfallback", "run, demo, plan, backtest,"),
+])
+def test_no_command_prints_the_help_and_one_error_line_naming_the_commands(cli, args, path, commands):
+    result = CliRunner().invoke(cli, args, prog_name="spotfallback")
     assert result.exit_code == 2
-    assert "Usage:" in result.output and "kuberay" in result.output and "error:" not in result.output
+    assert "Usage:" in result.stdout and "error:" not in result.stdout
+    [line] = result.stderr.splitlines()
+    assert line.startswith(f"error: missing command: give one of {commands}"), line
+    assert line.endswith(f"(`{path} --help` says what each does)"), line

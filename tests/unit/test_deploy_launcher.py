@@ -151,12 +151,14 @@ def test_region_and_zone_come_from_tiers_or_options() -> None:
 @pytest.mark.parametrize(("cloud", "region", "zone"), [
     (VmCloud.AWS, "us-gov-west-1", "us-gov-west-1b"), (VmCloud.AWS, "us-west-2", "us-west-2-lax-1a"),
     (VmCloud.AWS, "ap-southeast-4", None), (VmCloud.GCP, "europe-west10", "europe-west10-c"),
-    (VmCloud.GCP, None, "northamerica-northeast1-a"),
+    (VmCloud.GCP, None, "northamerica-northeast1-a"), (VmCloud.AWS, None, "us-east-1a"), (VmCloud.AWS, None, "us-west-2-lax-1a"),
 ])
 def test_each_clouds_region_and_zone_names_are_taken(cloud, region, zone) -> None:
+    """A zone alone names its region: the region's name is the start of the zone's."""
     opts = LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="p")
     provider = cluster_launcher_config(make_job(LADDERS[1]), opts)["provider"]
-    assert provider.get("availability_zone") == zone and (region is None or provider["region"] == region)
+    derived = {"us-east-1a": "us-east-1", "us-west-2-lax-1a": "us-west-2", "northamerica-northeast1-a": "northamerica-northeast1"}
+    assert provider.get("availability_zone") == zone and provider["region"] == (region or derived[zone])
 
 
 @pytest.mark.parametrize(("cloud", "region", "zone", "problem"), [

@@ -192,7 +192,13 @@ def test_a_json_trace_read_as_a_node_trace_is_quoted_short(tmp_path):
         load_node_trace(p)
     msg = str(err.value)
     assert msg.startswith(f"{p}: line 1: expected 3 fields") and "characters)" in msg
-    assert "looks like a SkyPilot JSON trace" in msg and len(msg) < 400
+    assert "looks like a SkyPilot JSON trace: name it .json and give it with --trace" in msg and len(msg) < 400
+
+
+def test_a_json_file_given_as_a_node_trace_is_sent_to_trace_not_renamed(tmp_path):
+    p = _write(tmp_path, "zone.json", json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0, 1, 1]}))
+    with pytest.raises(TraceError, match=r"looks like a SkyPilot JSON trace: give it with --trace$"):
+        load_node_trace(p)
 
 
 def test_a_long_bad_value_is_quoted_short(tmp_path):

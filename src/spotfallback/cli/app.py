@@ -33,10 +33,11 @@ class OneLineErrors(TyperGroup):
             result = super().main(args, prog_name, complete_var, standalone_mode=False, **extra)
         except _ClickException as e:
             code: int = getattr(e, "exit_code", 2)
-            if type(e).__name__ == "NoArgsIsHelpError":  # the help is the answer, and typer printed it
+            ctx = getattr(e, "ctx", None)
+            if type(e).__name__ == "NoArgsIsHelpError":  # typer printed the help; the error line says what is missing
+                typer.echo(f"error: {_missing_command(ctx)}", err=True)
                 sys.exit(code)
             message = _sentence(e.format_message())  # type: ignore[attr-defined]
-            ctx = getattr(e, "ctx", None)
             if isinstance(e, _UsageError) and ctx is not None:
                 message += f" (`{ctx.command_path} --help` lists the options)"
             typer.echo(f"error: {message}", err=True)
@@ -45,6 +46,15 @@ class OneLineErrors(TyperGroup):
             typer.echo("error: aborted", err=True)
             sys.exit(1)
         sys.exit(result if isinstance(result, int) else 0)  # an int: typer.Exit's code
+
+
+def _missing_command(ctx: Any) -> str:
+    """A group called without its command: the commands it has (those its help lists)."""
+    group = getattr(ctx, "command", None)
+    if not isinstance(group, TyperGroup):
+        return "missing command"
+    names = [n for n in group.list_commands(ctx) if not getattr(group.get_command(ctx, n), "hidden", False)]
+    return f"missing command: give one of {', '.join(names)} (`{ctx.command_path} --help` says what each does)"
 
 
 def _sentence(message: str) -> str:
@@ -87,7 +97,7 @@ def main() -> None:
         app()
     except MemoryError as e:  # numpy refuses an array past the machine's memory at once
         typer.echo(f"error: the command needs more memory than this machine has ({e}); inputs far past the usual "
-                   "(hours of work, a deadline, a window, a trace's times or tick) are the usual cause", err=True)
+                   "(--runs, hours of work, a deadline, a window, a trace's times or tick) are the usual cause", err=True)
         raise SystemExit(2) from None
 
 

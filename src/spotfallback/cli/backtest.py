@@ -14,7 +14,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import fail, output_problem, usage_error, write_output
+from spotfallback.cli.common import fail, one_line, output_problem, usage_error, write_output
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import (
     ConfigError,
@@ -34,7 +34,7 @@ from spotfallback.sim.backtesting import (
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import gating_note, repeat_note
+from spotfallback.sim.world import complement_trace, gating_note, repeat_note
 
 # States the optimum's search of one backtest may meet over all its windows (``optimum_for``):
 # about 30-150 s on one core; past it, the optimum is left out with a note. The 27 windows of a
@@ -90,7 +90,8 @@ def _job_line(replayed: Mapping[str, Any], planned: bool) -> str:
             f"({replayed['checkpoint_cost_s']:g} s to write), {replayed['restart_overhead_s']:g} s restart, "
             f"{replayed['provisioning_delay_s']:g} s provisioning, {replayed['notice_s']:g} s notice, "
             f"{'' if replayed['jit_checkpoint'] else 'no '}just-in-time checkpoint"
-            f"{', checkpoints on request' if replayed['checkpoint_on_request'] else ''}. "
+            f"{', checkpoints on request' if replayed['checkpoint_on_request'] else ''}"
+            f"{'; JSON traces read as counting preempted instances' if replayed['trace_counts'] == 'preempted' else ''}. "
             f"{'What the command line does not give is as planned in the job file.' if planned else 'The job file records no planned job: what the command line does not give is the default.'}")
 
 
@@ -144,17 +145,23 @@ def _pool_paths(given: list[str]) -> dict[str, Path]:
     return out
 
 
-def _pools(paths: Mapping[str, Path], ladder: Ladder) -> dict[str, SpotTrace | NodeTrace]:
+def _read_trace(option: str, path: Path, trace_counts: str) -> SpotTrace | NodeTrace:
+    """A recorded trace, a JSON one read as ``trace_counts`` says (``plan --trace-counts``)."""
+    try:
+        proc = load_process(str(path))
+    except TraceError as e:
+        raise usage_error(option, str(e)) from None
+    return complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc
+
+
+def _pools(paths: Mapping[str, Path], ladder: Ladder, trace_counts: str) -> dict[str, SpotTrace | NodeTrace]:
     """The traces of ``--pool`` (``_pool_paths``), loaded, for tiers of ``ladder``."""
     tiers = {t.name: t for t in ladder.tiers}
     pools: dict[str, SpotTrace | NodeTrace] = {}
     for name, path in paths.items():
         if name not in tiers:
             raise usage_error("--pool", f"JOB.yaml has no tier {name!r}; its tiers are {', '.join(map(repr, tiers))}")
-        try:
-            pools[name] = load_process(str(path))
-        except TraceError as e:
-            raise usage_error("--pool", str(e)) from None
+        pools[name] = _read_trace("--pool", path, trace_counts)
         if tiers[name].is_spot:  # another tier is refused by backtest() itself, as no trace applies to it
             _check_gang_fits("--pool", path, pools[name], [(tiers[name].num_workers, f"JOB.yaml's spot tier {name!r}")])
     return pools
@@ -208,6 +215,10 @@ def register(app: typer.Typer) -> None:
             "answer_requests=True)): climbs back come between periodic checkpoints, at the cost of one write. "
             "Default: the job file's plan, else no.",
         ),
+        trace_counts: str | None = typer.Option(
+            None, "--trace-counts",
+            help="What the ticks of a SkyPilot JSON trace (--trace, --pool) count: 'available' or 'preempted' "
+                 "instances. Default: as the job file's plan read its traces, else 'available'."),
         spot_price: float | None = typer.Option(
             None, "--spot-price",
             help="Spot price per worker-hour the optimum may use when JOB.yaml's ladder has no spot tier (the "
@@ -228,7 +239,7 @@ def register(app: typer.Typer) -> None:
             try:
                 job = JobConfig.from_yaml(job_file)
             except (ConfigError, OSError) as e:
-                raise usage_error("JOB.yaml", "; ".join(str(e).splitlines())) from None
+                raise usage_error("JOB.yaml", one_line(str(e))) from None
             if not trace:
                 raise usage_error("--trace", "give at least one recorded trace (SkyPilot .json or node .csv)")
             if not (window_h > 0 and math.isfinite(window_h)):
@@ -282,14 +293,17 @@ def register(app: typer.Typer) -> None:
                      if t.is_spot and t.name not in pool_paths]
             if optimum_over is not None:
                 gangs.append((od.num_workers, f"the optimum's spot gang at --spot-price (JOB.yaml's tier {od.name!r})"))
+            counts = trace_counts if trace_counts is not None else (plan.trace_counts if plan else "available")
+            if counts not in ("available", "preempted"):
+                raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {counts!r}")
             traces: list[SpotTrace | NodeTrace] = []
             for path in trace:
-                try:
-                    traces.append(load_process(str(path)))
-                except TraceError as e:
-                    raise usage_error("--trace", str(e)) from None
+                traces.append(_read_trace("--trace", path, counts))
                 _check_gang_fits("--trace", path, traces[-1], gangs)
-            pools = _pools(pool_paths, job.ladder)
+            pools = _pools(pool_paths, job.ladder, counts)
+            if trace_counts == "preempted" and not any(isinstance(t, SpotTrace) for t in [*traces, *pools.values()]):
+                raise usage_error("--trace-counts", "applies to SkyPilot JSON traces, and every trace given is a node "
+                                                    "trace (.csv), which records its own adds and removes")
             left_out: list[str] = []
             try:
                 try:
@@ -316,12 +330,18 @@ def register(app: typer.Typer) -> None:
             writer.writerows(rows)
             write_output("--csv", csv_path, table.getvalue())
         replayed = {"work_h": spec.work_h, "checkpoint_interval_h": spec.checkpoint_interval_h, **secs,
-                    "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request}
+                    "jit_checkpoint": spec.jit_checkpoint, "checkpoint_on_request": spec.checkpoint_on_request,
+                    "trace_counts": counts}
         spot_tiers = [t for t in job.tiers if t.is_spot]
         if res.unreachable:
             left_out.append(f"in {res.unreachable} of {res.windows} windows no schedule, even with hindsight, finishes "
                             f"by the deadline of {spec.deadline_h:g} h; spend / hindsight optimum leaves them out "
                             "(a later deadline: --deadline-h)")
+        if res.unfinished:
+            left_out.append(f"in {res.unfinished} of {res.windows} windows the run never finished: the simulator gave up "
+                            f"after {float(res.wall_h[~res.finished].max()):,.0f} h, and their spend is that of the hours "
+                            "until then (a spot tier that never gets far enough on this trace and never gives up: set "
+                            "its max_preemptions or capacity_timeout_s, or checkpoint more often)")
         notes = left_out + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
             n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
             for n in (gating_note(p, t.num_workers), repeat_note(p, t.num_workers, deadline, "deadline")) if n))

@@ -57,6 +57,14 @@ def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:
     return typer.Exit(code)
 
 
+def one_line(message: str) -> str:
+    """A several-line error (a job file's problems, one per line under its path) as one line."""
+    lines = [line.strip() for line in message.splitlines() if line.strip()]
+    if len(lines) > 1 and lines[0].endswith(":"):
+        return f"{lines[0]} {'; '.join(lines[1:])}"
+    return "; ".join(lines)
+
+
 def usage_error(option: str, message: str) -> UsageError:
     """Bad input to ``option``, printed as one ``error:`` line; a path or value with a newline is shown escaped."""
     return UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))

@@ -17,7 +17,7 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 from packaging.requirements import InvalidRequirement, Requirement
 
-from spotfallback.cli.common import output_problem, write_output
+from spotfallback.cli.common import one_line, output_problem, write_output
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
@@ -61,7 +61,7 @@ ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, sp
 NameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of the job file's; the same name RESUMES that run.")]
 UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timestamp and random token to the run name: a new run.")]
 PipOpt = Annotated[list[str] | None, typer.Option("--pip", help="Package to pip-install at start (repeatable).")]
-OutOpt = Annotated[Path | None, typer.Option("--out", help="File to write; stdout if omitted.")]
+OutOpt = Annotated[Path | None, typer.Option("--out", help="YAML file to write (.yaml or .yml); stdout if omitted.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --out file if it exists.")]
 
 
@@ -105,15 +105,8 @@ def _path_or_url(package: str) -> bool:
     return "://" in package or package.startswith((".", "/", "~")) or package.endswith((".whl", ".tar.gz", ".zip"))
 
 
-def _one_line(message: str) -> str:
-    lines = [line.strip() for line in message.splitlines() if line.strip()]
-    if len(lines) > 1 and lines[0].endswith(":"):
-        return f"{lines[0]} {'; '.join(lines[1:])}"
-    return "; ".join(lines)
-
-
 def _config_error(err: ConfigError, job_path: Path) -> NoReturn:
-    message = _one_line(str(err))
+    message = one_line(str(err))
     field, sep, rest = message.partition(":")
     if sep and field in _OPTION_OF:
         _fail(f"{_OPTION_OF[field]}:{rest}")
@@ -136,7 +129,7 @@ def _load(job_path: Path, name: str | None, unique: bool) -> tuple[JobConfig, st
     try:
         job = JobConfig.from_yaml(job_path)
     except ConfigError as e:
-        _fail(f"--job: {_one_line(str(e))}")
+        _fail(f"--job: {one_line(str(e))}")
     return job, (unique_run_name(name or job.name) if unique else name)
 
 
@@ -170,7 +163,7 @@ def _check_out(out: Path | None, force: bool, job: Path) -> None:
         return
     if out.exists() and job.exists() and os.path.samefile(out, job):
         _fail(f"--out: {str(out)!r} is the --job file; write the manifest to another path")
-    if (problem := output_problem(out, None, keep_existing=not force)) is not None:
+    if (problem := output_problem(out, (".yaml", ".yml"), keep_existing=not force)) is not None:
         _fail(f"--out: {problem}")
 
 
@@ -298,7 +291,7 @@ def launcher_command(
     image: ImageOpt = None,
     name: NameOpt = None,
     unique_name: UniqueOpt = False,
-    region: Annotated[str | None, typer.Option(help="Region (default: the tiers' ray.io/availability-region).")] = None,
+    region: Annotated[str | None, typer.Option(help="Region (default: the tiers' ray.io/availability-region, else the --zone's).")] = None,
     zone: Annotated[str | None, typer.Option(help="Zone (default: the tiers' ray.io/availability-zone); required on GCP.")] = None,
     project_id: Annotated[str | None, typer.Option(help="GCP project id.")] = None,
     instance_type: Annotated[list[str] | None, typer.Option(help="TIER=TYPE (repeatable) instead of the default fit.")] = None,

@@ -16,7 +16,7 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import fail, output_problem, usage_error, write_output
+from spotfallback.cli.common import fail, one_line, output_problem, usage_error, write_output
 from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
@@ -299,7 +299,7 @@ def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, An
         try:
             text = result.job_yaml(**job_fields)
         except ConfigError as e:
-            raise fail(str(usage_error("--write-yaml", "; ".join(str(e).splitlines()))), e.exit_code) from None
+            raise fail(str(usage_error("--write-yaml", one_line(str(e)))), e.exit_code) from None
     picture = _plot(result) if plot is not None else None
     done = []
     if write_yaml is not None:
@@ -434,22 +434,26 @@ def _worker_resources(text: str) -> dict[str, float] | None:
     return tier.resources_per_worker
 
 
-def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers: int, storage_path: str,
-                entrypoint: str | None, train_loop_config: str, worker_resources: str = "") -> dict[str, Any] | None:
+def _job_fields(write_yaml: Path | None, name: str | None, hours: float, workers: int, storage_path: str | None,
+                entrypoint: str | None, train_loop_config: str | None, worker_resources: str = "",
+                force: bool = False) -> dict[str, Any] | None:
     """The job file's own fields, checked before minutes of simulation are spent."""
     if write_yaml is None:
-        if worker_resources:
-            raise usage_error("--worker-resources", "applies to the job file; give --write-yaml too")
+        given = [opt for opt, v in (("--entrypoint", entrypoint), ("--name", name), ("--storage-path", storage_path),
+                                    ("--train-loop-config", train_loop_config), ("--worker-resources", worker_resources),
+                                    ("--force", force)) if v]
+        if given:
+            raise usage_error(given[0], "applies to the job file; give --write-yaml too")
         return None
     if not entrypoint:
         raise usage_error("--entrypoint", "required with --write-yaml: the training function as "
                                     "'package.module:function' or 'path/file.py:function'")
-    loop_config = _json_option("--train-loop-config", train_loop_config)
+    loop_config = _json_option("--train-loop-config", "{}" if train_loop_config is None else train_loop_config)
     if not isinstance(loop_config, dict):
         raise usage_error("--train-loop-config", f"must be a JSON object, got {type(loop_config).__name__}")
     fields: dict[str, Any] = {
         "name": f"job-{hours:g}h-{workers}w" if name is None else name,
-        "storage_path": storage_path,
+        "storage_path": "./runs" if storage_path is None else storage_path,
         "entrypoint": entrypoint,
         "train_loop_config": loop_config,
     }
@@ -520,14 +524,18 @@ def register(app: typer.Typer) -> None:
             "prediction (plan:), and --name, --storage-path, --entrypoint, --train-loop-config.",
         ),
         name: str | None = typer.Option(
-            None, "--name", help="Run name in the job file. Default: job-<hours>h-<workers>w, e.g. job-100h-8w."
+            None, "--name", help="With --write-yaml: the run's name. Default: job-<hours>h-<workers>w, e.g. job-100h-8w."
         ),
-        storage_path: str = typer.Option("./runs", "--storage-path", help="Where the run's checkpoints and ledger go."),
+        storage_path: str | None = typer.Option(
+            None, "--storage-path", help="With --write-yaml: where the run's checkpoints and ledger go. Default: ./runs."
+        ),
         entrypoint: str | None = typer.Option(
             None, "--entrypoint",
             help="Training function, 'package.module:function' or 'file.py:function'; required with --write-yaml.",
         ),
-        train_loop_config: str = typer.Option("{}", "--train-loop-config", help="JSON object handed to the training function."),
+        train_loop_config: str | None = typer.Option(
+            None, "--train-loop-config", help="With --write-yaml: JSON object handed to the training function. Default: {}."
+        ),
         worker_resources: str = typer.Option(
             "", "--worker-resources",
             help="With --write-yaml: JSON resources of one worker on every tier, e.g. '{\"CPU\": 8, \"GPU\": 8}' (a GPU count sets use_gpu).",
@@ -578,7 +586,7 @@ def register(app: typer.Typer) -> None:
                 if path is not None and (problem := output_problem(path, suffix, keep_existing=keep)) is not None:
                     raise usage_error(opt, problem)
             job_fields = _job_fields(write_yaml, name, hours, workers, storage_path, entrypoint, train_loop_config,
-                                     worker_resources)
+                                     worker_resources, force)
             req = _request(
                 work_h=hours, num_workers=workers, checkpoint_cost_h=checkpoint_cost_s / 3600.0,
                 restart_overhead_h=restart_overhead_s / 3600.0, provisioning_delay_h=provisioning_delay_s / 3600.0,
@@ -589,6 +597,8 @@ def register(app: typer.Typer) -> None:
                 move_cost=checkpoint_gb * egress_price,
             )
             spots = _spot_processes(trace, node_trace, trace_counts, rate, failure_rate, outage_prob, outage_h)
+            if job_fields is not None:  # backtest reads the traces as the plan did
+                job_fields["trace_counts"] = trace_counts
             if cluster and len(cluster) != len(spots) + 1:
                 raise usage_error("--cluster", f"{len(cluster)} clusters for {len(spots)} spot pools and on-demand; give "
                                   "one per --trace / --node-trace in order, then the on-demand tier's")

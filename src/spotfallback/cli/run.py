@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any
 import typer
 from pydantic import ValidationError
 
-from spotfallback.cli.common import err_console, fail, join_ray, setup_logging
+from spotfallback.cli.common import err_console, fail, join_ray, one_line, setup_logging
 from spotfallback.config import JobConfig, validation_config_error
 from spotfallback.errors import (
     EXIT_ERROR,
@@ -218,7 +218,7 @@ def register(app: typer.Typer) -> None:
         try:
             job = load_job(job_file, job_json, {"ray_address": ray_address, "name": name, "storage_path": storage_path})
         except ConfigError as e:
-            raise fail(str(e), e.exit_code) from None
+            raise fail(one_line(str(e)), e.exit_code) from None
         from spotfallback.view.watcher import WatchOptions
 
         watch = WatchOptions(mode="json" if json_lines else None, mlflow=mlflow)

@@ -234,8 +234,10 @@ def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
         if not opts.project_id:
             raise ConfigError("project_id: required on GCP; pass --project-id")
         return {"type": "gcp", "region": region, "availability_zone": zone, "project_id": opts.project_id}
+    if not region and zone:
+        region = _NAMES[VmCloud.AWS][1].match(zone).group(0)  # type: ignore[union-attr]  # checked above
     if not region:
-        raise ConfigError(f"region: required; pass --region or give the tiers {REGION_LABEL}")
+        raise ConfigError(f"region: required; pass --region (or --zone) or give the tiers {REGION_LABEL}")
     provider: dict[str, Any] = {"type": "aws", "region": region}
     if zone:
         provider["availability_zone"] = zone

@@ -56,6 +56,7 @@ class BacktestResult:
     wall_h: np.ndarray
     on_time: np.ndarray  # finished by the deadline
     switches: np.ndarray
+    finished: np.ndarray  # False: the run never finished; the simulator gave up at its horizon (wall_h)
     on_demand_spend: float  # the same job on the ladder's on-demand tier alone
     optimum: np.ndarray | None  # hindsight optimum of each window (inf: no schedule in time); None: not searched
     deadline_h: float
@@ -85,6 +86,12 @@ class BacktestResult:
         return 0 if self.optimum is None else int((~np.isfinite(self.optimum)).sum())
 
     @property
+    def unfinished(self) -> int:
+        """Windows whose run never finished: the simulator gave up on it (``default_horizon_h``), and its
+        spend and wall time are those of the hours until then."""
+        return int((~self.finished).sum())
+
+    @property
     def costlier_than_on_demand(self) -> int:
         return int((self.spend > self.on_demand_spend * (1 + 1e-9)).sum())
 
@@ -96,7 +103,8 @@ class BacktestResult:
         """One dict per window, for CSV and JSON."""
         return [
             {"trace": str(self.trace[i]), "start_h": float(self.start_h[i]), "spend": float(self.spend[i]),
-             "wall_h": float(self.wall_h[i]), "on_time": bool(self.on_time[i]), "switches": int(self.switches[i]),
+             "wall_h": float(self.wall_h[i]), "finished": bool(self.finished[i]), "on_time": bool(self.on_time[i]),
+             "switches": int(self.switches[i]),
              "on_demand_spend": self.on_demand_spend,
              "optimum": None if self.optimum is None or not np.isfinite(self.optimum[i]) else float(self.optimum[i])}
             for i in range(self.windows)
@@ -113,6 +121,7 @@ class BacktestResult:
             "vs_on_demand": self.vs_on_demand.plain(),
             "vs_optimum": None if (vs := self.vs_optimum) is None else vs.plain(),
             "unreachable": self.unreachable,
+            "unfinished": self.unfinished,
             "costlier_than_on_demand": self.costlier_than_on_demand,
             "on_time_share": self.on_time_share,
         }
@@ -212,7 +221,7 @@ def backtest(
     od_spend = float(simulate(od_ladder, job, [RateModel()], runs=1, engine="fast").spend[0])
     spot_workers = min((t.num_workers for t in lad.tiers if t.is_spot), default=1)
     windows = [window_starts(trace, window_h, spot_workers) for trace in traces]  # every trace's, before any replay
-    names, starts, spend, wall, on_time, switches, opt = [], [], [], [], [], [], []
+    names, starts, spend, wall, on_time, switches, finished, opt = [], [], [], [], [], [], [], []
     for trace, ws in zip(traces, windows, strict=True):
         world = world_for(lad, trace, on_demand, pools)
         res = simulate(ladder, job, world, runs=len(ws), start_h=ws, label=trace.name)
@@ -226,8 +235,9 @@ def backtest(
         wall.append(res.wall_h)
         on_time.append(res.met_deadline())
         switches.append(res.switches)
+        finished.append(res.finished)
     return BacktestResult(np.array(names), np.concatenate(starts), np.concatenate(spend), np.concatenate(wall),
-                          np.concatenate(on_time), np.concatenate(switches), od_spend,
+                          np.concatenate(on_time), np.concatenate(switches), np.concatenate(finished), od_spend,
                           np.concatenate(opt) if optimum else None,
                           float(job.deadline_h), float(window_h))
 

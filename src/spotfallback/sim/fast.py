@@ -605,10 +605,8 @@ def _first_climb_to(cfg: _Rows, s: _State, world: _World, j: int, idx: np.ndarra
         iq = idx[q]
         at = st[q] + kk[q] * look_h[q]
         past = at + write[q] >= e[q]
-        if isinstance(proc, TraceCapacity):
-            ok = proc.is_ok(np.where(past, 0.0, at) + world.offset[iq]) & ~past
-        else:
-            ok = ~past
+        at = np.where(past, st[q], at)  # no look there (it may be inf: capacity never back); kept finite for the sums below
+        ok = proc.is_ok(at + world.offset[iq]) & ~past if isinstance(proc, TraceCapacity) else ~past
         t_s = at * 3600.0
         ok &= ~(t_s - since_s[q] < dwell[q])
         done, _ = cycle_progress(at - st[q], cfg.tau[iq], cfg.delta[iq])

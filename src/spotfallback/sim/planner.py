@@ -336,11 +336,13 @@ class Plan:
 
     def job_yaml(self, name: str, storage_path: str, entrypoint: str,
                  train_loop_config: dict[str, Any] | None = None,
-                 resources_per_worker: dict[str, float] | None = None) -> str:
+                 resources_per_worker: dict[str, float] | None = None,
+                 trace_counts: Literal["available", "preempted"] = "available") -> str:
         """A complete job file for ``spotfallback run``: the recommended tiers and the plan's prediction.
 
         ``resources_per_worker`` goes on every tier (a GPU count sets ``use_gpu``): the plan prices
-        workers, the runtime and the deployment files need their shape. Validated through
+        workers, the runtime and the deployment files need their shape. ``trace_counts``: how the
+        plan read its JSON traces, recorded for ``backtest``. Validated through
         ``JobConfig`` before it is returned, so a bad name or entrypoint is a ``ConfigError``
         naming the field, not a file the runner later rejects.
         """
@@ -355,7 +357,8 @@ class Plan:
             "entrypoint": entrypoint,
             "train_loop_config": dict(train_loop_config or {}),
             "tiers": [{**tier, **_shape(resources_per_worker)} for tier in yaml.safe_load(ladder_yaml(self.recommended.ladder))["tiers"]],
-            "plan": self.prediction().model_dump(mode="json", exclude=None if self.request.clusters else {"job": _MOVE_COSTS}),
+            "plan": self.prediction().model_copy(update={"trace_counts": trace_counts}).model_dump(
+                mode="json", exclude=None if self.request.clusters else {"job": _MOVE_COSTS}),
         }
         try:
             JobConfig.model_validate(data)

@@ -200,8 +200,8 @@ def load_node_trace(path: str | Path) -> NodeTrace:
     for lineno, line, fields in _data_lines(text):
         where = f"{path}: line {lineno}"
         if len(fields) != 3:
-            hint = ("; it looks like a SkyPilot JSON trace: name it .json and give it with --trace"
-                    if line.startswith(("{", "[")) else "")
+            named = "give it with --trace" if path.suffix.lower() == ".json" else "name it .json and give it with --trace"
+            hint = f"; it looks like a SkyPilot JSON trace: {named}" if line.startswith(("{", "[")) else ""
             raise TraceError(f"{where}: expected 3 fields 'time_ms,add|remove,node', got {len(fields)}: "
                              f"{_quoted(line)}{hint}")
         t_raw, action, node = fields

@@ -18,6 +18,7 @@ import urllib.parse
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import pyarrow.fs as pafs
 
@@ -323,6 +324,14 @@ def gcs_filesystem(uri: str, env: Mapping[str, str]) -> tuple[pafs.FileSystem, s
     return pafs.GcsFileSystem(**options), posixpath.join(bucket, prefix) if prefix else bucket
 
 
+def _bare_name_hint(name: str) -> str:
+    """Where a run given by its name alone may be: a local folder of that name here or under ./runs."""
+    found = [f"./{p}" for p in (Path("runs") / name, Path(name)) if p.is_dir()]
+    if found:
+        return f" (did you mean {found[0]}?)"
+    return f" (STORAGE_PATH is the job file's storage_path: ./runs/{name} for the job file `spotfallback init` writes)"
+
+
 def split_run_uri(uri: str) -> tuple[str, str]:
     """``STORAGE_PATH/NAME`` -> (storage_path, name), for commands that take one argument."""
     path, sep, query = uri.partition("?")  # a URI's options stay with the storage path
@@ -330,8 +339,7 @@ def split_run_uri(uri: str) -> tuple[str, str]:
     storage_path, _, name = path.rpartition("/")
     if not storage_path or not name:
         bare = name and not storage_path and "/" not in path and run_name_error(name) is None
-        hint = f" (a run in this directory: ./{name})" if bare else ""
-        raise ConfigError(f"run: expected STORAGE_PATH/NAME, got {uri!r}{hint}")
+        raise ConfigError(f"run: expected STORAGE_PATH/NAME, got {uri!r}{_bare_name_hint(name) if bare else ''}")
     if storage_path.endswith(":/"):
         raise ConfigError(f"run: {uri!r} names a bucket, not a run; expected STORAGE_PATH/NAME")
     if name == STATE_DIR:
