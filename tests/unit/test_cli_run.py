@@ -127,6 +127,8 @@ def test_a_run_with_a_live_driver_is_refused_with_exit_5(app, tmp_path):
         ({"entrypoint": "nosuchmodule_xyz:train_fn"}, ["entrypoint: cannot import module 'nosuchmodule_xyz'"]),
         ({"tiers": "[{name: spot, market: spot, num_workers: 1, max_preemption: 1}]"},
          ["tiers[0].max_preemption: unknown field; did you mean 'max_preemptions'?"]),
+        ({"tiers": "[{name: spot, market: spot, num_workers: 0}, {name: od, market: on-demand, num_workers: 0}]"},
+         ["tiers[0].num_workers: Input should be greater than 0; tiers[1].num_workers: Input should be greater than 0"]),
     ],
 )
 def test_bad_job_files_are_one_line_and_exit_2(app, tmp_path, change, needles):
