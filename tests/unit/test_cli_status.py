@@ -249,6 +249,27 @@ def test_storage_that_cannot_be_reached_is_one_line_within_the_read_limit(app, c
     assert "Nothing was written" in r.output and "resume" not in r.output and "Traceback" not in r.output
 
 
+@pytest.mark.parametrize(("error", "code", "needle"), [
+    # No network on the way to the bucket (S3 looks up its region when the filesystem opens): waited out, exit 1.
+    ("When resolving region for bucket 'b': AWS Error NETWORK_CONNECTION during HeadBucket operation: curlCode: 6, "
+     "Could not resolve hostname", 1, "cannot reach the run's storage: storage unavailable for"),
+    # A bucket that is not there is the path's fault: bad input, at once.
+    ("When resolving region for bucket 'b': AWS Error NO_SUCH_BUCKET during HeadBucket operation", 2,
+     "storage_path: cannot open 's3://b/runs': When resolving region for bucket 'b': AWS Error NO_SUCH_BUCKET"),
+])
+def test_storage_that_fails_as_it_opens_is_told_apart_unreachable_or_wrong(app, monkeypatch, error, code, needle):
+    from spotfallback.store import location
+
+    def opening_fails(uri: str, env: object = None) -> object:
+        raise OSError(error)
+
+    monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "1")
+    monkeypatch.setattr(location, "filesystem_from_uri", opening_fails)
+    r = invoke(app, "status", "s3://b/runs/x")
+    assert r.exit_code == code, r.output
+    assert needle in r.output and "Traceback" not in r.output
+
+
 def test_status_lists_the_notice_agents_and_flags_a_stale_one(app, run_uri):
     """An agent that waits for its Ray node, or stopped writing, shows where the user looks."""
     import time

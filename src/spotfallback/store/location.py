@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 
 from spotfallback.config import run_name_error, storage_uri_error
 from spotfallback.errors import ConfigError
+from spotfallback.store.retry import call_with_retry
 
 STATE_DIR = "_spotfallback"
 # Objects being written (``write_atomically``) start with this; readers skip them.
@@ -110,7 +111,9 @@ def resolve_run(storage_path: str, name: str, filesystem: pafs.FileSystem | None
         if problem := storage_uri_error(storage_path):
             raise ConfigError(f"storage_path: {problem}")
         try:
-            filesystem, root = filesystem_from_uri(storage_path)
+            # Opening may ask the store (S3 looks up the bucket's region): a network error is waited out
+            # as every storage call is, then StorageUnavailableError (retryable); no bucket or no access is bad input.
+            filesystem, root = call_with_retry(lambda: filesystem_from_uri(storage_path), f"open {storage_path!r}")
         except (ValueError, OSError) as e:  # pyarrow.ArrowInvalid is a ValueError
             raise ConfigError(f"storage_path: cannot open {storage_path!r}: {e}") from None
     else:
