@@ -946,12 +946,12 @@ class PlannedJob(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     work_h: float = Field(gt=0, le=MAX_DURATION_H, description="Training hours on an uninterrupted gang.")
-    checkpoint_cost_h: float = Field(ge=0, description="Hours to write one checkpoint.")
-    restart_overhead_h: float = Field(ge=0, description="Billed hours of every start before training moves (restore).")
-    provisioning_delay_h: float = Field(default=0.0, ge=0, description="Hours to get workers once capacity exists.")
-    notice_s: float = Field(default=120.0, ge=0, description="Preemption notice in seconds.")
+    checkpoint_cost_h: float = Field(ge=0, le=MAX_DURATION_H, description="Hours to write one checkpoint.")
+    restart_overhead_h: float = Field(ge=0, le=MAX_DURATION_H, description="Billed hours of every start before training moves (restore).")
+    provisioning_delay_h: float = Field(default=0.0, ge=0, le=MAX_DURATION_H, description="Hours to get workers once capacity exists.")
+    notice_s: float = Field(default=120.0, ge=0, le=MAX_DURATION_S, description="Preemption notice in seconds.")
     jit_checkpoint: bool = Field(default=True, description="The gang checkpoints on a preemption notice.")
-    move_restart_h: float = Field(default=0.0, ge=0, description="Extra billed hours of a start on another cluster.")
+    move_restart_h: float = Field(default=0.0, ge=0, le=MAX_DURATION_H, description="Extra billed hours of a start on another cluster.")
     move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
 
 
@@ -962,14 +962,14 @@ class PlanPrediction(BaseModel):
     metadata when it starts, so a later ``report`` finds it without the job file.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     spend: float = Field(ge=0, description="Expected spend of the whole run, in the tiers' price unit.")
-    wall_h: float = Field(gt=0, description="Expected wall time of the whole run, in hours.")
-    p90_wall_h: float | None = Field(default=None, gt=0, description="90th percentile of the wall time, hours.")
+    wall_h: float = Field(gt=0, le=MAX_DURATION_H, description="Expected wall time of the whole run, in hours.")
+    p90_wall_h: float | None = Field(default=None, gt=0, le=MAX_DURATION_H, description="90th percentile of the wall time, hours.")
     deadline_h: float | None = Field(default=None, gt=0, le=MAX_DURATION_H, description="The deadline the plan was made for, hours.")
     on_time_probability: float | None = Field(default=None, ge=0, le=1, description="Share of simulated runs that met the deadline.")
-    checkpoint_interval_h: float | None = Field(default=None, gt=0, description="Recommended checkpoint interval (tau), hours.")
+    checkpoint_interval_h: float | None = Field(default=None, gt=0, le=MAX_DURATION_H, description="Recommended checkpoint interval (tau), hours.")
     checkpoint_on_request: bool = Field(
         default=False,
         description="The plan assumed the training function answers checkpoint requests (PreemptionWatch("

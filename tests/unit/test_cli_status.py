@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import io
 import json
+import logging
 import os
 import re
 import stat
@@ -265,6 +266,8 @@ def test_storage_that_fails_as_it_opens_is_told_apart_unreachable_or_wrong(app, 
 
     monkeypatch.setenv("SPOTFALLBACK_STORAGE_RETRY_S", "1")
     monkeypatch.setattr(location, "filesystem_from_uri", opening_fails)
+    # The retries' warnings go to this invocation's stderr, not to a handler an earlier command left on a closed one.
+    monkeypatch.setattr(logging.getLogger("spotfallback"), "handlers", [])
     r = invoke(app, "status", "s3://b/runs/x")
     assert r.exit_code == code, r.output
     assert needle in r.output and "Traceback" not in r.output

@@ -14,6 +14,7 @@ from spotfallback.config import JobConfig
 EXAMPLE_JOB = """\
 # A spotfallback job. `spotfallback run job.yaml` runs it; running the same command again
 # resumes it (same name + storage_path = same run). In Python: FallbackTrainer.from_yaml("job.yaml").fit()
+# (there the caller's ray.init() decides the cluster, and ray_address below is not read).
 
 # Unique run name: the run's directory under storage_path, and a good MLflow / W&B run name.
 # A new name starts a new run.
@@ -30,7 +31,7 @@ train_loop_config:
   total_steps: 200
   checkpoint_every: 5
   step_delay_s: 0.2           # the example is tiny: slow each step so there is something to watch
-  preemption_check_every: 2   # on a preemption notice, checkpoint at once and wait for the node to go
+  preemption_check_every: 2   # look for a preemption notice every 2 steps: train on, checkpoint just in time, move off the node
   remaining_work: true        # report remaining_work_s, which a tier's deadline_guard judges the run by
 # 'local' starts a small Ray cluster on this machine (one node per worker of each tier, labelled
 # spot / on-demand) to try things out; 'auto' joins the cluster this machine belongs to; or an

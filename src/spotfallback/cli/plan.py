@@ -7,7 +7,7 @@ import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import typer
@@ -313,7 +313,7 @@ def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, An
     return done
 
 
-def _spot_trace(option: str, path: Path, trace_counts: str, kind: str | None = None) -> Process:
+def _spot_trace(option: str, path: Path, trace_counts: str, kind: Literal["spot", "node"] | None = None) -> Process:
     """One trace of ``--trace`` / ``--sample`` (by extension, as backtest reads them: a .csv is a
     node trace) or ``--node-trace``; a spot trace in which spot never starts is refused."""
     try:

@@ -24,7 +24,7 @@ LOOK_EVERY_H = 5.0 / 60.0
 class JobSpec(BaseModel):
     """What is being trained and what each interruption costs it."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     work_h: float = Field(gt=0, description="Hours of training on an uninterrupted gang.")
     checkpoint_interval_h: float | None = Field(

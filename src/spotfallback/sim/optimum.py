@@ -241,7 +241,7 @@ def start_optima(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequenc
     if processes is not None and processes < 1:
         raise ValueError(f"processes must be at least 1, not {processes}")
     job, markets = _with_deadline(job), Markets.of(ladder, world)
-    starts = np.asarray(starts_h, dtype=float).tolist()
+    starts = _checked_starts(starts_h)
     distinct = list(dict.fromkeys(starts))
     each = None if limit is None or not distinct else min(limit, max(_SHARE * limit // len(distinct), _SHARE_FLOOR))
     too_large = OptimumTooLargeError(
@@ -290,9 +290,17 @@ def _optima_at(shared: dict[str, Any], starts_h: list[float]) -> list[list[float
 
 def hindsight_optimum(job: JobSpec, markets: Markets, start_h: float = 0.0) -> Optimum:
     """The least spend that finishes ``job`` by its deadline, starting ``start_h`` hours into the traces."""
-    o = _Search(_with_deadline(job), markets, float(start_h)).run()
+    o = _Search(_with_deadline(job), markets, _checked_starts([start_h])[0]).run()
     assert o is not None  # only a limit stops a search short
     return o
+
+
+def _checked_starts(starts_h: Sequence[float] | np.ndarray) -> list[float]:
+    """Starts as ``simulate`` takes them: hours into the traces, finite and not negative."""
+    starts = np.asarray(starts_h, dtype=float).ravel()
+    if not np.isfinite(starts).all() or (starts < 0).any():
+        raise ValueError("start_h must be finite and >= 0")
+    return starts.tolist()
 
 
 def _with_deadline(job: JobSpec) -> JobSpec:

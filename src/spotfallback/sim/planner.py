@@ -23,6 +23,7 @@ no more than it either.
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Annotated, Any, Literal, NamedTuple
@@ -775,9 +776,12 @@ def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
     return tuple(rungs)
 
 
-def load_process(path: str, kind: str | None = None) -> SpotTrace | NodeTrace:
+def load_process(path: str | os.PathLike[str], kind: Literal["spot", "node"] | None = None) -> SpotTrace | NodeTrace:
     """A trace file by extension (``.json`` SkyPilot, ``.csv`` node trace) or explicit kind."""
     from spotfallback.sim.traces import load_node_trace, load_spot_trace
 
-    k = kind or ("node" if path.lower().endswith(".csv") else "spot")
-    return load_node_trace(path) if k == "node" else load_spot_trace(path)
+    if kind not in (None, "spot", "node"):
+        raise ValueError(f"kind: expected 'spot' (a SkyPilot JSON trace) or 'node' (a node trace CSV), got {kind!r}")
+    name = os.fspath(path)
+    k = kind or ("node" if name.lower().endswith(".csv") else "spot")
+    return load_node_trace(name) if k == "node" else load_spot_trace(name)

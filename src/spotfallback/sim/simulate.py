@@ -10,6 +10,7 @@ scores many candidate ladders on the same draws in one vectorised pass.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import Literal
 
@@ -48,8 +49,14 @@ def simulate(
     local cluster) or to backtest a ladder on windows of a trace. Both engines take it, for
     every ladder they run, climbing ones included.
     """
-    if runs <= 0:
-        raise ValueError(f"runs must be > 0, got {runs}")
+    if isinstance(runs, bool) or not isinstance(runs, int | np.integer) or runs <= 0:
+        raise ValueError(f"runs must be a whole number > 0, got {runs!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if engine not in ("auto", "fast", "policy"):
+        raise ValueError(f"engine must be 'auto', 'fast' or 'policy', got {engine!r}")
+    if horizon_h is not None and not (math.isfinite(horizon_h) and horizon_h > 0):
+        raise ValueError(f"horizon_h must be a positive number of hours (None: the job's default), got {horizon_h!r}")
     policy = ladder if isinstance(ladder, FallbackPolicy) else FallbackPolicy(make_ladder(ladder))
     starts = None if start_h is None else np.asarray(start_h, dtype=float)
     if starts is not None:
