@@ -148,7 +148,8 @@ def soak_run(
         while True:
             code = proc.poll()
             elapsed = time.monotonic() - t0
-            kinds = {r.event.kind for r in ledger.poll()}
+            # The ledger is read only while something waits on it: the trace's start, a kill on an event.
+            kinds = {r.event.kind for r in ledger.poll()} if replay is None or (kill_on and kills) else set()
             if replay is None and "workers_acquired" in kinds:
                 # The trace starts once the run trains, so its first drops hit a running gang.
                 replay = _start_replay(injector, trace, tick_s, start_tick, ticks, rng)

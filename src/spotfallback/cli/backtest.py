@@ -14,7 +14,14 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import fail, one_line, output_problem, usage_error, write_output
+from spotfallback.cli.common import (
+    check_trace_counts,
+    fail,
+    one_line,
+    output_problem,
+    usage_error,
+    write_output,
+)
 from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
 from spotfallback.errors import (
     ConfigError,
@@ -34,7 +41,7 @@ from spotfallback.sim.backtesting import (
 from spotfallback.sim.job import JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import complement_trace, gating_note, repeat_note
+from spotfallback.sim.world import as_counted, gating_note, repeat_note
 
 # States the optimum's search of one backtest may meet over all its windows (``optimum_for``):
 # about 30-150 s on one core; past it, the optimum is left out with a note. The 27 windows of a
@@ -151,7 +158,7 @@ def _read_trace(option: str, path: Path, trace_counts: str) -> SpotTrace | NodeT
         proc = load_process(str(path))
     except TraceError as e:
         raise usage_error(option, str(e)) from None
-    return complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc
+    return as_counted(proc, trace_counts)
 
 
 def _pools(paths: Mapping[str, Path], ladder: Ladder, trace_counts: str) -> dict[str, SpotTrace | NodeTrace]:
@@ -294,8 +301,7 @@ def register(app: typer.Typer) -> None:
             if optimum_over is not None:
                 gangs.append((od.num_workers, f"the optimum's spot gang at --spot-price (JOB.yaml's tier {od.name!r})"))
             counts = trace_counts if trace_counts is not None else (plan.trace_counts if plan else "available")
-            if counts not in ("available", "preempted"):
-                raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {counts!r}")
+            check_trace_counts(counts)
             traces: list[SpotTrace | NodeTrace] = []
             for path in trace:
                 traces.append(_read_trace("--trace", path, counts))

@@ -65,6 +65,12 @@ def one_line(message: str) -> str:
     return "; ".join(lines)
 
 
+def check_trace_counts(trace_counts: str) -> None:
+    """``--trace-counts``: what the ticks of a SkyPilot JSON trace count (``plan`` and ``backtest`` alike)."""
+    if trace_counts not in ("available", "preempted"):
+        raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
+
+
 def usage_error(option: str, message: str) -> UsageError:
     """Bad input to ``option``, printed as one ``error:`` line; a path or value with a newline is shown escaped."""
     return UsageError(f"{option}: {message}".replace("\r", "\\r").replace("\n", "\\n"))

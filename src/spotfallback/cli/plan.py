@@ -16,7 +16,14 @@ from rich import box
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import fail, one_line, output_problem, usage_error, write_output
+from spotfallback.cli.common import (
+    check_trace_counts,
+    fail,
+    one_line,
+    output_problem,
+    usage_error,
+    write_output,
+)
 from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
@@ -24,7 +31,7 @@ from spotfallback.sim.draws import run_offsets
 from spotfallback.sim.optimum import PendingOptima, start_optima
 from spotfallback.sim.planner import Candidate, Plan, PlanRequest, load_process, plan
 from spotfallback.sim.traces import NodeTrace, SpotTrace
-from spotfallback.sim.world import Process, RateModel, compile_process, complement_trace
+from spotfallback.sim.world import Process, RateModel, as_counted, compile_process
 
 
 def seed_table(discount: float = DEFAULT_DISCOUNT) -> Table:
@@ -320,7 +327,7 @@ def _spot_trace(option: str, path: Path, trace_counts: str, kind: Literal["spot"
         proc = load_process(str(path), kind)
     except TraceError as e:
         raise usage_error(option, str(e)) from None
-    proc = complement_trace(proc) if trace_counts == "preempted" and isinstance(proc, SpotTrace) else proc
+    proc = as_counted(proc, trace_counts)
     if isinstance(proc, SpotTrace) and not proc.available.any():
         hint = "" if trace_counts == "preempted" else "; if it counts preempted instances, pass --trace-counts preempted"
         raise usage_error(option, f"{path}: no spot capacity in any of its {proc.available.size:,} ticks, so spot "
@@ -330,8 +337,7 @@ def _spot_trace(option: str, path: Path, trace_counts: str, kind: Literal["spot"
 
 def _spot_processes(trace: list[Path], node_trace: list[Path], trace_counts: str, rate: float | None,
                     failure_rate: float, outage_prob: float, outage_h: float) -> list[Process]:
-    if trace_counts not in ("available", "preempted"):
-        raise usage_error("--trace-counts", f"must be 'available' or 'preempted', got {trace_counts!r}")
+    check_trace_counts(trace_counts)
     procs = [_spot_trace("--trace", path, trace_counts) for path in trace]
     procs += [_spot_trace("--node-trace", path, trace_counts, "node") for path in node_trace]
     if rate is None:

@@ -67,6 +67,12 @@ def complement_trace(trace: SpotTrace, capacity: int | None = None) -> SpotTrace
     return SpotTrace(name=f"{trace.name} (complemented)", gap_seconds=trace.gap_seconds, available=flipped)
 
 
+def as_counted(trace: SpotTrace | NodeTrace, trace_counts: str) -> SpotTrace | NodeTrace:
+    """A recorded trace read as ``trace_counts`` says (``--trace-counts``): a SkyPilot trace that counts
+    ``"preempted"`` instances complemented; a node trace, which records its own adds and removes, as it is."""
+    return complement_trace(trace) if trace_counts == "preempted" and isinstance(trace, SpotTrace) else trace
+
+
 def world_for(ladder: Ladder | Sequence[Tier], spot: Process, on_demand: Process | None = None,
               pools: Mapping[str, Process] | None = None) -> tuple[Process, ...]:
     """One process per tier: spot-market tiers get ``spot``, the others ``on_demand`` (reliable);
