@@ -153,6 +153,13 @@ class PreemptionRate(BaseModel):
     window_s: float = Field(gt=0, le=MAX_DURATION_S, description="Length of the sliding window in seconds.")
 
 
+def no_boolean_count(v: Any) -> Any:
+    """Refuse a boolean where a count is meant: pydantic takes true and false as 1 and 0, and YAML reads yes/no/on/off as them."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a whole number, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
+    return v
+
+
 class DeadlineGuard(BaseModel):
     """Use a tier only while the run keeps pace with its deadline (Uniform Progress, *Can't Be Late*, NSDI '24).
 
@@ -362,7 +369,10 @@ class Tier(BaseModel):
     market: str = Field(description="Capacity market: 'spot', 'on-demand', 'reserved' or any label value.")
     label_selector: dict[str, str] = Field(
         default_factory=dict,
-        description="Ray label selector for this tier's workers; defaults to {'ray.io/market-type': market}.",
+        description=(
+            "Ray label selector for this tier's workers; {'ray.io/market-type': market} plus the keys given "
+            "(a selector naming ray.io/market-type itself is kept as written)."
+        ),
     )
     num_workers: int = Field(gt=0, le=MAX_WORKERS, description="Training workers on this tier.")
     resources_per_worker: dict[str, float] | None = Field(
@@ -444,9 +454,18 @@ class Tier(BaseModel):
     @model_validator(mode="before")
     @classmethod
     def _default_selector(cls, data: Any) -> Any:
-        if isinstance(data, Mapping) and not data.get("label_selector") and isinstance(data.get("market"), str) and data["market"]:
-            data = dict(data)
-            data["label_selector"] = {MARKET_LABEL: data["market"]}
+        """The tier's market label is always part of its selector: keys a user names are added to it.
+
+        Without it, a spot tier's selector naming only a zone would also take that zone's on-demand nodes.
+        A selector that names the market label itself (``in(spot,reserved)``, ``!on-demand``) is kept as written.
+        """
+        if not (isinstance(data, Mapping) and isinstance(data.get("market"), str) and data["market"]):
+            return data
+        selector = data.get("label_selector")
+        if not selector:
+            return {**data, "label_selector": {MARKET_LABEL: data["market"]}}
+        if isinstance(selector, Mapping) and MARKET_LABEL not in selector:
+            return {**data, "label_selector": {MARKET_LABEL: data["market"], **selector}}
         return data
 
     @model_validator(mode="before")
@@ -480,10 +499,7 @@ class Tier(BaseModel):
     @field_validator("num_workers", "max_preemptions", "max_failures", "min_workers", mode="before")
     @classmethod
     def _no_boolean_counts(cls, v: Any) -> Any:
-        # YAML reads yes/no/on/off as booleans, and pydantic would take them as 1 and 0.
-        if isinstance(v, bool):
-            raise ValueError(f"expected a whole number, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
-        return v
+        return no_boolean_count(v)
 
     @field_validator("name")
     @classmethod
@@ -805,7 +821,9 @@ def make_ladder(tiers: Any) -> Ladder:
         return tiers
     if tiers is None or (hasattr(tiers, "__len__") and len(tiers) == 0):
         raise ConfigError("tiers: the ladder is empty; give at least one tier, e.g. [Tier.on_demand(num_workers=2)]")
-    if isinstance(tiers, str | bytes | Mapping) or not hasattr(tiers, "__iter__"):  # a str/dict would iterate as tiers
+    if isinstance(tiers, Tier):  # a model iterates as its fields, which would read as twenty broken tiers
+        raise ConfigError(f"tiers: expected a list of tiers, got one Tier ({tiers.name!r}); give it as a list: [tier]")
+    if isinstance(tiers, str | bytes | Mapping | BaseModel) or not hasattr(tiers, "__iter__"):  # a str/dict would iterate as tiers
         raise ConfigError(f"tiers: expected a list of Tier objects or dicts, got {type(tiers).__name__}")
     try:
         return Ladder(tiers=tuple(tiers))
@@ -897,6 +915,8 @@ def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
         mark = getattr(e, "problem_mark", None)
         where = f" at line {mark.line + 1}, column {mark.column + 1}" if mark else ""
         raise ConfigError(f"{source}: not valid YAML{where}: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        raise ConfigError(f"{source}: empty; expected a mapping with a 'tiers' key")
     if not isinstance(data, dict):
         raise ConfigError(f"{source}: expected a mapping with a 'tiers' key, got {type(data).__name__}")
     return data
@@ -904,7 +924,12 @@ def load_yaml_mapping(text: str, source: str = "<string>") -> dict[str, Any]:
 
 def ladder_from_yaml(text_or_path: str | Path) -> Ladder:
     """Read a ladder from YAML (``tiers: [...]``); unknown fields are errors."""
-    path = Path(text_or_path) if not str(text_or_path).lstrip().startswith(("tiers", "{")) else None
+    text = str(text_or_path).strip()
+    path = Path(text_or_path) if text and not text.startswith(("tiers", "{")) else None
+    if path is not None and path.is_dir():
+        raise ConfigError(f"{path}: a folder, not a ladder file; give the path of a YAML file with 'tiers:'")
+    if path is not None and not path.exists() and _names_a_file(text_or_path):
+        raise ConfigError(f"{path}: no such ladder file; give the path of a YAML file with 'tiers:', or the YAML text itself")
     if path is not None and path.exists():
         try:
             text = path.read_text(encoding="utf-8")
@@ -922,6 +947,14 @@ def ladder_from_yaml(text_or_path: str | Path) -> Ladder:
         return Ladder.model_validate({"tiers": data.get("tiers")})
     except ValidationError as e:
         raise ConfigError(f"{source}:\n" + format_validation_error(e)) from None
+
+
+def _names_a_file(text_or_path: str | Path) -> bool:
+    """Whether a ladder argument can only be a file's name: a Path, or one line without the ':' every ladder's YAML has."""
+    if isinstance(text_or_path, Path):
+        return True
+    text = text_or_path.strip()
+    return bool(text) and "\n" not in text and not text.startswith("#") and (":" not in text or text.endswith((".yaml", ".yml")))
 
 
 _RUN_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._=-]{0,127}$")
@@ -1057,6 +1090,15 @@ class JobConfig(BaseModel):
         importable = module.endswith(".py") or all(part.isidentifier() for part in module.split("."))
         if not sep or not module or not func.isidentifier() or not importable:
             raise ValueError(f"entrypoint {v!r} must look like 'package.module:function' or 'file.py:function'")
+        return v
+
+    @field_validator("ray_address")
+    @classmethod
+    def _check_ray_address(cls, v: str) -> str:
+        # ray.init(address="") would start a cluster of its own on the driver, not the one the job meant.
+        if not v.strip() or v != v.strip():
+            raise ValueError(f"{v!r}: give 'local' (an embedded local cluster), 'auto' (the cluster this "
+                             "machine belongs to) or the head's host:port, without spaces")
         return v
 
     @field_validator("backend")

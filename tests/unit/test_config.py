@@ -51,6 +51,16 @@ def test_custom_selector_keeps_region_and_node_group():
     assert t.label_selector["ray.io/availability-region"] == "us-west-2"
 
 
+def test_selector_keys_are_added_to_the_market_label():
+    zone_only = Tier.spot(2, label_selector={"ray.io/availability-zone": "us-west-2a"})
+    assert zone_only.label_selector == {"ray.io/market-type": "spot", "ray.io/availability-zone": "us-west-2a"}
+    from_yaml = ladder_from_yaml("tiers: [{name: od, market: on-demand, num_workers: 1, label_selector: {ray.io/node-group: big}}]")
+    assert from_yaml.tiers[0].label_selector == {"ray.io/market-type": "on-demand", "ray.io/node-group": "big"}
+    # A selector that names the market label says what it means.
+    widened = Tier.spot(2, label_selector={"ray.io/market-type": "in(spot,reserved)"})
+    assert widened.label_selector == {"ray.io/market-type": "in(spot,reserved)"}
+
+
 @pytest.mark.parametrize(
     ("tiers", "field"),
     [
@@ -326,3 +336,41 @@ def test_a_duration_knob_in_the_environment_falls_back_to_its_default_unless_usa
     else:
         monkeypatch.setenv("SPOTFALLBACK_TEST_KNOB_S", value)
     assert env_seconds("SPOTFALLBACK_TEST_KNOB_S", 7.0) == expected
+
+
+def test_one_tier_given_for_a_ladder_is_named_as_such():
+    with pytest.raises(ConfigError, match=r"^tiers: expected a list of tiers, got one Tier \('spot'\); give it as a list"):
+        make_ladder(Tier.spot(2))
+
+
+@pytest.mark.parametrize(("argument", "message"), [
+    ("missing.yaml", r"^missing\.yaml: no such ladder file"),
+    ("ladders/none", r"^ladders/none: no such ladder file"),
+    ("", r"^<string>: empty; expected a mapping with a 'tiers' key"),
+    ("# nothing yet\n", r"^<string>: empty; expected a mapping with a 'tiers' key"),
+])
+def test_a_ladder_argument_that_is_no_file_and_no_ladder_is_named(argument, message):
+    with pytest.raises(ConfigError, match=message):
+        ladder_from_yaml(argument)
+
+
+def test_a_ladder_path_that_is_a_folder_or_missing_is_named(tmp_path):
+    with pytest.raises(ConfigError, match=r"a folder, not a ladder file"):
+        ladder_from_yaml(tmp_path)
+    with pytest.raises(ConfigError, match=r"gone\.yaml: no such ladder file"):
+        ladder_from_yaml(tmp_path / "gone.yaml")
+
+
+def test_an_empty_job_file_says_it_is_empty(tmp_path):
+    path = tmp_path / "job.yaml"
+    path.write_text("# to be written\n")
+    with pytest.raises(ConfigError, match=r"job\.yaml: empty; expected a mapping with a 'tiers' key"):
+        JobConfig.from_yaml(path)
+
+
+@pytest.mark.parametrize("address", ["", " ", "auto "])
+def test_a_blank_ray_address_is_refused_rather_than_starting_a_cluster_of_its_own(tmp_path, address):
+    path = tmp_path / "job.yaml"
+    path.write_text(JOB_HEAD + f"ray_address: {address!r}\ntiers:\n  - {{name: od, market: on-demand, num_workers: 1}}\n")
+    with pytest.raises(ConfigError, match=r"ray_address: '.*': give 'local' \(an embedded local cluster\)"):
+        JobConfig.from_yaml(path)

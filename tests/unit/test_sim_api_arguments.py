@@ -10,9 +10,10 @@ import pytest
 from pydantic import ValidationError
 
 from spotfallback.config import PlannedJob, PlanPrediction, Tier
+from spotfallback.sim import backtest
 from spotfallback.sim.job import JobSpec
 from spotfallback.sim.optimum import Markets, hindsight_optimum, optimum_for
-from spotfallback.sim.planner import load_process
+from spotfallback.sim.planner import PlanRequest, load_process
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.world import RateModel, world_for
 
@@ -62,3 +63,28 @@ def test_job_and_plan_records_refuse_infinite_or_absurd_durations(model, fields,
     with pytest.raises(ValidationError) as err:
         model(**fields)
     assert [e["loc"][0] for e in err.value.errors()] == [field]
+
+
+@pytest.mark.parametrize(("traces", "message"), [
+    ("trace.json", r"^traces: expected a list of traces; give it as \[trace\]"),
+    (["trace.json"], r"^traces\[0\]: got str, a path: load it first with spotfallback\.sim\.planner\.load_process"),
+    ([Path("trace.json")], r"^traces\[0\]: got PosixPath, a path"),
+    ([3], r"^traces\[0\]: got int, give a SpotTrace or a NodeTrace"),
+])
+def test_backtest_names_a_trace_it_was_given_as_a_path(traces, message):
+    with pytest.raises(ValueError, match=message):
+        backtest(LADDER, traces, JOB)
+
+
+def test_a_job_whose_deadline_is_shorter_than_its_work_is_refused():
+    with pytest.raises(ValidationError, match=r"deadline_h \(5\) is shorter than work_h \(10\): no run can meet it"):
+        JobSpec(work_h=10, deadline_h=5)
+    assert JobSpec(work_h=10, deadline_h=10).deadline_h == 10
+
+
+@pytest.mark.parametrize("field", ["num_workers", "runs", "seed", "seed_max_preemptions"])
+def test_a_plan_request_takes_no_boolean_for_a_count(field):
+    base = {"work_h": 2, "num_workers": 1, "checkpoint_cost_h": 0.01, "restart_overhead_h": 0.05, "spot_price": 0.3,
+            "on_demand_price": 1.0}
+    with pytest.raises(ValidationError, match=rf"{field}\n.*expected a whole number, got true"):
+        PlanRequest(**{**base, field: True})

@@ -10,6 +10,7 @@ window runs the same job from its first moment, on the same engines as ``simulat
 from __future__ import annotations
 
 import math
+import os
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -202,8 +203,15 @@ def backtest(
     """
     if job.deadline_h is None:
         raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
+    if isinstance(traces, SpotTrace | NodeTrace | str | os.PathLike):
+        raise ValueError("traces: expected a list of traces; give it as [trace]")
     if not traces:
         raise ValueError("give at least one trace")
+    for i, trace in enumerate(traces):
+        if not isinstance(trace, SpotTrace | NodeTrace):
+            hint = ("a path: load it first with spotfallback.sim.planner.load_process(path)"
+                    if isinstance(trace, str | os.PathLike) else "give a SpotTrace or a NodeTrace")
+            raise ValueError(f"traces[{i}]: got {type(trace).__name__}, {hint}")
     lad = ladder.ladder if isinstance(ladder, FallbackPolicy) else make_ladder(ladder)
     best = lad if optimum_over is None else make_ladder(optimum_over)
     spot = {t.name: t for t in lad.tiers if t.is_spot}

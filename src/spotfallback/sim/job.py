@@ -9,7 +9,7 @@ Hours throughout (the policy's events are in seconds).
 from __future__ import annotations
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from spotfallback.notice_window import save_lead_s
 
@@ -49,6 +49,13 @@ class JobSpec(BaseModel):
     move_cost: float = Field(
         default=0.0, ge=0, description="Cost of each move to another Ray cluster (the checkpoint's egress), in the prices' unit."
     )
+
+    @model_validator(mode="after")
+    def _deadline_after_work(self) -> JobSpec:
+        if self.deadline_h is not None and self.deadline_h < self.work_h:
+            raise ValueError(f"deadline_h ({self.deadline_h:g}) is shorter than work_h ({self.work_h:g}): no run can "
+                             "meet it; give a deadline of at least the work, or none")
+        return self
 
     @property
     def tau_h(self) -> float:

@@ -40,6 +40,7 @@ from spotfallback.config import (
     PlannedJob,
     PlanPrediction,
     Tier,
+    no_boolean_count,
 )
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
@@ -144,6 +145,11 @@ class PlanRequest(BaseModel):
     )
     move_restart_h: float = Field(default=0.0, ge=0, description="Extra billed hours of a start on another cluster.")
     move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
+
+    @field_validator("num_workers", "seed_max_preemptions", "runs", "seed", mode="before")
+    @classmethod
+    def _no_boolean_counts(cls, v: Any) -> Any:
+        return no_boolean_count(v)
 
     @field_validator("clusters")
     @classmethod
