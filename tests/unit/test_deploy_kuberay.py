@@ -19,6 +19,7 @@ import yaml
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from spotfallback import __version__
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy import (
     K8sCloud,
@@ -217,12 +218,31 @@ def test_rayjob_fields_and_options() -> None:
     assert manifest["metadata"]["namespace"] == "ml"
     assert (spec["backoffLimit"], spec["activeDeadlineSeconds"], spec["ttlSecondsAfterFinished"]) == (7, 3600, 60)
     assert spec["shutdownAfterJobFinishes"] is True and spec["submissionMode"] == "SidecarMode"
-    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"pip": ["churn==1.2"]}
+    # The stock image has no spotfallback for the entrypoint: the job installs this version with the packages.
+    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"pip": [f"spotfallback=={__version__}", "churn==1.2"]}
     assert {g["template"]["spec"]["serviceAccountName"] for g in groups(manifest)} == {"trainer"}
     with pytest.raises(ConfigError, match="^backoff_limit"):
         KubeRayOptions(cloud=K8sCloud.GKE, backoff_limit=-1)
     with pytest.raises(ConfigError, match="^pip"):
         kuberay_manifest(make_job(LADDERS[1]), KubeRayOptions(cloud=K8sCloud.GKE, kind=Kind.RAYCLUSTER, pip=("x",)))
+
+
+@pytest.mark.parametrize(("image", "pip", "installed", "agent"), [
+    (None, (), [f"spotfallback=={__version__}"], False),
+    ("rayproject/ray:2.60.0-py311-gpu", (), [f"spotfallback=={__version__}"], False),
+    ("docker.io/rayproject/ray:2.60.0-py311", ("spotfallback[s3]==0.1.0",), ["spotfallback[s3]==0.1.0"], False),
+    ("registry.example.com/team/train:1", (), None, True),
+    ("rayproject/ray-ml:2.9.0", (), None, True),  # not Ray's stock image: the user's own, as far as we know
+])
+def test_the_stock_ray_image_gets_spotfallback_from_pypi_and_no_agent(image, pip, installed, agent) -> None:
+    """Ray's own image has no `spotfallback` for the entrypoint or the agent, whether defaulted or named."""
+    opts = KubeRayOptions(cloud=K8sCloud.GKE, image=image, pip=pip)
+    spec = kuberay_manifest(make_job(LADDERS[1]), opts)["spec"]
+    assert (yaml.safe_load(spec["runtimeEnvYAML"])["pip"] if "runtimeEnvYAML" in spec else None) == installed
+    assert opts.with_notice_agent is agent
+    if not agent:
+        with pytest.raises(ConfigError, match="^notice_agent: the sidecar runs `spotfallback notice-agent` from the image"):
+            KubeRayOptions(cloud=K8sCloud.GKE, image=image, notice_agent=True)
 
 
 def test_entrypoint_runs_the_driver_with_the_job_as_json() -> None:

@@ -222,6 +222,7 @@ def test_header_tells_how_to_start_and_resume_the_run() -> None:
         (None, ("spotfallback[torch]==0.1.0",), ["pip install 'spotfallback[torch]==0.1.0'"]),
         (None, ("./dist/spotfallback-0.1.0-py3-none-any.whl",), ["pip install ./dist/spotfallback-0.1.0-py3-none-any.whl"]),
         ("registry.example.com/ml/train:1", (), None),
+        ("rayproject/ray:2.60.0-py311-gpu", (), ["pip install spotfallback==0.1.0"]),  # the stock image, named
     ],
 )
 def test_the_stock_image_gets_spotfallback_installed_unless_pip_or_the_image_has_it(

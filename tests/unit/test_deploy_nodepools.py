@@ -70,10 +70,16 @@ def test_pools_validate_and_allow_each_market_the_pods_select(cloud: KarpenterCl
     # The head's own pool: on-demand, tainted so that only the head, which tolerates it, lands there.
     head_pod = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
     assert head_pool["spec"]["template"]["spec"]["requirements"] == [
-        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}]
+        {"key": "karpenter.sh/capacity-type", "operator": "In", "values": ["on-demand"]}, *PLATFORM]
+    # Every pool keeps to the x86 Linux nodes the images run on: Karpenter would take arm64 ones where cheaper.
+    assert all(r in pool["spec"]["template"]["spec"]["requirements"] for pool in pools for r in PLATFORM)
     assert head_pool["spec"]["template"]["spec"]["taints"] == [HEAD_NODE_TAINT]
     assert HEAD_TOLERATION in head_pod["tolerations"] and head_pod["nodeSelector"] == {"karpenter.sh/capacity-type": "on-demand"}
     assert all(HEAD_TOLERATION not in g["template"]["spec"].get("tolerations", []) for g in groups)
+
+
+PLATFORM = [{"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]}]
 
 
 def test_disruption_never_takes_a_running_gang() -> None:

@@ -205,8 +205,8 @@ def kuberay_command(
         typer.Option(
             "--notice-agent/--no-notice-agent",
             help="Native sidecar on spot workers (and GKE GPU workers) that drains the Ray node on the cloud's own "
-            "notice, earlier than the pod's SIGTERM (on which Ray drains by itself). Default: on with --image, "
-            "off with the stock Ray image (no spotfallback in it).",
+            "notice, earlier than the pod's SIGTERM (on which Ray drains by itself). Default: on with an --image of "
+            "your own, off with the stock rayproject/ray image (no spotfallback in it).",
             show_default=False,
         ),
     ] = None,

@@ -9,10 +9,12 @@ import hashlib
 import math
 import re
 import secrets
+from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import yaml
 
+from spotfallback import __version__
 from spotfallback.config import MARKET_LABEL, JobConfig, Tier, run_name_error
 from spotfallback.errors import ConfigError
 
@@ -39,6 +41,37 @@ def default_image(use_gpu: bool, ray_version: str = DEFAULT_RAY_VERSION) -> str:
     training code (build FROM it, or pass ``pip`` packages to install at start)."""
     suffix = "-gpu" if use_gpu else ""
     return f"rayproject/ray:{ray_version}-{DEFAULT_PYTHON_TAG}{suffix}"
+
+
+# Ray's own images (rayproject/ray, as on Docker Hub): Ray and Python, no spotfallback.
+STOCK_IMAGE_REPOSITORIES = ("rayproject/ray", "docker.io/rayproject/ray", "docker.io/library/rayproject/ray")
+
+
+def is_stock_image(image: str | None) -> bool:
+    """Whether ``image`` (None: the default) is Ray's own image, which has no spotfallback in it."""
+    if image is None:
+        return True
+    repository = image.split("@", 1)[0]
+    if ":" in repository.rsplit("/", 1)[-1]:
+        repository = repository.rsplit(":", 1)[0]
+    return repository.lower() in STOCK_IMAGE_REPOSITORIES
+
+
+def names_spotfallback(requirement: str) -> bool:
+    """Whether a pip argument installs spotfallback (a requirement, a wheel or a source URL)."""
+    name = re.split(r"[\[<>=!~;@ ]", requirement.strip(), maxsplit=1)[0]
+    return name.lower().replace("_", "-") == "spotfallback" or "spotfallback" in requirement.lower().rsplit("/", 1)[-1]
+
+
+def installs_spotfallback(image: str | None, pip: Sequence[str]) -> bool:
+    """Whether the nodes get spotfallback only from the pip packages we add: a stock image and none of ``pip`` names it."""
+    return is_stock_image(image) and not any(names_spotfallback(p) for p in pip)
+
+
+def with_spotfallback(image: str | None, pip: Sequence[str]) -> list[str]:
+    """``pip``, plus this version of spotfallback when the stock image would otherwise lack it
+    (the driver's `spotfallback run` and the notice agent would not be found there)."""
+    return [f"spotfallback=={__version__}", *pip] if installs_spotfallback(image, pip) else list(pip)
 
 
 def image_error(image: str) -> str | None:

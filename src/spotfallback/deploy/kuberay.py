@@ -39,6 +39,7 @@ from typing import Any
 
 import yaml
 
+from spotfallback import __version__
 from spotfallback.config import INT32_MAX, MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import (
     AGENT_CLOUD,
@@ -57,11 +58,14 @@ from spotfallback.deploy.common import (
     check_image,
     cpu_quantity,
     default_image,
+    installs_spotfallback,
+    is_stock_image,
     k8s_name,
     parse_quantity,
     tier_labels,
     to_yaml,
     with_run_name,
+    with_spotfallback,
     worker_shape,
 )
 from spotfallback.deploy.machines import machine_fit_error, machine_memory_error
@@ -119,8 +123,9 @@ class KubeRayOptions:
     checkpoints, so pass a new one (see ``common.unique_run_name``) for a fresh run.
     ``notice_agent`` adds a ``spotfallback notice-agent`` sidecar to spot worker pods (and GKE
     GPU pods), which drains the Ray node on the cloud's own notice, earlier than the pod's
-    SIGTERM. ``None`` (default): on when ``image`` is given, off with the stock Ray image, which
-    has no spotfallback (``pip`` packages reach only the job's Ray processes, never a sidecar);
+    SIGTERM. ``None`` (default): on with an image of your own, off with the stock Ray image
+    (``rayproject/ray``, the default or given), which has no spotfallback (a RayJob installs it
+    with its ``pip`` packages, but they reach only the job's Ray processes, never a sidecar);
     either way Ray drains a spot node on its SIGTERM. ``spot_grace_seconds``: the spot pods'
     ``terminationGracePeriodSeconds``, default per cloud (``clouds.SPOT_SHUTDOWN``); it must fit
     in the cloud's notice, and Ray's drain window is set ``DRAIN_MARGIN_S`` shorter.
@@ -166,7 +171,7 @@ class KubeRayOptions:
                 f"spot_grace_seconds: {self.spot_grace_seconds} s is longer than the spot notice on "
                 f"{self.cloud.value} ({notice} s); the VM would be gone before the grace period ends"
             )
-        if self.notice_agent and self.image is None:
+        if self.notice_agent and is_stock_image(self.image):
             raise ConfigError(
                 "notice_agent: the sidecar runs `spotfallback notice-agent` from the image, and the stock "
                 "rayproject/ray image has no spotfallback; pass an image built FROM it with spotfallback "
@@ -176,7 +181,7 @@ class KubeRayOptions:
     @property
     def with_notice_agent(self) -> bool:
         """Whether spot worker pods get the agent (see the class docstring for the default)."""
-        return self.image is not None if self.notice_agent is None else self.notice_agent
+        return not is_stock_image(self.image) if self.notice_agent is None else self.notice_agent
 
     @property
     def grace_seconds(self) -> int:
@@ -522,8 +527,8 @@ def kuberay_manifest(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": opts.ttl_seconds_after_finished,
     }
-    if opts.pip:
-        spec["runtimeEnvYAML"] = yaml.safe_dump({"pip": list(opts.pip)}, sort_keys=False)
+    if pip := with_spotfallback(opts.image, opts.pip):  # the stock image has no `spotfallback` to run
+        spec["runtimeEnvYAML"] = yaml.safe_dump({"pip": pip}, sort_keys=False)
     spec["rayClusterSpec"] = cluster
     return {"apiVersion": API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": spec}
 
@@ -544,6 +549,11 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
             f"{ENTRYPOINT_ANNOTATION} on the head pod (or submit it with `ray job submit -- ...`).",
             f"Run name {run!r}: running that command again RESUMES the run; never reuse a name by accident.",
         ]
+    if opts.kind is Kind.RAYJOB and installs_spotfallback(opts.image, opts.pip):
+        how.append(f"The stock Ray image has no spotfallback: the job installs spotfallback=={__version__} (runtimeEnvYAML).")
+    elif opts.kind is Kind.RAYCLUSTER and is_stock_image(opts.image):
+        how.append("The stock Ray image has no spotfallback: submit the command with `ray job submit --runtime-env-json "
+                   f"'{{\"pip\": [\"spotfallback=={__version__}\"]}}' -- ...`, or pass --image.")
     needs = (f"Needs KubeRay >= {MIN_KUBERAY_VERSION} (older operators silently drop group labels and resources, never submit "
              "a SidecarMode job, or do not fully scale a group for a label selector)")
     if any(_has_agent(t, opts) for t in job.tiers):

@@ -32,11 +32,13 @@ from spotfallback.deploy.common import (
     ZONE_LABEL,
     check_image,
     default_image,
+    installs_spotfallback,
     k8s_name,
     shared_label,
     tier_labels,
     to_yaml,
     with_run_name,
+    with_spotfallback,
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
@@ -304,7 +306,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
     }
-    pip = _with_spotfallback(opts)
+    pip = with_spotfallback(opts.image, opts.pip)
     if pip:
         config["setup_commands"] = [shlex.join(["pip", "install", *pip])]
     if agents:
@@ -316,21 +318,6 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
 
 def _has_agent(tier: Tier, cloud: VmCloud) -> bool:
     return tier.market == SPOT or (cloud is VmCloud.GCP and tier.use_gpu)
-
-
-def _names_spotfallback(requirement: str) -> bool:
-    """Whether a pip argument installs spotfallback (a requirement, a wheel or a source URL)."""
-    name = re.split(r"[\[<>=!~;@ ]", requirement.strip(), maxsplit=1)[0]
-    return name.lower().replace("_", "-") == "spotfallback" or "spotfallback" in requirement.lower().rsplit("/", 1)[-1]
-
-
-def _with_spotfallback(opts: LauncherOptions) -> list[str]:
-    """``pip``, plus this version of spotfallback when the stock image would otherwise lack it
-    (the driver's `spotfallback run` and the agent's `nohup spotfallback ...` would fail on it)."""
-    pip = list(opts.pip)
-    if opts.image is None and not any(_names_spotfallback(p) for p in pip):
-        pip.insert(0, f"spotfallback=={__version__}")
-    return pip
 
 
 def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
@@ -355,7 +342,7 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
         f"Start (or RESUME) run {run!r} on it; never reuse a run name by accident:",
         f"  ray exec FILE --tmux {shlex.quote(rayjob_entrypoint(job))}",
     ]
-    if opts.image is None and not any(_names_spotfallback(p) for p in opts.pip):
+    if installs_spotfallback(opts.image, opts.pip):
         lines.append(f"The stock Ray image has no spotfallback: the setup commands install spotfallback=={__version__}.")
     if any(t.market == SPOT for t in job.tiers):
         where = "spot nodes (and GPU nodes: host maintenance)" if opts.cloud is VmCloud.GCP else "spot nodes"

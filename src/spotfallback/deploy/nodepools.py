@@ -87,6 +87,13 @@ CAPACITY_TYPES = {SPOT: "spot", ON_DEMAND: "on-demand", "reserved": "reserved"}
 HEAD_POOL_CPU = 16
 # The most GPUs one node of the common GPU instance types has (GCE's a2-megagpu-16g).
 GPUS_PER_NODE_MAX = 16
+# The images run on x86 Linux nodes (Ray's images are amd64; its arm64 ones carry an -aarch64 tag):
+# without these, Karpenter may pick the cheapest fitting node, often an arm64 one, and the pods
+# would fail with "exec format error".
+PLATFORM_REQUIREMENTS = (
+    {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+    {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+)
 CONSOLIDATE_AFTER = "5m"  # an idle node outlives the Ray autoscaler's idle timeout (60 s) by far
 
 
@@ -115,7 +122,8 @@ def _pool_selector(cloud: KarpenterCloud, tier: Tier, index: int) -> dict[str, s
 
 
 def _requirements(tiers: list[tuple[int, Tier]], market: str, provider: _Provider, pool: dict[str, str]) -> list[dict[str, Any]]:
-    reqs: list[dict[str, Any]] = [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[market]]}]
+    reqs: list[dict[str, Any]] = [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[market]]},
+                                  *map(dict, PLATFORM_REQUIREMENTS)]
     # The zone a tier's worker group pins (tier_labels: exact label values only).
     zones = [tier_labels(t, i).get(ZONE_LABEL) for i, t in tiers]
     if all(zones):  # every tier of this pool is pinned: keep the pool to those zones
@@ -165,7 +173,8 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
         # The Ray head: on-demand, CPU only, on a pool of its own that only it tolerates.
         head_spec: dict[str, Any] = {
             "nodeClassRef": dict(node_class),
-            "requirements": [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[ON_DEMAND]]}],
+            "requirements": [{"key": KARPENTER_KEY, "operator": "In", "values": [CAPACITY_TYPES[ON_DEMAND]]},
+                             *map(dict, PLATFORM_REQUIREMENTS)],
             "expireAfter": "Never",
             "taints": [dict(HEAD_NODE_TAINT)],
         }
