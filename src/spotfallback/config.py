@@ -496,6 +496,15 @@ class Tier(BaseModel):
             raise ValueError(f"min_workers ({self.min_workers}) must not exceed num_workers ({self.num_workers})")
         return self
 
+    @model_validator(mode="after")
+    def _check_gpu(self) -> Tier:
+        # Ray Train's ScalingConfig refuses it at the run's start, after the cluster is up; say it here.
+        gpus = (self.resources_per_worker or {}).get("GPU")
+        if gpus and not self.use_gpu:
+            raise ValueError(f"resources_per_worker asks for {gpus:g} GPU but use_gpu is false; set use_gpu: true "
+                             "(Ray Train refuses GPUs without it, and the deploy files would pick a CPU image)")
+        return self
+
     @field_validator("num_workers", "max_preemptions", "max_failures", "min_workers", mode="before")
     @classmethod
     def _no_boolean_counts(cls, v: Any) -> Any:

@@ -374,3 +374,13 @@ def test_a_blank_ray_address_is_refused_rather_than_starting_a_cluster_of_its_ow
     path.write_text(JOB_HEAD + f"ray_address: {address!r}\ntiers:\n  - {{name: od, market: on-demand, num_workers: 1}}\n")
     with pytest.raises(ConfigError, match=r"ray_address: '.*': give 'local' \(an embedded local cluster\)"):
         JobConfig.from_yaml(path)
+
+
+def test_gpus_without_use_gpu_are_refused_as_ray_train_would_at_the_start():
+    from ray.train import ScalingConfig
+
+    resources = {"CPU": 8, "GPU": 8}
+    with pytest.raises(ValueError, match="`use_gpu` is False but `GPU` was found"):  # Ray Train's, once the cluster is up
+        ScalingConfig(num_workers=1, use_gpu=False, resources_per_worker=resources)
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]: resources_per_worker asks for 8 GPU but use_gpu is false; set use_gpu: true"):
+        make_ladder([{"name": "gpu", "market": "spot", "num_workers": 1, "resources_per_worker": resources}])

@@ -94,7 +94,7 @@ def test_disruption_never_takes_a_running_gang() -> None:
 
 
 def test_zones_and_gpus_of_the_tiers_become_requirements() -> None:
-    gpu = {"resources_per_worker": {"CPU": 8, "GPU": 1}}
+    gpu = {"resources_per_worker": {"CPU": 8, "GPU": 1}, "use_gpu": True}
     pinned = {**SPOT, **gpu, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "zone-a"}}
     job = make_job(pinned, {**SPOT_B, **gpu}, {**ON_DEMAND, **gpu})
     spot, on_demand, _ = nodepools_for(job, NodePoolOptions(cloud=KarpenterCloud.AKS_NAP, node_class="gpu"))
@@ -348,7 +348,7 @@ def test_validate_reports_a_malformed_nodepool_without_crashing(spec: Any) -> No
         assert not report.ok and all(f.document == 0 and f.path != "(top level)" for f in report.errors), report
 
 
-GPU8 = {"resources_per_worker": {"CPU": 8, "GPU": 8}, "placement": {"instance_type": "p4d.24xlarge"}}
+GPU8 = {"resources_per_worker": {"CPU": 8, "GPU": 8}, "use_gpu": True, "placement": {"instance_type": "p4d.24xlarge"}}
 
 
 def test_a_gpu_ladders_head_gets_a_pool_of_its_own() -> None:

@@ -434,7 +434,8 @@ def _worker_resources(text: str) -> dict[str, float] | None:
         return None
     resources = _json_option("--worker-resources", text)
     try:
-        tier = Tier(name="probe", market="on-demand", num_workers=1, resources_per_worker=resources)
+        gpu = isinstance(resources, dict) and bool(resources.get("GPU"))  # as the written tiers get it
+        tier = Tier(name="probe", market="on-demand", num_workers=1, resources_per_worker=resources, use_gpu=gpu)
     except ValidationError as e:
         raise usage_error("--worker-resources", _first_problem(e)) from None
     return tier.resources_per_worker
