@@ -496,6 +496,24 @@ def test_launcher_checks() -> None:
     assert errors(oversold) == []
 
 
+def test_a_launcher_market_spelt_in_a_case_the_cloud_refuses_is_named() -> None:
+    """EC2's MarketType and GCE's provisioningModel are case-sensitive enums: ray up would fail at the first launch."""
+    aws = copy.deepcopy(LAUNCHER)
+    aws["available_node_types"]["spot"]["node_config"]["InstanceMarketOptions"]["MarketType"] = "Spot"
+    assert errors(aws) == ["available_node_types.spot.node_config.InstanceMarketOptions.MarketType: 'Spot': EC2 takes 'spot' (lower case)"]
+    gcp = copy.deepcopy(LAUNCHER)
+    gcp["available_node_types"]["spot"]["node_config"] = {"machineType": "n2-standard-8", "scheduling": {"provisioningModel": "spot"}}
+    assert errors(gcp) == ["available_node_types.spot.node_config.scheduling.provisioningModel: 'spot': Compute Engine takes 'SPOT' (upper case)"]
+
+
+def test_an_azure_head_on_spot_priority_is_refused() -> None:
+    azure = yaml.safe_load(AZURE_EXAMPLE_FULL)
+    assert errors(azure) == []
+    azure["available_node_types"]["ray.head.default"]["node_config"]["azure_arm_parameters"]["priority"] = "Spot"
+    assert errors(azure) == ["available_node_types[\"ray.head.default\"].node_config: requests spot/preemptible capacity, but the "
+                             "head must run on on-demand capacity (a preempted head kills the run)"]
+
+
 # Trimmed from github.com/ray-project/ray, python/ray/autoscaler/azure/example-full.yaml @
 # 3f70e60b9dedcf452817994232f0cfda588ad685 (aws/example-full.yaml @ 350466e142adff34cd18102fa15dd2dc8aa081be
 # ends the same way): `ray up` drops the empty legacy head_node/worker_nodes before it checks its schema.

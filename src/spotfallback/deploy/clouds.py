@@ -221,12 +221,16 @@ def vm_market_config(cloud: VmCloud, market: str, *, gpu: bool, where: str = "ma
 
 
 def vm_config_is_spot(node_config: Any) -> bool:
-    """Whether a launcher ``node_config`` asks for spot/preemptible capacity (AWS or GCP,
-    including GCP's legacy list form ``scheduling: [{preemptible: true}]``)."""
+    """Whether a launcher ``node_config`` asks for spot/preemptible capacity (AWS, GCP including its
+    legacy list form ``scheduling: [{preemptible: true}]``, or Azure's ``azure_arm_parameters.priority``),
+    whatever the case it is spelt in (``vm_market_spelling`` says when a cloud would refuse that case)."""
     if not isinstance(node_config, dict):
         return False
     market = node_config.get("InstanceMarketOptions")
     if isinstance(market, dict) and str(market.get("MarketType", "")).lower() == "spot":
+        return True
+    arm = node_config.get("azure_arm_parameters")
+    if isinstance(arm, dict) and str(arm.get("priority", "")).lower() == "spot":
         return True
     scheduling = node_config.get("scheduling")
     entries = scheduling if isinstance(scheduling, list) else [scheduling]
@@ -234,3 +238,22 @@ def vm_config_is_spot(node_config: Any) -> bool:
         isinstance(e, dict) and (e.get("preemptible") is True or str(e.get("provisioningModel", "")).upper() == "SPOT")
         for e in entries
     )
+
+
+def vm_market_spelling(node_config: Any) -> tuple[str, str] | None:
+    """``(field, problem)`` where a launcher ``node_config`` spells its market in a case the cloud's API
+    refuses (its enums are case-sensitive: EC2's ``MarketType`` is ``spot``, GCE's ``provisioningModel``
+    ``SPOT`` or ``STANDARD``), else None."""
+    if not isinstance(node_config, dict):
+        return None
+    market = node_config.get("InstanceMarketOptions")
+    value = market.get("MarketType") if isinstance(market, dict) else None
+    if isinstance(value, str) and value.lower() == "spot" and value != "spot":
+        return "InstanceMarketOptions.MarketType", f"{value!r}: EC2 takes 'spot' (lower case)"
+    scheduling = node_config.get("scheduling")
+    for i, entry in enumerate(scheduling if isinstance(scheduling, list) else [scheduling]):
+        model = entry.get("provisioningModel") if isinstance(entry, dict) else None
+        if isinstance(model, str) and model.upper() in ("SPOT", "STANDARD") and model != model.upper():
+            where = f"scheduling[{i}]" if isinstance(scheduling, list) else "scheduling"
+            return f"{where}.provisioningModel", f"{model!r}: Compute Engine takes {model.upper()!r} (upper case)"
+    return None

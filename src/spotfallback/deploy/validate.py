@@ -40,6 +40,7 @@ from spotfallback.deploy.clouds import (
     SPOT_TAINT_KEYS,
     K8sCloud,
     vm_config_is_spot,
+    vm_market_spelling,
 )
 from spotfallback.deploy.common import parse_quantity
 from spotfallback.deploy.machines import machine, machine_spelling, pod_shortfall
@@ -824,6 +825,8 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
             continue
         at: list[str | int] = ["available_node_types", name]
         spot_config = vm_config_is_spot(node_type.get("node_config"))
+        if (spelling := vm_market_spelling(node_type.get("node_config"))) is not None:
+            yield Finding(field_path([*at, "node_config"]) + "." + spelling[0], spelling[1])
         market = _get(node_type, "labels", MARKET_LABEL)
         low = node_type.get("min_workers", 0)
         if isinstance(low, int):
