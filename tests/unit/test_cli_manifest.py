@@ -399,3 +399,17 @@ def test_an_aws_cluster_refuses_gcp_settings_and_a_profile_that_is_no_arn(app: t
     arn = "arn:aws-us-gov:iam::123456789012:instance-profile/ml/ray-worker"
     ok = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--instance-profile", arn)
     assert ok.exit_code == 0 and f"Arn: {arn}" in ok.stdout, ok.stderr
+
+
+@pytest.mark.parametrize(("account", "ok"), [
+    ("notanemail", False), ("ray worker@p.iam.gserviceaccount.com", False),
+    ("ray-worker@my-project.iam.gserviceaccount.com", True), ("123456-compute@developer.gserviceaccount.com", True),
+])
+def test_a_gcp_service_account_must_be_an_email(app: typer.Typer, job_file: Path, account: str, ok: bool) -> None:
+    """GCE takes a service account by its email; anything else fails only at ray up's first launch."""
+    r = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+            "--service-account", account)
+    if ok:
+        assert r.exit_code == 0 and f"email: {account}" in r.stdout, r.stderr
+    else:
+        assert r.exit_code == 2 and r.stderr.startswith(f"error: --service-account: {account!r} is not a service account's email")

@@ -245,6 +245,14 @@ def test_the_stock_ray_image_gets_spotfallback_from_pypi_and_no_agent(image, pip
             KubeRayOptions(cloud=K8sCloud.GKE, image=image, notice_agent=True)
 
 
+@pytest.mark.parametrize("image", ["rayproject/ray:2.9.0", "docker.io/rayproject/ray:2.59.0-py311-gpu"])
+def test_rays_own_image_of_another_release_than_ray_version_is_refused(image) -> None:
+    with pytest.raises(ConfigError, match=rf"^image: '{image}' carries Ray 2\.\d+\.0, but the files pin Ray 2\.60\.0"):
+        kuberay_manifest(make_job(LADDERS[1]), KubeRayOptions(cloud=K8sCloud.GKE, image=image))
+    own = "registry.example.com/team/train:2.9.0"  # a tag of the user's own image says nothing of its Ray
+    assert kuberay_manifest(make_job(LADDERS[1]), KubeRayOptions(cloud=K8sCloud.GKE, image=own))["spec"]
+
+
 def test_entrypoint_runs_the_driver_with_the_job_as_json() -> None:
     job = make_job(LADDERS[3], ray_address="local")
     argv = shlex.split(rayjob_entrypoint(job))

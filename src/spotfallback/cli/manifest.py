@@ -55,6 +55,8 @@ _RAYJOB_DEFAULTS: dict[str, int] = {name: getattr(KubeRayOptions, name) for name
 
 # An instance profile's ARN, as EC2 takes it in IamInstanceProfile.Arn (any AWS partition).
 _INSTANCE_PROFILE_ARN = re.compile(r"arn:aws[a-z-]*:iam::\d{12}:instance-profile/[\w+=,.@/-]+")
+# A service account is named by its email (user-managed ...@PROJECT.iam.gserviceaccount.com, or Google's own).
+_SERVICE_ACCOUNT_EMAIL = re.compile(r"[a-z0-9][a-z0-9._-]*@[a-z0-9][a-z0-9.-]*\.[a-z]+")
 
 JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_path, entrypoint, tiers).")]
 ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, spotfallback and your code (default: rayproject/ray matching rayVersion).")]
@@ -318,6 +320,9 @@ def launcher_command(
         _fail("--service-account: a GCP service account; on aws give the workers --instance-profile ARN")
     if vm_cloud is VmCloud.GCP and instance_profile:
         _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
+    if service_account is not None and not _SERVICE_ACCOUNT_EMAIL.fullmatch(service_account):
+        _fail(f"--service-account: {service_account!r} is not a service account's email; give one such as "
+              "'ray-worker@my-project.iam.gserviceaccount.com'")
     for option, value in (("--project-id", project_id), ("--source-image", source_image)):
         if vm_cloud is VmCloud.AWS and value is not None:
             _fail(f"{option}: a GCP setting, which an aws cluster does not use; leave it out (on aws, --region and "

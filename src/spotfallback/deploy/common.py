@@ -84,10 +84,18 @@ def image_error(image: str) -> str | None:
     return None
 
 
-def check_image(image: str) -> str:
+def check_image(image: str, ray_version: str = DEFAULT_RAY_VERSION) -> str:
+    """``image``, or ConfigError: not an image reference, or Ray's own image of another Ray release than
+    the files pin (a head and workers of another release than ``rayVersion`` fail to join, or join a
+    cluster its autoscaler does not understand)."""
     problem = image_error(image)
     if problem:
         raise ConfigError(f"image: {problem}")
+    tag = image.split("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+    release = re.match(r"\d+\.\d+\.\d+", tag)
+    if is_stock_image(image) and release is not None and release.group() != ray_version:
+        raise ConfigError(f"image: {image!r} carries Ray {release.group()}, but the files pin Ray {ray_version} (rayVersion, "
+                          f"the driver's own); use {default_image('gpu' in tag, ray_version)!r} or an image built FROM it")
     return image
 
 

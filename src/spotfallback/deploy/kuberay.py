@@ -428,7 +428,7 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions, cluster: str | None = 
     ``cluster``: only the tiers on that cluster of a ladder across clusters (indices, hence
     messages and the first tier's pre-started workers, stay the whole ladder's).
     """
-    image = check_image(opts.image or default_image(job.tiers[0].use_gpu, opts.ray_version))
+    image = check_image(opts.image or default_image(job.tiers[0].use_gpu, opts.ray_version), opts.ray_version)
     storage = _storage(job, opts)
     tiers = [(i, t) for i, t in enumerate(job.tiers) if cluster is None or job.ladder.cluster_key(i) == cluster]
     drains = any(t.market == SPOT or _has_agent(t, opts) for _, t in tiers)

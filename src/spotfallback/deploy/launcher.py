@@ -257,7 +257,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
             "gs:// storage, or file:///PATH on a filesystem every node mounts (EFS, Filestore, NFS)"
         )
     gpu = job.tiers[0].use_gpu
-    image = check_image(opts.image or default_image(gpu, opts.ray_version))
+    image = check_image(opts.image or default_image(gpu, opts.ray_version), opts.ray_version)
     unknown = sorted(set(opts.instance_types) - {t.name for t in job.tiers})
     if unknown:
         raise ConfigError(f"instance_type: no tier named {unknown[0]!r} (tiers: {', '.join(t.name for t in job.tiers)})")
