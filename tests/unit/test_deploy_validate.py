@@ -185,6 +185,39 @@ def test_head_on_spot_is_an_error(mutate: Callable[[dict[str, Any]], None], path
     assert len(found) == 1 and found[0].startswith(path + ":") and "on-demand" in found[0], found
 
 
+def _ray_container(doc: dict[str, Any]) -> dict[str, Any]:
+    return _head_pod(doc)["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("mutate", "message"),
+    [
+        (lambda d: _ray_container(d).update(name="Ray_Head"),
+         "spec.headGroupSpec.template.spec.containers[0].name: 'Ray_Head' must be 1-63 lowercase letters"),
+        (lambda d: _ray_container(d)["resources"].update(requests={"cpu": "90"}, limits={"cpu": "80"}),
+         "spec.headGroupSpec.template.spec.containers[0].resources.requests.cpu: '90' is more than limits.cpu '80'"),
+        (lambda d: _ray_container(d)["resources"].update(requests={"nvidia.com/gpu": 1}, limits={"nvidia.com/gpu": 2}),
+         "spec.headGroupSpec.template.spec.containers[0].resources.requests[\"nvidia.com/gpu\"]: 1 differs from limits"),
+        (lambda d: _ray_container(d)["resources"].update(requests={"nvidia.com/gpu": 1}, limits={}),
+         "spec.headGroupSpec.template.spec.containers[0].resources.limits[\"nvidia.com/gpu\"]: missing"),
+        (lambda d: _head_pod(d).update(tolerations=[{"key": "k", "operator": "Equal", "value": "v", "effect": "NoScheduled"}]),
+         "spec.headGroupSpec.template.spec.tolerations[0].effect: 'NoScheduled' is not a taint effect"),
+        (lambda d: _head_pod(d).update(tolerations=[{"key": "k", "operator": "Exists", "value": "v"}]),
+         "spec.headGroupSpec.template.spec.tolerations[0].value: must be empty when operator is 'Exists'"),
+        (lambda d: _head_pod(d).update(tolerations=[{"key": "k", "operator": "Exists", "effect": "NoSchedule", "tolerationSeconds": 5}]),
+         "spec.headGroupSpec.template.spec.tolerations[0].tolerationSeconds: only a NoExecute toleration"),
+        (lambda d: _head_pod(d).update(nodeSelector={"pool": "a b"}),
+         "spec.headGroupSpec.template.spec.nodeSelector.pool: invalid label value 'a b'"),
+    ],
+)
+def test_a_pod_template_the_api_server_would_refuse_is_named(mutate: Callable[[dict[str, Any]], None], message: str) -> None:
+    """The RayCluster is accepted; every pod the operator then creates for the group is not, so it never starts."""
+    doc = sample(CLUSTER_SAMPLE)
+    mutate(doc)
+    found = errors(doc)
+    assert len(found) == 1 and found[0].startswith(message), found
+
+
 def _gke_not_spot_only(pod: dict[str, Any]) -> None:
     """The node affinity our GKE files had: off Spot VMs, but not off legacy preemptible VMs."""
     expr = {"key": "cloud.google.com/gke-spot", "operator": "NotIn", "values": ["true"]}

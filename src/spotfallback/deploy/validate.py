@@ -221,6 +221,10 @@ def _dict(obj: Any) -> dict[str, Any]:
     return obj if isinstance(obj, dict) else {}
 
 
+def _list(obj: Any) -> list[Any]:
+    return obj if isinstance(obj, list) else []
+
+
 def _label_problem(key: str, value: Any) -> str | None:
     """Kubernetes' IsQualifiedName / IsValidLabelValue, which KubeRay applies to group labels."""
     prefix, _, name = key.rpartition("/")
@@ -242,6 +246,7 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
     pod = _dict(_get(group, "template", "spec"))
     if isinstance(pod.get("containers"), list) and not pod["containers"]:
         yield Finding(field_path([*at, "template", "spec", "containers"]), "needs at least one container (the first is the Ray container)")
+    yield from _pod_spec_findings(pod, [*at, "template", "spec"])
     params = _dict(group.get("rayStartParams"))
     if "labels" in params:
         yield Finding(
@@ -279,6 +284,66 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
         yield Finding(field_path([*at, "replicas"]), f"{replicas} is outside [minReplicas, maxReplicas] = [{low}, {high}]; the operator clamps it", warning=True)
     yield from _market_mismatch(group, at)
     yield from _drain_window(group, at)
+
+
+_DNS1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_TOLERATION_EFFECTS = ("NoSchedule", "PreferNoSchedule", "NoExecute")
+# Kubernetes' own resources may be overcommitted; any other (nvidia.com/gpu, ...) may not: its request, if
+# given, must equal its limit, and it needs a limit.
+_OVERCOMMITTABLE = ("cpu", "memory", "ephemeral-storage")
+
+
+def _pod_spec_findings(pod: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """What the API server's pod validation refuses in a group's pod template: the RayCluster is
+    accepted, and then every pod the operator creates for the group is rejected, so the group never starts."""
+    for kind in ("containers", "initContainers"):
+        for i, container in enumerate(_list(pod.get(kind))):
+            if not isinstance(container, dict):
+                continue
+            where = [*at, kind, i]
+            name = container.get("name")
+            if isinstance(name, str) and (len(name) > 63 or not _DNS1123_LABEL.fullmatch(name)):
+                yield Finding(field_path([*where, "name"]), f"{name!r} must be 1-63 lowercase letters, digits or '-', "
+                                                            "alphanumeric at both ends (a DNS-1123 label)")
+            yield from _container_resource_findings(_dict(container.get("resources")), [*where, "resources"])
+    for i, toleration in enumerate(_list(pod.get("tolerations"))):
+        if isinstance(toleration, dict):
+            yield from _toleration_findings(toleration, [*at, "tolerations", i])
+    for key, value in _dict(pod.get("nodeSelector")).items():
+        if problem := _label_problem(key, value):
+            yield Finding(field_path([*at, "nodeSelector", key]), problem)
+
+
+def _container_resource_findings(resources: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    requests, limits = _dict(resources.get("requests")), _dict(resources.get("limits"))
+    for key, asked in requests.items():
+        request, limit = parse_quantity(asked), parse_quantity(limits.get(key))
+        if key not in _OVERCOMMITTABLE and "/" in key and not key.startswith("kubernetes.io/"):
+            if key not in limits:
+                yield Finding(field_path([*at, "limits", key]), f"missing: {key} cannot be overcommitted, so a pod that "
+                                                                  "requests it must give the same limit")
+                continue
+            if request is not None and limit is not None and request != limit:
+                yield Finding(field_path([*at, "requests", key]), f"{_short(asked)} differs from limits.{key} "
+                                                                    f"{_short(limits[key])}: {key} cannot be overcommitted; give one value")
+                continue
+        if request is not None and limit is not None and request > limit:
+            yield Finding(field_path([*at, "requests", key]), f"{_short(asked)} is more than limits.{key} "
+                                                                f"{_short(limits[key])}: a request must not exceed its limit")
+
+
+def _toleration_findings(toleration: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    effect, operator = toleration.get("effect"), toleration.get("operator")
+    if effect not in (None, "", *_TOLERATION_EFFECTS):
+        yield Finding(field_path([*at, "effect"]), f"{_short(effect)} is not a taint effect: give one of "
+                                                   f"{', '.join(_TOLERATION_EFFECTS)}, or none for all")
+    if operator not in (None, "", "Equal", "Exists"):
+        yield Finding(field_path([*at, "operator"]), f"{_short(operator)} must be 'Equal' or 'Exists'")
+    if operator == "Exists" and toleration.get("value"):
+        yield Finding(field_path([*at, "value"]), "must be empty when operator is 'Exists' (it matches any value); "
+                                                  "drop the value, or use operator 'Equal'")
+    if toleration.get("tolerationSeconds") is not None and effect != "NoExecute":
+        yield Finding(field_path([*at, "tolerationSeconds"]), "only a NoExecute toleration may have tolerationSeconds")
 
 
 def _pod_requests(pod: dict[str, Any]) -> tuple[float, float, float]:
