@@ -413,3 +413,18 @@ def test_a_gcp_service_account_must_be_an_email(app: typer.Typer, job_file: Path
         assert r.exit_code == 0 and f"email: {account}" in r.stdout, r.stderr
     else:
         assert r.exit_code == 2 and r.stderr.startswith(f"error: --service-account: {account!r} is not a service account's email")
+
+
+def test_a_launcher_node_with_gpus_its_one_worker_leaves_idle_is_noted(app: typer.Typer, tmp_path: Path) -> None:
+    job = tmp_path / "gpu.yaml"
+    job.write_text("name: llm\nstorage_path: file:///mnt/runs\nentrypoint: m:f\ntiers:\n"
+                   "  - {name: spot, market: spot, num_workers: 8, use_gpu: true, resources_per_worker: {CPU: 8, GPU: 1},"
+                   " label_selector: {ray.io/accelerator-type: H100}}\n"
+                   "  - {name: od, market: on-demand, num_workers: 8, use_gpu: true, resources_per_worker: {CPU: 90, GPU: 8},"
+                   " label_selector: {ray.io/accelerator-type: H100}}\n")
+    r = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job)
+    assert r.exit_code == 0, r.stderr
+    notes = [line for line in r.stderr.splitlines() if "idle" in line]
+    assert notes == ["note: tiers[0] (spot): a p5.48xlarge node has 8 GPUs and runs one worker of 1, so 7 are paid for and "
+                     "idle; give each worker all 8 (resources_per_worker GPU: 8), or name a smaller type with "
+                     "--instance-type spot=TYPE"]

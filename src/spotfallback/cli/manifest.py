@@ -22,7 +22,12 @@ from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, spot_grace_note
-from spotfallback.deploy.launcher import LauncherOptions, identity_note, render_cluster_launcher
+from spotfallback.deploy.launcher import (
+    LauncherOptions,
+    identity_note,
+    idle_gpu_notes,
+    render_cluster_launcher,
+)
 from spotfallback.deploy.nodepools import KarpenterCloud, NodePoolOptions, render_nodepools
 from spotfallback.deploy.validate import Report, parse_version, validate_file
 from spotfallback.errors import EXIT_BAD_INPUT, EXIT_ERROR, ConfigError, ManifestInvalid
@@ -358,6 +363,8 @@ def launcher_command(
         _fail(f"internal error, the generated config does not validate: {e}", e.exit_code)
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     if (note := identity_note(config, opts)) is not None:
+        typer.echo(f"note: {note}", err=True)
+    for note in idle_gpu_notes(config, opts):
         typer.echo(f"note: {note}", err=True)
     _say_ray_address(config)
     _say_run_name(config, run_name, unique_name)

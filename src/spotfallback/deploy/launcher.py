@@ -42,7 +42,7 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.machines import family
+from spotfallback.deploy.machines import family, machine
 from spotfallback.deploy.pools import GPUS, machine_error, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
@@ -331,6 +331,20 @@ def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
     return (f"Storage {job.storage_path}: the worker nodes get no identity for it ({flag} gives them one; Ray's "
             "launcher gives one only to the head): without credentials in the image or environment, the workers "
             "cannot write their checkpoints")
+
+
+def idle_gpu_notes(job: JobConfig, opts: LauncherOptions) -> list[str]:
+    """A tier whose machine has more GPUs than its one worker per node uses: the rest are paid for and idle."""
+    notes = []
+    for i, tier in enumerate(job.tiers):
+        gpu = worker_shape(tier, i)[1]
+        instance_type, _ = _instance_type(tier, i, opts)
+        size = machine(instance_type)
+        if gpu and size is not None and size.gpus > gpu:
+            notes.append(f"tiers[{i}] ({tier.name}): a {instance_type} node has {size.gpus} GPUs and runs one worker of "
+                         f"{gpu}, so {size.gpus - gpu} are paid for and idle; give each worker all {size.gpus} "
+                         f"(resources_per_worker GPU: {size.gpus}), or name a smaller type with --instance-type {tier.name}=TYPE")
+    return notes
 
 
 def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
