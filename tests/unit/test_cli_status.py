@@ -64,6 +64,8 @@ def test_status_of_a_finished_run(app, run_uri):
     assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
     assert "14 committed; latest step 140" in r.output
     assert r.output.count("fall back to on-demand") == 1 and "latest events (10 of 21)" in r.output
+    header = next(line for line in r.output.splitlines() if "preempted/max" in line)
+    assert header.split()[3:6] == ["preempted/max", "failed/max", "errors/max"]  # training errors: their own budget
 
 
 def test_status_json_matches_the_ledger(app, run_uri):

@@ -575,6 +575,44 @@ def test_a_bad_lease_ttl_in_the_environment_is_named(value, monkeypatch, tmp_pat
         DriverLease(resolve_run(str(tmp_path), "run"))
 
 
+@pytest.mark.parametrize("value", ["-1", "nan", "inf", "soon"])
+def test_a_bad_progress_interval_in_the_environment_is_named_where_a_run_starts(value, monkeypatch, tmp_path):
+    import ray.train
+
+    from spotfallback import FallbackTrainer
+
+    monkeypatch.setenv("SPOTFALLBACK_PROGRESS_INTERVAL_S", value)
+    run_config = ray.train.RunConfig(storage_path=str(tmp_path), name="run-1")
+    with pytest.raises(ConfigError, match=r"^SPOTFALLBACK_PROGRESS_INTERVAL_S: "):
+        FallbackTrainer(_train_fn, tiers=[Tier.on_demand(1)], run_config=run_config)
+
+
+@pytest.mark.parametrize("command", ["status", "report"])
+def test_readers_take_a_hostile_lease_heartbeat_and_environment_without_a_traceback(command, monkeypatch, tmp_path, caplog):
+    """A lease whose times are text, a heartbeat with NaN and the drivers' own settings gone bad
+    are the run's or the driver's problems: someone reading the run still gets its figures."""
+    import logging
+
+    from tests.support.ledgers import run_events, write_ledger
+
+    # An earlier command's handler may write to a stream closed since: the warning goes to caplog.
+    monkeypatch.setattr(logging.getLogger("spotfallback"), "handlers", [])
+    monkeypatch.setattr(logging.getLogger("spotfallback"), "propagate", True)
+
+    location, _ = write_ledger(tmp_path / "runs", run_events()[:12], name="odd")
+    Path(location.path("lease.json")).write_text(json.dumps(
+        {"token": "t", "host": "elsewhere", "pid": 1, "renewed_at": "yesterday", "expires_at": "tomorrow"}))
+    Path(location.path("progress.json")).write_text('{"v": 1, "t": 1700004000.0, "tier": 0, "metrics": {"step": NaN, "loss": 0.5}}')
+    monkeypatch.setenv("SPOTFALLBACK_LEASE_TTL_S", "abc")
+    monkeypatch.setenv("SPOTFALLBACK_PROGRESS_INTERVAL_S", "abc")
+    monkeypatch.chdir(tmp_path)
+    result = _invoke([command, location.uri(), "--json"])
+    assert result.exit_code == 0 and "Traceback" not in result.output, result.output
+    data = json.loads(result.stdout, parse_constant=lambda c: pytest.fail(f"{c} is not JSON"))
+    assert data["status"] == "stalled"  # the unreadable lease is no live driver
+    assert "ignoring unreadable driver lease" in caplog.text
+
+
 # -- more commands: status, report, plan, manifest, notice-agent, checkpoints verify --------------
 
 # Strings a person (or a script gone wrong) could pass where a path or a run is expected. No

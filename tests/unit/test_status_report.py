@@ -168,6 +168,24 @@ def test_snapshot_of_a_live_run_mid_way(tmp_path):
     assert snap.lost_s == pytest.approx(200)
 
 
+def test_snapshot_shows_the_training_error_budget_apart_from_node_failures(tmp_path):
+    """max_failures bounds training-function errors on their own count: a run two errors in
+    must not read as having its whole budget left."""
+    from spotfallback.events import ApplicationFailed
+
+    errors = [ApplicationFailed(T0 + 700 + k, error_type="ValueError", message="bad batch") for k in range(2)]
+    location, ledger = write_ledger(tmp_path, [*run_events()[:3], *errors, WorkersAcquired(T0 + 760, num_workers=2)])
+    now = T0 + 800
+    snap = build_snapshot(LADDER, ledger.read(), now=now, driver=DriverInfo("h", 1, now, now + 10))
+    limit = LADDER[0].max_failures
+    assert (snap.failures, snap.failures_left) == (0, limit)
+    assert (snap.app_errors, snap.app_errors_left) == (2, limit - 2)
+    assert snap.to_json()["app_errors_left"] == limit - 2
+    console = Console(width=200, record=True, file=io.StringIO())
+    console.print(snapshot_renderable(snap))
+    assert f"node failures {limit} of {limit} left, training errors {limit - 2} of {limit} left" in console.export_text()
+
+
 def test_progress_from_before_a_restart_is_not_shown(tmp_path):
     # Preempted at 3830 after reporting step 64; resumed at 3900 from the checkpoint of step 60.
     location, ledger = write_ledger(tmp_path, run_events()[:10])
@@ -505,6 +523,30 @@ def test_plan_prediction_beside_the_outcome(finished_run):
     live = cost_report(LADDER, records[:12], plan=plan, now=T0 + 5000).plan
     assert not live.final and live.deadline_met is None and plan_rows(live)[0][2].endswith("so far")
     assert cost_report(LADDER, records).plan is None and plan_table(cost_report(LADDER, records)) is None
+
+
+def test_the_plans_deadline_is_missed_once_the_wall_time_is_past_it_or_the_run_failed(finished_run, tmp_path):
+    from spotfallback.config import PlanPrediction
+    from spotfallback.events import Fatal
+    from spotfallback.view.report import plan_rows
+
+    _, records = finished_run
+    plan = PlanPrediction(spend=7.5, wall_h=2.0, deadline_h=1.0)
+    running_late = cost_report(LADDER, records[:12], plan=plan, now=T0 + 5000).plan  # 1h23m in, due at 1h
+    assert not running_late.final and running_late.deadline_met is False
+    assert plan_rows(running_late)[-1][3] == "missed"
+    _, ledger = write_ledger(tmp_path, [*run_events()[:4], Fatal(T0 + 1800, message="no access to bucket")], name="failed")
+    failed = cost_report(LADDER, ledger.read(), plan=PlanPrediction(spend=7.5, wall_h=2.0, deadline_h=3.0))
+    assert failed.status == "failed" and failed.plan is not None and failed.plan.failed
+    assert failed.plan.deadline_met is False  # it will never finish, on time or not
+    assert not any(row[2].endswith("so far") for row in plan_rows(failed.plan))  # its figures are its outcome
+
+
+def test_report_calls_a_run_whose_driver_is_gone_stalled_as_status_does(finished_run):
+    _, records = finished_run
+    assert cost_report(LADDER, records[:12], now=T0 + 5000).status == "running"
+    assert cost_report(LADDER, records[:12], now=T0 + 5000, driver_live=False).status == "stalled"
+    assert cost_report(LADDER, records, driver_live=False).status == "finished"  # ended runs need no driver
 
 
 def test_a_host_maintenance_notice_reads_as_one_not_as_a_preemption(tmp_path):

@@ -72,8 +72,10 @@ def register(app: typer.Typer) -> None:
         if not latest:
             raise fail(f"run {location.uri()!r} has no ledger events yet; nothing to report", EXIT_ERROR)
         out = out or Path(f"{location.name}-timeline.png")
-        until = charge_until(latest, read_driver(location), time.time())
-        report = cost_report(ladder, records, run=location.uri(), now=until, plan=_plan(meta), base=base)
+        now, driver = time.time(), read_driver(location)
+        until = charge_until(latest, driver, now)
+        report = cost_report(ladder, records, run=location.uri(), now=until, plan=_plan(meta), base=base,
+                             driver_live=driver is not None and driver.live(now))
         try:
             png = timeline_png(ladder, records, title=run.rstrip("/"), now=until, base=base)  # as the user named it
         except ImportError:

@@ -30,13 +30,18 @@ if TYPE_CHECKING:
 def _tier_table(ladder: Ladder, summary: RunSummary) -> Table:
     from spotfallback.view.text import money
 
+    def of(count: int, limit: int) -> str:
+        return f"{count}/{limit if limit != -1 else '∞'}"
+
     table = Table(box=None, pad_edge=False, header_style="bold")
-    for col in ("tier", "market", "workers", "preempted/max", "failed/max", "running", "spend"):
+    # max_failures bounds node failures and training-function errors, each on its own count
+    for col in ("tier", "market", "workers", "preempted/max", "failed/max", "errors/max", "running", "spend"):
         table.add_column(col, justify="left" if col in ("tier", "market") else "right")
     for i, (u, t) in enumerate(zip(summary.tiers, ladder.tiers, strict=True)):
         mark = "▶ " if i == summary.state.tier and summary.status == "running" else "  "
-        table.add_row(mark + u.name, u.market, str(t.num_workers), f"{u.preemptions}/{t.max_preemptions if t.max_preemptions != -1 else '∞'}",
-                      f"{u.failures}/{t.max_failures if t.max_failures != -1 else '∞'}", f"{u.running_s / 3600:.4f} h", money(u.spend))
+        table.add_row(mark + u.name, u.market, str(t.num_workers), of(u.preemptions, t.max_preemptions),
+                      of(u.failures, t.max_failures), of(u.app_errors, t.max_failures), f"{u.running_s / 3600:.4f} h",
+                      money(u.spend))
     return table
 
 

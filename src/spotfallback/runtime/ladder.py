@@ -40,7 +40,7 @@ from spotfallback.notices.placement import tier_capacity
 from spotfallback.notices.requests import CheckpointRequests
 from spotfallback.policy import FallbackPolicy, PolicyState
 from spotfallback.runtime.capacity import CapacityWatch, start_size
-from spotfallback.store.heartbeat import HeartbeatThrottle
+from spotfallback.store.heartbeat import DEFAULT_INTERVAL_S, HeartbeatThrottle
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import RunLocation
 
@@ -71,6 +71,7 @@ class RunSpec:
     location: RunLocation
     writer: str
     cluster: str | None = None  # the cluster this driver runs on, in a ladder across clusters
+    heartbeat_interval_s: float = DEFAULT_INTERVAL_S  # read by the driver, so a bad value is refused there
 
 
 class LadderRuntime:
@@ -83,7 +84,7 @@ class LadderRuntime:
         self.cluster = spec.cluster
         self.lock = threading.RLock()
         self.worker_nodes: list[str] = []
-        self.heartbeat = HeartbeatThrottle()  # latest metrics for `run`/`status` progress
+        self.heartbeat = HeartbeatThrottle(spec.heartbeat_interval_s)  # latest metrics for `run`/`status` progress
         self.watch = CapacityWatch()  # measurements for climbing back / elastic growth
         self.requests = CheckpointRequests(spec.location.name)
         self.climbing: PendingClimb | None = None

@@ -38,6 +38,7 @@ from spotfallback.runtime.classify import unwrap_user_error, user_exceptions, us
 from spotfallback.runtime.hooks import LedgerCallback, TierFailurePolicy, TierScalingPolicy
 from spotfallback.runtime.ladder import RunSpec
 from spotfallback.store.checkpoints import prepare_resume
+from spotfallback.store.heartbeat import heartbeat_interval_s
 from spotfallback.store.lease import DriverLease
 from spotfallback.store.lease import lease_ttl_s as check_lease_ttl_s
 from spotfallback.store.ledger import Ledger
@@ -147,6 +148,7 @@ class FallbackTrainer:
             raise ConfigError(f"train_loop_config: expected a dict or None, got {type(train_loop_config).__name__}")
         if lease_ttl_s is not None:
             lease_ttl_s = check_lease_ttl_s(lease_ttl_s)
+        self.heartbeat_interval_s = heartbeat_interval_s()  # refused here, before any cluster work
         name = run_config.name or ""  # RunConfig generates one when none is given
         if re.fullmatch(r"ray_train_run-\d{4}-\d{2}-\d{2}_\d{2}-\d{2}-\d{2}", name):
             logger.warning(
@@ -354,6 +356,7 @@ class FallbackTrainer:
                 location=self.location,
                 writer=f"ctl{uuid.uuid4().hex[:6]}",
                 cluster=self.on_cluster,
+                heartbeat_interval_s=self.heartbeat_interval_s,
             )
             trainer = self._make_trainer(spec)
             try:

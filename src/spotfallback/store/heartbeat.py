@@ -21,6 +21,7 @@ from typing import Any
 
 import pyarrow.fs as pafs
 
+from spotfallback.errors import ConfigError
 from spotfallback.events import FORMAT_VERSION
 from spotfallback.store.location import RunLocation, write_atomically
 
@@ -28,7 +29,26 @@ logger = logging.getLogger("spotfallback")
 
 HEARTBEAT_FILE = "progress.json"
 # The controller writes the latest reported metrics at most this often (one small object).
-HEARTBEAT_INTERVAL_S = float(os.environ.get("SPOTFALLBACK_PROGRESS_INTERVAL_S", "2"))
+INTERVAL_ENV = "SPOTFALLBACK_PROGRESS_INTERVAL_S"
+DEFAULT_INTERVAL_S = 2.0
+
+
+def heartbeat_interval_s() -> float:
+    """How often the controller writes the heartbeat: ``SPOTFALLBACK_PROGRESS_INTERVAL_S``, else 2 s.
+
+    Read where a run starts, not on import: a bad value is refused there by name, and must not
+    break ``status`` or ``report``, which only read the heartbeat.
+    """
+    raw = os.environ.get(INTERVAL_ENV)
+    if raw is None:
+        return DEFAULT_INTERVAL_S
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ConfigError(f"{INTERVAL_ENV}: {raw!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value < 0:
+        raise ConfigError(f"{INTERVAL_ENV}: must be a finite number of seconds, 0 or more, got {raw!r}")
+    return value
 
 # Which reported metric counts as progress, and which keys hold its total (metrics first,
 # then the train_loop_config). The first progress key present wins.
@@ -83,7 +103,11 @@ def write_heartbeat(location: RunLocation, tier: int, metrics: Mapping[str, Any]
 
 
 def read_heartbeat(location: RunLocation) -> dict[str, Any] | None:
-    """The latest heartbeat, or None when there is none or it cannot be read."""
+    """The latest heartbeat, or None when there is none or it cannot be read.
+
+    Its time must be a finite number and only finite scalars of its metrics are kept: Python's
+    JSON reads ``NaN``, and ``status --json`` would print it back, which is not JSON.
+    """
     path = location.path(HEARTBEAT_FILE)
     try:
         if location.fs.get_file_info(path).type != pafs.FileType.File:
@@ -91,15 +115,18 @@ def read_heartbeat(location: RunLocation) -> dict[str, Any] | None:
         data = json.loads(location.fs.open_input_stream(path).readall())
     except (OSError, ValueError):
         return None
-    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict) or not isinstance(data.get("t"), int | float):
+    if not isinstance(data, dict) or not isinstance(data.get("metrics"), dict):
         return None
-    return data
+    t = data.get("t")
+    if isinstance(t, bool) or not isinstance(t, int | float) or not math.isfinite(t):
+        return None
+    return {**data, "metrics": scalar_metrics(data["metrics"])}
 
 
 class HeartbeatThrottle:
     """Lets one heartbeat through per interval; the controller keeps one per run."""
 
-    def __init__(self, interval_s: float = HEARTBEAT_INTERVAL_S):
+    def __init__(self, interval_s: float = DEFAULT_INTERVAL_S):
         self.interval_s = interval_s
         self._last = -math.inf
         self._lock = threading.Lock()

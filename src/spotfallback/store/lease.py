@@ -79,6 +79,44 @@ def lease_ttl_s(ttl_s: float | None = None) -> float:
     return float(ttl_s)
 
 
+def parse_lease(raw: bytes, where: str) -> LeaseInfo | None:
+    """The lease in ``raw``, or None (with a warning naming ``where``) when it is not one.
+
+    Why each field's type is checked: a lease whose times are text would pass a plain parse and
+    then break every comparison with the clock, in the driver and in ``status`` alike.
+    """
+    try:
+        data = json.loads(raw)
+        info = LeaseInfo(**{k: data[k] for k in ("token", "host", "pid", "renewed_at", "expires_at")})
+    except (ValueError, KeyError, TypeError):
+        info = None
+    times_ok = info is not None and all(
+        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (info.renewed_at, info.expires_at)
+    )
+    if info is None or not times_ok or not isinstance(info.token, str) or not isinstance(info.host, str) \
+            or isinstance(info.pid, bool) or not isinstance(info.pid, int):
+        logger.warning("ignoring unreadable driver lease at %s", where)
+        return None
+    return info
+
+
+def read_lease(location: RunLocation, file: str = LEASE_FILE) -> LeaseInfo | None:
+    """The lease in the run's ``file``, or None when there is none or it cannot be read.
+
+    Apart from ``DriverLease`` because readers (``status``, ``report``) need no TTL: a bad
+    ``SPOTFALLBACK_LEASE_TTL_S`` concerns drivers, not someone looking at a run.
+    """
+    fs, path = location.fs, location.path(file)
+
+    def load() -> bytes | None:
+        if fs.get_file_info(path).type != pafs.FileType.File:
+            return None
+        return fs.open_input_stream(path).readall()
+
+    raw = call_with_retry(load, "read the driver lease", permanent=LedgerError)
+    return None if raw is None else parse_lease(raw, path)
+
+
 def _pid_alive(pid: int) -> bool:
     try:
         os.kill(pid, 0)
@@ -110,23 +148,7 @@ class DriverLease:
         return self.location.path(self.file)
 
     def read(self) -> LeaseInfo | None:
-        fs = self.location.fs
-
-        def load() -> bytes | None:
-            if fs.get_file_info(self.path).type != pafs.FileType.File:
-                return None
-            return fs.open_input_stream(self.path).readall()
-
-        raw = call_with_retry(load, "read the driver lease", permanent=LedgerError)
-        return None if raw is None else self._parse(raw)
-
-    def _parse(self, raw: bytes) -> LeaseInfo | None:
-        try:
-            data = json.loads(raw)
-            return LeaseInfo(**{k: data[k] for k in ("token", "host", "pid", "renewed_at", "expires_at")})
-        except (ValueError, KeyError, TypeError):
-            logger.warning("ignoring unreadable driver lease at %s", self.path)
-            return None
+        return read_lease(self.location, self.file)
 
     def _payload(self) -> bytes:
         now = time.time()
@@ -142,7 +164,7 @@ class DriverLease:
     def _read_versioned(self, s3: S3Objects) -> tuple[LeaseInfo | None, str] | None:
         """The lease and its ETag (an unreadable one: ``None`` and its ETag); ``None`` if there is none."""
         found = call_with_retry(partial(s3.get_versioned, self.path), "read the driver lease", permanent=LedgerError)
-        return None if found is None else (self._parse(found[0]), found[1])
+        return None if found is None else (parse_lease(found[0], self.path), found[1])
 
     def _acquire_conditionally(self, s3: S3Objects) -> None:
         """Create the lease, or take over the version found, in one conditional write: no settle time."""

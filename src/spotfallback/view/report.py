@@ -78,7 +78,8 @@ class SeedCheck:
 
 @dataclass(frozen=True)
 class PlanCheck:
-    """The plan's prediction beside the outcome; ``final`` is False while the run has not finished."""
+    """The plan's prediction beside the outcome; ``final`` is False while the run has not finished,
+    ``failed`` True once it gave up (its figures are then its outcome, though no work finished)."""
 
     predicted_spend: float
     predicted_wall_h: float
@@ -89,6 +90,7 @@ class PlanCheck:
     measured_spend: float
     measured_wall_h: float
     final: bool
+    failed: bool = False
 
     @property
     def spend_error(self) -> float | None:
@@ -101,10 +103,15 @@ class PlanCheck:
 
     @property
     def deadline_met(self) -> bool | None:
-        """Whether the finished run met the plan's deadline (None: no deadline, or not finished)."""
-        if self.deadline_h is None or not self.final:
+        """Whether the run met the plan's deadline: None without a deadline or while a running run
+        can still meet it; False once its wall time is past it or it failed (it will never finish on time)."""
+        if self.deadline_h is None:
             return None
-        return self.measured_wall_h <= self.deadline_h
+        if self.final:
+            return self.measured_wall_h <= self.deadline_h
+        if self.failed or self.measured_wall_h > self.deadline_h:
+            return False
+        return None
 
 
 @dataclass(frozen=True)
@@ -175,6 +182,7 @@ def cost_report(
     now: float | None = None,
     plan: PlanPrediction | None = None,
     base: LedgerSnapshot | None = None,
+    driver_live: bool = True,
 ) -> CostReport:
     """The run's cost table, the seed formula's prediction for the same inputs and, given the
     plan the run was started with, that plan's prediction beside the outcome.
@@ -182,6 +190,9 @@ def cost_report(
     ``records`` are those after ``base`` (the ledger's stored snapshot) when it is given: the
     accounting starts from its carry and the intervals replay its digest, the same figures as
     from every record.
+
+    ``driver_live`` False (no live driver lease) makes a run that is neither finished nor failed
+    ``stalled``, as ``status`` calls it: its driver, and with it its workers, are gone.
     """
     summary = summarize(ladder, records, now=now, start=base.carry if base is not None else None)
     records = digest_records(base, records)
@@ -221,9 +232,13 @@ def cost_report(
             predicted_spend=plan.spend, predicted_wall_h=plan.wall_h, p90_wall_h=plan.p90_wall_h,
             deadline_h=plan.deadline_h, on_time_probability=plan.on_time_probability, made_with=plan.made_with,
             measured_spend=summary.spend, measured_wall_h=wall_h, final=summary.status == "finished",
+            failed=summary.status == "failed",
         )
+    status = summary.status
+    if status == "running" and not driver_live:
+        status = "stalled"
     return CostReport(
-        run=run, status=summary.status, tiers=tiers, spend=summary.spend, on_demand_spend=summary.on_demand_spend,
+        run=run, status=status, tiers=tiers, spend=summary.spend, on_demand_spend=summary.on_demand_spend,
         useful_h=useful_h, running_h=summary.running_s / 3600, redone_h=sum(t.redone_h for t in tiers),
         held_h=sum(t.held_h for t in tiers),
         waiting_h=sum(t.waiting_h for t in tiers), wall_h=wall_h, interruptions=interruptions,
@@ -264,7 +279,7 @@ def cost_table(report: CostReport) -> Table:
 
 def plan_rows(plan: PlanCheck) -> list[tuple[str, str, str, str]]:
     """(quantity, planned, measured, difference) rows: spend and wall time, then the deadline."""
-    so_far = "" if plan.final else " so far"
+    so_far = "" if plan.final or plan.failed else " so far"
     spend_diff = f"{plan.spend_error:+.1%}" if plan.spend_error is not None else "-"
     rows = [
         ("spend", money(plan.predicted_spend), money(plan.measured_spend) + so_far, spend_diff),

@@ -18,7 +18,7 @@ from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
 from spotfallback.store.heartbeat import PROGRESS_KEYS
-from spotfallback.store.lease import DriverLease
+from spotfallback.store.lease import read_lease
 from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records, latest_records
 from spotfallback.store.location import RunLocation
 from spotfallback.view.intervals import AnnouncedEviction, announced_evictions
@@ -133,6 +133,7 @@ class Snapshot:
     agents_not_shown: int = 0  # older records beyond those read
     evictions: tuple[AnnouncedEviction, ...] = ()  # announced ones: held and idle time after each checkpoint
     where: str | None = None  # the tier's cluster and region, in a ladder across clusters
+    app_errors: int = 0  # training-function errors on this tier: max_failures bounds them on their own count
 
     @property
     def elapsed_s(self) -> float:
@@ -154,6 +155,12 @@ class Snapshot:
     def failures_left(self) -> int | None:
         return None if self.max_failures == -1 else max(0, self.max_failures - self.failures)
 
+    @property
+    def app_errors_left(self) -> int | None:
+        """Training-function errors the current tier still retries: ``max_failures`` counts them
+        apart from node failures, so one budget can be spent while the other is whole."""
+        return None if self.max_failures == -1 else max(0, self.max_failures - self.app_errors)
+
     def to_json(self) -> dict[str, Any]:
         data = asdict(self)
         data.update(
@@ -161,6 +168,7 @@ class Snapshot:
             checkpoint_age_s=self.checkpoint_age_s,
             preemptions_left=self.preemptions_left,
             failures_left=self.failures_left,
+            app_errors_left=self.app_errors_left,
         )
         return data
 
@@ -270,6 +278,7 @@ def build_snapshot(
         preemptions=stats.preemptions,
         max_preemptions=tier.max_preemptions,
         failures=stats.failures,
+        app_errors=stats.app_errors,
         max_failures=tier.max_failures,
         capacity_left_s=None if deadline is None else max(0.0, deadline - now),
         waiting_since=state.waiting_since if status == "waiting" else None,
@@ -294,7 +303,7 @@ def build_snapshot(
 
 def read_driver(location: RunLocation) -> DriverInfo | None:
     """The run's driver lease as status shows it, or None when no driver holds it."""
-    info = DriverLease(location).read()
+    info = read_lease(location)
     if info is None:
         return None
     return DriverInfo(info.host, info.pid, info.renewed_at, info.expires_at)

@@ -142,7 +142,8 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
         "tier",
         f"{snap.tier} ({snap.market}{f' on {snap.where}' if snap.where else ''}, tier {snap.tier_index + 1}, {nxt}); "
         f"preemptions {_budget(snap.preemptions_left, snap.max_preemptions)}, "
-        f"node failures {_budget(snap.failures_left, snap.max_failures)}",
+        f"node failures {_budget(snap.failures_left, snap.max_failures)}, "
+        f"training errors {_budget(snap.app_errors_left, snap.max_failures)}",
     )
     workers = f"{snap.workers_up}/{snap.workers_wanted} up"
     if snap.status == "waiting" and snap.waiting_since is not None:
