@@ -130,7 +130,9 @@ def test_job_file_run_survives_a_preemption_and_a_driver_restart_and_status_read
     records, problems, lost, dupes = check_run(location)
     assert problems == [] and lost == [] and dupes == 0
     kinds = [r.event.kind for r in records if r.event.kind != "checkpoint_committed"]
-    assert kinds == ["run_started", "workers_acquired", "preempted", "workers_acquired", "run_started", "workers_acquired", "finished"]
+    errors = [f"{r.event.error_type}: {r.event.message}" for r in records if r.event.kind == "application_failed"]
+    assert kinds == ["run_started", "workers_acquired", "preempted", "workers_acquired", "run_started", "workers_acquired",
+                     "finished"], (errors, log[-3000:])
     assert len(snapshot_names(location)) == sum(r.event.kind == "checkpoint_committed" for r in records) == 6
     # Everything is in the container / bucket.
     keys = [i.path for i in store.filesystem().get_file_info(FileSelector(location.run_dir, recursive=True))]

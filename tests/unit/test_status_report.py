@@ -549,6 +549,18 @@ def test_report_calls_a_run_whose_driver_is_gone_stalled_as_status_does(finished
     assert cost_report(LADDER, records, driver_live=False).status == "finished"  # ended runs need no driver
 
 
+def test_a_failed_runs_restart_reads_as_waiting_for_the_first_tier(tmp_path):
+    """A reset restart is recorded on the tier the run failed on; it waits for the first tier."""
+    from spotfallback.events import Fatal
+
+    events = [*run_events()[:14], Fatal(T0 + 6100, message="no access to bucket"), RunStarted(T0 + 9000, reset=True)]
+    _, ledger = write_ledger(tmp_path, events, name="again")
+    restart = ledger.read()[-1]
+    assert restart.tier == 1  # on-demand, where it failed
+    line = describe_event(restart, T0, LADDER)
+    assert line is not None and "run started again with fresh budgets; waiting for [bold]spot[/] workers" in line
+
+
 def test_a_host_maintenance_notice_reads_as_one_not_as_a_preemption(tmp_path):
     """GCP's TERMINATE_ON_HOST_MAINTENANCE is drained like a preemption but is not one."""
     location, ledger = write_ledger(tmp_path, run_events()[:3], name="maint")

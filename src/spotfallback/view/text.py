@@ -54,8 +54,10 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
     decision = record.decision or {}
     match ev.kind:
         case "run_started":
-            again = " again with fresh budgets" if getattr(ev, "reset", False) else ""
-            return f"{at}  run started{again}; waiting for [bold]{tier}[/] workers"
+            reset = getattr(ev, "reset", False)
+            again = " again with fresh budgets" if reset else ""
+            # The record carries the tier the run failed on; a reset starts again from the first.
+            return f"{at}  run started{again}; waiting for [bold]{tiers[0].name if reset else tier}[/] workers"
         case "workers_acquired":
             return f"{at}  {getattr(ev, 'num_workers', 0)} workers up on [bold]{tier}[/]"
         case "checkpoint_committed":
