@@ -220,23 +220,32 @@ def vm_market_config(cloud: VmCloud, market: str, *, gpu: bool, where: str = "ma
     raise ConfigError(f"{where}: {market!r} has no instance setting on {cloud.value}; use spot or on-demand")
 
 
+def _market_fields(node_config: Any) -> list[tuple[str, Any]]:
+    """``(field, value)`` of each field where a launcher ``node_config`` names its market: EC2's
+    ``InstanceMarketOptions.MarketType``, Azure's ``azure_arm_parameters.priority`` and GCE's
+    ``scheduling`` (a mapping, or the legacy list) ``provisioningModel`` and ``preemptible``."""
+    if not isinstance(node_config, dict):
+        return []
+    found: list[tuple[str, Any]] = []
+    for key, inner in (("InstanceMarketOptions", "MarketType"), ("azure_arm_parameters", "priority")):
+        section = node_config.get(key)
+        if isinstance(section, dict) and inner in section:
+            found.append((f"{key}.{inner}", section[inner]))
+    scheduling = node_config.get("scheduling")
+    for i, entry in enumerate(scheduling if isinstance(scheduling, list) else [scheduling]):
+        where = f"scheduling[{i}]" if isinstance(scheduling, list) else "scheduling"
+        if isinstance(entry, dict):
+            found += [(f"{where}.{k}", entry[k]) for k in ("provisioningModel", "preemptible") if k in entry]
+    return found
+
+
 def vm_config_is_spot(node_config: Any) -> bool:
     """Whether a launcher ``node_config`` asks for spot/preemptible capacity (AWS, GCP including its
     legacy list form ``scheduling: [{preemptible: true}]``, or Azure's ``azure_arm_parameters.priority``),
     whatever the case it is spelt in (``vm_market_spelling`` says when a cloud would refuse that case)."""
-    if not isinstance(node_config, dict):
-        return False
-    market = node_config.get("InstanceMarketOptions")
-    if isinstance(market, dict) and str(market.get("MarketType", "")).lower() == "spot":
-        return True
-    arm = node_config.get("azure_arm_parameters")
-    if isinstance(arm, dict) and str(arm.get("priority", "")).lower() == "spot":
-        return True
-    scheduling = node_config.get("scheduling")
-    entries = scheduling if isinstance(scheduling, list) else [scheduling]
     return any(
-        isinstance(e, dict) and (e.get("preemptible") is True or str(e.get("provisioningModel", "")).upper() == "SPOT")
-        for e in entries
+        value is True if name.endswith(".preemptible") else str(value).lower() == "spot"
+        for name, value in _market_fields(node_config)
     )
 
 
@@ -244,8 +253,14 @@ def vm_market_spelling(node_config: Any) -> tuple[str, str] | None:
     """``(field, problem)`` where a launcher ``node_config`` spells its market in a case the cloud's API
     refuses (its enums are case-sensitive: EC2's ``MarketType`` is ``spot``, GCE's ``provisioningModel``
     ``SPOT`` or ``STANDARD``), else None."""
-    if not isinstance(node_config, dict):
-        return None
+    for name, value in _market_fields(node_config):
+        if not isinstance(value, str):
+            continue
+        if name.endswith(".MarketType") and value.lower() == "spot" and value != "spot":
+            return name, f"{value!r}: EC2 takes 'spot' (lower case)"
+        if name.endswith(".provisioningModel") and value.upper() in ("SPOT", "STANDARD") and value != value.upper():
+            return name, f"{value!r}: Compute Engine takes {value.upper()!r} (upper case)"
+    return None
     market = node_config.get("InstanceMarketOptions")
     value = market.get("MarketType") if isinstance(market, dict) else None
     if isinstance(value, str) and value.lower() == "spot" and value != "spot":

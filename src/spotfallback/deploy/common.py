@@ -47,14 +47,18 @@ def default_image(use_gpu: bool, ray_version: str = DEFAULT_RAY_VERSION) -> str:
 STOCK_IMAGE_REPOSITORIES = ("rayproject/ray", "docker.io/rayproject/ray", "docker.io/library/rayproject/ray")
 
 
+def _repository_and_tag(image: str) -> tuple[str, str]:
+    """An image reference's repository and tag ("" when none), its digest left out. A colon counts
+    as a tag only in the last path component: ``localhost:5000/ray`` names a registry's port."""
+    reference = image.split("@", 1)[0]
+    head, _, last = reference.rpartition("/")
+    name, _, tag = last.partition(":")
+    return (f"{head}/{name}" if head else name), tag
+
+
 def is_stock_image(image: str | None) -> bool:
     """Whether ``image`` (None: the default) is Ray's own image, which has no spotfallback in it."""
-    if image is None:
-        return True
-    repository = image.split("@", 1)[0]
-    if ":" in repository.rsplit("/", 1)[-1]:
-        repository = repository.rsplit(":", 1)[0]
-    return repository.lower() in STOCK_IMAGE_REPOSITORIES
+    return image is None or _repository_and_tag(image)[0].lower() in STOCK_IMAGE_REPOSITORIES
 
 
 def names_spotfallback(requirement: str) -> bool:
@@ -91,7 +95,7 @@ def check_image(image: str, ray_version: str = DEFAULT_RAY_VERSION) -> str:
     problem = image_error(image)
     if problem:
         raise ConfigError(f"image: {problem}")
-    tag = image.split("@", 1)[0].rsplit("/", 1)[-1].partition(":")[2]
+    tag = _repository_and_tag(image)[1]
     release = re.match(r"\d+\.\d+\.\d+", tag)
     if is_stock_image(image) and release is not None and release.group() != ray_version:
         raise ConfigError(f"image: {image!r} carries Ray {release.group()}, but the files pin Ray {ray_version} (rayVersion, "
