@@ -87,6 +87,8 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from spotfallback.integrations.restore_dir import checkpoint_files
+
 DEFAULTS: dict[str, Any] = {
     "total_steps": 40,
     "checkpoint_every": 5,
@@ -312,8 +314,7 @@ def train_fn(config: dict[str, Any]) -> None:
     start = 1
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
-        with checkpoint.as_directory() as d:
-            ckpt = Path(d)
+        with checkpoint_files(checkpoint, prefix=f"ddp-digits-restore-{rank}-") as ckpt:  # not as_directory: see there
             model.load_state_dict(torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True))
             optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
             scheduler.load_state_dict(torch.load(ckpt / "lr_scheduler.pt", map_location="cpu", weights_only=True))

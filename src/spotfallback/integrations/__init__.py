@@ -1,1 +1,2 @@
-"""Optional integrations with experiment trackers; each imports its tracker only when used."""
+"""Optional integrations: experiment trackers and TensorFlow, each importing its library only when used,
+and reading a Ray Train checkpoint's files without the shared download directory's race."""

@@ -43,6 +43,8 @@ from typing import Any
 
 import tensorflow as tf
 
+from spotfallback.integrations.restore_dir import checkpoint_files
+
 logger = logging.getLogger("spotfallback")
 
 SHARED_DIR = "state"
@@ -144,7 +146,7 @@ class TFTrainState:
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             return Restored()
-        with checkpoint.as_directory() as d:
+        with checkpoint_files(checkpoint, prefix=f"spotfallback-tf-restore-{self.rank}-") as d:  # not as_directory: see there
             return self.restore(d)
 
     def restore(self, directory: str | Path) -> Restored:
