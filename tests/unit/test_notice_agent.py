@@ -622,6 +622,61 @@ def test_cli_once_dry_run_prints_and_records_the_notice(gcp, tmp_path, how):
     assert records[0].decision == {"action": "continue"} and records[0].tier == 0
 
 
+NO_ANSWER = "the one poll (--once) did not get an answer it could use from the"
+
+
+def _once(cloud: str, url: str, *extra: str) -> Any:
+    return _cli(["notice-agent", "--cloud", cloud, "--metadata-url", url, "--timeout", "0.3", "--once", "--dry-run", *extra])
+
+
+def _said_no_answer(result: Any) -> str:
+    """The one error line of a --once that got no answer (exit 1, no traceback)."""
+    assert result.exit_code == 1, result.output
+    assert isinstance(result.exception, SystemExit) and "Traceback" not in result.output
+    said = [line for line in result.output.splitlines() if NO_ANSWER in line]
+    assert len(said) == 1 and said[0].startswith("error: "), result.output
+    return said[0]
+
+
+@pytest.mark.parametrize(
+    ("cloud", "extra"),
+    [("aws", []), ("gcp", []), ("azure", []), ("azure", ["--azure-vm-name", "spot-vm-3", "--azure-first-timeout", "0.3"])],
+    ids=["aws", "gcp", "azure", "azure-named-vm"],
+)
+def test_cli_once_that_gets_no_answer_exits_1_naming_it(cloud, extra):
+    """--once is the docs' "what would happen now" check: a poll with every request refused is no
+    all-clear. On Azure the first request's "no answer yet" too (a wait only to an agent that polls again)."""
+    url = closed_port_url()
+    line = _said_no_answer(_once(cloud, url, *extra))
+    assert f"{cloud} metadata service at {url}: " in line and "Connection refused" in line
+    assert "--metadata-url" in line and "--cloud" in line
+
+
+def test_cli_once_with_an_answer_it_cannot_use_exits_1_naming_it(gcp):
+    gcp.status = 500  # instance/preempted fails; maintenance-event answers NONE
+    assert "gcp preempted: HTTP 500" in _said_no_answer(_once("gcp", gcp.url))
+
+
+@pytest.mark.parametrize("cloud", sorted(FAKES))
+def test_cli_once_that_gets_an_answer_exits_0(cloud):
+    """No notice is an answer; so is Azure's first one, though events may take minutes to flow."""
+    fake = FAKES[cloud]()
+    try:
+        result = _once(cloud, fake.url)
+    finally:
+        fake.close()
+    assert result.exit_code == 0 and NO_ANSWER not in result.output, result.output
+    assert not [ln for ln in result.stdout.splitlines() if ln.startswith("{")]  # no notice
+
+
+def test_cli_once_with_a_notice_beside_a_failing_endpoint_exits_0_with_the_notice(gcp):
+    gcp.set(b"TRUE")
+    gcp.maintenance = b"SOMETHING_NEW"  # a problem, but the poll did get its notice
+    result = _once("gcp", gcp.url)
+    assert result.exit_code == 0 and NO_ANSWER not in result.output, result.output
+    assert json.loads(result.stdout.splitlines()[0])["source"] == "gcp"
+
+
 def test_cli_rejects_unknown_cloud_and_undetectable_machine():
     assert _cli(["notice-agent", "--cloud", "ibm", "--dry-run", "--once"]).exit_code == 2
     dead = closed_port_url()

@@ -16,8 +16,8 @@ from typing import Annotated, Any
 
 import typer
 
-from spotfallback.cli.common import fail, setup_logging
-from spotfallback.errors import ConfigError, RayNodeNotFoundError, SpotfallbackError
+from spotfallback.cli.common import fail, one_line, setup_logging
+from spotfallback.errors import ConfigError, MetadataError, RayNodeNotFoundError, SpotfallbackError
 from spotfallback.notices.agent import NoticeAgent
 from spotfallback.notices.health import HEALTH_EVERY_S, AgentHealth, HealthReporter, agent_name
 from spotfallback.notices.metadata import (
@@ -127,15 +127,22 @@ def register(app: typer.Typer) -> None:
         k8s_grace: Annotated[
             float, typer.Option(help="Kubernetes: the pod's terminationGracePeriodSeconds.", min=0, envvar="SPOTFALLBACK_K8S_GRACE_S")
         ] = 30.0,
-        once: Annotated[bool, typer.Option("--once", help="Poll once and exit (no health record).")] = False,
+        once: Annotated[
+            bool,
+            typer.Option(
+                "--once",
+                help="Poll once and exit (no health record): 0 when the metadata service answered (a notice or "
+                "none), 1 when it did not.",
+            ),
+        ] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Log and record notices, never drain.")] = False,
     ) -> None:
         """Watch the cloud's preemption notices; on one, drain this Ray node (reason PREEMPTION, the
         cloud's deadline) once, so Ray Train checkpoints just in time and counts a preemption.
 
         Prints one JSON line per notice handled. Exit code 2 on bad input, or when the Ray node is not
-        found in --ray-wait (never in a pod: there it waits until SIGTERM). SIGTERM stops the agent,
-        except with --cloud k8s, where it is the notice.
+        found in --ray-wait (never in a pod: there it waits until SIGTERM); with --once, 1 when the one
+        poll got no answer. SIGTERM stops the agent, except with --cloud k8s, where it is the notice.
 
         Every setting a sidecar needs has an environment variable (shown below); the Ray node is found through the ray_current_cluster file, so share the Ray container's /tmp/ray with the agent (docs/notices.md).
         """
@@ -200,6 +207,14 @@ def register(app: typer.Typer) -> None:
         except RayNodeNotFoundError as e:
             ended = f"gave up: {e.message}"
             raise fail(e.message, e.exit_code) from None
+        except MetadataError as e:  # --once only: its one poll got no answer, so "all clear" would be a guess
+            ended = "stopped (--once): no answer"
+            raise fail(
+                f"the one poll (--once) did not get an answer it could use from the {cloud} metadata service at "
+                f"{metadata_url}: {one_line(str(e))}; check that it answers on this machine (--metadata-url, "
+                f"SPOTFALLBACK_METADATA_URL) and that this machine is on {cloud} (--cloud, SPOTFALLBACK_CLOUD)",
+                e.exit_code,
+            ) from None
         except KeyboardInterrupt:
             ended = "stopped (interrupted)"
         except BaseException as e:
@@ -263,16 +278,36 @@ def _watch(
             recorder.node_id = getattr(drain, "node_id", None) or target
             recorder(notice, drained, detail)
 
+    last: list[tuple[PollResult, list[Notice]]] = []  # the last poll's result and drains (--once judges it)
+
     def observe(result: PollResult, handled: list[Notice], drained: list[Notice]) -> None:
         node = getattr(drain, "node_id", None)
         health(lambda h, now: dataclasses.replace(h.after_poll(now, result.problems, result.pending, handled, drained), node_id=node))
+        last[:] = [(result, drained)]
 
     agent = NoticeAgent(poller, drain, record=record, observe=observe, interval_s=interval)
     if cloud == "k8s":
         poller.install(after=agent.wake)  # SIGTERM is the notice
     typer.echo(f"notice-agent: watching {cloud} notices for Ray node {target[:12]}", err=True)
     agent.run(stop, max_polls=1 if once else None)
+    if once and last:
+        why = no_answer(*last[0], answered=getattr(poller, "answered", True))
+        if why:
+            raise MetadataError("; ".join(why))
     return "stopped (--once)" if once else "stopped (SIGTERM)"
+
+
+def no_answer(result: PollResult, drained: list[Notice], *, answered: bool = True) -> list[str]:
+    """Why one poll is no answer (``--once`` exits 1 naming it), or [] when it is one: a notice or none.
+
+    The health record's rule (``AgentHealth.after_poll``): a poll with problems is
+    ``metadata-failing`` unless a notice drained the node. While Azure's service has never
+    answered (``answered`` False), its "no answer yet" is a wait to an agent that polls again,
+    and no answer to one that does not.
+    """
+    if drained:
+        return []
+    return list(dict.fromkeys([*result.problems, *([] if answered else result.pending)]))
 
 
 AZURE_FIRST_ASK = "enabling Scheduled Events: first request, which can take two minutes"

@@ -413,6 +413,12 @@ class AzurePoller:
         self.answered_at: float | None = None  # the service's first answer: it is on
 
     @property
+    def answered(self) -> bool:
+        """Whether the service has answered at all: until then a request with no answer is a wait
+        (``pending``), which is no answer to one that does not poll again (``notice-agent --once``)."""
+        return self.answered_at is not None
+
+    @property
     def enabling(self) -> bool:
         """Whether Scheduled Events may still be switching on (no answer, or events not flowing yet)."""
         return self.answered_at is None or self.clock() < self.answered_at + self.enabling_s
