@@ -25,6 +25,7 @@ from spotfallback.events import (
     Fatal,
     Finished,
     GiveUp,
+    InfoEvent,
     LedgerRecord,
     NodeFailed,
     Preempted,
@@ -201,19 +202,34 @@ def _close_wait(c: Carry, t: float) -> None:
         c.wait_start = None
 
 
+# Decisions after which the run is over until a driver starts it again.
+_ENDS = ("give_up", "complete")
+# The tier a failed run started again (``RunStarted(reset=True)``) waits for: the policy's fresh ladder starts at the top.
+RESTART_TIER = 0
+
+
 def _account(ladder: Ladder, c: Carry, rec: LedgerRecord, next_tier: int) -> None:
     """Add one record to ``c`` (in place); ``next_tier``: the tier the policy moved the run to after it."""
     summary, tiers = c.summary, c.summary.tiers
     ev, t, tier = rec.event, rec.t, min(rec.tier, len(tiers) - 1)
 
-    if summary.started_at is None:
-        summary.started_at = t
-    summary.ended_at = t
+    # Only the driver's own events date the run: an informational record comes from a notice
+    # agent or a worker on another machine, whose clock may be ahead of the driver's or behind.
+    if not isinstance(ev, InfoEvent):
+        if summary.started_at is None:
+            summary.started_at = t
+        summary.ended_at = t
+    # After a give-up (or a finish) nothing waits: the run lies ended until someone starts it again.
+    ended = (rec.decision or {}).get("action") in _ENDS
     match ev:
-        case RunStarted(previous_seen=seen):
+        case RunStarted(previous_seen=seen, reset=reset):
             _close_run(ladder, c, min(t, seen) if seen else t)
+            if reset:  # only a failed run is started again on a fresh ladder, and it waited for nothing
+                c.wait_start = None  # (a carry stored by an older release may still hold the wait it opened)
             _close_wait(c, t)
-            c.wait_start = (tier, t)
+            # A restart of a failed run is recorded on the tier it failed on, but starts again
+            # from the first tier (the policy's fresh ladder): that is the tier it waits for.
+            c.wait_start = (RESTART_TIER if reset else tier, t)
         case WorkersAcquired(num_workers=n):
             _close_wait(c, t)
             _close_run(ladder, c, t)
@@ -247,11 +263,11 @@ def _account(ladder: Ladder, c: Carry, rec: LedgerRecord, next_tier: int) -> Non
                 tiers[run_tier].lost_s += max(0.0, t - max(start, c.last_ckpt if c.last_ckpt is not None else float("-inf")))
             _close_run(ladder, c, t)
             _close_wait(c, t)
-            c.wait_start = (next_tier, t)
+            c.wait_start = None if ended else (next_tier, t)
         case CapacityTimedOut():
             tiers[tier].capacity_timeouts += 1
             _close_wait(c, t)
-            c.wait_start = (next_tier, t)
+            c.wait_start = None if ended else (next_tier, t)
         case Finished() | Fatal():
             _close_run(ladder, c, t)
             _close_wait(c, t)

@@ -18,6 +18,7 @@ from spotfallback.events import (
     CheckpointCommitted,
     Finished,
     Preempted,
+    PreemptionNotice,
     RunStarted,
     WorkersAcquired,
 )
@@ -25,6 +26,7 @@ from spotfallback.policy import FallbackPolicy
 from spotfallback.store.lease import DriverLease
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import list_dir, resolve_run, split_run_uri
+from spotfallback.view.intervals import run_intervals
 from tests.support.ledgers import spot_then_on_demand
 
 LADDER = spot_then_on_demand(1.0, 3.0)
@@ -151,6 +153,64 @@ def test_crashed_driver_segment_ends_at_its_last_sign_of_life(tmp_path):
     s = summarize(LADDER, ledger.read(), now=5600)
     assert s.tiers[0].running_s == pytest.approx(3600)
     assert s.state.tier == 1
+
+
+def append_as_the_driver(ledger: Ledger, events) -> None:
+    """Each event on the tier the run is on when it happens, with the policy's decision (as the trainer writes)."""
+    policy = FallbackPolicy(LADDER)
+    state = policy.replay(r.event for r in ledger.read())
+    for e in events:
+        step = policy.decide(state, e)
+        ledger.append(e, state.tier, step.decision.to_json())
+        state = step.state
+
+
+def test_a_failed_run_waits_for_nothing_until_it_is_started_again_on_the_first_tier(tmp_path):
+    """Given up at 2200 on on-demand and started again at 3500: the 1300 s it lay failed are no
+    wait for capacity, and the restart (recorded on the tier it failed on) waits for spot."""
+    ledger = Ledger(resolve_run(str(tmp_path), "run-failed"))
+    ledger.ensure_dirs()
+    append_as_the_driver(ledger, [
+        RunStarted(0), WorkersAcquired(30, num_workers=2), CapacityTimedOut(1600, waited_s=600),
+        CapacityTimedOut(2200, waited_s=600),
+    ])
+    failed = ledger.read()
+    assert failed[-1].decision["action"] == "give_up"
+    for now in (None, 3000):  # failed: nothing is open, however late it is read
+        s = summarize(LADDER, failed, now=now)
+        assert s.status == "failed" and [t.waiting_s for t in s.tiers] == pytest.approx([30, 600])
+    append_as_the_driver(ledger, [RunStarted(3500, reset=True)])
+    restart = ledger.read()[-1]
+    assert restart.tier == 1  # the trainer records a restart on the tier the run failed on
+    waiting = summarize(LADDER, ledger.read(), now=3520)
+    assert waiting.status == "running" and [t.waiting_s for t in waiting.tiers] == pytest.approx([50, 600])
+    append_as_the_driver(ledger, [WorkersAcquired(3550, num_workers=2), Finished(4000)])
+    records = ledger.read()
+    assert [r.tier for r in records[-2:]] == [0, 0]
+    s = summarize(LADDER, records)
+    assert s.status == "finished" and [t.waiting_s for t in s.tiers] == pytest.approx([30 + 50, 600])
+    # The timeline's intervals replay the same rules: the same waits, on the same tiers.
+    waits, _, _ = run_intervals(records, s.ended_at)
+    assert waits == [(0, 0, 30), (1, 1600, 2200), (0, 3500, 3550)]
+
+
+def test_a_notice_agents_clock_does_not_move_the_runs_start_or_end(tmp_path):
+    """The agent's clock is 500 s behind the driver's on one node and 900 s ahead on another."""
+    location = resolve_run(str(tmp_path), "run-skew")
+    ledger, agent = Ledger(location, writer="driver"), Ledger(location, writer="agent")
+    ledger.ensure_dirs()
+    append_as_the_driver(ledger, [RunStarted(1000), WorkersAcquired(1030, num_workers=2)])
+    agent.append(PreemptionNotice(600, node_id="behind", source="aws"), 0, {"action": "continue"})
+    append_as_the_driver(ledger, [Preempted(1200), WorkersAcquired(1300, num_workers=2), Finished(2000)])
+    agent.append(PreemptionNotice(2900, node_id="ahead", source="aws"), 1, {"action": "continue"})
+    records = ledger.read()
+    assert [r.event.kind for r in (records[0], records[-1])] == ["preemption_notice", "preemption_notice"]
+    s = summarize(LADDER, records)
+    assert (s.started_at, s.ended_at, s.wall_s) == (1000, 2000, 1000)
+    # Read while it runs, its latest record the notice from ahead: charged up to now, not to the notice.
+    live = summarize(LADDER, [*records[:-2], records[-1]], now=1500)
+    assert live.status == "running" and (live.started_at, live.ended_at) == (1000, 1500)
+    assert live.tiers[0].running_s + live.tiers[1].running_s == pytest.approx(170 + 200)
 
 
 def test_run_names_cannot_escape_the_storage_root(tmp_path):

@@ -12,11 +12,13 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from spotfallback.accounting import RESTART_TIER
 from spotfallback.events import LedgerRecord
 
 # A gang lost without meaning to (with its cluster, for a cluster that stopped answering).
 INTERRUPTIONS = ("preempted", "node_failed", "application_failed", "cluster_unreachable")
 _MOVES = ("climb_back", "resize")  # decisions that stop the gang on purpose and restart it elsewhere
+_ENDS = ("give_up", "complete")  # decisions after which nothing waits until a driver starts the run again
 
 Interval = tuple[int, float, float]  # (tier, start, end)
 
@@ -49,9 +51,11 @@ def run_intervals(records: Sequence[LedgerRecord], end: float) -> tuple[list[Int
         nxt = _moved_to(rec, records[i + 1].tier if i + 1 < len(records) else rec.tier)
         action = (rec.decision or {}).get("action")
         if kind == "run_started":
-            if wait:
+            reset = getattr(rec.event, "reset", False)
+            if wait and not reset:  # a reset starts a failed run again: it waited for nothing (as accounting)
                 waiting.append((wait[0], wait[1], t))
-            wait, run, jit_started = (rec.tier, t), None, math.inf
+            # A failed run's restart is recorded on the tier it failed on; it waits for the first.
+            wait, run, jit_started = (RESTART_TIER if reset else rec.tier, t), None, math.inf
         elif kind == "workers_acquired":
             if wait:
                 waiting.append((wait[0], wait[1], t))
@@ -72,7 +76,7 @@ def run_intervals(records: Sequence[LedgerRecord], end: float) -> tuple[list[Int
             if wait:
                 waiting.append((wait[0], wait[1], t))
             run = None
-            wait = (nxt, t) if (rec.decision or {}).get("action") != "give_up" else None
+            wait = None if action in _ENDS else (nxt, t)
         elif kind in ("finished", "fatal"):
             if wait:
                 waiting.append((wait[0], wait[1], t))
