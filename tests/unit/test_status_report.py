@@ -37,7 +37,13 @@ from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import resolve_run
 from spotfallback.view.report import cost_report, cost_table, html_report, summary_lines
 from spotfallback.view.snapshot import AgentInfo, DriverInfo, build_snapshot
-from spotfallback.view.text import agents_table, describe_event, snapshot_renderable
+from spotfallback.view.text import (
+    agents_table,
+    ago,
+    describe_event,
+    snapshot_line,
+    snapshot_renderable,
+)
 from spotfallback.view.timeline import timeline_png
 from spotfallback.view.watcher import JsonSink, PlainSink, RunWatcher
 from tests.support.ledgers import LADDER, OD_PRICE, SPOT_PRICE, T0, run_events, write_ledger
@@ -603,6 +609,30 @@ def test_snapshot_shows_each_notice_agent_and_flags_the_stale_ones(tmp_path):
     assert "STALE" not in rows["pod-a"] + rows["pod-f"]
     data = snap.to_json()
     assert [a["state"] for a in data["agents"]][:2] == ["watching", "waiting-for-ray"] and data["agents"][4]["stale"] is True
+
+
+def test_a_record_dated_ahead_of_this_machines_clock_says_so_instead_of_zero_seconds_ago(tmp_path):
+    """The driver's lease, an agent's health record and the latest checkpoint, each written on a
+    machine whose clock is ahead of the one `status` runs on."""
+    assert (ago(12.0), ago(0.0), ago(-0.4), ago(None)) == ("12s ago", "0.0s ago", "0.0s ago", "- ago")
+    assert ago(-3.2) == "3.2s ahead of this machine's clock" and ago(-400) == "6m40s ahead of this machine's clock"
+    now = T0 + 500  # this machine's clock; the run's latest checkpoint is dated T0 + 630
+    _, ledger = write_ledger(tmp_path, run_events()[:3], name="ahead")
+    agents = [_agent("pod-a", "watching", since=now - 600, seen=now + 503),
+              _agent("pod-b", "stopped", since=now + 620, seen=now + 620)]
+    driver = DriverInfo("h", 1, renewed_at=now + 3.2, expires_at=now + 13.2)
+    snap = build_snapshot(LADDER, ledger.read(), now=now, driver=driver, agents=agents)
+    console = Console(width=250, record=True, color_system=None)
+    console.print(snapshot_renderable(snap))
+    console.print(agents_table(snap))
+    text = console.export_text()
+    assert "h pid 1, live, seen 3.2s ahead of this machine's clock" in text
+    assert "latest step 10, 2m10s ahead of this machine's clock" in text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith("pod-")}
+    assert "8m23s ahead of this machine's clock" in rows["pod-a"] and "STALE" not in rows["pod-a"]
+    assert "stopped 10m20s ahead of this machine's clock" in rows["pod-b"]
+    assert "0.0s ago" not in text
+    assert "checkpoint 10 (2m10s ahead of this machine's clock)" in snapshot_line(snap)
 
 
 def test_each_announced_eviction_shows_its_hold_and_idle_time_and_whether_it_moved(tmp_path):

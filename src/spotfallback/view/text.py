@@ -37,6 +37,26 @@ def duration(s: float | None) -> str:
     return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
 
 
+# How far ahead of this machine's clock a record may be dated and still read as "0.0s ago".
+# Machines kept in time by NTP differ by milliseconds, and a record read the moment it was
+# written is a few of them "ahead": shown to a tenth of a second that is noise, not news.
+# Beyond it the writer's clock (or this one) is off, and every age read from it is wrong.
+CLOCK_TOLERANCE_S = 1.0
+
+
+def ago(s: float | None) -> str:
+    """``s`` seconds since a record was written (``now - t``), as "12s ago".
+
+    A record written on another machine (a driver's lease, a notice agent's health record) is
+    dated by that machine's clock: one dated ahead of this machine's clock, by more than
+    ``CLOCK_TOLERANCE_S``, reads "3.2s ahead of this machine's clock" (not "0.0s ago" for as
+    long as the difference lasts).
+    """
+    if s is not None and s < -CLOCK_TOLERANCE_S:
+        return f"{duration(-s)} ahead of this machine's clock"
+    return f"{duration(s)} ago"
+
+
 _FAULTS = {
     "preempted": "[yellow]preemption[/]",
     "node_failed": "[yellow]node lost without notice[/]",
@@ -164,7 +184,7 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
     if snap.last_checkpoint_t is not None:
         step = f"step {snap.last_checkpoint_step}, " if snap.last_checkpoint_step is not None else ""
         if snap.status in ("running", "waiting"):
-            when = f"{duration(snap.checkpoint_age_s)} ago"
+            when = ago(snap.now - snap.last_checkpoint_t)
         else:  # an ended run: when in the run, not how long ago
             when = f"at {duration(snap.last_checkpoint_t - (snap.started_at or snap.last_checkpoint_t))} into the run"
         grid.add_row("checkpoint", f"{snap.checkpoints} committed; latest {step}{when}")
@@ -181,7 +201,7 @@ def snapshot_renderable(snap: Snapshot) -> RenderableType:
         grid.add_row("evictions", evictions_summary(snap.evictions))
     if snap.driver is not None:
         alive = "live" if snap.driver.live(snap.now) else "gone"
-        grid.add_row("driver", f"{snap.driver.host} pid {snap.driver.pid}, {alive}, seen {duration(snap.now - snap.driver.renewed_at)} ago")
+        grid.add_row("driver", f"{snap.driver.host} pid {snap.driver.pid}, {alive}, seen {ago(snap.now - snap.driver.renewed_at)}")
     if snap.give_up_reason:
         grid.add_row("gave up", Text(snap.give_up_reason, style="red"))
     if snap.agents:
@@ -212,7 +232,7 @@ def agent_state(agent: AgentInfo, now: float) -> str:
     """What the agent is doing and for how long, e.g. "waiting for the Ray node for 5m12s"."""
     label = _AGENT_STATES.get(agent.state, agent.state)
     if agent.state in ("stopped", "drained"):
-        text = f"{label} {duration(now - agent.since)} ago"
+        text = f"{label} {ago(now - agent.since)}"
     else:
         text = f"{label} for {duration(agent.last_seen - agent.since)}"
     if agent.state == "drained" and agent.deadline_s is not None:
@@ -222,7 +242,7 @@ def agent_state(agent: AgentInfo, now: float) -> str:
 
 
 def agent_seen(agent: AgentInfo, now: float) -> str:
-    seen = f"{duration(now - agent.last_seen)} ago"
+    seen = ago(now - agent.last_seen)
     if agent.gone_with_node:
         return seen + " (gone with its node)"
     return seen + " [bold red]STALE[/]" if agent.stale else seen
@@ -277,6 +297,6 @@ def snapshot_line(snap: Snapshot) -> str:
         p = snap.progress
         parts.append(f"{p.key} {p.value:g}" + (f"/{p.total:g}" if p.total is not None else ""))
     if snap.last_checkpoint_t is not None:
-        parts.append(f"checkpoint {snap.last_checkpoint_step} ({duration(snap.checkpoint_age_s)} ago)")
+        parts.append(f"checkpoint {snap.last_checkpoint_step} ({ago(snap.now - snap.last_checkpoint_t)})")
     parts.append(f"spend {money(snap.spend)} vs {money(snap.on_demand_spend)} on-demand")
     return f"[dim]{duration(snap.elapsed_s):>7}[/]  " + " · ".join(parts)
