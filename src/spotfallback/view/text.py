@@ -15,6 +15,7 @@ from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
 
+from spotfallback.accounting import RESTART_TIER
 from spotfallback.config import Ladder
 from spotfallback.events import LedgerRecord
 from spotfallback.view.intervals import AnnouncedEviction
@@ -77,7 +78,7 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
             reset = getattr(ev, "reset", False)
             again = " again with fresh budgets" if reset else ""
             # The record carries the tier the run failed on; a reset starts again from the first.
-            return f"{at}  run started{again}; waiting for [bold]{tiers[0].name if reset else tier}[/] workers"
+            return f"{at}  run started{again}; waiting for [bold]{tiers[RESTART_TIER].name if reset else tier}[/] workers"
         case "workers_acquired":
             return f"{at}  {getattr(ev, 'num_workers', 0)} workers up on [bold]{tier}[/]"
         case "checkpoint_committed":
