@@ -505,7 +505,9 @@ def test_launcher_checks() -> None:
     spot_head["available_node_types"]["head"]["node_config"]["InstanceMarketOptions"] = {"MarketType": "spot"}
     assert errors(spot_head) == ["available_node_types.head.node_config: requests spot/preemptible capacity, but the head must run on on-demand capacity (a preempted head kills the run)"]
     legacy_gcp = copy.deepcopy(LAUNCHER)
+    legacy_gcp["provider"] = {"type": "gcp", "region": "us-west1", "availability_zone": "us-west1-a", "project_id": "p"}
     legacy_gcp["available_node_types"]["head"]["node_config"] = {"machineType": "n2-standard-2", "scheduling": [{"preemptible": True}]}
+    legacy_gcp["available_node_types"]["spot"]["node_config"] = {"machineType": "n2-standard-2", "scheduling": [{"preemptible": True}]}
     assert len(errors(legacy_gcp)) == 1
     broken = copy.deepcopy(LAUNCHER)
     broken["head_node_type"] = "ray.head"
@@ -535,6 +537,8 @@ def test_a_launcher_market_spelt_in_a_case_the_cloud_refuses_is_named() -> None:
     aws["available_node_types"]["spot"]["node_config"]["InstanceMarketOptions"]["MarketType"] = "Spot"
     assert errors(aws) == ["available_node_types.spot.node_config.InstanceMarketOptions.MarketType: 'Spot': EC2 takes 'spot' (lower case)"]
     gcp = copy.deepcopy(LAUNCHER)
+    gcp["provider"] = {"type": "gcp", "region": "us-west1", "availability_zone": "us-west1-a", "project_id": "p"}
+    gcp["available_node_types"]["head"]["node_config"] = {"machineType": "n2-standard-8"}
     gcp["available_node_types"]["spot"]["node_config"] = {"machineType": "n2-standard-8", "scheduling": {"provisioningModel": "spot"}}
     assert errors(gcp) == ["available_node_types.spot.node_config.scheduling.provisioningModel: 'spot': Compute Engine takes 'SPOT' (upper case)"]
 
@@ -642,6 +646,125 @@ def test_launcher_fields_ray_up_fills_or_drops_pass(text: str) -> None:
     assert [str(f) for f in report.errors] == []
 
 
+# Trimmed from github.com/ray-project/ray: aws/example-network-interfaces.yaml @ 0718d5b02581bfef3960d8e37c4d6484f7c368f9,
+# aws/example-launch-templates.yaml @ 5b17c27a81d80dfab7d4e732d25cc9545d820853 and gcp/tpu.yaml @
+# 00a3bb90c0b4404fd1ef2a979e0cb96c05bfff26 (with a TPU scheduling config), each node_config whole: the fields
+# beyond the usual instance type and image that real launcher files pass to the cloud.
+AWS_NETWORK_INTERFACES = """
+cluster_name: network_interfaces
+max_workers: 2
+provider: {type: aws, region: us-west-2, use_internal_ips: true}
+available_node_types:
+  ray.head.default:
+    resources: {}
+    node_config:
+      NetworkInterfaces:
+        - {DeviceIndex: 0, SubnetId: subnet-0000000, PrivateIpAddress: 172.31.64.10, Groups: [sg-00000000]}
+      ImageId: latest_dlami
+      InstanceType: m5.large
+  ray.worker.efa:
+    min_workers: 0
+    max_workers: 1
+    resources: {}
+    node_config:
+      NetworkInterfaces:
+        - {DeviceIndex: 0, NetworkCardIndex: 0, AssociatePublicIpAddress: false, SubnetId: subnet-2, Groups: [sg-2], InterfaceType: efa}
+      ImageId: latest_dlami
+      InstanceType: p3dn.24xlarge
+  ray.worker.template:
+    min_workers: 0
+    max_workers: 1
+    resources: {}
+    node_config:
+      LaunchTemplate: {LaunchTemplateName: ExampleLaunchTemplate, Version: 2}
+      ImageId: latest_dlami
+      InstanceType: m5a.large
+head_node_type: ray.head.default
+"""
+GCP_TPU = """
+cluster_name: tputest
+max_workers: 7
+provider: {type: gcp, region: us-central1, availability_zone: us-central1-f, project_id: null}
+available_node_types:
+    ray_head_default:
+        resources: {"CPU": 2}
+        node_config:
+            machineType: n2-standard-2
+            disks:
+              - {boot: true, autoDelete: true, type: PERSISTENT, initializeParams: {diskSizeGb: 50}}
+    ray_tpu:
+        min_workers: 7
+        resources: {"TPU": 1}
+        node_config:
+            acceleratorType: v2-8
+            runtimeVersion: v2-alpha
+            schedulingConfig: {preemptible: true}
+head_node_type: ray_head_default
+"""
+
+
+@pytest.mark.parametrize("text", [AWS_NETWORK_INTERFACES, GCP_TPU, AZURE_EXAMPLE_FULL, AWS_NO_RESOURCES])
+def test_rays_own_node_configs_pass(text: str) -> None:
+    assert [str(f) for f in validate_text(text).findings if "node_config" in f.path] == []
+
+
+def test_a_misspelt_node_config_field_is_named_with_its_fix() -> None:
+    """Ray hands node_config to the cloud as it is: a typo passes ray up and fails only when a node of that type
+    is launched, for a worker type perhaps the first fallback to its tier, mid-run."""
+    aws = copy.deepcopy(LAUNCHER)
+    aws["available_node_types"]["gpu_spot"] = aws["available_node_types"].pop("spot")
+    aws["available_node_types"]["gpu_spot"]["node_config"]["InstanceTyp"] = aws["available_node_types"]["gpu_spot"]["node_config"].pop("InstanceType")
+    aws["available_node_types"]["head"]["node_config"]["keyname"] = "mine"
+    assert errors(aws) == [
+        "available_node_types.head.node_config.keyname: unknown field, not an EC2 RunInstances parameter: boto3 "
+        "refuses it when Ray launches a node of this type; did you mean 'KeyName'?",
+        "available_node_types.gpu_spot.node_config.InstanceTyp: unknown field, not an EC2 RunInstances parameter: "
+        "boto3 refuses it when Ray launches a node of this type; did you mean 'InstanceType'?",
+    ]
+    gcp = yaml.safe_load(GCP_TPU)
+    gcp["available_node_types"]["ray_head_default"]["node_config"]["machinetype"] = "n2-standard-2"
+    del gcp["available_node_types"]["ray_head_default"]["node_config"]["machineType"]
+    gcp["available_node_types"]["ray_tpu"]["node_config"]["pizza"] = True
+    assert errors(gcp) == [
+        "available_node_types.ray_head_default.node_config.machinetype: unknown field, not a field of a Compute Engine "
+        "instance or a TPU node: the API refuses it when Ray launches a node of this type; did you mean 'machineType'?",
+        "available_node_types.ray_tpu.node_config.pizza: unknown field, not a field of a Compute Engine instance or a "
+        "TPU node: the API refuses it when Ray launches a node of this type; remove it or check its spelling",
+    ]
+    azure = yaml.safe_load(AZURE_EXAMPLE_FULL)
+    worker = azure["available_node_types"]["ray.worker.default"]["node_config"]
+    worker["azure_arm_parameters"]["imageOfer"] = "ubuntu-2204"
+    worker["tag"] = {"team": "ml"}
+    assert errors(azure) == [
+        'available_node_types["ray.worker.default"].node_config.tag: unknown field, not read by Ray\'s Azure provider, '
+        "which takes only azure_arm_parameters and tags: it is ignored; did you mean 'tags'?",
+        'available_node_types["ray.worker.default"].node_config.azure_arm_parameters.imageOfer: unknown field, not a '
+        "parameter of Ray's Azure VM template: Azure refuses the deployment when Ray launches a node of this type; "
+        "did you mean 'imageOffer'?",
+    ]
+    # Other providers' node_config is not checked: spotfallback has no list of their fields.
+    other = copy.deepcopy(LAUNCHER)
+    other["provider"] = {"type": "vsphere"}
+    other["available_node_types"]["spot"]["node_config"] = {"InstanceTyp": "x"}
+    assert not [f for f in validate_document(other)[1] if "InstanceTyp" in f.path]
+
+
+def test_node_config_fields_match_the_clouds_own_lists() -> None:
+    """The AWS list is botocore's RunInstances input; the Azure one, the parameters of the ARM template this Ray
+    ships. A newer botocore or Ray that adds one fails here, so the list is widened before a user's file is refused."""
+    import importlib.util
+
+    from spotfallback.deploy import node_config
+
+    botocore_session = pytest.importorskip("botocore.session")
+    model = botocore_session.get_session().get_service_model("ec2").operation_model("RunInstances")
+    assert set(model.input_shape.members) == node_config.AWS_FIELDS
+    spec = importlib.util.find_spec("ray")
+    assert spec is not None and spec.submodule_search_locations
+    template = Path(spec.submodule_search_locations[0]) / "autoscaler" / "_private" / "_azure" / "azure-vm-template.json"
+    assert set(json.loads(template.read_text())["parameters"]) == node_config.AZURE_ARM_PARAMETERS
+
+
 def test_a_missing_max_workers_is_rays_default_cap() -> None:
     # Ray's own AWS example leaves max_workers out: its worker type allows 4, the default caps the cluster at 2.
     assert [str(f) for f in validate_text(AWS_NO_RESOURCES).findings] == [
@@ -703,7 +826,9 @@ def _variant(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
         _variant(lambda d: d["available_node_types"]["head"].update(min_workers=1) or d["available_node_types"]["spot"].update(min_workers=2)),
         _variant(lambda d: d.pop("head_node_type")),
         _variant(lambda d: (d.pop("head_node_type"), d["available_node_types"].update({"ray.head.default": d["available_node_types"].pop("head")}))),
-        _variant(lambda d: d["provider"].update(type="azure", location="westus2", resource_group="rg")),
+        _variant(lambda d: (d["provider"].update(type="azure", location="westus2", resource_group="rg"),
+                            [t.update(node_config={"azure_arm_parameters": {"vmSize": "Standard_D2s_v3"}})
+                             for t in d["available_node_types"].values()])),
         _variant(lambda d: d["provider"].update(type="bogus")),
         _variant(lambda d: d["provider"].update(type="kubernetes")),
         _variant(lambda d: d.update(available_node_types=None)),

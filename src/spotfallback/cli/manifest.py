@@ -426,7 +426,7 @@ def validate_command(
     ] = None,
 ) -> None:
     """Check a file offline: KubeRay v1 schema (strict) + operator rules, Karpenter's NodePool schema, or Ray's
-    launcher schema.
+    launcher schema + each node type's node_config keys against its cloud's fields (AWS, GCP, Azure).
 
     A NodePool is checked against its provider's CRD (by `nodeClassRef.group`); with `--job`, the file's
     pools are also checked against the ladder, as `manifest nodepools` checks its own. Other documents

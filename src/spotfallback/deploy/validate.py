@@ -44,6 +44,7 @@ from spotfallback.deploy.clouds import (
 )
 from spotfallback.deploy.common import parse_quantity
 from spotfallback.deploy.machines import machine, machine_spelling, pod_shortfall
+from spotfallback.deploy.node_config import unknown_fields
 from spotfallback.deploy.pools import INSTANCE_TYPE_KEY
 from spotfallback.deploy.schema import (
     KUBERAY_FILES,
@@ -892,6 +893,8 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
         spot_config = vm_config_is_spot(node_type.get("node_config"))
         if (spelling := vm_market_spelling(node_type.get("node_config"))) is not None:
             yield Finding(field_path([*at, "node_config"]) + "." + spelling[0], spelling[1])
+        for path, problem in unknown_fields(provider, node_type.get("node_config")):
+            yield Finding(field_path([*at, "node_config", *path]), problem)
         market = _get(node_type, "labels", MARKET_LABEL)
         low = node_type.get("min_workers", 0)
         if isinstance(low, int):
