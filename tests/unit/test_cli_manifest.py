@@ -231,6 +231,12 @@ def test_cluster_launcher_writes_a_valid_file(app: typer.Typer, job_file: Path, 
         (["--cloud", "aws", "--region", "us-east-1", "--instance-type", "spot=m5.large", "--instance-type", "spot=m5.xlarge"],
          "error: --instance-type: tier 'spot' is given twice ('m5.large' and 'm5.xlarge')"),
         (["--cloud", "aws", "--region", "us-east-1", "--head-instance-type", ""], "error: --head-instance-type: empty;"),
+        (["--cloud", "aws", "--region", "us-east-1", "--head-instance-type", "t2.micro"], "error: --head-instance-type: "
+         "'t2.micro' has 1 GiB of memory, too little for a Ray head node, which runs the GCS, the dashboard, the autoscaler "
+         "and the job driver; name a type with at least 7.5 GiB (such as 't2.large'), or leave it out for the default "
+         "'m5.2xlarge'"),
+        (["--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--head-instance-type", "m5.large"],
+         "error: --head-instance-type: 'm5.large' is not a Compute Engine machine type"),
         (["--cloud", "gcp", "--zone", "us-central1-a"], "error: --project-id: required on GCP"),
         (["--cloud", "aws", "--region", "not a region"], "error: --region: 'not a region' is not an AWS region name; give one "
          "such as 'us-east-1'"),

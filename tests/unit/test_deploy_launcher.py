@@ -106,6 +106,18 @@ def test_labels_resources_and_instance_types() -> None:
         cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, instance_types={"pinned": "a2-highgpu-8g"}))
     with pytest.raises(ConfigError, match="^head_instance_type: 'm5.large' is not a Compute Engine machine type"):
         cluster_launcher_config(make_job(tiers), opts(VmCloud.GCP, head_instance_type="m5.large"))
+    # A head of too little memory never runs the GCS, the dashboard, the autoscaler and the driver: refused,
+    # naming a larger type and the default; a type the machine table does not know is taken as it is.
+    with pytest.raises(ConfigError, match=r"^head_instance_type: 't2\.micro' has 1 GiB of memory, too little for a Ray head "
+                                          r"node.*at least 7\.5 GiB \(such as 't2\.large'\), or leave it out for the "
+                                          r"default 'm5\.2xlarge'$"):
+        cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, head_instance_type="t2.micro"))
+    with pytest.raises(ConfigError, match=r"^head_instance_type: 'e2-medium' has 4 GiB .*\(such as 'e2-standard-2'\), or "
+                                          r"leave it out for the default 'n2-standard-8'$"):
+        cluster_launcher_config(make_job(tiers), opts(VmCloud.GCP, head_instance_type="e2-medium"))
+    for head in ("t2.large", "m5.large", "c7i.large"):
+        config = cluster_launcher_config(make_job(tiers), opts(VmCloud.AWS, head_instance_type=head))
+        assert config["available_node_types"]["head"]["node_config"]["InstanceType"] == head
     huge = make_job([{"name": "huge", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 500}}])
     with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: .*--instance-type huge=TYPE"):
         cluster_launcher_config(huge, opts(VmCloud.GCP))

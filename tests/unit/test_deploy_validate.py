@@ -749,6 +749,29 @@ def test_a_misspelt_node_config_field_is_named_with_its_fix() -> None:
     assert not [f for f in validate_document(other)[1] if "InstanceTyp" in f.path]
 
 
+def test_a_head_of_too_little_memory_is_refused() -> None:
+    """The head runs the GCS, the dashboard, the autoscaler and the driver: a 1 GiB machine never holds them.
+    Only the head's type is judged, and only a type the machine table knows."""
+    tiny = copy.deepcopy(LAUNCHER)
+    tiny["available_node_types"]["head"]["node_config"]["InstanceType"] = "t2.micro"
+    tiny["available_node_types"]["spot"]["node_config"]["InstanceType"] = "t3.small"
+    assert errors(tiny) == [
+        "available_node_types.head.node_config.InstanceType: 't2.micro' has 1 GiB of memory, too little for a Ray head "
+        "node, which runs the GCS, the dashboard, the autoscaler and the job driver; name a type with at least 7.5 GiB "
+        "(such as 't2.large')"]
+    tiny["available_node_types"]["head"]["node_config"]["InstanceType"] = "x9.unknown"
+    assert errors(tiny) == []
+    azure = yaml.safe_load(AZURE_EXAMPLE_FULL)
+    azure["available_node_types"]["ray.head.default"]["node_config"]["azure_arm_parameters"]["vmSize"] = "Standard_B1s"
+    assert errors(azure) == [
+        'available_node_types["ray.head.default"].node_config.azure_arm_parameters.vmSize: \'Standard_B1s\' has 1 GiB of '
+        "memory, too little for a Ray head node, which runs the GCS, the dashboard, the autoscaler and the job driver; "
+        "name a type with at least 7.5 GiB (such as 'Standard_B2ms')"]
+    gcp = yaml.safe_load(GCP_TPU)
+    gcp["available_node_types"]["ray_head_default"]["node_config"]["machineType"] = "e2-small"
+    assert [e.partition(":")[0] for e in errors(gcp)] == ["available_node_types.ray_head_default.node_config.machineType"]
+
+
 def test_node_config_fields_match_the_clouds_own_lists() -> None:
     """The AWS list is botocore's RunInstances input; the Azure one, the parameters of the ARM template this Ray
     ships. A newer botocore or Ray that adds one fails here, so the list is widened before a user's file is refused."""

@@ -23,11 +23,13 @@ from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, 
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, spot_grace_note
 from spotfallback.deploy.launcher import (
+    HEAD_INSTANCE_TYPES,
     LauncherOptions,
     identity_note,
     idle_gpu_notes,
     render_cluster_launcher,
 )
+from spotfallback.deploy.machines import HEAD_MIN_MEMORY_GIB
 from spotfallback.deploy.nodepools import KarpenterCloud, NodePoolOptions, render_nodepools
 from spotfallback.deploy.validate import Report, parse_version, validate_file
 from spotfallback.errors import EXIT_BAD_INPUT, EXIT_ERROR, ConfigError, ManifestInvalid
@@ -45,6 +47,7 @@ _OPTION_OF = {
     "zone": "--zone",
     "project_id": "--project-id",
     "instance_type": "--instance-type",
+    "head_instance_type": "--head-instance-type",
     "source_image": "--source-image",
     "notice_agent": "--notice-agent",
     "spot_grace_seconds": "--spot-grace",
@@ -302,7 +305,12 @@ def launcher_command(
     zone: Annotated[str | None, typer.Option(help="Zone (default: the tiers' ray.io/availability-zone); required on GCP.")] = None,
     project_id: Annotated[str | None, typer.Option(help="GCP project id.")] = None,
     instance_type: Annotated[list[str] | None, typer.Option(help="TIER=TYPE (repeatable) instead of the default fit.")] = None,
-    head_instance_type: Annotated[str | None, typer.Option(help="Head instance/machine type.")] = None,
+    head_instance_type: Annotated[
+        str | None,
+        typer.Option(help=f"Head instance/machine type (default: {', '.join(f'{t} on {c}' for c, t in HEAD_INSTANCE_TYPES.items())}); "
+                          f"a known type with under {HEAD_MIN_MEMORY_GIB:g} GiB of memory is refused: the head runs the "
+                          "GCS, the dashboard, the autoscaler and the job driver."),
+    ] = None,
     source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers).")] = None,
     instance_profile: Annotated[str | None, typer.Option(help="AWS instance profile ARN for the worker nodes (storage access).")] = None,
     service_account: Annotated[str | None, typer.Option(help="GCP service account email for the worker nodes (storage access).")] = None,

@@ -42,7 +42,7 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.machines import family, machine
+from spotfallback.deploy.machines import family, head_machine_error, machine
 from spotfallback.deploy.pools import GPUS, machine_error, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
@@ -56,7 +56,7 @@ _AWS_TYPES = family("m5.")
 _AWS_GPU_TYPES = GPUS["A10G"].aws
 _GCP_TYPES = family("n2-standard-")
 _GCP_GPU_TYPES = GPUS["L4"].gcp
-_HEAD_TYPES = {VmCloud.AWS: "m5.2xlarge", VmCloud.GCP: "n2-standard-8"}
+HEAD_INSTANCE_TYPES = {VmCloud.AWS: "m5.2xlarge", VmCloud.GCP: "n2-standard-8"}  # without --head-instance-type
 
 # Ray's own default worker start (ray/autoscaler/{aws,gcp}/defaults.yaml); a config that sets
 # worker_start_ray_commands replaces it, so it is repeated before the agent's line.
@@ -82,8 +82,9 @@ class LauncherOptions:
     """What a ``ray up`` file needs beyond the job file.
 
     ``instance_types`` maps tier names to instance/machine types; tiers not named get the
-    smallest general-purpose (or GPU) type that fits one worker. ``instance_profile`` (AWS,
-    an ARN) or ``service_account`` (GCP, an email) gives the worker nodes access to
+    smallest general-purpose (or GPU) type that fits one worker. ``head_instance_type`` replaces
+    ``HEAD_INSTANCE_TYPES``; a known type too small for a head is refused (``head_machine_error``).
+    ``instance_profile`` (AWS, an ARN) or ``service_account`` (GCP, an email) gives the worker nodes access to
     storage_path; the head keeps the identity Ray creates for it, which has storage access.
     ``notice_agent`` (default on) starts ``spotfallback notice-agent`` on spot nodes (and GPU
     nodes on GCP). The driver and the agent run spotfallback on the nodes: with the stock Ray
@@ -261,7 +262,8 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     unknown = sorted(set(opts.instance_types) - {t.name for t in job.tiers})
     if unknown:
         raise ConfigError(f"instance_type: no tier named {unknown[0]!r} (tiers: {', '.join(t.name for t in job.tiers)})")
-    if opts.head_instance_type and (problem := machine_type_error(opts.cloud.value, opts.head_instance_type, "head_instance_type")):
+    if opts.head_instance_type and (problem := machine_type_error(opts.cloud.value, opts.head_instance_type, "head_instance_type")
+                                    or head_machine_error(opts.head_instance_type, "head_instance_type", HEAD_INSTANCE_TYPES[opts.cloud])):
         raise ConfigError(problem)
     for i, tier in enumerate(job.tiers):
         if tier.name == HEAD_TYPE:
@@ -270,7 +272,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         HEAD_TYPE: {
             "resources": {"CPU": 0},
             "labels": {MARKET_LABEL: ON_DEMAND},
-            "node_config": _node_config(opts.head_instance_type or _HEAD_TYPES[opts.cloud], ON_DEMAND, False, "head", opts),
+            "node_config": _node_config(opts.head_instance_type or HEAD_INSTANCE_TYPES[opts.cloud], ON_DEMAND, False, "head", opts),
         }
     }
     agents = opts.notice_agent and any(_has_agent(t, opts.cloud) for t in job.tiers)

@@ -5,12 +5,17 @@ A tier pinned to a machine smaller than one of its workers (``placement.instance
 launcher starts nodes Ray can never place a worker on, and the run waits on that tier until its
 capacity timeout. Such a pin is refused here, for the types listed; others are not checked.
 
+The small general-purpose types (EC2's burstable T2/T3/T3a, Compute Engine's E2 and shared-core
+f1/g1, Azure's B-series and Dsv3) are here for the head: a Ray head on a type with less memory
+than ``HEAD_MIN_MEMORY_GIB`` is refused (``head_machine_error``).
+
 Sources (vCPUs, GPUs and memory per type): the Amazon EC2 User Guide's "Accelerated computing
 instances" and "General purpose instances" tables; for g6, g6e and p5, which that guide predates,
 the instance memory Karpenter's AWS provider lists from EC2's DescribeInstanceTypes
 (``karpenter.k8s.aws/instance-memory``); Google Cloud's "GPU machine types" and "General-purpose
-machine family" pages (their GB are 2^30 bytes); Microsoft Learn's NC- and ND-series size pages.
-The GPU families here are also what ``pools.GPUS`` and the launcher's default fit choose from.
+machine family" pages (their GB are 2^30 bytes); Microsoft Learn's NC- and ND-series, B-series
+and Dsv3-series size pages. The GPU families here are also what ``pools.GPUS`` and the
+launcher's default fit choose from.
 
 What a Kubernetes node keeps from its pods (``node_keeps_mib``): GKE's "Plan node sizes" memory
 reservations (as ``cluster-autoscaler/cloudprovider/gce/reserved.go`` computes them, GB read as
@@ -23,6 +28,7 @@ Karpenter's 7.5% ``vmMemoryOverheadPercent``; AKS's "Node resource reservations"
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -57,6 +63,15 @@ def _a2(gib_per_gpu: int) -> tuple[tuple[str, int, int, float], ...]:
     return tuple((f"{g}g", 12 * g, g, gib_per_gpu * g) for g in (1, 2, 4, 8))
 
 
+# EC2's T3 and T3a sizes (T2's nano to small have 1 vCPU): (size, vCPUs, memory GiB).
+_T_SIZES = (("nano", 2, 0.5), ("micro", 2, 1), ("small", 2, 2), ("medium", 2, 4), ("large", 2, 8), ("xlarge", 4, 16),
+            ("2xlarge", 8, 32))  # fmt: skip
+
+
+def _cpu_only(sizes: tuple[tuple[str, int, float], ...]) -> tuple[tuple[str, int, int, float], ...]:
+    return tuple((size, cpus, 0, mem) for size, cpus, mem in sizes)
+
+
 MACHINES: dict[str, Machine] = {
     **_family("aws", "m5.{}", tuple((s, c, 0, 4 * c) for s, c in (
         ("large", 2), ("xlarge", 4), ("2xlarge", 8), ("4xlarge", 16), ("8xlarge", 32), ("12xlarge", 48), ("16xlarge", 64),
@@ -70,7 +85,13 @@ MACHINES: dict[str, Machine] = {
     **_family("aws", "g5.{}", _g(4)),
     **_family("aws", "g6.{}", _g(4)),
     **_family("aws", "g6e.{}", _g(8)),
+    **_family("aws", "t2.{}", _cpu_only(tuple((s, 1 if m < 4 else c, m) for s, c, m in _T_SIZES))),
+    **_family("aws", "t3.{}", _cpu_only(_T_SIZES)),
+    **_family("aws", "t3a.{}", _cpu_only(_T_SIZES)),
     **_family("gcp", "n2-standard-{}", tuple((str(c), c, 0, 4 * c) for c in (2, 4, 8, 16, 32, 48, 64, 80, 96, 128))),
+    **_family("gcp", "e2-{}", _cpu_only((("micro", 2, 1), ("small", 2, 2), ("medium", 2, 4)))),
+    **_family("gcp", "e2-standard-{}", tuple((str(c), c, 0, 4 * c) for c in (2, 4, 8, 16, 32))),
+    **_family("gcp", "{}", _cpu_only((("f1-micro", 1, 0.6), ("g1-small", 1, 1.7)))),
     **_family("gcp", "a2-highgpu-{}", _a2(85)),
     **_family("gcp", "a2-ultragpu-{}", _a2(170)),
     "a2-megagpu-16g": Machine("gcp", 96, 16, 1360),
@@ -86,6 +107,10 @@ MACHINES: dict[str, Machine] = {
         ("NC96ads_A100_v4", 96, 4, 880), ("NC40ads_H100_v5", 40, 1, 320), ("NC80adis_H100_v5", 80, 2, 640),
         ("NC4as_T4_v3", 4, 1, 28), ("NC8as_T4_v3", 8, 1, 56), ("NC16as_T4_v3", 16, 1, 110), ("NC64as_T4_v3", 64, 4, 440),
     )),
+    **_family("azure", "Standard_{}", _cpu_only((
+        ("B1ls", 1, 0.5), ("B1s", 1, 1), ("B1ms", 1, 2), ("B2s", 2, 4), ("B2ms", 2, 8), ("B4ms", 4, 16), ("B8ms", 8, 32),
+        ("D2s_v3", 2, 8), ("D4s_v3", 4, 16), ("D8s_v3", 8, 32), ("D16s_v3", 16, 64), ("D32s_v3", 32, 128),
+    ))),
 }  # fmt: skip
 _BY_LOWER = {name.lower(): name for name in MACHINES}
 
@@ -93,6 +118,41 @@ _BY_LOWER = {name.lower(): name for name in MACHINES}
 def machine(name: str) -> Machine | None:
     """The size of a known machine type, or None."""
     return MACHINES.get(name)
+
+
+# The least memory a Ray head node may have: the smallest head of Ray's own cluster-launcher examples
+# (``python/ray/autoscaler/{aws,gcp,azure}/example-full.yaml``: AWS m5.large and Azure Standard_D2s_v3,
+# 8 GiB; GCP n1-standard-2, 7.5 GB). The head runs the GCS, the dashboard, the autoscaler and the job
+# driver with Ray Train's controller; Ray's "Best practices for deploying large clusters" calls
+# 8 CPUs and 32 GB "a good starting hardware specification for the head node" of a large cluster.
+HEAD_MIN_MEMORY_GIB = 7.5
+
+
+def head_machine_error(name: str, where: str, default: str | None = None) -> str | None:
+    """``head_machine_problem``, prefixed with the field it was found in."""
+    problem = head_machine_problem(name, default)
+    return None if problem is None else f"{where}: {problem}"
+
+
+def head_machine_problem(name: str, default: str | None = None) -> str | None:
+    """Why machine type ``name`` is too small for a Ray head node, or None (also for a type the
+    catalog does not know: its memory is not guessed). An error, not a note: the head's processes
+    alone fill such a machine, so the cluster never comes up or its head dies with the run.
+    ``default``: the type used when none is named, offered as a fix too."""
+    m = machine(name)
+    if m is None or m.memory_gib >= HEAD_MIN_MEMORY_GIB:
+        return None
+    fits = [n for n, o in MACHINES.items() if o.provider == m.provider and not o.gpus and o.memory_gib >= HEAD_MIN_MEMORY_GIB]
+    # The smallest that fits of the type's family (t2.large for t2.micro), else of its series (e2-standard-2
+    # for e2-micro), else of its cloud.
+    series = re.split(r"[.-]", name, maxsplit=1)[0]
+    same = [n for n in fits if _family_of(n) == _family_of(name)] or [n for n in fits if n.startswith(series)] or fits
+    larger = min(same, key=lambda n: (MACHINES[n].vcpus, MACHINES[n].memory_gib), default=None)
+    hint = f" (such as {larger!r})" if larger else ""
+    otherwise = f", or leave it out for the default {default!r}" if default else ""
+    return (f"{name!r} has {m.memory_gib:g} GiB of memory, too little for a Ray head node, which runs the GCS, "
+            f"the dashboard, the autoscaler and the job driver; name a type with at least {HEAD_MIN_MEMORY_GIB:g} GiB"
+            f"{hint}{otherwise}")
 
 
 def machine_spelling(name: str) -> str | None:
@@ -256,6 +316,7 @@ def _family_of(name: str) -> str:
     if "." in name:
         return name.split(".", 1)[0]
     if name.lower().startswith("standard_"):
-        series, _, version = name.partition("_")[2].rpartition("_")
+        size = name.partition("_")[2]
+        series, _, version = size.rpartition("_") if "_" in size else (size, "", "")
         return "".join(ch for ch in series if not ch.isdigit()) + "_" + version
     return name.rsplit("-", 1)[0]

@@ -43,7 +43,12 @@ from spotfallback.deploy.clouds import (
     vm_market_spelling,
 )
 from spotfallback.deploy.common import parse_quantity
-from spotfallback.deploy.machines import machine, machine_spelling, pod_shortfall
+from spotfallback.deploy.machines import (
+    head_machine_problem,
+    machine,
+    machine_spelling,
+    pod_shortfall,
+)
 from spotfallback.deploy.node_config import unknown_fields
 from spotfallback.deploy.pools import INSTANCE_TYPE_KEY
 from spotfallback.deploy.schema import (
@@ -741,12 +746,23 @@ def _metadata_findings(doc: dict[str, Any], kind: str) -> Iterator[Finding]:
 # --- launcher checks ---------------------------------------------------------------------------
 
 
+def _node_machine(node_config: Any) -> tuple[list[str], str] | None:
+    """(path inside ``node_config``, name) of a launcher node type's machine type: EC2's
+    ``InstanceType``, GCE's ``machineType`` or Azure's ``azure_arm_parameters.vmSize``, or None."""
+    config = _dict(node_config)
+    for path in (["InstanceType"], ["machineType"], ["azure_arm_parameters", "vmSize"]):
+        name = _get(config, *path)
+        if isinstance(name, str):
+            return path, name
+    return None
+
+
 def _declared_beyond_machine(node_type: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
     """A ``ray up`` node type declaring more CPUs or GPUs than its known machine has: Ray trusts
     the declared ``resources``, so it would place work on CPUs or GPUs the node lacks."""
-    config = _dict(node_type.get("node_config"))
-    name = config.get("InstanceType", config.get("machineType"))
-    known = machine(name) if isinstance(name, str) else None
+    found = _node_machine(node_type.get("node_config"))
+    name = found[1] if found else ""
+    known = machine(name)
     if known is None:
         return
     for key, has in (("CPU", known.vcpus), ("GPU", known.gpus)):
@@ -900,6 +916,8 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
         if isinstance(low, int):
             total_min += low  # Ray counts every type's, the head's too
         if name == head_type:
+            if (found := _node_machine(node_type.get("node_config"))) and (too_small := head_machine_problem(found[1])):
+                yield Finding(field_path([*at, "node_config", *found[0]]), too_small)
             if spot_config:
                 yield Finding(field_path([*at, "node_config"]), f"requests spot/preemptible capacity, but {why}")
             if market == SPOT:
