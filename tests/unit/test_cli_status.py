@@ -77,6 +77,25 @@ def test_status_json_matches_the_ledger(app, run_uri):
     assert data["status"] == "finished" and data["tier"] == "on-demand"
     assert data["spend"] == pytest.approx(report.spend) and data["checkpoints"] == 14
     assert [e["kind"] for e in data["events"]] == ["checkpoint_committed", "checkpoint_committed", "finished"]
+    assert data["event_count"] == 21  # every event in the ledger; "events" lists the latest
+
+
+def test_a_key_means_the_same_in_status_json_and_in_the_status_lines_of_run_json(app, run_uri):
+    """A script reading both gets one type per key: ``events`` is a list of event records in
+    `status --json` and absent from `run --json`'s status lines, which count them as ``event_count``."""
+    from spotfallback.view.watcher import JsonSink, RunWatcher
+
+    data = json.loads(invoke(app, "status", run_uri, "--json").output)
+    out = io.StringIO()
+    with RunWatcher(LADDER, [JsonSink(LADDER, out)], interval_s=0.05).watch(resolve_run(*split_run_uri(run_uri))):
+        pass
+    line = [o for o in map(json.loads, out.getvalue().splitlines()) if o["type"] == "status"][-1]
+    number = (int, float)
+    differ = {k for k in set(data) & set(line) if None not in (data[k], line[k])
+              and not (isinstance(data[k], number) and isinstance(line[k], number)) and type(data[k]) is not type(line[k])}
+    assert differ == set()
+    assert isinstance(data["events"], list) and "events" not in line
+    assert data["event_count"] == line["event_count"] == 21
 
 
 def test_report_writes_png_html_and_a_table_whose_hours_times_price_is_the_spend(app, run_uri, tmp_path):

@@ -73,7 +73,9 @@ def register(app: typer.Typer) -> None:
     @app.command("status")
     def status_cmd(
         run: Annotated[str, typer.Argument(help=RUN_HELP, show_default=False, metavar="STORAGE_PATH/NAME")],
-        as_json: Annotated[bool, typer.Option("--json", help="Print the status as one JSON object.")] = False,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="Print the status as one JSON object: the latest events as a list under \"events\", and "
+                           "how many the ledger holds as \"event_count\".")] = False,
         events: Annotated[int, typer.Option("--events", help="How many of the latest events to list (0: none).")] = 10,
     ) -> None:
         """Where a live or finished run stands: tier, budget, workers, progress, checkpoint, spend, and
