@@ -64,8 +64,17 @@ def test_status_of_a_finished_run(app, run_uri):
     assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
     assert "14 committed; latest step 140" in r.output
     assert r.output.count("fall back to on-demand") == 1 and "latest events (10 of 21)" in r.output
-    header = next(line for line in r.output.splitlines() if "preempted/max" in line)
-    assert header.split()[3:6] == ["preempted/max", "failed/max", "errors/max"]  # training errors: their own budget
+    lines = r.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["tier", "market"])
+    assert re.split(r"\s{2,}", lines[header].strip())[3:] == [
+        "preempted", "node failures", "training errors", "running", "spend", "budget"]
+    # The whole run's 2 preemptions on spot beside the budget of 1 that the second one spent: not "2/1".
+    spot = re.split(r"\s{2,}", lines[header + 1].strip())
+    assert spot[3:6] == ["2", "0", "0"] and spot[-1] == "1 preemption, 3 node failures, 3 training errors"
+    assert lines[header + 2].endswith("unlimited preemptions, 3 node failures, 3 training errors")
+    caption = " ".join(" ".join(lines[header + 3:header + 6]).split())
+    assert caption.startswith("Whole run: preempted, node failures, training errors, running and spend add up")
+    assert "the tier line above counts it down" in caption
 
 
 def test_status_json_matches_the_ledger(app, run_uri):
