@@ -215,6 +215,8 @@ def test_walkthrough_end_to_end_with_injected_preemptions(cluster, checkout, tmp
     status_text = next(v for c, v in outputs.items() if c.startswith("spotfallback status") and "--json" not in c)
     assert "finished" in status_text and f"{money(summary.spend)} so far" in status_text
     assert "step 60/60  (100%)" in status_text  # the total and the bar, as in the live view
+    spot_row = next(line.split() for line in status_text.splitlines() if line.split()[:2] == ["spot", "spot"])
+    assert spot_row[3:6] == ["2", "0", "0"] and "Whole run: preempted" in status_text  # as the walk-through shows
     status = json.loads((checkout / "status.json").read_text())
     assert status["status"] == "finished" and status["tier"] == "on-demand"
     assert status["spend"] == pytest.approx(summary.spend, abs=1e-9)

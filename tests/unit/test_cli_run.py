@@ -327,6 +327,7 @@ def test_json_option_prints_events_and_status_lines(tmp_path):
     lines = [json.loads(line) for line in out.getvalue().splitlines()]
     assert [o["kind"] for o in lines if o["type"] == "event"] == ["run_started", "workers_acquired", "finished"]
     assert lines[-1]["type"] == "status" and lines[-1]["status"] == "finished"
+    assert lines[-1]["event_count"] == 3 and "events" not in lines[-1]  # "events" is status --json's list
 
 
 # ---------------------------------------------------------------------------------------

@@ -64,8 +64,17 @@ def test_status_of_a_finished_run(app, run_uri):
     assert "$8.01 so far; all on-demand for the same progress $14.28 (+44% saved)" in r.output
     assert "14 committed; latest step 140" in r.output
     assert r.output.count("fall back to on-demand") == 1 and "latest events (10 of 21)" in r.output
-    header = next(line for line in r.output.splitlines() if "preempted/max" in line)
-    assert header.split()[3:6] == ["preempted/max", "failed/max", "errors/max"]  # training errors: their own budget
+    lines = r.output.splitlines()
+    header = next(i for i, line in enumerate(lines) if line.split()[:2] == ["tier", "market"])
+    assert re.split(r"\s{2,}", lines[header].strip())[3:] == [
+        "preempted", "node failures", "training errors", "running", "spend", "budget"]
+    # The whole run's 2 preemptions on spot beside the budget of 1 that the second one spent: not "2/1".
+    spot = re.split(r"\s{2,}", lines[header + 1].strip())
+    assert spot[3:6] == ["2", "0", "0"] and spot[-1] == "1 preemption, 3 node failures, 3 training errors"
+    assert lines[header + 2].endswith("unlimited preemptions, 3 node failures, 3 training errors")
+    caption = " ".join(" ".join(lines[header + 3:header + 6]).split())
+    assert caption.startswith("Whole run: preempted, node failures, training errors, running and spend add up")
+    assert "the tier line above counts it down" in caption
 
 
 def test_status_json_matches_the_ledger(app, run_uri):
@@ -77,6 +86,25 @@ def test_status_json_matches_the_ledger(app, run_uri):
     assert data["status"] == "finished" and data["tier"] == "on-demand"
     assert data["spend"] == pytest.approx(report.spend) and data["checkpoints"] == 14
     assert [e["kind"] for e in data["events"]] == ["checkpoint_committed", "checkpoint_committed", "finished"]
+    assert data["event_count"] == 21  # every event in the ledger; "events" lists the latest
+
+
+def test_a_key_means_the_same_in_status_json_and_in_the_status_lines_of_run_json(app, run_uri):
+    """A script reading both gets one type per key: ``events`` is a list of event records in
+    `status --json` and absent from `run --json`'s status lines, which count them as ``event_count``."""
+    from spotfallback.view.watcher import JsonSink, RunWatcher
+
+    data = json.loads(invoke(app, "status", run_uri, "--json").output)
+    out = io.StringIO()
+    with RunWatcher(LADDER, [JsonSink(LADDER, out)], interval_s=0.05).watch(resolve_run(*split_run_uri(run_uri))):
+        pass
+    line = [o for o in map(json.loads, out.getvalue().splitlines()) if o["type"] == "status"][-1]
+    number = (int, float)
+    differ = {k for k in set(data) & set(line) if None not in (data[k], line[k])
+              and not (isinstance(data[k], number) and isinstance(line[k], number)) and type(data[k]) is not type(line[k])}
+    assert differ == set()
+    assert isinstance(data["events"], list) and "events" not in line
+    assert data["event_count"] == line["event_count"] == 21
 
 
 def test_report_writes_png_html_and_a_table_whose_hours_times_price_is_the_spend(app, run_uri, tmp_path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import re
 import time
 
 import pyarrow.fs as pafs
@@ -243,6 +244,24 @@ def test_second_live_driver_is_refused_and_stale_lease_expires(tmp_path):
     assert lease.previous is not None and lease.previous.token == "dead"
     lease.release()
     assert not os.path.exists(os.path.join(loc.state_dir, "lease.json"))
+
+
+def test_a_lease_renewed_on_a_machine_whose_clock_is_ahead_is_refused_without_a_negative_age(tmp_path):
+    """The refusal dates the lease by its writer's clock, which may be ahead of this machine's."""
+    loc = resolve_run(str(tmp_path), "run-ahead")
+    os.makedirs(loc.state_dir)
+    now = time.time()
+    ahead = {"token": "t", "host": "other-host", "pid": 1, "renewed_at": now + 120, "expires_at": now + 150}
+    with open(os.path.join(loc.state_dir, "lease.json"), "w") as f:
+        json.dump(ahead, f)
+    with pytest.raises(DriverAlreadyRunningError) as refused:
+        DriverLease(loc, ttl_s=2.0, settle_s=0.05).acquire()
+    assert re.search(r"lease renewed (1m5\ds|2m00s) ahead of this machine's clock\. ", str(refused.value)), refused.value
+    behind = {**ahead, "renewed_at": now - 12.4, "expires_at": now + 20}
+    with open(os.path.join(loc.state_dir, "lease.json"), "w") as f:
+        json.dump(behind, f)
+    with pytest.raises(DriverAlreadyRunningError, match=r"lease renewed 1\ds ago\. "):
+        DriverLease(loc, ttl_s=2.0, settle_s=0.05).acquire()
 
 
 def test_lease_of_a_dead_process_on_this_host_is_taken_over_at_once(tmp_path):

@@ -27,21 +27,38 @@ if TYPE_CHECKING:
     from spotfallback.view.snapshot import AgentInfo
 
 
+# Under the tier table: its counts are the whole run's, its budgets what the tier line counts down.
+TIER_TABLE_CAPTION = (
+    "Whole run: preempted, node failures, training errors, running and spend add up every stay on the tier. "
+    "budget: what the tier tolerates; the tier line above counts it down since it was last fresh "
+    "(the run's start, --retry-failed, a climb back with climb_budgets: fresh)."
+)
+
+
+def _budget(limit: int, one: str, many: str) -> str:
+    return f"unlimited {many}" if limit == -1 else f"{limit} {one if limit == 1 else many}"
+
+
 def _tier_table(ladder: Ladder, summary: RunSummary) -> Table:
+    """Each tier's whole-run counts, hours and spend beside its budget.
+
+    Why apart: the counts add up every stay on a tier (and every --retry-failed), the budget is
+    what one stretch of it tolerates; shown as "4/3" a total read as a budget overrun.
+    """
     from spotfallback.view.text import money
 
-    def of(count: int, limit: int) -> str:
-        return f"{count}/{limit if limit != -1 else '∞'}"
-
-    table = Table(box=None, pad_edge=False, header_style="bold")
-    # max_failures bounds node failures and training-function errors, each on its own count
-    for col in ("tier", "market", "workers", "preempted/max", "failed/max", "errors/max", "running", "spend"):
-        table.add_column(col, justify="left" if col in ("tier", "market") else "right")
+    table = Table(box=None, pad_edge=False, header_style="bold", caption=TIER_TABLE_CAPTION, caption_justify="left")
+    columns = ("tier", "market", "workers", "preempted", "node failures", "training errors", "running", "spend", "budget")
+    for col in columns:
+        table.add_column(col, justify="left" if col in ("tier", "market", "budget") else "right")
     for i, (u, t) in enumerate(zip(summary.tiers, ladder.tiers, strict=True)):
         mark = "▶ " if i == summary.state.tier and summary.status == "running" else "  "
-        table.add_row(mark + u.name, u.market, str(t.num_workers), of(u.preemptions, t.max_preemptions),
-                      of(u.failures, t.max_failures), of(u.app_errors, t.max_failures), f"{u.running_s / 3600:.4f} h",
-                      money(u.spend))
+        # max_failures bounds node failures and training-function errors, each on its own count
+        budget = ", ".join((_budget(t.max_preemptions, "preemption", "preemptions"),
+                            _budget(t.max_failures, "node failure", "node failures"),
+                            _budget(t.max_failures, "training error", "training errors")))
+        table.add_row(mark + u.name, u.market, str(t.num_workers), str(u.preemptions), str(u.failures),
+                      str(u.app_errors), f"{u.running_s / 3600:.4f} h", money(u.spend), budget)
     return table
 
 
@@ -73,11 +90,14 @@ def register(app: typer.Typer) -> None:
     @app.command("status")
     def status_cmd(
         run: Annotated[str, typer.Argument(help=RUN_HELP, show_default=False, metavar="STORAGE_PATH/NAME")],
-        as_json: Annotated[bool, typer.Option("--json", help="Print the status as one JSON object.")] = False,
+        as_json: Annotated[bool, typer.Option(
+            "--json", help="Print the status as one JSON object: the latest events as a list under \"events\", and "
+                           "how many the ledger holds as \"event_count\".")] = False,
         events: Annotated[int, typer.Option("--events", help="How many of the latest events to list (0: none).")] = 10,
     ) -> None:
-        """Where a live or finished run stands: tier, budget, workers, progress, checkpoint, spend, and
-        each node's notice agent (its state, and when it was last heard from; stale ones flagged).
+        """Where a live or finished run stands: tier, budget, workers, progress, checkpoint, spend, each
+        tier's whole-run counts, hours and spend beside its budget, and each node's notice agent (its
+        state, and when it was last heard from; stale ones flagged).
 
         Reads only the run's directory, so it works from any machine that can read the storage.
         Exit codes: 0 shown, 2 bad input (not STORAGE_PATH/NAME, or no run there), 1 the ledger

@@ -76,7 +76,6 @@ import functools
 import hashlib
 import json
 import os
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -88,6 +87,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from spotfallback.integrations.restore_dir import checkpoint_files
+from spotfallback.integrations.scratch import scratch_dir
 
 DEFAULTS: dict[str, Any] = {
     "total_steps": 40,
@@ -314,7 +314,7 @@ def train_fn(config: dict[str, Any]) -> None:
     start = 1
     checkpoint = ray.train.get_checkpoint()
     if checkpoint is not None:
-        with checkpoint_files(checkpoint, prefix=f"ddp-digits-restore-{rank}-") as ckpt:  # not as_directory: see there
+        with checkpoint_files(checkpoint, label=f"ddp-digits-restore-{rank}-") as ckpt:  # not as_directory: see there
             model.load_state_dict(torch.load(ckpt / "model.pt", map_location="cpu", weights_only=True))
             optimizer.load_state_dict(torch.load(ckpt / "optimizer.pt", map_location="cpu", weights_only=True))
             scheduler.load_state_dict(torch.load(ckpt / "lr_scheduler.pt", map_location="cpu", weights_only=True))
@@ -439,7 +439,7 @@ def _report_checkpoint(
     if rank != 0:
         ray.train.report(metrics)
         return
-    with tempfile.TemporaryDirectory(prefix="ddp-digits-") as d:
+    with scratch_dir("ddp-digits-") as d:  # a worker killed while it writes leaves none behind
         _save(Path(d), model, optimizer, scheduler, rank_states, step, metrics)
         if extra_delay_s:
             time.sleep(extra_delay_s)  # a large state takes this much longer to write

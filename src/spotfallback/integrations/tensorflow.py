@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import json
 import logging
-import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from typing import Any
 import tensorflow as tf
 
 from spotfallback.integrations.restore_dir import checkpoint_files
+from spotfallback.integrations.scratch import scratch_dir
 
 logger = logging.getLogger("spotfallback")
 
@@ -125,15 +125,15 @@ class TFTrainState:
             }
             (d / PROGRESS_FILE).write_text(json.dumps(progress, indent=1, default=str))
         else:
-            with tempfile.TemporaryDirectory(prefix="spotfallback-tf-scratch-") as scratch:
-                self._shared.write(str(Path(scratch) / _PREFIX))
+            with scratch_dir("tf-unused-") as scratch:
+                self._shared.write(str(scratch / _PREFIX))
         self._per_rank.write(str(d / rank_dir(self.rank) / _PREFIX))
 
     def report(self, step: int, metrics: Mapping[str, Any], **report_kwargs: Any) -> None:
         """Save into a fresh directory and ``ray.train.report`` it (every rank calls this)."""
         import ray.train
 
-        with tempfile.TemporaryDirectory(prefix="spotfallback-tf-") as d:
+        with scratch_dir("tf-checkpoint-") as d:
             self.save(d, step, metrics)
             ray.train.report(dict(metrics), checkpoint=ray.train.Checkpoint.from_directory(d), **report_kwargs)
 
@@ -146,7 +146,7 @@ class TFTrainState:
         checkpoint = ray.train.get_checkpoint()
         if checkpoint is None:
             return Restored()
-        with checkpoint_files(checkpoint, prefix=f"spotfallback-tf-restore-{self.rank}-") as d:  # not as_directory: see there
+        with checkpoint_files(checkpoint, label=f"tf-restore-{self.rank}-") as d:  # not as_directory: see there
             return self.restore(d)
 
     def restore(self, directory: str | Path) -> Restored:

@@ -28,6 +28,7 @@ from functools import partial
 
 import pyarrow.fs as pafs
 
+from spotfallback.durations import ago
 from spotfallback.errors import (
     ConfigError,
     DriverAlreadyRunningError,
@@ -255,10 +256,13 @@ class DriverLease:
             raise DriverAlreadyRunningError(self._refusal(current))
 
     def _refusal(self, info: LeaseInfo) -> str:
-        left = max(0.0, info.expires_at - time.time())
+        """Why a second driver is refused. The lease is dated by its writer's clock: one renewed on a
+        machine whose clock is ahead reads "renewed 12s ahead of this machine's clock", not a negative age."""
+        now = time.time()
+        left = max(0.0, info.expires_at - now)
         return (
             f"another driver is running this run ({self.location.uri()}): host {info.host}, pid {info.pid}, "
-            f"lease renewed {time.time() - info.renewed_at:.0f}s ago. Wait for it to finish, stop it, or, if it "
+            f"lease renewed {ago(now - info.renewed_at)}. Wait for it to finish, stop it, or, if it "
             f"is dead, retry after its lease expires in {left:.0f}s."
         )
 

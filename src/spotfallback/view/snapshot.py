@@ -128,7 +128,7 @@ class Snapshot:
     ended_at: float | None
     give_up_reason: str | None = None
     driver: DriverInfo | None = None
-    events: int = 0
+    event_count: int = 0  # ledger events so far (`status --json` lists the latest under "events")
     agents: tuple[AgentInfo, ...] = ()  # notice agents, most recently heard from first
     agents_not_shown: int = 0  # older records beyond those read
     evictions: tuple[AnnouncedEviction, ...] = ()  # announced ones: held and idle time after each checkpoint
@@ -294,7 +294,7 @@ def build_snapshot(
         ended_at=summary.ended_at,
         give_up_reason=summary.give_up_reason,
         driver=driver,
-        events=len(records) + (base.events if base is not None else 0),
+        event_count=len(records) + (base.events if base is not None else 0),
         agents=tuple(agents),
         agents_not_shown=agents_not_shown,
         evictions=tuple(announced_evictions(digest_records(base, records))),

@@ -1,12 +1,12 @@
-"""A run put into words: money and durations, one line per ledger event, the snapshot as a panel.
+"""A run put into words: money, one line per ledger event, the snapshot as a panel.
 
 Shared by `run` (live panel, plain CI lines, JSON lines), `status`, `report` and the demo, so
 a run reads the same wherever it is shown. Lines carry rich markup; JSON objects carry none.
+Durations and ages come from ``spotfallback.durations``, which the storage shell's messages use too.
 """
 
 from __future__ import annotations
 
-import math
 from collections.abc import Sequence
 from typing import Any
 
@@ -17,6 +17,7 @@ from rich.text import Text
 
 from spotfallback.accounting import RESTART_TIER
 from spotfallback.config import Ladder
+from spotfallback.durations import ago, duration
 from spotfallback.events import LedgerRecord
 from spotfallback.view.intervals import AnnouncedEviction
 from spotfallback.view.snapshot import AgentInfo, Snapshot
@@ -25,37 +26,6 @@ from spotfallback.view.snapshot import AgentInfo, Snapshot
 def money(x: float) -> str:
     """Dollars to the cent, with two more digits below a dollar (short runs cost cents)."""
     return f"${x:,.2f}" if abs(x) >= 1 else f"${x:.4f}"
-
-
-def duration(s: float | None) -> str:
-    if s is None or not math.isfinite(s):
-        return "-"
-    s = max(0.0, s)
-    if s < 60:
-        return f"{s:.0f}s" if s >= 10 else f"{s:.1f}s"
-    if s < 3600:
-        return f"{int(s // 60)}m{int(s % 60):02d}s"
-    return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
-
-
-# How far ahead of this machine's clock a record may be dated and still read as "0.0s ago".
-# Machines kept in time by NTP differ by milliseconds, and a record read the moment it was
-# written is a few of them "ahead": shown to a tenth of a second that is noise, not news.
-# Beyond it the writer's clock (or this one) is off, and every age read from it is wrong.
-CLOCK_TOLERANCE_S = 1.0
-
-
-def ago(s: float | None) -> str:
-    """``s`` seconds since a record was written (``now - t``), as "12s ago".
-
-    A record written on another machine (a driver's lease, a notice agent's health record) is
-    dated by that machine's clock: one dated ahead of this machine's clock, by more than
-    ``CLOCK_TOLERANCE_S``, reads "3.2s ahead of this machine's clock" (not "0.0s ago" for as
-    long as the difference lasts).
-    """
-    if s is not None and s < -CLOCK_TOLERANCE_S:
-        return f"{duration(-s)} ahead of this machine's clock"
-    return f"{duration(s)} ago"
 
 
 _FAULTS = {
