@@ -278,3 +278,50 @@ def test_golden(cloud: VmCloud) -> None:
     if os.environ.get("UPDATE_GOLDEN") == "1":
         path.write_text(text)
     assert text == path.read_text(), f"{path.name} changed; review, then regenerate with UPDATE_GOLDEN=1"
+
+
+def gpu_job(*tiers: tuple[str, str, int, int]) -> JobConfig:
+    """A GPU ladder of (name, Ray's GPU type, CPUs, GPUs) spot tiers."""
+    return make_job([
+        {"name": name, "market": "spot", "num_workers": 1, "use_gpu": True, "resources_per_worker": {"CPU": cpu, "GPU": gpus},
+         "label_selector": {"ray.io/market-type": "spot", "ray.io/accelerator-type": kind}}
+        for name, kind, cpu, gpus in tiers
+    ])
+
+
+GPU_IMAGE = "projects/p/global/images/gpu-image"
+
+
+def test_gcp_gpu_series_get_a_boot_disk_and_nic_they_take() -> None:
+    """Without a diskType the API gives pd-standard, which A3 and G2 refuse; A3 has only gVNIC interfaces."""
+    job = gpu_job(("h100", "H100", 100, 8), ("a100", "A100", 8, 1), ("l4", "L4", 8, 1))
+    nodes = cluster_launcher_config(job, opts(VmCloud.GCP, source_image=GPU_IMAGE))["available_node_types"]
+    machine_types = {name: node["node_config"]["machineType"] for name, node in nodes.items()}
+    assert machine_types == {"head": "n2-standard-8", "h100": "a3-highgpu-8g", "a100": "a2-highgpu-1g", "l4": "g2-standard-8"}
+    disk_types = {name: node["node_config"]["disks"][0]["initializeParams"].get("diskType") for name, node in nodes.items()}
+    assert disk_types == {"head": None, "h100": "pd-balanced", "a100": "pd-balanced", "l4": "pd-balanced"}
+    external = [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]
+    assert nodes["h100"]["node_config"]["networkInterfaces"] == [{"accessConfigs": external, "nicType": "GVNIC"}]
+    # Ray fills no interface once one node type has its own: all share the default network.
+    for name in ("head", "a100", "l4"):
+        assert nodes[name]["node_config"]["networkInterfaces"] == [{"accessConfigs": external}]
+    text = render_cluster_launcher(job, opts(VmCloud.GCP, source_image=GPU_IMAGE))
+    assert "# gVNIC is the only network interface of a3-highgpu-8g: the boot image must have its driver" in text
+
+
+def test_gcp_without_gvnic_series_leaves_the_network_to_ray() -> None:
+    job = gpu_job(("a100", "A100", 8, 1), ("l4", "L4", 8, 1))
+    nodes = cluster_launcher_config(job, opts(VmCloud.GCP, source_image=GPU_IMAGE))["available_node_types"]
+    assert not any("networkInterfaces" in node["node_config"] for node in nodes.values())
+    assert "gVNIC" not in render_cluster_launcher(job, opts(VmCloud.GCP, source_image=GPU_IMAGE))
+
+
+@pytest.mark.parametrize(("machine_type", "disk_type"), [("a3-ultragpu-8g", "hyperdisk-balanced"), ("a3-megagpu-8g", "pd-balanced")])
+def test_a_pinned_gcp_gpu_type_gets_its_series_boot_disk(machine_type: str, disk_type: str) -> None:
+    job = gpu_job(("h100", "H100", 100, 8))
+    config = cluster_launcher_config(job, opts(VmCloud.GCP, source_image=GPU_IMAGE, instance_types={"h100": machine_type}))
+    node = config["available_node_types"]["h100"]["node_config"]
+    assert node["disks"][0]["initializeParams"]["diskType"] == disk_type
+    assert node["networkInterfaces"][0]["nicType"] == "GVNIC"
+    assert validate_text(render_cluster_launcher(job, opts(VmCloud.GCP, source_image=GPU_IMAGE,
+                                                            instance_types={"h100": machine_type}))).ok

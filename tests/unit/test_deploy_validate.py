@@ -1095,3 +1095,60 @@ def test_kubernetes_quantities_parse_as_the_api_server_reads_them() -> None:
     assert parse_quantity("8Gi") == 8 * 2**30 and parse_quantity("1G") == 1e9 and parse_quantity("1e3") == 1000
     assert parse_quantity("1.5Ki") == 1536 and parse_quantity("2E") == 2e18
     assert parse_quantity("lots") is None and parse_quantity(True) is None and parse_quantity(None) is None
+
+
+GCP_LAUNCHER = {
+    "cluster_name": "demo",
+    "max_workers": 2,
+    "provider": {"type": "gcp", "region": "us-central1", "availability_zone": "us-central1-a", "project_id": "p"},
+    "available_node_types": {
+        "head": {"resources": {"CPU": 0}, "node_config": {"machineType": "n2-standard-8", "disks": [
+            {"boot": True, "initializeParams": {"sourceImage": "projects/p/global/images/i"}}]}},
+        "h100": {"min_workers": 0, "max_workers": 2, "resources": {"CPU": 8, "GPU": 8}, "node_config": {
+            "machineType": "a3-highgpu-8g",
+            "disks": [{"boot": True, "initializeParams": {"sourceImage": "projects/p/global/images/i", "diskType": "pd-balanced"}}],
+            "networkInterfaces": [{"nicType": "GVNIC"}]}},
+    },
+    "head_node_type": "head",
+}
+A3_DISK = "available_node_types.h100.node_config.disks[0].initializeParams.diskType"
+
+
+def test_a_gcp_node_types_boot_disk_and_nic_must_suit_its_machine_series() -> None:
+    """A3 refuses pd-standard (the API's default) and has only gVNIC interfaces: no VM would ever start."""
+    assert errors(GCP_LAUNCHER) == []
+    standard = copy.deepcopy(GCP_LAUNCHER)
+    h100 = standard["available_node_types"]["h100"]["node_config"]
+    h100["disks"][0]["initializeParams"]["diskType"] = "zones/us-central1-a/diskTypes/pd-standard"
+    assert errors(standard) == [f"{A3_DISK}: is 'pd-standard', which 'a3-highgpu-8g' (A3 High) refuses as a boot disk, so its "
+                                "VMs are never created; use one of pd-balanced, pd-ssd, hyperdisk-balanced, "
+                                "hyperdisk-balanced-high-availability"]
+    del h100["disks"][0]["initializeParams"]["diskType"]
+    assert errors(standard)[0].startswith(f"{A3_DISK}: is not set, so the API gives 'pd-standard', which 'a3-highgpu-8g'")
+    virtio = copy.deepcopy(GCP_LAUNCHER)
+    virtio["available_node_types"]["h100"]["node_config"]["networkInterfaces"] = [{"subnetwork": "regions/us-central1/subnetworks/s"}]
+    assert errors(virtio) == ["available_node_types.h100.node_config.networkInterfaces[0].nicType: is not set (VirtIO), but "
+                              "'a3-highgpu-8g' (A3 High) has only gVNIC network interfaces: set nicType: GVNIC, with a boot "
+                              "image that has the gVNIC driver"]
+    del virtio["available_node_types"]["h100"]["node_config"]["networkInterfaces"]
+    assert errors(virtio)[0].startswith("available_node_types.h100.node_config.networkInterfaces: not set, so Ray gives the "
+                                        "node a VirtIO network interface")
+
+
+def test_gcp_series_checks_spare_what_the_series_takes() -> None:
+    """A2 takes pd-standard and VirtIO; G2 does not take pd-standard; a template may set both; the head is checked too."""
+    a2 = copy.deepcopy(GCP_LAUNCHER)
+    a2["available_node_types"]["h100"]["node_config"] = {"machineType": "a2-highgpu-8g", "disks": [
+        {"boot": True, "initializeParams": {"diskType": "pd-standard"}}]}
+    a2["available_node_types"]["h100"]["resources"] = {"CPU": 8, "GPU": 8}
+    assert errors(a2) == []
+    a2["available_node_types"]["h100"]["node_config"]["machineType"] = "g2-standard-96"
+    assert errors(a2) == [f"{A3_DISK}: is 'pd-standard', which 'g2-standard-96' (G2) refuses as a boot disk, so its VMs are "
+                          "never created; use one of pd-balanced, pd-ssd"]
+    templated = copy.deepcopy(GCP_LAUNCHER)
+    templated["available_node_types"]["h100"]["node_config"] = {"machineType": "a3-highgpu-8g", "sourceInstanceTemplate": "t"}
+    assert errors(templated) == []
+    head = copy.deepcopy(GCP_LAUNCHER)
+    head["available_node_types"]["head"]["node_config"]["machineType"] = "a3-ultragpu-8g"
+    assert [e.split(":")[0] for e in errors(head)] == ["available_node_types.head.node_config.disks[0].initializeParams.diskType",
+                                                       "available_node_types.head.node_config.networkInterfaces"]

@@ -466,6 +466,35 @@ def test_the_launchers_node_providers_are_rays():
     assert set(_NODE_PROVIDERS) == RAY_NODE_PROVIDERS
 
 
+def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
+    """launcher._share_network: Ray's _configure_subnet (run by ray up; gcp/config.py, which needs
+    Google's client libraries to import, so it is run from its source here) fills networkInterfaces
+    only where a node config has none, and looks up no subnet when every one has its own."""
+    import ast
+    import copy
+    import importlib.util
+
+    from spotfallback.config import JobConfig
+    from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
+
+    source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/gcp/config.py"
+    tree = ast.parse(source.read_text())
+    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_configure_subnet")
+    subnet = {"selfLink": "projects/p/regions/us-central1/subnetworks/ray-pick"}
+    scope = {"copy": copy, "_list_subnets": lambda config, compute: [subnet]}
+    exec(compile(ast.Module(body=[func], type_ignores=[]), str(source), "exec"), scope)
+    tier = {"name": "h100", "market": "spot", "num_workers": 1, "use_gpu": True, "resources_per_worker": {"CPU": 100, "GPU": 8},
+            "label_selector": {"ray.io/market-type": "spot", "ray.io/accelerator-type": "H100"}}
+    job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [tier]})
+    opts = LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="p", source_image="projects/p/global/images/g")
+    config = cluster_launcher_config(job, opts)
+    assert scope["_configure_subnet"](config, None) == config
+    del config["available_node_types"]["head"]["node_config"]["networkInterfaces"]
+    filled = scope["_configure_subnet"](config, None)["available_node_types"]
+    assert filled["head"]["node_config"]["networkInterfaces"][0]["subnetwork"] == subnet["selfLink"]
+    assert filled["h100"]["node_config"]["networkInterfaces"][0]["nicType"] == "GVNIC"
+
+
 def test_nothing_ray_private_is_imported_without_a_pin_here():
     """A new private Ray import anywhere in the package must come with a pin in this file."""
     pinned = {

@@ -42,7 +42,7 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.machines import family, head_machine_error, machine
+from spotfallback.deploy.machines import GVNIC, family, gcp_series, head_machine_error, machine
 from spotfallback.deploy.pools import GPUS, machine_error, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
@@ -180,21 +180,45 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
         raise ConfigError(
             "source_image: GPU tiers on GCP need a boot image with NVIDIA drivers; pass --source-image"
         )
+    boot: dict[str, Any] = {"diskSizeGb": opts.disk_size_gb, "sourceImage": opts.source_image or GCP_CPU_IMAGE}
+    series = gcp_series(instance_type)
+    if series is not None:
+        # The API's default boot disk (pd-standard) is refused by the newer series (machines.GCP_SERIES).
+        boot["diskType"] = series.boot_disks[0]
     config = {
         "machineType": instance_type,
-        "disks": [
-            {
-                "boot": True,
-                "autoDelete": True,
-                "type": "PERSISTENT",
-                "initializeParams": {"diskSizeGb": opts.disk_size_gb, "sourceImage": opts.source_image or GCP_CPU_IMAGE},
-            }
-        ],
+        "disks": [{"boot": True, "autoDelete": True, "type": "PERSISTENT", "initializeParams": boot}],
     }
+    if series is not None and series.gvnic:
+        config["networkInterfaces"] = [_gcp_interface(GVNIC)]
     config.update(vm_market_config(opts.cloud, market, gpu=gpu, where=where))
     if opts.service_account and worker:
         config["serviceAccounts"] = [{"email": opts.service_account, "scopes": list(GCP_SCOPES)}]
     return config
+
+
+def _share_network(node_types: dict[str, Any]) -> None:
+    """Give every GCP node type the same network interface once one of them sets its own (gVNIC).
+
+    Ray's launcher fills ``networkInterfaces`` (its region's first subnet, an external IP) only on
+    node configs without one, and looks no subnet up when all have one; so a gVNIC node type would
+    otherwise get the project's default network while the others get Ray's pick. With all of them
+    set, every node is on the default network with an external IP (the Compute API's default when
+    an interface names no network or subnetwork).
+    """
+    configs = [node_type["node_config"] for node_type in node_types.values()]
+    if any("networkInterfaces" in config for config in configs):
+        for config in configs:
+            config.setdefault("networkInterfaces", [_gcp_interface()])
+
+
+def _gcp_interface(nic_type: str | None = None) -> dict[str, Any]:
+    """The interface Ray's launcher gives a node config without one (``gcp/config.py``,
+    ``_configure_subnet``) less its subnet: an ephemeral external IP for ssh, pip and image pulls."""
+    interface: dict[str, Any] = {"accessConfigs": [{"name": "External NAT", "type": "ONE_TO_ONE_NAT"}]}
+    if nic_type:
+        interface["nicType"] = nic_type
+    return interface
 
 
 # Region and zone names as each cloud spells them: AWS us-east-1 / us-gov-west-1, zones us-east-1a or a
@@ -291,6 +315,8 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
                 **accelerators,
             },
         }
+    if opts.cloud is VmCloud.GCP:
+        _share_network(node_types)
     config: dict[str, Any] = {
         "cluster_name": k8s_name(job.name, 32),
         "max_workers": sum(t.num_workers for t in job.tiers),
@@ -370,7 +396,19 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
     note = identity_note(job, opts)
     if note is not None:
         lines.append(note + ".")
+    if gvnic := _gvnic_types(job, opts):
+        lines.append(f"gVNIC is the only network interface of {', '.join(gvnic)}: the boot image must have its driver (gve). "
+                     "Every node type is on the project's default network; to use another, set networkInterfaces[0]"
+                     ".subnetwork on each.")
     return lines
+
+
+def _gvnic_types(job: JobConfig, opts: LauncherOptions) -> list[str]:
+    """The machine types of the file's GCP node types whose series takes gVNIC only."""
+    if opts.cloud is not VmCloud.GCP:
+        return []
+    names = [opts.head_instance_type or _HEAD_TYPES[opts.cloud]] + [_instance_type(t, i, opts)[0] for i, t in enumerate(job.tiers)]
+    return sorted({name for name in names if (series := gcp_series(name)) is not None and series.gvnic})
 
 
 def render_cluster_launcher(job: JobConfig, opts: LauncherOptions) -> str:

@@ -320,3 +320,57 @@ def _family_of(name: str) -> str:
         series, _, version = size.rpartition("_") if "_" in size else (size, "", "")
         return "".join(ch for ch in series if not ch.isdigit()) + "_" + version
     return name.rsplit("-", 1)[0]
+
+
+# --- GCP accelerator-optimized series: boot disk and network interface --------------------------
+#
+# A GCE instance whose boot disk names no diskType gets pd-standard (the Compute API's
+# AttachedDiskInitializeParams.diskType: "If not specified, the default is pd-standard";
+# https://cloud.google.com/compute/docs/reference/rest/v1/instances), which newer series refuse,
+# so the VM is never created. Boot disk types per series: "Supported disk types for ..." on
+# https://cloud.google.com/compute/docs/accelerator-optimized-machines (Hyperdisk ML, Throughput and
+# Extreme are left out: "Hyperdisk Balanced and Hyperdisk Balanced High Availability are the only
+# Hyperdisk types you can use as a boot disk",
+# https://cloud.google.com/compute/docs/disks/hd-types/hyperdisk-balanced-ha). gVNIC: "gVNIC replaces
+# VirtIO-Net as the only supported network interface in Compute Engine for all new machine types
+# (Generation 3 and onwards)", https://cloud.google.com/compute/docs/instances/create-vm-with-gvnic;
+# A2 and G2 (generation 2) also take VirtIO-Net. N1 and N2 are not listed: their file keeps the API's
+# default disk and NIC, as before.
+GCP_DISK_TYPE_DEFAULT = "pd-standard"
+GVNIC = "GVNIC"
+_PD_BOOT = ("pd-balanced", "pd-ssd")
+_HYPERDISK_BOOT = ("hyperdisk-balanced", "hyperdisk-balanced-high-availability")
+
+
+@dataclass(frozen=True)
+class GcpSeries:
+    """What a GCP machine series needs of a ``node_config``: ``boot_disks`` are the boot disk types
+    it takes (the launcher writes the first), ``gvnic`` whether gVNIC is its only network interface."""
+
+    name: str
+    boot_disks: tuple[str, ...]
+    gvnic: bool
+
+
+_A3_PD = (*_PD_BOOT, *_HYPERDISK_BOOT)  # A3 High, Mega and Edge: no pd-standard
+_HYPERDISK_ONLY = ("hyperdisk-balanced",)  # "the only disk type that is supported for the boot disk"
+GCP_SERIES: dict[str, GcpSeries] = {
+    "a3-highgpu": GcpSeries("A3 High", _A3_PD, gvnic=True),
+    "a3-megagpu": GcpSeries("A3 Mega", _A3_PD, gvnic=True),
+    "a3-edgegpu": GcpSeries("A3 Edge", _A3_PD, gvnic=True),
+    "a3-ultragpu": GcpSeries("A3 Ultra", _HYPERDISK_ONLY, gvnic=True),
+    "a4-highgpu": GcpSeries("A4", _HYPERDISK_ONLY, gvnic=True),
+    "a4x-highgpu": GcpSeries("A4X", _HYPERDISK_ONLY, gvnic=True),
+    "g4-standard": GcpSeries("G4", _HYPERDISK_ONLY, gvnic=True),
+    "a2-highgpu": GcpSeries("A2 Standard", (*_PD_BOOT, GCP_DISK_TYPE_DEFAULT), gvnic=False),
+    "a2-megagpu": GcpSeries("A2 Standard", (*_PD_BOOT, GCP_DISK_TYPE_DEFAULT), gvnic=False),
+    "a2-ultragpu": GcpSeries("A2 Ultra", (*_PD_BOOT, GCP_DISK_TYPE_DEFAULT), gvnic=False),
+    "g2-standard": GcpSeries("G2", _PD_BOOT, gvnic=False),  # "pd-standard isn't supported"
+}
+
+
+def gcp_series(machine_type: str) -> GcpSeries | None:
+    """The series of a GCE machine type (a name, or a URL ending in one) whose boot disk or NIC is
+    constrained, or None."""
+    name = machine_type.rsplit("/", 1)[-1]
+    return next((s for prefix, s in GCP_SERIES.items() if name.startswith(prefix + "-")), None)

@@ -29,6 +29,7 @@ from jsonschema import ValidationError
 from jsonschema.protocols import Validator
 
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, StrictYamlLoader
+from spotfallback.deploy import machines as catalog
 from spotfallback.deploy import nodepools as karpenter
 from spotfallback.deploy.clouds import (
     K8S_DEFAULT_GRACE_S,
@@ -772,6 +773,44 @@ def _declared_beyond_machine(node_type: dict[str, Any], at: list[str | int]) -> 
                           f"declares {declared:g}, but {name!r} has {has}: Ray would place work on {key}s the node does not have")
 
 
+def _gcp_series_findings(node_type: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """A GCP node type whose machine series refuses its boot disk type (none given: the API's
+    pd-standard) or needs gVNIC it does not ask for: ``ray up`` starts, but no VM is ever created.
+    A node config built on an instance template is left alone, as the template may set both."""
+    config = _dict(node_type.get("node_config"))
+    name = config.get("machineType")
+    series = catalog.gcp_series(name) if isinstance(name, str) else None
+    if series is None or "sourceInstanceTemplate" in config:
+        return
+    at = [*at, "node_config"]
+    for i, disk in enumerate(_list(config.get("disks"))):
+        params = _dict(_dict(disk).get("initializeParams"))
+        if not _dict(disk).get("boot") or not params:
+            continue
+        given = params.get("diskType")
+        kind = given.rsplit("/", 1)[-1] if isinstance(given, str) else catalog.GCP_DISK_TYPE_DEFAULT
+        if kind not in series.boot_disks:
+            said = f"is {kind!r}" if isinstance(given, str) else f"is not set, so the API gives {catalog.GCP_DISK_TYPE_DEFAULT!r}"
+            yield Finding(field_path([*at, "disks", i, "initializeParams", "diskType"]),
+                          f"{said}, which {name!r} ({series.name}) refuses as a boot disk, so its VMs are never created; "
+                          f"use one of {', '.join(series.boot_disks)}")
+    if not series.gvnic:
+        return
+    interfaces = _list(config.get("networkInterfaces"))
+    if not interfaces:
+        yield Finding(field_path([*at, "networkInterfaces"]),
+                      f"not set, so Ray gives the node a VirtIO network interface, which {name!r} ({series.name}) does not "
+                      f"have (gVNIC is its only one): set networkInterfaces: [{{nicType: {catalog.GVNIC}, accessConfigs: [{{name: "
+                      "External NAT, type: ONE_TO_ONE_NAT}]}] (and subnetwork, if not the default network), on every node "
+                      "type alike, with a boot image that has the gVNIC driver")
+    for i, interface in enumerate(interfaces):
+        nic = _dict(interface).get("nicType")
+        if nic != catalog.GVNIC:
+            yield Finding(field_path([*at, "networkInterfaces", i, "nicType"]),
+                          f"{'is ' + repr(nic) if nic is not None else 'is not set (VirtIO)'}, but {name!r} ({series.name}) has only gVNIC network "
+                          f"interfaces: set nicType: {catalog.GVNIC}, with a boot image that has the gVNIC driver")
+
+
 # Top-level fields of older Ray releases that Ray 2's launcher schema no longer has, and what replaces them.
 _RAY_LEGACY_FIELDS = {
     "head_node": "put the head's node config under available_node_types.<head type>.node_config and name that "
@@ -911,6 +950,8 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
             yield Finding(field_path([*at, "node_config"]) + "." + spelling[0], spelling[1])
         for path, problem in unknown_fields(provider, node_type.get("node_config")):
             yield Finding(field_path([*at, "node_config", *path]), problem)
+        if provider == "gcp":
+            yield from _gcp_series_findings(node_type, at)
         market = _get(node_type, "labels", MARKET_LABEL)
         low = node_type.get("min_workers", 0)
         if isinstance(low, int):
