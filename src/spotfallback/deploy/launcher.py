@@ -407,7 +407,7 @@ def _gvnic_types(job: JobConfig, opts: LauncherOptions) -> list[str]:
     """The machine types of the file's GCP node types whose series takes gVNIC only."""
     if opts.cloud is not VmCloud.GCP:
         return []
-    names = [opts.head_instance_type or _HEAD_TYPES[opts.cloud]] + [_instance_type(t, i, opts)[0] for i, t in enumerate(job.tiers)]
+    names = [opts.head_instance_type or HEAD_INSTANCE_TYPES[opts.cloud]] + [_instance_type(t, i, opts)[0] for i, t in enumerate(job.tiers)]
     return sorted({name for name in names if (series := gcp_series(name)) is not None and series.gvnic})
 
 
