@@ -261,14 +261,3 @@ def vm_market_spelling(node_config: Any) -> tuple[str, str] | None:
         if name.endswith(".provisioningModel") and value.upper() in ("SPOT", "STANDARD") and value != value.upper():
             return name, f"{value!r}: Compute Engine takes {value.upper()!r} (upper case)"
     return None
-    market = node_config.get("InstanceMarketOptions")
-    value = market.get("MarketType") if isinstance(market, dict) else None
-    if isinstance(value, str) and value.lower() == "spot" and value != "spot":
-        return "InstanceMarketOptions.MarketType", f"{value!r}: EC2 takes 'spot' (lower case)"
-    scheduling = node_config.get("scheduling")
-    for i, entry in enumerate(scheduling if isinstance(scheduling, list) else [scheduling]):
-        model = entry.get("provisioningModel") if isinstance(entry, dict) else None
-        if isinstance(model, str) and model.upper() in ("SPOT", "STANDARD") and model != model.upper():
-            where = f"scheduling[{i}]" if isinstance(scheduling, list) else "scheduling"
-            return f"{where}.provisioningModel", f"{model!r}: Compute Engine takes {model.upper()!r} (upper case)"
-    return None
