@@ -1,10 +1,13 @@
-"""Every command's --help on an 80-column terminal: the description reflows, no line broken where the source was."""
+"""Every command's --help on an 80-column terminal: the description reflows, no line broken where the source was,
+and every option is spelt out in full."""
 
 from __future__ import annotations
 
 import importlib
 
+import click
 import pytest
+import typer
 from typer.testing import CliRunner
 
 COMMANDS = ["run", "demo", "plan", "backtest", "notice-agent", "status", "report", "init", "manifest kuberay",
@@ -17,9 +20,9 @@ def test_help_text_reflows_to_an_80_column_terminal(cli, command):
     assert r.exit_code == 0, r.output
     lines = r.output.splitlines()
     assert max(len(line) for line in lines) <= 80
-    # The description: the lines after the usage line, before the first box of arguments or options.
+    # The description: the lines after the usage line, before the list of arguments or options.
     text = lines[next(i for i, ln in enumerate(lines) if "Usage:" in ln) + 1:]
-    text = text[:next((i for i, ln in enumerate(text) if ln.startswith("╭")), len(text))]
+    text = text[:next((i for i, ln in enumerate(text) if ln in ("Arguments:", "Options:")), len(text))]
     paragraphs: list[list[str]] = [[]]
     for line in text:
         if line.strip():
@@ -27,8 +30,23 @@ def test_help_text_reflows_to_an_80_column_terminal(cli, command):
         elif paragraphs[-1]:
             paragraphs.append([])
     for para in paragraphs:
-        for line in para[:-1]:  # only a paragraph's last line may be short
-            assert len(line) >= 60, (command, line, r.output)
+        for line, after in zip(para, para[1:], strict=False):  # a line ends short only where the next word would not fit
+            assert len(line) + 1 + len(after.split()[0]) > 78, (command, line, r.output)
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_help_on_an_80_column_terminal_names_every_option_in_full(cli, command):
+    """A help that cuts ``--head-instance-type`` to ``--head-instance-…`` hides the option it documents."""
+    r = CliRunner().invoke(cli, [*command.split(), "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert "…" not in r.output
+    cmd = typer.main.get_command(cli)
+    for word in command.split():
+        cmd = cmd.get_command(click.Context(cmd), word)
+    names = {opt for p in cmd.params for opt in (*p.opts, *p.secondary_opts) if opt.startswith("--")}
+    assert names
+    words = set(r.output.replace(",", " ").replace("/", " ").split())
+    assert names <= words, (command, sorted(names - words))
 
 
 def test_a_command_out_of_memory_says_so_in_one_line_not_a_traceback(monkeypatch, capsys):
@@ -47,3 +65,12 @@ def test_a_command_out_of_memory_says_so_in_one_line_not_a_traceback(monkeypatch
     err = capsys.readouterr().err
     assert err.startswith("error: the command needs more memory than this machine has (Unable to allocate 44.7 GiB")
     assert len(err.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize(("group", "ending"), [([], "resumes it after a crash."), (["manifest"], "one worker group per tier.")])
+def test_a_groups_help_lists_each_command_with_its_whole_summary(cli, group, ending):
+    r = CliRunner().invoke(cli, [*group, "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    commands = r.output.split("\nCommands:\n")[1]
+    assert "..." not in commands and "…" not in commands
+    assert ending in " ".join(commands.split())

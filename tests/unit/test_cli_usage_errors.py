@@ -47,3 +47,14 @@ def test_no_command_prints_the_help_and_one_error_line_naming_the_commands(cli, 
     [line] = result.stderr.splitlines()
     assert line.startswith(f"error: missing command: give one of {commands}"), line
     assert line.endswith(f"(`{path} --help` says what each does)"), line
+
+
+@pytest.mark.parametrize(("args", "path", "hint"), [
+    (["look"], "spotfallback", "No such command 'look'"),
+    (["manifest", "kubray"], "spotfallback manifest", "Did you mean 'kuberay'?"),
+])
+def test_an_unknown_command_is_one_line_pointing_at_the_list_of_commands(cli, args, path, hint):
+    result = CliRunner().invoke(cli, args, prog_name="spotfallback")
+    assert result.exit_code == 2
+    [line] = [ln for ln in result.output.splitlines() if ln.strip()]
+    assert hint in line and line.endswith(f"(`{path} --help` lists the commands)"), line

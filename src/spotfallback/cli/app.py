@@ -9,13 +9,15 @@ from typing import Any
 import typer
 from typer.core import TyperGroup
 
+from spotfallback.cli.common import CommandSummaries
+
 # Click's exception classes, as the typer installed raises them (its own copy of click, or click):
 # BadParameter is exported, and derives from UsageError, which derives from ClickException.
 _UsageError: type[Exception] = typer.BadParameter.__mro__[1]
 _ClickException: type[Exception] = typer.BadParameter.__mro__[2]
 
 
-class OneLineErrors(TyperGroup):
+class OneLineErrors(CommandSummaries):
     """Usage errors (a bad option value, a missing argument) as one ``error:`` line, exit 2,
     like every error the commands raise themselves, rather than typer's boxed usage text."""
 
@@ -34,12 +36,15 @@ class OneLineErrors(TyperGroup):
         except _ClickException as e:
             code: int = getattr(e, "exit_code", 2)
             ctx = getattr(e, "ctx", None)
-            if type(e).__name__ == "NoArgsIsHelpError":  # typer printed the help; the error line says what is missing
+            if type(e).__name__ == "NoArgsIsHelpError":  # the group's help, then a line saying what is missing
+                if ctx is not None:
+                    typer.echo(ctx.get_help())
                 typer.echo(f"error: {_missing_command(ctx)}", err=True)
                 sys.exit(code)
             message = _sentence(e.format_message())  # type: ignore[attr-defined]
             if isinstance(e, _UsageError) and ctx is not None:
-                message += f" (`{ctx.command_path} --help` lists the options)"
+                listed = "commands" if message.startswith("No such command") else "options"
+                message += f" (`{ctx.command_path} --help` lists the {listed})"
             typer.echo(f"error: {message}", err=True)
             sys.exit(code)
         except typer.Abort:  # input closed at a prompt
@@ -68,7 +73,9 @@ app = typer.Typer(
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
-    rich_markup_mode="markdown",  # joins a docstring's wrapped lines, so --help reflows to any terminal width
+    # Click's own help: it reflows a docstring's wrapped lines to the terminal and wraps option names
+    # onto their own line where they are long; typer's rich boxes cut them short at 80 columns.
+    rich_markup_mode=None,
 )
 
 

@@ -1,4 +1,4 @@
-"""What every command shares: the one error line, logging, output files, and opening a run by STORAGE_PATH/NAME.
+"""What every command shares: the command list, the one error line, logging, output files, and opening a run by STORAGE_PATH/NAME.
 
 Kept apart from the commands so that no command module imports another (each registers
 itself in ``cli.app``); the exit codes themselves live with the errors (``spotfallback.errors``).
@@ -16,6 +16,7 @@ from typing import Any
 import typer
 from rich.console import Console
 from rich.markup import escape
+from typer.core import TyperGroup
 
 from spotfallback.config import Ladder
 from spotfallback.errors import (
@@ -29,6 +30,27 @@ from spotfallback.store.files import replace_file, write_problem, written_path
 from spotfallback.store.ledger import Ledger, LedgerView
 from spotfallback.store.location import STATE_DIR, RunLocation, resolve_run, split_run_uri
 from spotfallback.store.retry import RESUME_HINT, read_only
+
+
+class CommandSummaries(TyperGroup):
+    """A group whose help lists each command with the whole first paragraph of its help.
+
+    Click cuts a command's summary to the first sentence or a few dozen characters
+    ("on-demand..."); the list is where a user picks a command, so it wraps instead.
+    """
+
+    def format_commands(self, ctx: Any, formatter: Any) -> None:
+        rows = []
+        for name in self.list_commands(ctx):
+            command = self.get_command(ctx, name)
+            if command is None or command.hidden:
+                continue
+            text = (command.short_help or command.help or "").strip()
+            rows.append((name, " ".join(text.split("\n\n")[0].split())))
+        if rows:
+            with formatter.section("Commands"):
+                formatter.write_dl(rows)
+
 
 RUN_HELP = "The run as STORAGE_PATH/NAME, e.g. ./runs/digits-1 or s3://bucket/runs/digits-1."
 

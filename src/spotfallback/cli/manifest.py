@@ -17,7 +17,7 @@ from typing import Annotated, NoReturn, TypeVar
 import typer
 from packaging.requirements import InvalidRequirement, Requirement
 
-from spotfallback.cli.common import one_line, output_problem, write_output
+from spotfallback.cli.common import CommandSummaries, one_line, output_problem, write_output
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
@@ -461,10 +461,11 @@ def validate_command(
 def register(app: typer.Typer) -> None:
     """Add the `manifest` command group to ``app``."""
     manifest = typer.Typer(
+        cls=CommandSummaries,
         name="manifest",
         help="Deployment files (KubeRay, Karpenter NodePools, ray up) for a job's tier ladder, validated offline.",
         no_args_is_help=True,
-        rich_markup_mode="markdown",  # as the main app: wrapped docstring lines reflow
+        rich_markup_mode=None,  # click's own help, as the main app's: nothing cut short on a narrow terminal
     )
     manifest.command("kuberay")(kuberay_command)
     manifest.command("cluster-launcher")(launcher_command)
