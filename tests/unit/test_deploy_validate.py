@@ -1067,6 +1067,29 @@ def _pin(doc: dict[str, Any], machine: str, requests: dict[str, str], **selector
 PINNED = "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.nodeSelector[\"node.kubernetes.io/instance-type\"]"
 
 
+HEAD_PINNED = "spec.rayClusterSpec.headGroupSpec.template.spec.nodeSelector[\"node.kubernetes.io/instance-type\"]"
+
+
+def test_a_head_pod_pinned_to_a_machine_too_small_for_a_ray_head_is_an_error() -> None:
+    """A 2 GiB head fits a t3.small, but the GCS, dashboard, autoscaler and driver do not: refused as `ray up`'s head is."""
+    doc = sample(JOB_SAMPLE)
+    pod = doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]
+    pod["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "1Gi"}, "limits": {"cpu": "1", "memory": "1Gi"}}
+    pod["nodeSelector"] = {"node.kubernetes.io/instance-type": "t3.small"}
+    assert errors(doc) == [f"{HEAD_PINNED}: 't3.small' has 2 GiB of memory, too little for a Ray head node, which runs the GCS, "
+                           "the dashboard, the autoscaler and the job driver; name a type with at least 7.5 GiB (such as "
+                           "'t3.large')"]
+    pod["nodeSelector"] = {"node.kubernetes.io/instance-type": "m5.large"}
+    assert errors(doc) == []
+    pod["nodeSelector"] = {"node.kubernetes.io/instance-type": "some-new-type"}  # not in the table: not judged
+    assert errors(doc) == []
+    # A head that cannot even fit its node says that, once.
+    pod["containers"][0]["resources"] = {"requests": {"cpu": "1", "memory": "8Gi"}, "limits": {"cpu": "1", "memory": "8Gi"}}
+    pod["nodeSelector"] = {"node.kubernetes.io/instance-type": "t3.small"}
+    [found] = errors(doc)
+    assert found.startswith(f"{HEAD_PINNED}: no 't3.small' node can ever hold this pod"), found
+
+
 def test_a_pod_pinned_to_a_machine_that_can_never_hold_it_is_an_error() -> None:
     """Someone else's file: 8 GPUs on a 1-GPU type, or 124 GiB on a 128 GiB GKE node, stays pending forever."""
     assert errors(_pin(sample(JOB_SAMPLE), "p4d.24xlarge", {"cpu": "90", "memory": "1000Gi", "nvidia.com/gpu": "8"})) == []

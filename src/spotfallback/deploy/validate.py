@@ -274,8 +274,11 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
         problem = _label_problem(key, value)
         if problem:
             yield Finding(field_path([*at, "labels", key]), problem)
-    yield from _pinned_machine(group, at)
+    misfit = list(_pinned_machine(group, at))
+    yield from misfit
     if is_head:
+        if not misfit:
+            yield from _pinned_head(group, at)
         yield from _head_on_spot(group, at)
         return
     name = group.get("groupName")
@@ -390,6 +393,13 @@ def _pinned_machine(group: dict[str, Any], at: list[str | int]) -> Iterator[Find
     if short:
         yield Finding(where, f"no {name!r} node can ever hold this pod, which asks for {'; '.join(short)}; name a larger "
                              "type or ask for less")
+
+
+def _pinned_head(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """A head pod pinned to a known machine too small for a Ray head, as ``ray up``'s head type is checked."""
+    name = _dict(_get(group, "template", "spec", "nodeSelector")).get(INSTANCE_TYPE_KEY)
+    if isinstance(name, str) and (problem := head_machine_problem(name)):
+        yield Finding(field_path([*at, "template", "spec", "nodeSelector", INSTANCE_TYPE_KEY]), problem)
 
 
 def _drain_window(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
