@@ -214,6 +214,17 @@ class DeadlineGuard(BaseModel):
         "on the next tier can still return when capacity does (with climb_back; 0 = leave at the margin).",
     )
 
+    @model_validator(mode="after")
+    def _work_fits_deadline(self) -> DeadlineGuard:
+        # The slack would be negative from the start: the guard would leave the tier before it ever ran.
+        if self.work_h > self.deadline_h:
+            raise ValueError(
+                f"work_h ({self.work_h:g} h) is more than deadline_h ({self.deadline_h:g} h): this tier could not finish "
+                "the job by the deadline even uninterrupted, so the guard would leave it at once; give work_h as this "
+                "tier's uninterrupted wall hours and deadline_h as the hours the run has, or drop the guard"
+            )
+        return self
+
 
 class CostCap(BaseModel):
     """Use a cheaper tier only while the run can still cost no more than the last tier alone.

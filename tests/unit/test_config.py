@@ -164,6 +164,11 @@ JOB_HEAD = "name: ok\nstorage_path: /tmp/x\nentrypoint: spotfallback.examples.dd
         # A tier's deadline guard is matched against the guard's own fields.
         ("tiers:\n  - {name: spot, market: spot, num_workers: 2, deadline_guard: {deadline_h: 9, work_hh: 5}}\n",
          "tiers[0].deadline_guard.work_hh: unknown field; did you mean 'work_h'?"),
+        # A guard whose tier could not finish by the deadline even uninterrupted would leave it at once.
+        ("tiers:\n  - {name: spot, market: spot, num_workers: 2, deadline_guard: {deadline_h: 9, work_h: 10}}\n",
+         "tiers[0].deadline_guard: work_h (10 h) is more than deadline_h (9 h): this tier could not finish the job by "
+         "the deadline even uninterrupted, so the guard would leave it at once; give work_h as this tier's "
+         "uninterrupted wall hours and deadline_h as the hours the run has, or drop the guard"),
         # The ladder's own rule is reported under 'tiers', not 'tiers.tiers'.
         ("tiers:\n  - {name: spot, market: spot, num_workers: 2}\n  - {name: spot, market: on-demand, num_workers: 2}\n",
          "tiers: tier names must be unique; repeated: spot"),

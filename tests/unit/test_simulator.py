@@ -145,7 +145,7 @@ def scenarios(draw):
         if draw(st.booleans()):  # a deadline guard, round numbers and all (ties must break alike)
             kw["deadline_guard"] = dict(
                 deadline_h=work_h * draw(st.sampled_from([1.1, 1.5, 3.0])),
-                work_h=work_h * draw(st.sampled_from([1.0, 1.2])),
+                work_h=work_h * draw(st.sampled_from([1.0, 1.05])),
                 pace=draw(st.sampled_from([0.0, 0.5, 1.0])),
                 margin_h=draw(st.sampled_from([0.0, 0.25, 0.7])),
                 first_commit_h=draw(st.sampled_from([0.0, 0.0, 0.4, 1.25])),

@@ -510,6 +510,8 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
     make room to return. Only reserves a climb can spend: at least its two changeovers and
     the guard's lead, else the run only leaves earlier.
     """
+    if _past_deadline(req, tau_h):
+        return []
     change = req.restart_overhead_h + req.provisioning_delay_h
     tau = tau_h or 0.0
     margins = dict.fromkeys(
@@ -529,6 +531,11 @@ def _guard_grid(best: Rung, req: PlanRequest, tau_h: float | None) -> list[Rung]
         for reserve in (reserves if pace == 0 and dwell is not None else [0.0])
         for m, to in budgets
     ]
+
+
+def _past_deadline(req: PlanRequest, tau_h: float | None) -> bool:
+    """Whether the job's uninterrupted wall time, a write every ``tau_h`` included, is past its deadline."""
+    return req.deadline_h is not None and req.wall_h(tau_h) > req.deadline_h
 
 
 def guarded(c: Candidate) -> bool:
@@ -629,6 +636,8 @@ def plan(
     cache: dict[tuple, Candidate] = {}
 
     def evaluate(settings: list[tuple[tuple[Rung, ...], float | None]]) -> list[Candidate]:
+        # A guard is refused work past its deadline (DeadlineGuard); no tier could finish in time anyway.
+        settings = [(s, tau) for s, tau in settings if not (_past_deadline(req, tau) and any(r.guard for r in s))]
         todo = list(dict.fromkeys((s, tau) for s, tau in settings if (s, tau) not in cache))
         configs = [(_ladder(req, s, tau), req.job(tau)) for s, tau in todo]
         labels = [_label(s) for s, _ in todo]
