@@ -396,6 +396,7 @@ def test_a_rayjob_setting_is_refused_for_a_raycluster_and_bounded_for_a_rayjob(a
 @pytest.mark.parametrize(("args", "message"), [
     (["--project-id", "p"], "error: --project-id: a GCP setting, which an aws cluster does not use"),
     (["--source-image", "img"], "error: --source-image: a GCP setting, which an aws cluster does not use"),
+    (["--subnetwork", "ray-subnet"], "error: --subnetwork: a GCP setting, which an aws cluster does not use"),
     (["--instance-profile", "ray-worker"], "error: --instance-profile: 'ray-worker' is not an instance profile ARN"),
     (["--instance-profile", "arn:aws:iam::123456789012:role/ray"], "error: --instance-profile: 'arn:aws:iam::123456789012:role/ray' is not"),
 ])
@@ -405,6 +406,17 @@ def test_an_aws_cluster_refuses_gcp_settings_and_a_profile_that_is_no_arn(app: t
     arn = "arn:aws-us-gov:iam::123456789012:instance-profile/ml/ray-worker"
     ok = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--instance-profile", arn)
     assert ok.exit_code == 0 and f"Arn: {arn}" in ok.stdout, ok.stderr
+
+
+def test_a_gcp_subnetwork_in_another_region_is_one_error_line_naming_the_option(app: typer.Typer, job_file: Path) -> None:
+    r = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+            "--subnetwork", "projects/host/regions/europe-west4/subnetworks/s")
+    assert r.exit_code == 2 and not r.stdout, r.stderr
+    assert r.stderr.startswith("error: --subnetwork: 'projects/host/regions/europe-west4/subnetworks/s' is in region "
+                               "'europe-west4', but the nodes are in 'us-central1'"), r.stderr
+    ok = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+             "--subnetwork", "ray-subnet")
+    assert ok.exit_code == 0 and "subnetwork: regions/us-central1/subnetworks/ray-subnet" in ok.stdout, ok.stderr
 
 
 @pytest.mark.parametrize(("account", "ok"), [

@@ -316,6 +316,46 @@ def test_gcp_without_gvnic_series_leaves_the_network_to_ray() -> None:
     assert "gVNIC" not in render_cluster_launcher(job, opts(VmCloud.GCP, source_image=GPU_IMAGE))
 
 
+@pytest.mark.parametrize(("given", "named"), [
+    ("ray-subnet", "regions/us-central1/subnetworks/ray-subnet"),
+    ("projects/host-project/regions/us-central1/subnetworks/shared", "projects/host-project/regions/us-central1/subnetworks/shared"),
+    ("https://www.googleapis.com/compute/v1/projects/host-project/regions/us-central1/subnetworks/shared",
+     "https://www.googleapis.com/compute/v1/projects/host-project/regions/us-central1/subnetworks/shared"),
+])
+def test_a_gcp_subnetwork_puts_every_node_on_it(given: str, named: str) -> None:
+    """A project without a default network (an organisation policy often skips it), or a Shared VPC."""
+    job = gpu_job(("h100", "H100", 100, 8), ("l4", "L4", 8, 1))
+    options = opts(VmCloud.GCP, source_image=GPU_IMAGE, subnetwork=given)
+    nodes = cluster_launcher_config(job, options)["available_node_types"]
+    assert {name: node["node_config"]["networkInterfaces"][0]["subnetwork"] for name, node in nodes.items()} == dict.fromkeys(
+        ("head", "h100", "l4"), named)
+    assert nodes["h100"]["node_config"]["networkInterfaces"][0]["nicType"] == "GVNIC"
+    text = render_cluster_launcher(job, options)
+    assert f"# Every node is on subnetwork {given}: its VPC's firewall must let the nodes reach each other" in text
+    assert "default network" not in text
+    assert validate_text(text).ok
+    # Without gVNIC the subnetwork is still set on every node, where Ray would have picked the region's first.
+    cpu = cluster_launcher_config(make_job(LADDERS[3]), opts(VmCloud.GCP, subnetwork=given))["available_node_types"]
+    assert all(node["node_config"]["networkInterfaces"][0]["subnetwork"] == named for node in cpu.values())
+
+
+@pytest.mark.parametrize(("given", "message"), [
+    ("regions/us-east1/subnetworks/s", "subnetwork: 'regions/us-east1/subnetworks/s' is in region 'us-east1', but the "
+                                      "nodes are in 'us-central1'; a VM's subnetwork must be in its zone's region"),
+    ("Ray_Subnet", "subnetwork: 'Ray_Subnet' is not a subnetwork; give its name (such as 'ray-subnet', in region "
+                   "us-central1) or its path, projects/HOST_PROJECT/regions/us-central1/subnetworks/NAME"),
+    ("global/networks/default", "subnetwork: 'global/networks/default' is not a subnetwork"),
+])
+def test_a_gcp_subnetwork_elsewhere_or_misspelt_is_refused(given: str, message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        cluster_launcher_config(make_job(LADDERS[3]), opts(VmCloud.GCP, subnetwork=given))
+
+
+def test_a_subnetwork_on_aws_is_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^subnetwork: a GCP setting"):
+        cluster_launcher_config(make_job(LADDERS[3]), opts(VmCloud.AWS, subnetwork="ray-subnet"))
+
+
 @pytest.mark.parametrize(("machine_type", "disk_type"), [("a3-ultragpu-8g", "hyperdisk-balanced"), ("a3-megagpu-8g", "pd-balanced")])
 def test_a_pinned_gcp_gpu_type_gets_its_series_boot_disk(machine_type: str, disk_type: str) -> None:
     job = gpu_job(("h100", "H100", 100, 8))

@@ -493,6 +493,15 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
     filled = scope["_configure_subnet"](config, None)["available_node_types"]
     assert filled["head"]["node_config"]["networkInterfaces"][0]["subnetwork"] == subnet["selfLink"]
     assert filled["h100"]["node_config"]["networkInterfaces"][0]["nicType"] == "GVNIC"
+    # --subnetwork: every node type names it, so Ray keeps it, gVNIC or not.
+    cpu = {**tier, "use_gpu": False, "resources_per_worker": {"CPU": 4}, "label_selector": {"ray.io/market-type": "spot"}}
+    job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [cpu]})
+    config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="p",
+                                                          subnetwork="ray-subnet"))
+    kept = scope["_configure_subnet"](copy.deepcopy(config), None)
+    assert kept == config
+    assert {node["node_config"]["networkInterfaces"][0]["subnetwork"] for node in kept["available_node_types"].values()} == {
+        "regions/us-central1/subnetworks/ray-subnet"}
 
 
 def test_nothing_ray_private_is_imported_without_a_pin_here():

@@ -55,6 +55,7 @@ _OPTION_OF = {
     "active_deadline_seconds": "--active-deadline",
     "ttl_seconds_after_finished": "--ttl",
     "instance_profile": "--instance-profile",
+    "subnetwork": "--subnetwork",
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
@@ -314,6 +315,12 @@ def launcher_command(
     source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers).")] = None,
     instance_profile: Annotated[str | None, typer.Option(help="AWS instance profile ARN for the worker nodes (storage access).")] = None,
     service_account: Annotated[str | None, typer.Option(help="GCP service account email for the worker nodes (storage access).")] = None,
+    subnetwork: Annotated[
+        str | None,
+        typer.Option(help="GCP subnetwork of every node: a name in the cluster's region, or "
+                          "projects/HOST_PROJECT/regions/REGION/subnetworks/NAME (Shared VPC). Default: the project's "
+                          "default network, or the region's first subnet, which Ray picks."),
+    ] = None,
     pip: PipOpt = None,
     notice_agent: Annotated[
         bool,
@@ -336,7 +343,7 @@ def launcher_command(
     if service_account is not None and not _SERVICE_ACCOUNT_EMAIL.fullmatch(service_account):
         _fail(f"--service-account: {service_account!r} is not a service account's email; give one such as "
               "'ray-worker@my-project.iam.gserviceaccount.com'")
-    for option, value in (("--project-id", project_id), ("--source-image", source_image)):
+    for option, value in (("--project-id", project_id), ("--source-image", source_image), ("--subnetwork", subnetwork)):
         if vm_cloud is VmCloud.AWS and value is not None:
             _fail(f"{option}: a GCP setting, which an aws cluster does not use; leave it out (on aws, --region and "
                   "--instance-type choose the machines)")
@@ -363,6 +370,7 @@ def launcher_command(
             service_account=service_account,
             pip=_packages(pip),
             notice_agent=notice_agent,
+            subnetwork=subnetwork,
         )
         text = render_cluster_launcher(config, opts)
     except ConfigError as e:

@@ -89,7 +89,9 @@ class LauncherOptions:
     ``notice_agent`` (default on) starts ``spotfallback notice-agent`` on spot nodes (and GPU
     nodes on GCP). The driver and the agent run spotfallback on the nodes: with the stock Ray
     image and no spotfallback in ``pip``, this version of spotfallback is installed from PyPI
-    by the setup commands.
+    by the setup commands. ``subnetwork`` (GCP) puts every node on that subnetwork (a name in the
+    cluster's region, or its partial or full URL, a Shared VPC host project's included) rather
+    than the project's default network or the region's first subnet, which Ray's launcher picks.
     """
 
     cloud: VmCloud
@@ -109,6 +111,7 @@ class LauncherOptions:
     idle_timeout_minutes: int = 5
     disk_size_gb: int = 100
     notice_agent: bool = True
+    subnetwork: str | None = None
 
 
 def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
@@ -197,19 +200,52 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
     return config
 
 
-def _share_network(node_types: dict[str, Any]) -> None:
-    """Give every GCP node type the same network interface once one of them sets its own (gVNIC).
+def _share_network(node_types: dict[str, Any], subnetwork: str | None) -> None:
+    """Give every GCP node type the same network interface once one of them sets its own (gVNIC),
+    or a ``subnetwork`` is named.
 
     Ray's launcher fills ``networkInterfaces`` (its region's first subnet, an external IP) only on
     node configs without one, and looks no subnet up when all have one; so a gVNIC node type would
     otherwise get the project's default network while the others get Ray's pick. With all of them
-    set, every node is on the default network with an external IP (the Compute API's default when
-    an interface names no network or subnetwork).
+    set, every node is on ``subnetwork``, else on the default network (the Compute API's default
+    when an interface names no network or subnetwork), each with an external IP.
     """
     configs = [node_type["node_config"] for node_type in node_types.values()]
-    if any("networkInterfaces" in config for config in configs):
+    if subnetwork or any("networkInterfaces" in config for config in configs):
         for config in configs:
-            config.setdefault("networkInterfaces", [_gcp_interface()])
+            interface = config.setdefault("networkInterfaces", [_gcp_interface()])[0]
+            if subnetwork:
+                interface["subnetwork"] = subnetwork
+
+
+# A subnetwork as the Compute API takes it in an instance's networkInterfaces[].subnetwork: a full or
+# partial URL (https://www.googleapis.com/compute/v1/projects/P/regions/R/subnetworks/S,
+# projects/P/regions/R/subnetworks/S, regions/R/subnetworks/S). Its name is a resource name (RFC 1035,
+# up to 63 characters); a project id is lowercase letters, digits and hyphens (a domain-scoped one,
+# example.com:my-project, also dots and a colon).
+_GCP_NAME = r"[a-z](?:[-a-z0-9]{0,61}[a-z0-9])?"
+_SUBNETWORK = re.compile(
+    rf"(?:https://www\.googleapis\.com/compute/v1/)?(?:projects/[a-z][-a-z0-9.:]*[a-z0-9]/)?"
+    rf"regions/(?P<region>[a-z0-9-]+)/subnetworks/(?P<name>{_GCP_NAME})"
+)
+
+
+def gcp_subnetwork(value: str, region: str) -> str:
+    """``value`` as the path every node's interface names: a bare name is taken in ``region``.
+
+    A VM's subnetwork must be in its zone's region, so one elsewhere is refused here rather
+    than by the Compute API at the first node's launch.
+    """
+    if re.fullmatch(_GCP_NAME, value):
+        return f"regions/{region}/subnetworks/{value}"
+    found = _SUBNETWORK.fullmatch(value)
+    if found is None:
+        raise ConfigError(f"subnetwork: {value!r} is not a subnetwork; give its name (such as 'ray-subnet', in region "
+                          f"{region}) or its path, projects/HOST_PROJECT/regions/{region}/subnetworks/NAME")
+    if found["region"] != region:
+        raise ConfigError(f"subnetwork: {value!r} is in region {found['region']!r}, but the nodes are in {region!r}; a "
+                          "VM's subnetwork must be in its zone's region: name one there, or change --zone")
+    return value
 
 
 def _gcp_interface(nic_type: str | None = None) -> dict[str, Any]:
@@ -315,14 +351,17 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
                 **accelerators,
             },
         }
+    provider = _placement(job, opts)
+    if opts.subnetwork is not None and opts.cloud is not VmCloud.GCP:
+        raise ConfigError("subnetwork: a GCP setting, which an aws cluster does not use; leave it out")
     if opts.cloud is VmCloud.GCP:
-        _share_network(node_types)
+        _share_network(node_types, opts.subnetwork and gcp_subnetwork(opts.subnetwork, provider["region"]))
     config: dict[str, Any] = {
         "cluster_name": k8s_name(job.name, 32),
         "max_workers": sum(t.num_workers for t in job.tiers),
         "upscaling_speed": 1.0,
         "idle_timeout_minutes": opts.idle_timeout_minutes,
-        "provider": _placement(job, opts),
+        "provider": provider,
         "auth": {"ssh_user": opts.ssh_user},
         "docker": {
             "image": image,
@@ -397,9 +436,12 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
     if note is not None:
         lines.append(note + ".")
     if gvnic := _gvnic_types(job, opts):
-        lines.append(f"gVNIC is the only network interface of {', '.join(gvnic)}: the boot image must have its driver (gve). "
-                     "Every node type is on the project's default network; to use another, set networkInterfaces[0]"
-                     ".subnetwork on each.")
+        lines.append(f"gVNIC is the only network interface of {', '.join(gvnic)}: the boot image must have its driver (gve).")
+    if opts.subnetwork:
+        lines.append(f"Every node is on subnetwork {opts.subnetwork}: its VPC's firewall must let the nodes reach each other "
+                     "(Ray's ports) and let ssh in from where `ray up` runs.")
+    elif gvnic:
+        lines.append("Every node type is on the project's default network; to use another, pass --subnetwork.")
     return lines
 
 
