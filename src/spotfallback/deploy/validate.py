@@ -274,11 +274,8 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
         problem = _label_problem(key, value)
         if problem:
             yield Finding(field_path([*at, "labels", key]), problem)
-    misfit = list(_pinned_machine(group, at))
-    yield from misfit
+    yield from _pinned_machine(group, at, is_head)
     if is_head:
-        if not misfit:
-            yield from _pinned_head(group, at)
         yield from _head_on_spot(group, at)
         return
     name = group.get("groupName")
@@ -369,11 +366,13 @@ def _pod_requests(pod: dict[str, Any]) -> tuple[float, float, float]:
     return total["cpu"], total["nvidia.com/gpu"], total["memory"]
 
 
-def _pinned_machine(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+def _pinned_machine(group: dict[str, Any], at: list[str | int], is_head: bool) -> Iterator[Finding]:
     """A pod pinned to a known machine type that can never hold it stays pending: refuse it here.
 
     The memory a node leaves to pods is its cloud's (the type's provider; on AWS, Karpenter's
     when the pod selects Karpenter's labels): a lower bound, so only a sure misfit is reported.
+    A head pod that fits must also have a machine large enough for a Ray head, as ``ray up``'s
+    head type must (``head_machine_problem``).
     """
     selector = _dict(_get(group, "template", "spec", "nodeSelector"))
     name = selector.get(INSTANCE_TYPE_KEY)
@@ -393,13 +392,8 @@ def _pinned_machine(group: dict[str, Any], at: list[str | int]) -> Iterator[Find
     if short:
         yield Finding(where, f"no {name!r} node can ever hold this pod, which asks for {'; '.join(short)}; name a larger "
                              "type or ask for less")
-
-
-def _pinned_head(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
-    """A head pod pinned to a known machine too small for a Ray head, as ``ray up``'s head type is checked."""
-    name = _dict(_get(group, "template", "spec", "nodeSelector")).get(INSTANCE_TYPE_KEY)
-    if isinstance(name, str) and (problem := head_machine_problem(name)):
-        yield Finding(field_path([*at, "template", "spec", "nodeSelector", INSTANCE_TYPE_KEY]), problem)
+    elif is_head and (problem := head_machine_problem(name)):
+        yield Finding(where, problem)
 
 
 def _drain_window(group: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
