@@ -419,6 +419,23 @@ def test_a_gcp_subnetwork_in_another_region_is_one_error_line_naming_the_option(
     assert ok.exit_code == 0 and "subnetwork: regions/us-central1/subnetworks/ray-subnet" in ok.stdout, ok.stderr
 
 
+def test_aws_subnets_and_internal_ips_reach_the_file_and_a_bad_subnet_is_one_error_line(app: typer.Typer, job_file: Path) -> None:
+    base = ("cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
+    r = run(app, *base, "--subnet-id", "subnet-0123456789abcdef0", "--subnet-id", "subnet-89abcdef", "--internal-ips")
+    assert r.exit_code == 0, r.stderr
+    config = yaml.safe_load(r.stdout)
+    assert config["provider"]["use_internal_ips"] is True
+    assert {tuple(node["node_config"]["SubnetIds"]) for node in config["available_node_types"].values()} == {
+        ("subnet-0123456789abcdef0", "subnet-89abcdef")}
+    bad = run(app, *base, "--subnet-id", "vpc-0123456789abcdef0")
+    assert bad.exit_code == 2 and not bad.stdout, bad.stderr
+    assert bad.stderr.startswith("error: --subnet-id: 'vpc-0123456789abcdef0' is not a subnet ID"), bad.stderr
+    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+              "--subnet-id", "subnet-89abcdef")
+    assert gcp.exit_code == 2 and gcp.stderr.startswith("error: --subnet-id: an AWS subnet; on gcp name the nodes' "
+                                                        "subnetwork with --subnetwork"), gcp.stderr
+
+
 @pytest.mark.parametrize(("account", "ok"), [
     ("notanemail", False), ("ray worker@p.iam.gserviceaccount.com", False),
     ("ray-worker@my-project.iam.gserviceaccount.com", True), ("123456-compute@developer.gserviceaccount.com", True),

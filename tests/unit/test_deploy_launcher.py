@@ -356,6 +356,71 @@ def test_a_subnetwork_on_aws_is_refused() -> None:
         cluster_launcher_config(make_job(LADDERS[3]), opts(VmCloud.AWS, subnetwork="ray-subnet"))
 
 
+def test_aws_subnets_are_every_nodes_in_the_order_given() -> None:
+    """An account without a default VPC, or a team's own subnets: Ray tries them in order."""
+    subnets = ("subnet-0123456789abcdef0", "subnet-89abcdef")
+    options = opts(VmCloud.AWS, zone="us-east-1a", subnet_ids=subnets)
+    config = cluster_launcher_config(make_job(LADDERS[3]), options)
+    assert {name: node["node_config"]["SubnetIds"] for name, node in config["available_node_types"].items()} == dict.fromkeys(
+        ("head", "spot-a", "spot-b", "on-demand"), list(subnets))
+    assert "use_internal_ips" not in config["provider"]
+    text = render_cluster_launcher(make_job(LADDERS[3]), options)
+    assert ("# Every node launches in subnet subnet-0123456789abcdef0 (then subnet-89abcdef, in that order, where a launch "
+            "finds no capacity): the subnets must be in one VPC, in zone us-east-1a, and give instances a public IP on "
+            "launch (for a private subnet, pass --internal-ips)") in text
+    assert validate_text(text).ok
+    # Without subnets Ray's launcher picks the default VPC's, so no node config names one.
+    one = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, subnet_ids="subnet-89abcdef"))
+    assert one["available_node_types"]["head"]["node_config"]["SubnetIds"] == ["subnet-89abcdef"]
+    plain = cluster_launcher_config(make_job(LADDERS[3]), opts(VmCloud.AWS))
+    assert not any("SubnetIds" in node["node_config"] for node in plain["available_node_types"].values())
+
+
+@pytest.mark.parametrize(("subnets", "message"), [
+    (("subnet-123",), "subnet_ids: 'subnet-123' is not a subnet ID; give one such as 'subnet-0123456789abcdef0'"),
+    (("sg-0123456789abcdef0",), "subnet_ids: 'sg-0123456789abcdef0' is not a subnet ID"),
+    (("subnet-89abcdef", "subnet-89abcdef"), "subnet_ids: 'subnet-89abcdef' is given twice; give each subnet once"),
+])
+def test_an_aws_subnet_that_is_no_subnet_id_or_given_twice_is_refused(subnets: tuple[str, ...], message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, subnet_ids=subnets))
+
+
+def test_aws_subnets_on_gcp_are_refused() -> None:
+    with pytest.raises(ConfigError, match=r"^subnet_ids: AWS subnets, which a gcp cluster does not use"):
+        cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, subnet_ids=("subnet-89abcdef",)))
+
+
+def test_internal_ips_on_aws_let_private_subnets_in_and_say_where_ray_up_runs() -> None:
+    options = opts(VmCloud.AWS, subnet_ids=("subnet-89abcdef",), internal_ips=True)
+    config = cluster_launcher_config(make_job(LADDERS[2]), options)
+    assert config["provider"]["use_internal_ips"] is True
+    text = render_cluster_launcher(make_job(LADDERS[2]), options)
+    assert "# Every node launches in subnet subnet-89abcdef: the subnets must be in one VPC; Ray's launcher" in text
+    assert "# ray up reaches the nodes by their private IPs (--internal-ips): run it from inside the network" in text
+    assert "through a NAT gateway" in text and validate_text(text).ok
+
+
+def test_internal_ips_on_gcp_leave_every_node_without_an_external_ip() -> None:
+    """Ray fills an interface with an external IP only where a node type has none, so every one gets its own."""
+    job = gpu_job(("h100", "H100", 100, 8), ("l4", "L4", 8, 1))
+    for subnetwork in (None, "ray-subnet"):
+        options = opts(VmCloud.GCP, source_image=GPU_IMAGE, internal_ips=True, subnetwork=subnetwork)
+        config = cluster_launcher_config(job, options)
+        assert config["provider"]["use_internal_ips"] is True
+        interfaces = {name: node["node_config"]["networkInterfaces"] for name, node in config["available_node_types"].items()}
+        assert set(interfaces) == {"head", "h100", "l4"}
+        assert not any("accessConfigs" in interface for found in interfaces.values() for interface in found), interfaces
+        assert interfaces["h100"][0]["nicType"] == "GVNIC"
+        assert all(found[0].get("subnetwork") == (subnetwork and "regions/us-central1/subnetworks/ray-subnet")
+                   for found in interfaces.values())
+        text = render_cluster_launcher(job, options)
+        assert "The nodes get no external IP: pulling the image and pip packages needs Cloud NAT" in text
+        assert validate_text(text).ok
+    cpu = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, internal_ips=True))["available_node_types"]
+    assert all(node["node_config"]["networkInterfaces"] == [{}] for node in cpu.values())
+
+
 @pytest.mark.parametrize(("machine_type", "disk_type"), [("a3-ultragpu-8g", "hyperdisk-balanced"), ("a3-megagpu-8g", "pd-balanced")])
 def test_a_pinned_gcp_gpu_type_gets_its_series_boot_disk(machine_type: str, disk_type: str) -> None:
     job = gpu_job(("h100", "H100", 100, 8))

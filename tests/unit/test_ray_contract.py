@@ -504,6 +504,69 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
         "regions/us-central1/subnetworks/ray-subnet"}
 
 
+def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms_its_header_gives():
+    """launcher's subnet_ids and internal_ips: Ray's _configure_subnet (run by ray up; aws/config.py,
+    which needs boto3 to import, so it is run from its source here) keeps a node type's SubnetIds
+    only if they are in one VPC, in the provider's zone, and map public IPs on launch unless
+    use_internal_ips is set; otherwise ray up stops before launching anything."""
+    import ast
+    import copy
+    import functools
+    import importlib.util
+    import typing
+    from collections import Counter
+    from types import SimpleNamespace
+
+    import click
+    from ray.autoscaler._private.cli_logger import cli_logger
+
+    from spotfallback.config import JobConfig
+    from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
+
+    source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/aws/config.py"
+    wanted = {"_configure_subnet", "_usable_subnet_ids", "_get_subnets_or_die"}
+    funcs = [n for n in ast.parse(source.read_text()).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
+    assert {f.name for f in funcs} == wanted
+
+    def subnet(name: str, zone: str, vpc: str = "vpc-1", public: bool = True) -> SimpleNamespace:
+        return SimpleNamespace(subnet_id=name, availability_zone=zone, vpc_id=vpc, state="available",
+                               map_public_ip_on_launch=public)
+
+    region = [subnet("subnet-0000000a", "us-east-1a"), subnet("subnet-0000000b", "us-east-1b"),
+              subnet("subnet-0000000c", "us-east-1a", public=False), subnet("subnet-0000000d", "us-east-1a", vpc="vpc-2")]
+    class Subnets:  # boto3's ec2.subnets collection
+        def all(self) -> list[SimpleNamespace]:
+            return list(region)
+
+        def filter(self, Filters: list[dict]) -> list[SimpleNamespace]:  # noqa: N803 (boto3's name)
+            return [s for s in region if s.subnet_id in Filters[0]["Values"]]
+
+    class EC2:  # hashable, as _get_subnets_or_die's lru_cache needs
+        subnets = Subnets()
+
+    ec2 = EC2()
+    scope = {**{name: getattr(typing, name) for name in ("Any", "List", "Optional", "Set", "Tuple")}, "Counter": Counter,
+             "lru_cache": functools.lru_cache,
+             "cli_logger": cli_logger, "_resource": lambda name, config: ec2, "_set_config_info": lambda **kw: None}
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), str(source), "exec"), scope)
+    tier = {"name": "spot", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4},
+            "label_selector": {"ray.io/market-type": "spot"}}
+    job = JobConfig.model_validate({"name": "j", "storage_path": "s3://b/r", "entrypoint": "m:f", "tiers": [tier]})
+
+    def configured(*subnets: str, internal_ips: bool = False) -> dict:
+        config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, zone="us-east-1a", subnet_ids=subnets,
+                                                              internal_ips=internal_ips))
+        assert scope["_configure_subnet"](copy.deepcopy(config)) == config
+        return config
+
+    assert {tuple(n["node_config"]["SubnetIds"]) for n in configured("subnet-0000000a")["available_node_types"].values()} == {
+        ("subnet-0000000a",)}
+    configured("subnet-0000000c", "subnet-0000000a", internal_ips=True)  # a private subnet, with internal IPs
+    for refused in (("subnet-0000000c",), ("subnet-0000000b",), ("subnet-0000000a", "subnet-0000000d")):
+        with pytest.raises(click.ClickException):  # private without internal IPs; another zone; another VPC
+            configured(*refused)
+
+
 def test_nothing_ray_private_is_imported_without_a_pin_here():
     """A new private Ray import anywhere in the package must come with a pin in this file."""
     pinned = {

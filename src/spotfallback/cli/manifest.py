@@ -56,6 +56,7 @@ _OPTION_OF = {
     "ttl_seconds_after_finished": "--ttl",
     "instance_profile": "--instance-profile",
     "subnetwork": "--subnetwork",
+    "subnet_ids": "--subnet-id",
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
@@ -321,6 +322,17 @@ def launcher_command(
                           "projects/HOST_PROJECT/regions/REGION/subnetworks/NAME (Shared VPC). Default: the project's "
                           "default network, or the region's first subnet, which Ray picks."),
     ] = None,
+    subnet_id: Annotated[
+        list[str] | None,
+        typer.Option(help="AWS subnet ID for every node (repeatable: Ray's launcher uses the first and tries the next "
+                          "where a launch finds no capacity); all in one VPC, in --zone if given. Default: the default "
+                          "VPC's subnets that give instances a public IP."),
+    ] = None,
+    internal_ips: Annotated[
+        bool,
+        typer.Option("--internal-ips", help="ray up reaches the nodes by their private IPs, so it must run inside the network: "
+                                            "AWS nodes may then be in private subnets, GCP nodes get no external IP."),
+    ] = False,
     pip: PipOpt = None,
     notice_agent: Annotated[
         bool,
@@ -340,6 +352,8 @@ def launcher_command(
         _fail("--service-account: a GCP service account; on aws give the workers --instance-profile ARN")
     if vm_cloud is VmCloud.GCP and instance_profile:
         _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
+    if vm_cloud is VmCloud.GCP and subnet_id:
+        _fail("--subnet-id: an AWS subnet; on gcp name the nodes' subnetwork with --subnetwork")
     if service_account is not None and not _SERVICE_ACCOUNT_EMAIL.fullmatch(service_account):
         _fail(f"--service-account: {service_account!r} is not a service account's email; give one such as "
               "'ray-worker@my-project.iam.gserviceaccount.com'")
@@ -371,6 +385,8 @@ def launcher_command(
             pip=_packages(pip),
             notice_agent=notice_agent,
             subnetwork=subnetwork,
+            subnet_ids=tuple(subnet_id or ()),
+            internal_ips=internal_ips,
         )
         text = render_cluster_launcher(config, opts)
     except ConfigError as e:

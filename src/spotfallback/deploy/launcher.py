@@ -92,6 +92,10 @@ class LauncherOptions:
     by the setup commands. ``subnetwork`` (GCP) puts every node on that subnetwork (a name in the
     cluster's region, or its partial or full URL, a Shared VPC host project's included) rather
     than the project's default network or the region's first subnet, which Ray's launcher picks.
+    ``subnet_ids`` (AWS) are the subnets every node may launch in, in the order Ray's launcher
+    tries them, rather than the default VPC's. ``internal_ips`` has ``ray up`` reach the nodes by
+    their private IPs, so it runs inside the network; AWS nodes may then be in private subnets,
+    and GCP nodes get no external IP.
     """
 
     cloud: VmCloud
@@ -112,6 +116,8 @@ class LauncherOptions:
     disk_size_gb: int = 100
     notice_agent: bool = True
     subnetwork: str | None = None
+    subnet_ids: Sequence[str] = ()
+    internal_ips: bool = False
 
 
 def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
@@ -200,22 +206,25 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
     return config
 
 
-def _share_network(node_types: dict[str, Any], subnetwork: str | None) -> None:
+def _share_network(node_types: dict[str, Any], subnetwork: str | None, external_ips: bool) -> None:
     """Give every GCP node type the same network interface once one of them sets its own (gVNIC),
-    or a ``subnetwork`` is named.
+    a ``subnetwork`` is named, or the nodes are to have no external IP.
 
     Ray's launcher fills ``networkInterfaces`` (its region's first subnet, an external IP) only on
     node configs without one, and looks no subnet up when all have one; so a gVNIC node type would
     otherwise get the project's default network while the others get Ray's pick. With all of them
     set, every node is on ``subnetwork``, else on the default network (the Compute API's default
-    when an interface names no network or subnetwork), each with an external IP.
+    when an interface names no network or subnetwork), each with an external IP unless
+    ``external_ips`` is false (an interface without ``accessConfigs`` has none).
     """
     configs = [node_type["node_config"] for node_type in node_types.values()]
-    if subnetwork or any("networkInterfaces" in config for config in configs):
+    if subnetwork or not external_ips or any("networkInterfaces" in config for config in configs):
         for config in configs:
             interface = config.setdefault("networkInterfaces", [_gcp_interface()])[0]
             if subnetwork:
                 interface["subnetwork"] = subnetwork
+            if not external_ips:
+                interface.pop("accessConfigs", None)
 
 
 # A subnetwork as the Compute API takes it in an instance's networkInterfaces[].subnetwork: a full or
@@ -246,6 +255,25 @@ def gcp_subnetwork(value: str, region: str) -> str:
         raise ConfigError(f"subnetwork: {value!r} is in region {found['region']!r}, but the nodes are in {region!r}; a "
                           "VM's subnetwork must be in its zone's region: name one there, or change --zone")
     return value
+
+
+# An EC2 subnet ID: "subnet-" and 8 (older) or 17 hexadecimal digits.
+_AWS_SUBNET_ID = re.compile(r"subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})")
+
+
+def aws_subnet_ids(values: Sequence[str]) -> list[str]:
+    """``values`` checked as EC2 subnet IDs, each once, in the order given: Ray's launcher puts a
+    node in the first and tries the next where a launch fails (no capacity in its zone). One
+    string is one ID."""
+    ids: list[str] = []
+    for value in [values] if isinstance(values, str) else values:
+        if not _AWS_SUBNET_ID.fullmatch(value):
+            raise ConfigError(f"subnet_ids: {value!r} is not a subnet ID; give one such as 'subnet-0123456789abcdef0' "
+                              "(`aws ec2 describe-subnets` lists them)")
+        if value in ids:
+            raise ConfigError(f"subnet_ids: {value!r} is given twice; give each subnet once")
+        ids.append(value)
+    return ids
 
 
 def _gcp_interface(nic_type: str | None = None) -> dict[str, Any]:
@@ -354,8 +382,18 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     provider = _placement(job, opts)
     if opts.subnetwork is not None and opts.cloud is not VmCloud.GCP:
         raise ConfigError("subnetwork: a GCP setting, which an aws cluster does not use; leave it out")
+    if opts.subnet_ids and opts.cloud is not VmCloud.AWS:
+        raise ConfigError("subnet_ids: AWS subnets, which a gcp cluster does not use; on gcp, subnetwork names the nodes' "
+                          "subnet")
     if opts.cloud is VmCloud.GCP:
-        _share_network(node_types, opts.subnetwork and gcp_subnetwork(opts.subnetwork, provider["region"]))
+        subnetwork = opts.subnetwork and gcp_subnetwork(opts.subnetwork, provider["region"])
+        _share_network(node_types, subnetwork, external_ips=not opts.internal_ips)
+    elif opts.subnet_ids:
+        subnets = aws_subnet_ids(opts.subnet_ids)
+        for node_type in node_types.values():
+            node_type["node_config"]["SubnetIds"] = list(subnets)
+    if opts.internal_ips:
+        provider["use_internal_ips"] = True
     config: dict[str, Any] = {
         "cluster_name": k8s_name(job.name, 32),
         "max_workers": sum(t.num_workers for t in job.tiers),
@@ -442,6 +480,21 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
                      "(Ray's ports) and let ssh in from where `ray up` runs.")
     elif gvnic:
         lines.append("Every node type is on the project's default network; to use another, pass --subnetwork.")
+    if opts.cloud is VmCloud.AWS and opts.subnet_ids:
+        first, *rest = opts.subnet_ids
+        then = f" (then {', '.join(rest)}, in that order, where a launch finds no capacity)" if rest else ""
+        zone = opts.zone or shared_label(job, ZONE_LABEL)
+        lines.append(f"Every node launches in subnet {first}{then}: the subnets must be in one VPC"
+                     + (f", in zone {zone}" if zone else "")
+                     + ("" if opts.internal_ips else ", and give instances a public IP on launch (for a private subnet, "
+                        "pass --internal-ips)")
+                     + "; Ray's launcher makes the VPC a security group that lets the nodes reach each other and ssh in.")
+    if opts.internal_ips:
+        lines.append("ray up reaches the nodes by their private IPs (--internal-ips): run it from inside the network (a "
+                     "machine in the VPC, or a VPN to it). "
+                     + ("The nodes get no external IP: pulling the image and pip packages needs Cloud NAT on the "
+                        "subnetwork." if opts.cloud is VmCloud.GCP else
+                        "A node in a private subnet pulls the image and pip packages through a NAT gateway."))
     return lines
 
 
