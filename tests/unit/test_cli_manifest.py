@@ -419,7 +419,7 @@ def test_a_gcp_subnetwork_in_another_region_is_one_error_line_naming_the_option(
     assert ok.exit_code == 0 and "subnetwork: regions/us-central1/subnetworks/ray-subnet" in ok.stdout, ok.stderr
 
 
-def test_aws_subnets_and_internal_ips_reach_the_file_and_a_bad_subnet_is_one_error_line(app: typer.Typer, job_file: Path) -> None:
+def test_aws_subnets_groups_and_internal_ips_reach_the_file_and_a_bad_id_is_one_error_line(app: typer.Typer, job_file: Path) -> None:
     base = ("cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
     r = run(app, *base, "--subnet-id", "subnet-0123456789abcdef0", "--subnet-id", "subnet-89abcdef", "--internal-ips")
     assert r.exit_code == 0, r.stderr
@@ -434,6 +434,10 @@ def test_aws_subnets_and_internal_ips_reach_the_file_and_a_bad_subnet_is_one_err
               "--subnet-id", "subnet-89abcdef")
     assert gcp.exit_code == 2 and gcp.stderr.startswith("error: --subnet-id: an AWS subnet; on gcp name the nodes' "
                                                         "subnetwork with --subnetwork"), gcp.stderr
+    groups = run(app, *base, "--security-group-id", "sg-89abcdef")
+    assert groups.exit_code == 0 and "SecurityGroupIds:\n      - sg-89abcdef" in groups.stdout, groups.stderr
+    bad = run(app, *base, "--security-group-id", "sg-1")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --security-group-id: 'sg-1' is not a security group ID"), bad.stderr
 
 
 @pytest.mark.parametrize(("account", "ok"), [

@@ -379,7 +379,7 @@ def test_aws_subnets_are_every_nodes_in_the_order_given() -> None:
 @pytest.mark.parametrize(("subnets", "message"), [
     (("subnet-123",), "subnet_ids: 'subnet-123' is not a subnet ID; give one such as 'subnet-0123456789abcdef0'"),
     (("sg-0123456789abcdef0",), "subnet_ids: 'sg-0123456789abcdef0' is not a subnet ID"),
-    (("subnet-89abcdef", "subnet-89abcdef"), "subnet_ids: 'subnet-89abcdef' is given twice; give each subnet once"),
+    (("subnet-89abcdef", "subnet-89abcdef"), "subnet_ids: 'subnet-89abcdef' is given twice; give each once"),
 ])
 def test_an_aws_subnet_that_is_no_subnet_id_or_given_twice_is_refused(subnets: tuple[str, ...], message: str) -> None:
     with pytest.raises(ConfigError, match="^" + re.escape(message)):
@@ -389,6 +389,23 @@ def test_an_aws_subnet_that_is_no_subnet_id_or_given_twice_is_refused(subnets: t
 def test_aws_subnets_on_gcp_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"^subnet_ids: AWS subnets, which a gcp cluster does not use"):
         cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, subnet_ids=("subnet-89abcdef",)))
+
+
+def test_aws_security_groups_are_every_nodes_and_the_header_says_what_they_must_allow() -> None:
+    groups = ("sg-0123456789abcdef0", "sg-89abcdef")
+    options = opts(VmCloud.AWS, subnet_ids=("subnet-89abcdef",), security_group_ids=groups)
+    config = cluster_launcher_config(make_job(LADDERS[2]), options)
+    assert {name: node["node_config"]["SecurityGroupIds"] for name, node in config["available_node_types"].items()} == dict.fromkeys(
+        ("head", "spot-a", "on-demand"), list(groups))
+    text = render_cluster_launcher(make_job(LADDERS[2]), options)
+    assert ("# Every node is in security groups sg-0123456789abcdef0, sg-89abcdef, and Ray's launcher makes none of its "
+            "own: the groups must be in one VPC (the subnets') and let the nodes reach each other on every port") in text
+    assert "makes the VPC a security group" not in text and validate_text(text).ok
+    with pytest.raises(ConfigError, match=r"^security_group_ids: 'subnet-89abcdef' is not a security group ID; give one "
+                                          r"such as 'sg-0123456789abcdef0'"):
+        cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, security_group_ids=("subnet-89abcdef",)))
+    with pytest.raises(ConfigError, match=r"^security_group_ids: AWS security groups, which a gcp cluster does not use"):
+        cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, security_group_ids=groups))
 
 
 def test_internal_ips_on_aws_let_private_subnets_in_and_say_where_ray_up_runs() -> None:

@@ -505,10 +505,12 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
 
 
 def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms_its_header_gives():
-    """launcher's subnet_ids and internal_ips: Ray's _configure_subnet (run by ray up; aws/config.py,
-    which needs boto3 to import, so it is run from its source here) keeps a node type's SubnetIds
-    only if they are in one VPC, in the provider's zone, and map public IPs on launch unless
-    use_internal_ips is set; otherwise ray up stops before launching anything."""
+    """launcher's subnet_ids, security_group_ids and internal_ips: Ray's _configure_subnet and
+    _configure_security_group (run by ray up; aws/config.py, which needs boto3 to import, so they
+    are run from its source here) keep a node type's SubnetIds only if they are in one VPC, the
+    security groups' VPC, in the provider's zone, and map public IPs on launch unless
+    use_internal_ips is set (otherwise ray up stops before launching anything), and make no
+    security group where every node type names its own."""
     import ast
     import copy
     import functools
@@ -524,7 +526,7 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
     from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
 
     source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/aws/config.py"
-    wanted = {"_configure_subnet", "_usable_subnet_ids", "_get_subnets_or_die"}
+    wanted = {"_configure_subnet", "_usable_subnet_ids", "_get_subnets_or_die", "_get_vpc_id_of_sg", "_configure_security_group"}
     funcs = [n for n in ast.parse(source.read_text()).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
     assert {f.name for f in funcs} == wanted
 
@@ -541,8 +543,15 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
         def filter(self, Filters: list[dict]) -> list[SimpleNamespace]:  # noqa: N803 (boto3's name)
             return [s for s in region if s.subnet_id in Filters[0]["Values"]]
 
+    groups = [SimpleNamespace(id="sg-0000000a", vpc_id="vpc-1"), SimpleNamespace(id="sg-0000000d", vpc_id="vpc-2")]
+
+    class SecurityGroups:  # boto3's ec2.security_groups collection
+        def filter(self, Filters: list[dict]) -> list[SimpleNamespace]:  # noqa: N803 (boto3's name)
+            return [g for g in groups if g.id in Filters[0]["Values"]]
+
     class EC2:  # hashable, as _get_subnets_or_die's lru_cache needs
         subnets = Subnets()
+        security_groups = SecurityGroups()
 
     ec2 = EC2()
     scope = {**{name: getattr(typing, name) for name in ("Any", "List", "Optional", "Set", "Tuple")}, "Counter": Counter,
@@ -553,10 +562,12 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
             "label_selector": {"ray.io/market-type": "spot"}}
     job = JobConfig.model_validate({"name": "j", "storage_path": "s3://b/r", "entrypoint": "m:f", "tiers": [tier]})
 
-    def configured(*subnets: str, internal_ips: bool = False) -> dict:
+    def configured(*subnets: str, internal_ips: bool = False, groups: tuple[str, ...] = ()) -> dict:
         config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, zone="us-east-1a", subnet_ids=subnets,
-                                                              internal_ips=internal_ips))
+                                                              security_group_ids=groups, internal_ips=internal_ips))
         assert scope["_configure_subnet"](copy.deepcopy(config)) == config
+        if groups:  # Ray makes no group of its own where every node type names some
+            assert scope["_configure_security_group"](copy.deepcopy(config)) == config
         return config
 
     assert {tuple(n["node_config"]["SubnetIds"]) for n in configured("subnet-0000000a")["available_node_types"].values()} == {
@@ -565,6 +576,9 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
     for refused in (("subnet-0000000c",), ("subnet-0000000b",), ("subnet-0000000a", "subnet-0000000d")):
         with pytest.raises(click.ClickException):  # private without internal IPs; another zone; another VPC
             configured(*refused)
+    configured("subnet-0000000a", groups=("sg-0000000a",))
+    with pytest.raises(click.ClickException):  # a group in another VPC than the subnet's
+        configured("subnet-0000000a", groups=("sg-0000000d",))
 
 
 def test_nothing_ray_private_is_imported_without_a_pin_here():

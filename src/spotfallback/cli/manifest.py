@@ -57,6 +57,7 @@ _OPTION_OF = {
     "instance_profile": "--instance-profile",
     "subnetwork": "--subnetwork",
     "subnet_ids": "--subnet-id",
+    "security_group_ids": "--security-group-id",
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
@@ -328,6 +329,11 @@ def launcher_command(
                           "where a launch finds no capacity); all in one VPC, in --zone if given. Default: the default "
                           "VPC's subnets that give instances a public IP."),
     ] = None,
+    security_group_id: Annotated[
+        list[str] | None,
+        typer.Option(help="AWS security group ID for every node (repeatable), instead of the one Ray's launcher makes; "
+                          "the groups must let the nodes reach each other on every port and ssh in."),
+    ] = None,
     internal_ips: Annotated[
         bool,
         typer.Option("--internal-ips", help="ray up reaches the nodes by their private IPs, so it must run inside the network: "
@@ -354,6 +360,8 @@ def launcher_command(
         _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
     if vm_cloud is VmCloud.GCP and subnet_id:
         _fail("--subnet-id: an AWS subnet; on gcp name the nodes' subnetwork with --subnetwork")
+    if vm_cloud is VmCloud.GCP and security_group_id:
+        _fail("--security-group-id: an AWS security group; on gcp the network's firewall rules apply")
     if service_account is not None and not _SERVICE_ACCOUNT_EMAIL.fullmatch(service_account):
         _fail(f"--service-account: {service_account!r} is not a service account's email; give one such as "
               "'ray-worker@my-project.iam.gserviceaccount.com'")
@@ -386,6 +394,7 @@ def launcher_command(
             notice_agent=notice_agent,
             subnetwork=subnetwork,
             subnet_ids=tuple(subnet_id or ()),
+            security_group_ids=tuple(security_group_id or ()),
             internal_ips=internal_ips,
         )
         text = render_cluster_launcher(config, opts)

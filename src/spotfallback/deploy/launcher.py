@@ -93,7 +93,8 @@ class LauncherOptions:
     cluster's region, or its partial or full URL, a Shared VPC host project's included) rather
     than the project's default network or the region's first subnet, which Ray's launcher picks.
     ``subnet_ids`` (AWS) are the subnets every node may launch in, in the order Ray's launcher
-    tries them, rather than the default VPC's. ``internal_ips`` has ``ray up`` reach the nodes by
+    tries them, rather than the default VPC's; ``security_group_ids`` (AWS) are every node's
+    security groups, rather than the one Ray's launcher makes. ``internal_ips`` has ``ray up`` reach the nodes by
     their private IPs, so it runs inside the network; AWS nodes may then be in private subnets,
     and GCP nodes get no external IP.
     """
@@ -117,6 +118,7 @@ class LauncherOptions:
     notice_agent: bool = True
     subnetwork: str | None = None
     subnet_ids: Sequence[str] = ()
+    security_group_ids: Sequence[str] = ()
     internal_ips: bool = False
 
 
@@ -257,23 +259,33 @@ def gcp_subnetwork(value: str, region: str) -> str:
     return value
 
 
-# An EC2 subnet ID: "subnet-" and 8 (older) or 17 hexadecimal digits.
-_AWS_SUBNET_ID = re.compile(r"subnet-(?:[0-9a-f]{8}|[0-9a-f]{17})")
-
-
-def aws_subnet_ids(values: Sequence[str]) -> list[str]:
-    """``values`` checked as EC2 subnet IDs, each once, in the order given: Ray's launcher puts a
-    node in the first and tries the next where a launch fails (no capacity in its zone). One
-    string is one ID."""
+def _aws_ids(values: Sequence[str], field: str, prefix: str, what: str, lister: str) -> list[str]:
+    """``values`` checked as EC2 IDs of one kind (``prefix`` and 8, older, or 17 hexadecimal
+    digits), each once, in the order given. One string is one ID."""
     ids: list[str] = []
     for value in [values] if isinstance(values, str) else values:
-        if not _AWS_SUBNET_ID.fullmatch(value):
-            raise ConfigError(f"subnet_ids: {value!r} is not a subnet ID; give one such as 'subnet-0123456789abcdef0' "
-                              "(`aws ec2 describe-subnets` lists them)")
+        if not re.fullmatch(rf"{prefix}-(?:[0-9a-f]{{8}}|[0-9a-f]{{17}})", value):
+            raise ConfigError(f"{field}: {value!r} is not {what} ID; give one such as '{prefix}-0123456789abcdef0' "
+                              f"(`aws ec2 {lister}` lists them)")
         if value in ids:
-            raise ConfigError(f"subnet_ids: {value!r} is given twice; give each subnet once")
+            raise ConfigError(f"{field}: {value!r} is given twice; give each once")
         ids.append(value)
     return ids
+
+
+def _aws_network(node_types: dict[str, Any], opts: LauncherOptions) -> None:
+    """Put every AWS node type in ``opts``' subnets and security groups, where it names any.
+
+    Ray's launcher launches a node in the first subnet and tries the next where a launch fails
+    (no capacity in its zone). A node type with security groups gets none of Ray's own.
+    """
+    subnets = _aws_ids(opts.subnet_ids, "subnet_ids", "subnet", "a subnet", "describe-subnets")
+    groups = _aws_ids(opts.security_group_ids, "security_group_ids", "sg", "a security group", "describe-security-groups")
+    for node_type in node_types.values():
+        if subnets:
+            node_type["node_config"]["SubnetIds"] = list(subnets)
+        if groups:
+            node_type["node_config"]["SecurityGroupIds"] = list(groups)
 
 
 def _gcp_interface(nic_type: str | None = None) -> dict[str, Any]:
@@ -385,13 +397,14 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     if opts.subnet_ids and opts.cloud is not VmCloud.AWS:
         raise ConfigError("subnet_ids: AWS subnets, which a gcp cluster does not use; on gcp, subnetwork names the nodes' "
                           "subnet")
+    if opts.security_group_ids and opts.cloud is not VmCloud.AWS:
+        raise ConfigError("security_group_ids: AWS security groups, which a gcp cluster does not use; on gcp, the "
+                          "network's firewall rules apply")
     if opts.cloud is VmCloud.GCP:
         subnetwork = opts.subnetwork and gcp_subnetwork(opts.subnetwork, provider["region"])
         _share_network(node_types, subnetwork, external_ips=not opts.internal_ips)
-    elif opts.subnet_ids:
-        subnets = aws_subnet_ids(opts.subnet_ids)
-        for node_type in node_types.values():
-            node_type["node_config"]["SubnetIds"] = list(subnets)
+    else:
+        _aws_network(node_types, opts)
     if opts.internal_ips:
         provider["use_internal_ips"] = True
     config: dict[str, Any] = {
@@ -488,7 +501,13 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
                      + (f", in zone {zone}" if zone else "")
                      + ("" if opts.internal_ips else ", and give instances a public IP on launch (for a private subnet, "
                         "pass --internal-ips)")
-                     + "; Ray's launcher makes the VPC a security group that lets the nodes reach each other and ssh in.")
+                     + ("." if opts.security_group_ids else
+                        "; Ray's launcher makes the VPC a security group that lets the nodes reach each other and ssh in."))
+    if opts.cloud is VmCloud.AWS and opts.security_group_ids:
+        lines.append(f"Every node is in security group{'s' * (len(opts.security_group_ids) > 1)} "
+                     f"{', '.join(opts.security_group_ids)}, and Ray's launcher makes none of its own: the groups must be "
+                     "in one VPC (the subnets') and let the nodes reach each other on every port (Ray's) and ssh in from "
+                     "where `ray up` runs.")
     if opts.internal_ips:
         lines.append("ray up reaches the nodes by their private IPs (--internal-ips): run it from inside the network (a "
                      "machine in the VPC, or a VPN to it). "
