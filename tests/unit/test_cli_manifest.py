@@ -419,7 +419,7 @@ def test_a_gcp_subnetwork_in_another_region_is_one_error_line_naming_the_option(
     assert ok.exit_code == 0 and "subnetwork: regions/us-central1/subnetworks/ray-subnet" in ok.stdout, ok.stderr
 
 
-def test_aws_subnets_groups_and_internal_ips_reach_the_file_and_a_bad_id_is_one_error_line(app: typer.Typer, job_file: Path) -> None:
+def test_aws_networks_tags_and_internal_ips_reach_the_file_and_a_bad_value_is_one_error_line(app: typer.Typer, job_file: Path) -> None:
     base = ("cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
     r = run(app, *base, "--subnet-id", "subnet-0123456789abcdef0", "--subnet-id", "subnet-89abcdef", "--internal-ips")
     assert r.exit_code == 0, r.stderr
@@ -436,6 +436,14 @@ def test_aws_subnets_groups_and_internal_ips_reach_the_file_and_a_bad_id_is_one_
                                                         "subnetwork with --subnetwork"), gcp.stderr
     groups = run(app, *base, "--security-group-id", "sg-89abcdef")
     assert groups.exit_code == 0 and "SecurityGroupIds:\n      - sg-89abcdef" in groups.stdout, groups.stderr
+    tagged = yaml.safe_load(run(app, *base, "--tag", "team=ml", "--tag", "note=a=b").stdout)
+    assert tagged["available_node_types"]["head"]["node_config"]["TagSpecifications"][0]["Tags"] == [
+        {"Key": "team", "Value": "ml"}, {"Key": "note", "Value": "a=b"}]
+    for entry, message in (("team", "expected KEY=VALUE, got 'team'"), ("Name=x", "'Name' is one of Ray's own tags")):
+        bad = run(app, *base, "--tag", entry)
+        assert bad.exit_code == 2 and bad.stderr.startswith(f"error: --tag: {message}"), bad.stderr
+    twice = run(app, *base, "--tag", "team=ml", "--tag", "team=ops")
+    assert twice.exit_code == 2 and "'team' is given twice ('ml' and 'ops')" in twice.stderr, twice.stderr
     bad = run(app, *base, "--security-group-id", "sg-1")
     assert bad.exit_code == 2 and bad.stderr.startswith("error: --security-group-id: 'sg-1' is not a security group ID"), bad.stderr
 

@@ -408,6 +408,43 @@ def test_aws_security_groups_are_every_nodes_and_the_header_says_what_they_must_
         cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, security_group_ids=groups))
 
 
+def test_tags_go_on_every_aws_instance_and_volume_and_every_gcp_node() -> None:
+    """Cost allocation, or an organisation policy that refuses untagged instances."""
+    tags = {"team": "ml", "cost-center": "4201"}
+    aws = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, tags=tags))["available_node_types"]
+    expected = [{"Key": "team", "Value": "ml"}, {"Key": "cost-center", "Value": "4201"}]
+    assert {name: node["node_config"]["TagSpecifications"] for name, node in aws.items()} == dict.fromkeys(
+        ("head", "spot-a", "on-demand"), [{"ResourceType": "instance", "Tags": expected}, {"ResourceType": "volume", "Tags": expected}])
+    gcp = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, tags=tags))["available_node_types"]
+    assert all(node["node_config"]["labels"] == tags for node in gcp.values())
+    for cloud in VmCloud:
+        assert validate_text(render_cluster_launcher(make_job(LADDERS[2]), opts(cloud, tags=tags))).ok
+    untagged = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS))["available_node_types"]
+    assert not any("TagSpecifications" in node["node_config"] for node in untagged.values())
+
+
+@pytest.mark.parametrize(("cloud", "tags", "message"), [
+    (VmCloud.AWS, {"ray-node-type": "x"}, "tags: 'ray-node-type' is one of Ray's own tags"),
+    (VmCloud.AWS, {"Name": "x"}, "tags: 'Name' is one of Ray's own tags"),
+    (VmCloud.GCP, {"ray-cluster-name": "x"}, "tags: 'ray-cluster-name' is one of Ray's own tags"),
+    (VmCloud.AWS, {"aws:team": "ml"}, "tags: aws:team=ml is refused by the cloud: an AWS tag's key has 1-128"),
+    (VmCloud.AWS, {"team": "a|b"}, "tags: team=a|b is refused by the cloud"),
+    (VmCloud.AWS, {"k" * 129: "x"}, "tags: " + "k" * 129 + "=x is refused by the cloud"),
+    (VmCloud.GCP, {"Team": "ml"}, "tags: Team=ml is refused by the cloud: a GCP label's key has 1-63 lowercase letters"),
+    (VmCloud.GCP, {"team": "ML"}, "tags: team=ML is refused by the cloud"),
+    (VmCloud.GCP, {"1team": "ml"}, "tags: 1team=ml is refused by the cloud"),
+    (VmCloud.GCP, {"team": "m.l"}, "tags: team=m.l is refused by the cloud"),
+])
+def test_a_tag_the_cloud_or_ray_would_refuse_is_refused(cloud: VmCloud, tags: dict[str, str], message: str) -> None:
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        cluster_launcher_config(make_job(LADDERS[2]), opts(cloud, tags=tags))
+
+
+def test_tags_the_clouds_allow_beyond_ascii_are_kept() -> None:
+    assert cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, tags={"équipe": "données", "empty": ""}))
+    assert cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, tags={"Équipe": "Données / ML", "empty": ""}))
+
+
 def test_internal_ips_on_aws_let_private_subnets_in_and_say_where_ray_up_runs() -> None:
     options = opts(VmCloud.AWS, subnet_ids=("subnet-89abcdef",), internal_ips=True)
     config = cluster_launcher_config(make_job(LADDERS[2]), options)

@@ -581,6 +581,37 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
         configured("subnet-0000000a", groups=("sg-0000000d",))
 
 
+def test_rays_aws_node_provider_adds_a_generated_files_tags_to_its_own():
+    """launcher's tags: AWSNodeProvider._merge_tag_specs (aws/node_provider.py, which needs boto3
+    to import, so it is run from its source here) adds the node config's instance tags to Ray's
+    own, replacing a Ray tag of the same key (hence ray-... and Name are refused), and launches
+    the other resource types' specs (the volumes') as they are."""
+    import ast
+    import importlib.util
+    import typing
+
+    from spotfallback.config import JobConfig
+    from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
+
+    source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/aws/node_provider.py"
+    provider = next(n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "AWSNodeProvider")
+    merge = next(n for n in provider.body if isinstance(n, ast.FunctionDef) and n.name == "_merge_tag_specs")
+    merge.decorator_list = []
+    scope = {name: getattr(typing, name) for name in ("List", "Dict", "Any")}  # the annotations in its signature
+    exec(compile(ast.Module(body=[merge], type_ignores=[]), str(source), "exec"), scope)
+    tier = {"name": "spot", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 4},
+            "label_selector": {"ray.io/market-type": "spot"}}
+    job = JobConfig.model_validate({"name": "j", "storage_path": "s3://b/r", "entrypoint": "m:f", "tiers": [tier]})
+    config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, region="us-east-1", tags={"team": "ml"}))
+    rays = [{"ResourceType": "instance", "Tags": [{"Key": "ray-cluster-name", "Value": "j"}, {"Key": "Name", "Value": "ray-j-worker"}]}]
+    scope["_merge_tag_specs"](rays, config["available_node_types"]["spot"]["node_config"]["TagSpecifications"])
+    assert rays == [
+        {"ResourceType": "instance", "Tags": [{"Key": "ray-cluster-name", "Value": "j"}, {"Key": "Name", "Value": "ray-j-worker"},
+                                              {"Key": "team", "Value": "ml"}]},
+        {"ResourceType": "volume", "Tags": [{"Key": "team", "Value": "ml"}]},
+    ]
+
+
 def test_nothing_ray_private_is_imported_without_a_pin_here():
     """A new private Ray import anywhere in the package must come with a pin in this file."""
     pinned = {

@@ -58,6 +58,7 @@ _OPTION_OF = {
     "subnetwork": "--subnetwork",
     "subnet_ids": "--subnet-id",
     "security_group_ids": "--security-group-id",
+    "tags": "--tag",
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
@@ -298,6 +299,18 @@ def _instance_types(entries: list[str]) -> dict[str, str]:
     return pairs
 
 
+def _tags(entries: list[str]) -> dict[str, str]:
+    tags: dict[str, str] = {}
+    for entry in entries:
+        key, sep, value = entry.partition("=")
+        if not sep or not key:
+            _fail(f"--tag: expected KEY=VALUE, got {entry!r}")
+        if key in tags and tags[key] != value:
+            _fail(f"--tag: {key!r} is given twice ({tags[key]!r} and {value!r}); give each key once")
+        tags[key] = value
+    return tags
+
+
 def launcher_command(
     cloud: Annotated[str, typer.Option(help="aws | gcp: cloud of the VMs.")],
     job: JobOpt,
@@ -333,6 +346,11 @@ def launcher_command(
         list[str] | None,
         typer.Option(help="AWS security group ID for every node (repeatable), instead of the one Ray's launcher makes; "
                           "the groups must let the nodes reach each other on every port and ssh in."),
+    ] = None,
+    tag: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE (repeatable): a tag on every node and its volumes (AWS) or a label on every node "
+                          "(GCP), for cost allocation or an organisation's policy."),
     ] = None,
     internal_ips: Annotated[
         bool,
@@ -373,6 +391,7 @@ def launcher_command(
         _fail(f"--instance-profile: {instance_profile!r} is not an instance profile ARN; give one such as "
               "'arn:aws:iam::123456789012:instance-profile/ray-worker' (the role's profile, not the role)")
     types = _instance_types(instance_type or [])
+    tags = _tags(tag or [])
     if head_instance_type is not None and not head_instance_type.strip():
         _fail("--head-instance-type: empty; give the head's instance or machine type, or leave the option out for "
               "the default")
@@ -395,6 +414,7 @@ def launcher_command(
             subnetwork=subnetwork,
             subnet_ids=tuple(subnet_id or ()),
             security_group_ids=tuple(security_group_id or ()),
+            tags=tags,
             internal_ips=internal_ips,
         )
         text = render_cluster_launcher(config, opts)

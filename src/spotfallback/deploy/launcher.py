@@ -94,7 +94,8 @@ class LauncherOptions:
     than the project's default network or the region's first subnet, which Ray's launcher picks.
     ``subnet_ids`` (AWS) are the subnets every node may launch in, in the order Ray's launcher
     tries them, rather than the default VPC's; ``security_group_ids`` (AWS) are every node's
-    security groups, rather than the one Ray's launcher makes. ``internal_ips`` has ``ray up`` reach the nodes by
+    security groups, rather than the one Ray's launcher makes. ``tags`` go on every node (and, on
+    AWS, its volumes): AWS tags or GCP labels, for cost allocation or an organisation's policy. ``internal_ips`` has ``ray up`` reach the nodes by
     their private IPs, so it runs inside the network; AWS nodes may then be in private subnets,
     and GCP nodes get no external IP.
     """
@@ -120,6 +121,7 @@ class LauncherOptions:
     subnet_ids: Sequence[str] = ()
     security_group_ids: Sequence[str] = ()
     internal_ips: bool = False
+    tags: Mapping[str, str] = field(default_factory=dict)
 
 
 def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
@@ -288,6 +290,43 @@ def _aws_network(node_types: dict[str, Any], opts: LauncherOptions) -> None:
             node_type["node_config"]["SecurityGroupIds"] = list(groups)
 
 
+# What each cloud takes as a tag (AWS) or label (GCP): AWS keys of 1-128 and values of up to 256
+# letters, digits, spaces and + - = . _ : / @, keys not starting with aws:; GCP keys of 1-63
+# lowercase letters (international ones too), digits, _ and -, starting with a letter, values of
+# up to 63 of the same. Ray's own tags and labels start with ray- (AWS also has Name, the node's
+# name), and a tag of the same key would replace Ray's on AWS, or be replaced by it on GCP.
+_AWS_TAG_TEXT = r"[\w .:/=+\-@]"
+_TAG_RULES: dict[VmCloud, tuple[re.Pattern[str], re.Pattern[str], str]] = {
+    VmCloud.AWS: (re.compile(rf"(?!aws:){_AWS_TAG_TEXT}{{1,128}}"), re.compile(rf"{_AWS_TAG_TEXT}{{0,256}}"),
+                  "an AWS tag's key has 1-128 and its value up to 256 letters, digits, spaces and + - = . _ : / @, the key "
+                  "not starting with aws:"),
+    VmCloud.GCP: (re.compile(r"[^\W\d_][\w-]{0,62}"), re.compile(r"[\w-]{0,63}"),
+                  "a GCP label's key has 1-63 lowercase letters, digits, _ and -, starting with a letter, and its value up "
+                  "to 63 of the same"),
+}
+
+
+def _tag_nodes(node_types: dict[str, Any], opts: LauncherOptions) -> None:
+    """Put ``opts.tags`` on every node: AWS tags on the instance and its volumes, GCP labels."""
+    key_re, value_re, rule = _TAG_RULES[opts.cloud]
+    for key, value in opts.tags.items():
+        if key.startswith("ray-") or (opts.cloud is VmCloud.AWS and key == "Name"):
+            raise ConfigError(f"tags: {key!r} is one of Ray's own tags (ray-..., and Name on AWS), which the launcher sets "
+                              "on every node; choose another key")
+        lowercase = opts.cloud is VmCloud.AWS or f"{key}{value}" == f"{key}{value}".lower()
+        if not key_re.fullmatch(key) or not value_re.fullmatch(value) or not lowercase:
+            raise ConfigError(f"tags: {key}={value} is refused by the cloud: {rule}")
+    if not opts.tags:
+        return
+    for node_type in node_types.values():
+        if opts.cloud is VmCloud.AWS:
+            tags = [{"Key": key, "Value": value} for key, value in opts.tags.items()]
+            node_type["node_config"]["TagSpecifications"] = [
+                {"ResourceType": kind, "Tags": [dict(tag) for tag in tags]} for kind in ("instance", "volume")]
+        else:
+            node_type["node_config"]["labels"] = dict(opts.tags)
+
+
 def _gcp_interface(nic_type: str | None = None) -> dict[str, Any]:
     """The interface Ray's launcher gives a node config without one (``gcp/config.py``,
     ``_configure_subnet``) less its subnet: an ephemeral external IP for ssh, pip and image pulls."""
@@ -405,6 +444,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         _share_network(node_types, subnetwork, external_ips=not opts.internal_ips)
     else:
         _aws_network(node_types, opts)
+    _tag_nodes(node_types, opts)
     if opts.internal_ips:
         provider["use_internal_ips"] = True
     config: dict[str, Any] = {
