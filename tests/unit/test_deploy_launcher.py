@@ -372,6 +372,8 @@ def test_aws_subnets_are_every_nodes_in_the_order_given() -> None:
     # Without subnets Ray's launcher picks the default VPC's, so no node config names one.
     one = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, subnet_ids="subnet-89abcdef"))
     assert one["available_node_types"]["head"]["node_config"]["SubnetIds"] == ["subnet-89abcdef"]
+    assert "# Every node launches in subnet subnet-89abcdef: " in render_cluster_launcher(
+        make_job(LADDERS[2]), opts(VmCloud.AWS, subnet_ids="subnet-89abcdef"))
     plain = cluster_launcher_config(make_job(LADDERS[3]), opts(VmCloud.AWS))
     assert not any("SubnetIds" in node["node_config"] for node in plain["available_node_types"].values())
 

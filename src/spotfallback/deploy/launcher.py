@@ -95,9 +95,9 @@ class LauncherOptions:
     ``subnet_ids`` (AWS) are the subnets every node may launch in, in the order Ray's launcher
     tries them, rather than the default VPC's; ``security_group_ids`` (AWS) are every node's
     security groups, rather than the one Ray's launcher makes. ``tags`` go on every node (and, on
-    AWS, its volumes): AWS tags or GCP labels, for cost allocation or an organisation's policy. ``internal_ips`` has ``ray up`` reach the nodes by
-    their private IPs, so it runs inside the network; AWS nodes may then be in private subnets,
-    and GCP nodes get no external IP.
+    AWS, its volumes): AWS tags or GCP labels, for cost allocation or an organisation's policy.
+    ``internal_ips`` has ``ray up`` reach the nodes by their private IPs, so it runs inside the
+    network; AWS nodes may then be in private subnets, and GCP nodes get no external IP.
     """
 
     cloud: VmCloud
@@ -275,14 +275,19 @@ def _aws_ids(values: Sequence[str], field: str, prefix: str, what: str, lister: 
     return ids
 
 
+def _aws_network_ids(opts: LauncherOptions) -> tuple[list[str], list[str]]:
+    """``opts``' subnet and security group IDs, checked."""
+    return (_aws_ids(opts.subnet_ids, "subnet_ids", "subnet", "a subnet", "describe-subnets"),
+            _aws_ids(opts.security_group_ids, "security_group_ids", "sg", "a security group", "describe-security-groups"))
+
+
 def _aws_network(node_types: dict[str, Any], opts: LauncherOptions) -> None:
     """Put every AWS node type in ``opts``' subnets and security groups, where it names any.
 
     Ray's launcher launches a node in the first subnet and tries the next where a launch fails
     (no capacity in its zone). A node type with security groups gets none of Ray's own.
     """
-    subnets = _aws_ids(opts.subnet_ids, "subnet_ids", "subnet", "a subnet", "describe-subnets")
-    groups = _aws_ids(opts.security_group_ids, "security_group_ids", "sg", "a security group", "describe-security-groups")
+    subnets, groups = _aws_network_ids(opts)
     for node_type in node_types.values():
         if subnets:
             node_type["node_config"]["SubnetIds"] = list(subnets)
@@ -533,19 +538,19 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
                      "(Ray's ports) and let ssh in from where `ray up` runs.")
     elif gvnic:
         lines.append("Every node type is on the project's default network; to use another, pass --subnetwork.")
-    if opts.cloud is VmCloud.AWS and opts.subnet_ids:
-        first, *rest = opts.subnet_ids
+    subnets, groups = _aws_network_ids(opts) if opts.cloud is VmCloud.AWS else ([], [])
+    if subnets:
+        first, *rest = subnets
         then = f" (then {', '.join(rest)}, in that order, where a launch finds no capacity)" if rest else ""
         zone = opts.zone or shared_label(job, ZONE_LABEL)
         lines.append(f"Every node launches in subnet {first}{then}: the subnets must be in one VPC"
                      + (f", in zone {zone}" if zone else "")
                      + ("" if opts.internal_ips else ", and give instances a public IP on launch (for a private subnet, "
                         "pass --internal-ips)")
-                     + ("." if opts.security_group_ids else
+                     + ("." if groups else
                         "; Ray's launcher makes the VPC a security group that lets the nodes reach each other and ssh in."))
-    if opts.cloud is VmCloud.AWS and opts.security_group_ids:
-        lines.append(f"Every node is in security group{'s' * (len(opts.security_group_ids) > 1)} "
-                     f"{', '.join(opts.security_group_ids)}, and Ray's launcher makes none of its own: the groups must be "
+    if groups:
+        lines.append(f"Every node is in security group{'s' * (len(groups) > 1)} {', '.join(groups)}, and Ray's launcher makes none of its own: the groups must be "
                      "in one VPC (the subnets') and let the nodes reach each other on every port (Ray's) and ssh in from "
                      "where `ray up` runs.")
     if opts.internal_ips:
