@@ -466,23 +466,36 @@ def test_the_launchers_node_providers_are_rays():
     assert set(_NODE_PROVIDERS) == RAY_NODE_PROVIDERS
 
 
+def define_from_ray_source(relative: str, names: set[str], scope: dict, within: str | None = None) -> None:
+    """Define Ray's functions ``names`` (methods of class ``within``, as plain functions) in
+    ``scope`` from the source of ``relative`` under ray/, for modules whose imports (boto3,
+    Google's client libraries) are not installed here; ``scope`` gives the names they use."""
+    import ast
+    import importlib.util
+
+    source = Path(importlib.util.find_spec("ray").origin).parent / relative
+    body = ast.parse(source.read_text()).body
+    if within is not None:
+        body = next(n for n in body if isinstance(n, ast.ClassDef) and n.name == within).body
+    funcs = [n for n in body if isinstance(n, ast.FunctionDef) and n.name in names]
+    assert {f.name for f in funcs} == names, f"{relative} no longer defines {sorted(names - {f.name for f in funcs})}"
+    for func in funcs if within is not None else ():
+        func.decorator_list = []  # staticmethod: a plain function here
+    exec(compile(ast.Module(body=funcs, type_ignores=[]), str(source), "exec"), scope)
+
+
 def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
     """launcher._share_network: Ray's _configure_subnet (run by ray up; gcp/config.py, which needs
     Google's client libraries to import, so it is run from its source here) fills networkInterfaces
     only where a node config has none, and looks up no subnet when every one has its own."""
-    import ast
     import copy
-    import importlib.util
 
     from spotfallback.config import JobConfig
     from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
 
-    source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/gcp/config.py"
-    tree = ast.parse(source.read_text())
-    func = next(n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "_configure_subnet")
     subnet = {"selfLink": "projects/p/regions/us-central1/subnetworks/ray-pick"}
     scope = {"copy": copy, "_list_subnets": lambda config, compute: [subnet]}
-    exec(compile(ast.Module(body=[func], type_ignores=[]), str(source), "exec"), scope)
+    define_from_ray_source("autoscaler/_private/gcp/config.py", {"_configure_subnet"}, scope)
     tier = {"name": "h100", "market": "spot", "num_workers": 1, "use_gpu": True, "resources_per_worker": {"CPU": 100, "GPU": 8},
             "label_selector": {"ray.io/market-type": "spot", "ray.io/accelerator-type": "H100"}}
     job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [tier]})
@@ -511,10 +524,8 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
     security groups' VPC, in the provider's zone, and map public IPs on launch unless
     use_internal_ips is set (otherwise ray up stops before launching anything), and make no
     security group where every node type names its own."""
-    import ast
     import copy
     import functools
-    import importlib.util
     import typing
     from collections import Counter
     from types import SimpleNamespace
@@ -524,11 +535,6 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
 
     from spotfallback.config import JobConfig
     from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
-
-    source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/aws/config.py"
-    wanted = {"_configure_subnet", "_usable_subnet_ids", "_get_subnets_or_die", "_get_vpc_id_of_sg", "_configure_security_group"}
-    funcs = [n for n in ast.parse(source.read_text()).body if isinstance(n, ast.FunctionDef) and n.name in wanted]
-    assert {f.name for f in funcs} == wanted
 
     def subnet(name: str, zone: str, vpc: str = "vpc-1", public: bool = True) -> SimpleNamespace:
         return SimpleNamespace(subnet_id=name, availability_zone=zone, vpc_id=vpc, state="available",
@@ -557,7 +563,8 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
     scope = {**{name: getattr(typing, name) for name in ("Any", "List", "Optional", "Set", "Tuple")}, "Counter": Counter,
              "lru_cache": functools.lru_cache,
              "cli_logger": cli_logger, "_resource": lambda name, config: ec2, "_set_config_info": lambda **kw: None}
-    exec(compile(ast.Module(body=funcs, type_ignores=[]), str(source), "exec"), scope)
+    define_from_ray_source("autoscaler/_private/aws/config.py", {
+        "_configure_subnet", "_usable_subnet_ids", "_get_subnets_or_die", "_get_vpc_id_of_sg", "_configure_security_group"}, scope)
     tier = {"name": "spot", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4},
             "label_selector": {"ray.io/market-type": "spot"}}
     job = JobConfig.model_validate({"name": "j", "storage_path": "s3://b/r", "entrypoint": "m:f", "tiers": [tier]})
@@ -586,19 +593,13 @@ def test_rays_aws_node_provider_adds_a_generated_files_tags_to_its_own():
     to import, so it is run from its source here) adds the node config's instance tags to Ray's
     own, replacing a Ray tag of the same key (hence ray-... and Name are refused), and launches
     the other resource types' specs (the volumes') as they are."""
-    import ast
-    import importlib.util
     import typing
 
     from spotfallback.config import JobConfig
     from spotfallback.deploy.launcher import LauncherOptions, VmCloud, cluster_launcher_config
 
-    source = Path(importlib.util.find_spec("ray").origin).parent / "autoscaler/_private/aws/node_provider.py"
-    provider = next(n for n in ast.parse(source.read_text()).body if isinstance(n, ast.ClassDef) and n.name == "AWSNodeProvider")
-    merge = next(n for n in provider.body if isinstance(n, ast.FunctionDef) and n.name == "_merge_tag_specs")
-    merge.decorator_list = []
     scope = {name: getattr(typing, name) for name in ("List", "Dict", "Any")}  # the annotations in its signature
-    exec(compile(ast.Module(body=[merge], type_ignores=[]), str(source), "exec"), scope)
+    define_from_ray_source("autoscaler/_private/aws/node_provider.py", {"_merge_tag_specs"}, scope, within="AWSNodeProvider")
     tier = {"name": "spot", "market": "spot", "num_workers": 1, "resources_per_worker": {"CPU": 4},
             "label_selector": {"ray.io/market-type": "spot"}}
     job = JobConfig.model_validate({"name": "j", "storage_path": "s3://b/r", "entrypoint": "m:f", "tiers": [tier]})
