@@ -125,6 +125,27 @@ def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp
     assert checked.exit_code == 0 and checked.stdout == f"{saved}: ok (RayJob)\n"
 
 
+def test_kuberay_labels_and_priority_class(app: typer.Typer, job_file: Path) -> None:
+    base = ("kuberay", "--cloud", "eks-karpenter", "--job", job_file)
+    result = run(app, *base, "--label", "team=ml", "--label", "example.com/cost-center=", "--priority-class", "training")
+    assert result.exit_code == 0, result.stderr
+    manifest = yaml.safe_load(result.stdout)
+    labels = {"spotfallback/run": "churn-model", "team": "ml", "example.com/cost-center": ""}
+    assert manifest["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "spotfallback", **labels}
+    head = manifest["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]
+    assert head["metadata"]["labels"] == labels and head["spec"]["priorityClassName"] == "training"
+    for args, message in (
+        (("--label", "team"), "--label: expected KEY=VALUE, got 'team'"),
+        (("--label", "team=ml", "--label", "team=ops"), "--label: 'team' is given twice ('ml' and 'ops')"),
+        (("--label", "ray.io/group=x"), "--label: 'ray.io/group' is a key the file, KubeRay or Kubernetes sets itself"),
+        (("--label", "team=ml ops"), "--label: team=ml ops: invalid label value 'ml ops'"),
+        (("--priority-class", "Training"), "--priority-class: 'Training' is not a Kubernetes object name"),
+        (("--priority-class", "system-node-critical"), "--priority-class: 'system-node-critical': system-... classes"),
+    ):
+        bad = run(app, *base, *args)
+        assert bad.exit_code == 2 and not bad.stdout and bad.stderr.startswith(f"error: {message}"), bad.stderr
+
+
 def test_unique_name_makes_a_new_run(app: typer.Typer, job_file: Path) -> None:
     result = run(app, "kuberay", "--cloud", "aks", "--job", job_file, "--unique-name")
     assert result.exit_code == 0

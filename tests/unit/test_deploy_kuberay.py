@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shlex
 from datetime import UTC, datetime
 from pathlib import Path
@@ -227,6 +228,51 @@ def test_rayjob_fields_and_options() -> None:
         kuberay_manifest(make_job(LADDERS[1]), KubeRayOptions(cloud=K8sCloud.GKE, kind=Kind.RAYCLUSTER, pip=("x",)))
 
 
+def pod_templates(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    return [cluster(manifest)["headGroupSpec"]["template"], *(g["template"] for g in groups(manifest))]
+
+
+@pytest.mark.parametrize("kind", list(Kind))
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_labels_and_priority_class_reach_the_object_and_every_pod(cloud: K8sCloud, kind: Kind) -> None:
+    labels = {"team": "forecasting", "example.com/cost-center": "1234", "empty": ""}
+    opts = KubeRayOptions(cloud=cloud, kind=kind, image="registry.example.com/ml/churn:1", labels=labels,
+                          priority_class="training-high")
+    job = make_job(LADDERS[3], name="Churn_Model.v1=final")  # not a label value as it is: the label holds k8s_name's form
+    text = render_kuberay(job, opts)
+    assert validate_text(text).ok
+    manifest = yaml.safe_load(text)
+    run = {"spotfallback/run": k8s_name("Churn_Model.v1=final", 63)}
+    assert manifest["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "spotfallback", **run, **labels}
+    templates = pod_templates(manifest)
+    assert len(templates) == 4
+    assert all(t["metadata"]["labels"] == {**run, **labels} for t in templates)
+    assert all(t["spec"]["priorityClassName"] == "training-high" for t in templates)
+    # The header says how to list the run's pods, by the label every pod carries.
+    assert f"kubectl get pods -l spotfallback/run={run['spotfallback/run']}" in text
+    plain = kuberay_manifest(make_job(LADDERS[2]), KubeRayOptions(cloud=cloud, kind=kind))
+    assert all(t["metadata"]["labels"] == {"spotfallback/run": "churn-model"} and "priorityClassName" not in t["spec"]
+               for t in pod_templates(plain))
+
+
+@pytest.mark.parametrize(("labels", "priority_class", "message"), [
+    ({"ray.io/node-type": "worker"}, None, "labels: 'ray.io/node-type' is a key the file, KubeRay or Kubernetes sets itself"),
+    ({"spotfallback/run": "other"}, None, "labels: 'spotfallback/run' is a key"),
+    ({"app.kubernetes.io/managed-by": "helm"}, None, "labels: 'app.kubernetes.io/managed-by' is a key"),
+    ({"kubernetes.io/arch": "amd64"}, None, "labels: 'kubernetes.io/arch' is a key"),
+    ({"Example.com/team": "a"}, None, "labels: Example.com/team=a: invalid label key"),
+    ({"team": "a b"}, None, "labels: team=a b: invalid label value"),
+    ({"team": "x" * 64}, None, f"labels: team={'x' * 64}: invalid label value"),
+    ({}, "system-cluster-critical", "priority_class: 'system-cluster-critical': system-... classes are for the cluster's own pods"),
+    ({}, "High_Priority", "priority_class: 'High_Priority' is not a Kubernetes object name"),
+])
+def test_labels_and_priority_classes_the_api_server_or_the_file_would_refuse(labels, priority_class, message) -> None:
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        KubeRayOptions(cloud=K8sCloud.GKE, labels=labels, priority_class=priority_class)
+    # The recommended app.kubernetes.io/ labels other than managed-by are the user's to set.
+    assert KubeRayOptions(cloud=K8sCloud.GKE, labels={"app.kubernetes.io/part-of": "forecasting"}).labels
+
+
 @pytest.mark.parametrize(("image", "pip", "installed", "agent"), [
     (None, (), [f"spotfallback=={__version__}"], False),
     ("rayproject/ray:2.60.0-py311-gpu", (), [f"spotfallback=={__version__}"], False),
@@ -430,6 +476,8 @@ def test_a_ladder_across_clusters_gives_one_valid_raycluster_per_cluster(cloud: 
     docs = list(yaml.safe_load_all(text))
     assert [d["kind"] for d in docs] == ["RayCluster", "RayCluster"]
     assert [d["metadata"]["labels"]["spotfallback/cluster"] for d in docs] == ["east", "west"]
+    # Every pod says its run and its cluster too.
+    assert [{t["metadata"]["labels"]["spotfallback/cluster"] for t in pod_templates(d)} for d in docs] == [{"east"}, {"west"}]
     # Each cluster holds its own tiers; only the ladder's first tier starts with workers.
     assert [[(g["groupName"], g["replicas"]) for g in groups(d)] for d in docs] == [
         [("spot-a", 2), ("on-demand", 0)], [("spot-b", 0)]]

@@ -208,6 +208,12 @@ def _ray_container(doc: dict[str, Any]) -> dict[str, Any]:
          "spec.headGroupSpec.template.spec.tolerations[0].tolerationSeconds: only a NoExecute toleration"),
         (lambda d: _head_pod(d).update(nodeSelector={"pool": "a b"}),
          "spec.headGroupSpec.template.spec.nodeSelector.pool: invalid label value 'a b'"),
+        (lambda d: d["spec"]["headGroupSpec"]["template"].update(metadata={"labels": {"team": "ml", "cost center": "1"}}),
+         'spec.headGroupSpec.template.metadata.labels["cost center"]: invalid label key \'cost center\''),
+        (lambda d: d["spec"]["workerGroupSpecs"][0]["template"].update(metadata={"labels": {"team": "-ml"}}),
+         "spec.workerGroupSpecs[0].template.metadata.labels.team: invalid label value '-ml'"),
+        (lambda d: _head_pod(d).update(priorityClassName="High"),
+         "spec.headGroupSpec.template.spec.priorityClassName: 'High' is not a Kubernetes object name"),
     ],
 )
 def test_a_pod_template_the_api_server_would_refuse_is_named(mutate: Callable[[dict[str, Any]], None], message: str) -> None:
@@ -216,6 +222,13 @@ def test_a_pod_template_the_api_server_would_refuse_is_named(mutate: Callable[[d
     mutate(doc)
     found = errors(doc)
     assert len(found) == 1 and found[0].startswith(message), found
+
+
+def test_object_labels_the_api_server_would_refuse_are_named() -> None:
+    doc = sample(CLUSTER_SAMPLE)
+    doc["metadata"]["labels"] = {"team": "ml", "Example.com/owner": "me"}
+    assert errors(doc) == ['metadata.labels["Example.com/owner"]: invalid label key \'Example.com/owner\': an optional DNS '
+                           "prefix and '/', then 1-63 alphanumerics, '-', '_' or '.'"]
 
 
 def _gke_not_spot_only(pod: dict[str, Any]) -> None:

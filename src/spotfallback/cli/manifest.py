@@ -59,6 +59,8 @@ _OPTION_OF = {
     "subnet_ids": "--subnet-id",
     "security_group_ids": "--security-group-id",
     "tags": "--tag",
+    "labels": "--label",
+    "priority_class": "--priority-class",
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
@@ -233,13 +235,24 @@ def kuberay_command(
             + ").",
         ),
     ] = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(help="KEY=VALUE (repeatable): a label on the object and every pod, beside spotfallback/run, for cost "
+                          "allocation or a cluster's policies."),
+    ] = None,
+    priority_class: Annotated[
+        str | None, typer.Option(help="PriorityClass of every pod (priorityClassName): they are scheduled before pods of "
+                                      "lower priority, and only pods of higher priority may evict them.")
+    ] = None,
     out: OutOpt = None,
     force: ForceOpt = False,
 ) -> None:
     """Write a KubeRay RayJob (or RayCluster): on-demand head, one worker group per tier."""
     k8s_cloud = _choice("--cloud", cloud, K8sCloud)
     _check_out(out, force, job)
-    _check_options(image, name, namespace=namespace, service_account=service_account, storage_secret=storage_secret, storage_pvc=storage_pvc)
+    _check_options(image, name, namespace=namespace, service_account=service_account, storage_secret=storage_secret,
+                   storage_pvc=storage_pvc, priority_class=priority_class)
+    labels = _key_values("--label", label)
     config, run_name = _load(job, name, unique_name)
     default_kind = Kind.RAYCLUSTER if config.ladder.across_clusters else Kind.RAYJOB
     kind_ = default_kind if kind is None else _choice("--kind", kind, Kind)
@@ -266,6 +279,8 @@ def kuberay_command(
             ttl_seconds_after_finished=chosen["ttl_seconds_after_finished"],
             notice_agent=notice_agent,
             spot_grace_seconds=spot_grace,
+            labels=labels,
+            priority_class=priority_class,
         )
         text = render_kuberay(config, opts)
     except ConfigError as e:
@@ -299,16 +314,17 @@ def _instance_types(entries: list[str]) -> dict[str, str]:
     return pairs
 
 
-def _tags(entries: list[str]) -> dict[str, str]:
-    tags: dict[str, str] = {}
-    for entry in entries:
+def _key_values(option: str, entries: list[str] | None) -> dict[str, str]:
+    """The KEY=VALUE entries of a repeatable ``option`` (a value may be empty), each key once."""
+    pairs: dict[str, str] = {}
+    for entry in entries or ():
         key, sep, value = entry.partition("=")
         if not sep or not key:
-            _fail(f"--tag: expected KEY=VALUE, got {entry!r}")
-        if key in tags and tags[key] != value:
-            _fail(f"--tag: {key!r} is given twice ({tags[key]!r} and {value!r}); give each key once")
-        tags[key] = value
-    return tags
+            _fail(f"{option}: expected KEY=VALUE, got {entry!r}")
+        if key in pairs and pairs[key] != value:
+            _fail(f"{option}: {key!r} is given twice ({pairs[key]!r} and {value!r}); give each key once")
+        pairs[key] = value
+    return pairs
 
 
 def launcher_command(
@@ -391,7 +407,7 @@ def launcher_command(
         _fail(f"--instance-profile: {instance_profile!r} is not an instance profile ARN; give one such as "
               "'arn:aws:iam::123456789012:instance-profile/ray-worker' (the role's profile, not the role)")
     types = _instance_types(instance_type or [])
-    tags = _tags(tag or [])
+    tags = _key_values("--tag", tag)
     if head_instance_type is not None and not head_instance_type.strip():
         _fail("--head-instance-type: empty; give the head's instance or machine type, or leave the option out for "
               "the default")

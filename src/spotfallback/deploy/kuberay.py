@@ -32,8 +32,8 @@ from 1.5.1 (Ray's "KubeRay label-based scheduling" guide).
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
 from enum import StrEnum
 from typing import Any
 
@@ -61,6 +61,7 @@ from spotfallback.deploy.common import (
     installs_spotfallback,
     is_stock_image,
     k8s_name,
+    object_name_error,
     parse_quantity,
     tier_labels,
     to_yaml,
@@ -70,7 +71,7 @@ from spotfallback.deploy.common import (
 )
 from spotfallback.deploy.machines import machine_fit_error, machine_memory_error
 from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_pool
-from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
+from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text, label_problem
 from spotfallback.errors import ConfigError
 
 API_VERSION = "ray.io/v1"
@@ -90,6 +91,12 @@ NOTICE_AGENT_COMMAND = ["spotfallback", "notice-agent"]
 MIN_SPOT_GRACE_S = DRAIN_MARGIN_S + 1
 # The oldest operator that keeps every field these files use (see the module docstring).
 MIN_KUBERAY_VERSION = "1.5.1"
+# The run's label, on the object and every pod; the label keys a user's labels must leave alone:
+# ours, KubeRay's and Ray's (ray.io/cluster, ray.io/node-type...), and Kubernetes' reserved prefixes.
+RUN_LABEL = "spotfallback/run"
+CLUSTER_LABEL = "spotfallback/cluster"
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+_OWN_LABEL_PREFIXES = ("spotfallback/", "ray.io/", "kubernetes.io/", "k8s.io/")
 # Ray Train polls for drains every 5 s by default; a 15 s notice needs a quicker look.
 PREEMPTION_POLL_ENV = {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"}
 
@@ -129,6 +136,10 @@ class KubeRayOptions:
     either way Ray drains a spot node on its SIGTERM. ``spot_grace_seconds``: the spot pods'
     ``terminationGracePeriodSeconds``, default per cloud (``clouds.SPOT_SHUTDOWN``); it must fit
     in the cloud's notice, and Ray's drain window is set ``DRAIN_MARGIN_S`` shorter.
+    ``labels`` go on the object and every pod, beside ``spotfallback/run`` (the run's name, on
+    both): cost allocation (GKE's, OpenCost's) and a cluster's admission policies read pod labels.
+    ``priority_class`` is every pod's ``priorityClassName``: on a shared cluster, the pods are
+    scheduled before pods of lower priority, and only pods of higher priority may evict them.
     """
 
     cloud: K8sCloud
@@ -150,8 +161,19 @@ class KubeRayOptions:
     idle_timeout_seconds: int = 60
     notice_agent: bool | None = None
     spot_grace_seconds: int | None = None
+    labels: Mapping[str, str] = field(default_factory=dict)
+    priority_class: str | None = None
 
     def __post_init__(self) -> None:
+        _check_labels(self.labels)
+        if self.priority_class is not None:
+            if problem := object_name_error(self.priority_class):
+                raise ConfigError(f"priority_class: {problem}")
+            if self.priority_class.startswith("system-"):
+                raise ConfigError(
+                    f"priority_class: {self.priority_class!r}: system-... classes are for the cluster's own pods, "
+                    "which Kubernetes admits only in kube-system; name a PriorityClass of your cluster's"
+                )
         for name, low in (
             ("backoff_limit", 0),
             ("active_deadline_seconds", 1),
@@ -186,6 +208,18 @@ class KubeRayOptions:
     @property
     def grace_seconds(self) -> int:
         return self.spot_grace_seconds or SPOT_SHUTDOWN[self.cloud].grace_s
+
+
+def _check_labels(labels: Mapping[str, str]) -> None:
+    """Refuse labels the API server would refuse, and keys that KubeRay, Kubernetes or this file set themselves."""
+    for key, value in labels.items():
+        if problem := label_problem(key, value):
+            raise ConfigError(f"labels: {key}={value}: {problem}")
+        if key == MANAGED_BY_LABEL or key.startswith(_OWN_LABEL_PREFIXES):
+            raise ConfigError(
+                f"labels: {key!r} is a key the file, KubeRay or Kubernetes sets itself ({MANAGED_BY_LABEL}, "
+                f"{', '.join(p + '...' for p in _OWN_LABEL_PREFIXES)}); choose another key"
+            )
 
 
 def rayjob_entrypoint(job: JobConfig, ray_address: str = "auto") -> str:
@@ -281,6 +315,8 @@ def _pod_spec(
         volumes.append({"name": RAY_TMP_VOLUME, "emptyDir": {}})
     if opts.service_account:
         spec["serviceAccountName"] = opts.service_account
+    if opts.priority_class:
+        spec["priorityClassName"] = opts.priority_class
     if placement.node_selector:
         spec["nodeSelector"] = dict(placement.node_selector)
     if placement.affinity:
@@ -324,7 +360,11 @@ def _run_uri(job: JobConfig) -> str:
     return f"{job.storage_path.rstrip('/')}/{job.name}"
 
 
-def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: bool) -> dict[str, Any]:
+def _template(spec: dict[str, Any], pod_labels: dict[str, str]) -> dict[str, Any]:
+    return {"metadata": {"labels": dict(pod_labels)}, "spec": spec}
+
+
+def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: bool, pod_labels: dict[str, str]) -> dict[str, Any]:
     # The Train controller runs here (the driver's node); it is what polls for drains.
     env = (PREEMPTION_POLL_ENV,) if drains else ()
     head = _container("ray-head", image, {"cpu": opts.head_cpu, "memory": opts.head_memory}, storage, env)
@@ -340,7 +380,7 @@ def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: boo
         "rayStartParams": {},
         "labels": {MARKET_LABEL: ON_DEMAND},
         "resources": {"CPU": "0"},
-        "template": {"spec": _pod_spec([head], placement, storage, opts)},
+        "template": _template(_pod_spec([head], placement, storage, opts), pod_labels),
     }
 
 
@@ -369,7 +409,7 @@ def _check_pinned_pod(name: str, index: int, pod_cpu: float, gpu: int, memory_by
 
 
 def _worker_group(
-    tier: Tier, index: int, image: str, storage: _Storage, opts: KubeRayOptions, run: str
+    tier: Tier, index: int, image: str, storage: _Storage, opts: KubeRayOptions, run: str, pod_labels: dict[str, str]
 ) -> dict[str, Any]:
     cpu, gpu, custom = worker_shape(tier, index)
     memory = custom.pop("memory", None)
@@ -418,7 +458,7 @@ def _worker_group(
     if custom:
         # Custom Ray resources go in the top-level field, never also in rayStartParams.
         group["resources"] = {k: cpu_quantity(v) for k, v in sorted(custom.items())}
-    group["template"] = {"spec": _pod_spec([ray_container], placement, storage, opts, grace, sidecars)}
+    group["template"] = _template(_pod_spec([ray_container], placement, storage, opts, grace, sidecars), pod_labels)
     return group
 
 
@@ -433,6 +473,8 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions, cluster: str | None = 
     tiers = [(i, t) for i, t in enumerate(job.tiers) if cluster is None or job.ladder.cluster_key(i) == cluster]
     drains = any(t.market == SPOT or _has_agent(t, opts) for _, t in tiers)
     run = _run_uri(job)
+    # Every pod carries the run's name (and its cluster's, across clusters) beside the user's labels.
+    pod_labels = {RUN_LABEL: k8s_name(job.name, 63), **({CLUSTER_LABEL: k8s_name(cluster, 63)} if cluster else {}), **opts.labels}
     return {
         "rayVersion": opts.ray_version,
         "enableInTreeAutoscaling": True,
@@ -441,8 +483,8 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions, cluster: str | None = 
             "upscalingMode": "Default",
             "idleTimeoutSeconds": opts.idle_timeout_seconds,
         },
-        "headGroupSpec": _head_group(image, storage, opts, drains),
-        "workerGroupSpecs": [_worker_group(t, i, image, storage, opts, run) for i, t in tiers],
+        "headGroupSpec": _head_group(image, storage, opts, drains, pod_labels),
+        "workerGroupSpecs": [_worker_group(t, i, image, storage, opts, run, pod_labels) for i, t in tiers],
     }
 
 
@@ -452,8 +494,7 @@ def _metadata(job: JobConfig, opts: KubeRayOptions, name: str, entrypoint: str |
     metadata: dict[str, Any] = {"name": name}
     if opts.namespace:
         metadata["namespace"] = opts.namespace
-    metadata["labels"] = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(job.name, 63),
-                          **(labels or {})}
+    metadata["labels"] = {MANAGED_BY_LABEL: "spotfallback", RUN_LABEL: k8s_name(job.name, 63), **opts.labels, **(labels or {})}
     metadata["annotations"] = {RUN_NAME_ANNOTATION: job.name, MIN_KUBERAY_ANNOTATION: MIN_KUBERAY_VERSION}
     if entrypoint is not None:
         metadata["annotations"][ENTRYPOINT_ANNOTATION] = entrypoint
@@ -487,7 +528,7 @@ def across_cluster_manifests(job: JobConfig, opts: KubeRayOptions) -> list[tuple
     out = []
     for key, ref in job.ladder.clusters.items():
         metadata = _metadata(job, opts, k8s_name(f"{job.name}-{key}", MAX_RAYCLUSTER_NAME), job.run_command(),
-                             {"spotfallback/cluster": k8s_name(key, 63)})
+                             {CLUSTER_LABEL: k8s_name(key, 63)})
         manifest = {"apiVersion": API_VERSION, "kind": "RayCluster", "metadata": metadata,
                     "spec": raycluster_spec(job, opts, key)}
         tiers = ", ".join(t.name for i, t in enumerate(job.tiers) if job.ladder.cluster_key(i) == key)
@@ -539,6 +580,7 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
     if opts.kind is Kind.RAYJOB:
         how = [
             f"Start: kubectl create -f FILE.  Follow: kubectl get rayjob {name} -w",
+            f"Its pods: kubectl get pods -l {RUN_LABEL}={k8s_name(run, 63)}",
             f"Run name {run!r}: creating this RayJob again (after deleting the old one) RESUMES that run",
             "from its checkpoints. For a new run, generate with another --name or --unique-name;",
             "never reuse a name by accident.",
@@ -547,6 +589,7 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
         how = [
             "Start: kubectl apply -f FILE, then run the command in the annotation",
             f"{ENTRYPOINT_ANNOTATION} on the head pod (or submit it with `ray job submit -- ...`).",
+            f"Its pods: kubectl get pods -l {RUN_LABEL}={k8s_name(run, 63)}",
             f"Run name {run!r}: running that command again RESUMES the run; never reuse a name by accident.",
         ]
     if opts.kind is Kind.RAYJOB and installs_spotfallback(opts.image, opts.pip):

@@ -43,7 +43,7 @@ from spotfallback.deploy.clouds import (
     vm_config_is_spot,
     vm_market_spelling,
 )
-from spotfallback.deploy.common import parse_quantity
+from spotfallback.deploy.common import object_name_error, parse_quantity
 from spotfallback.deploy.machines import (
     head_machine_problem,
     machine,
@@ -232,8 +232,9 @@ def _list(obj: Any) -> list[Any]:
     return obj if isinstance(obj, list) else []
 
 
-def _label_problem(key: str, value: Any) -> str | None:
-    """Kubernetes' IsQualifiedName / IsValidLabelValue, which KubeRay applies to group labels."""
+def label_problem(key: str, value: Any) -> str | None:
+    """Kubernetes' IsQualifiedName / IsValidLabelValue: the API server's rule for an object's and a
+    pod's labels, which KubeRay also applies to group labels."""
     prefix, _, name = key.rpartition("/")
     if (prefix and (len(prefix) > 253 or not _DNS1123_SUB.fullmatch(prefix))) or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
         return f"invalid label key {key!r}: an optional DNS prefix and '/', then 1-63 alphanumerics, '-', '_' or '.'"
@@ -254,6 +255,7 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
     if isinstance(pod.get("containers"), list) and not pod["containers"]:
         yield Finding(field_path([*at, "template", "spec", "containers"]), "needs at least one container (the first is the Ray container)")
     yield from _pod_spec_findings(pod, [*at, "template", "spec"])
+    yield from _labels_findings(_get(group, "template", "metadata", "labels"), [*at, "template", "metadata", "labels"])
     params = _dict(group.get("rayStartParams"))
     if "labels" in params:
         yield Finding(
@@ -270,16 +272,13 @@ def _group_findings(group: dict[str, Any], at: list[str | int], is_head: bool) -
     for key, value in resources.items():
         if isinstance(value, str) and not _QUANTITY.fullmatch(value):
             yield Finding(field_path([*at, "resources", key]), f"{value!r} is not a Kubernetes quantity; the operator would skip it")
-    for key, value in _dict(group.get("labels")).items():
-        problem = _label_problem(key, value)
-        if problem:
-            yield Finding(field_path([*at, "labels", key]), problem)
+    yield from _labels_findings(group.get("labels"), [*at, "labels"])
     yield from _pinned_machine(group, at, is_head)
     if is_head:
         yield from _head_on_spot(group, at)
         return
     name = group.get("groupName")
-    if isinstance(name, str) and name and _label_problem("ray.io/group", name):
+    if isinstance(name, str) and name and label_problem("ray.io/group", name):
         yield Finding(field_path([*at, "groupName"]), f"{name!r} must be a valid label value (KubeRay labels pods with it): 1-63 alphanumerics, '-', '_' or '.'")
     low, high, replicas = group.get("minReplicas"), group.get("maxReplicas"), group.get("replicas")
     for key in ("minReplicas", "maxReplicas", "replicas"):
@@ -316,9 +315,18 @@ def _pod_spec_findings(pod: dict[str, Any], at: list[str | int]) -> Iterator[Fin
     for i, toleration in enumerate(_list(pod.get("tolerations"))):
         if isinstance(toleration, dict):
             yield from _toleration_findings(toleration, [*at, "tolerations", i])
-    for key, value in _dict(pod.get("nodeSelector")).items():
-        if problem := _label_problem(key, value):
-            yield Finding(field_path([*at, "nodeSelector", key]), problem)
+    yield from _labels_findings(pod.get("nodeSelector"), [*at, "nodeSelector"])
+    priority = pod.get("priorityClassName")
+    if isinstance(priority, str) and priority and (problem := object_name_error(priority)):
+        yield Finding(field_path([*at, "priorityClassName"]), f"{problem}: the API server refuses every pod of the group")
+
+
+def _labels_findings(labels: Any, at: list[str | int]) -> Iterator[Finding]:
+    """Label keys and values the API server refuses: an object's labels, or a pod template's labels or
+    node selector (then it refuses every pod of the group)."""
+    for key, value in _dict(labels).items():
+        if problem := label_problem(key, value):
+            yield Finding(field_path([*at, key]), problem)
 
 
 def _container_resource_findings(resources: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
@@ -735,6 +743,7 @@ def _job_findings(spec: Any, annotations: dict[str, Any]) -> Iterator[Finding]:
 
 def _metadata_findings(doc: dict[str, Any], kind: str) -> Iterator[Finding]:
     meta = _dict(doc.get("metadata"))
+    yield from _labels_findings(meta.get("labels"), ["metadata", "labels"])
     name = meta.get("name")
     if name is None:
         if not meta.get("generateName"):
