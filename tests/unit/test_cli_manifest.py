@@ -440,6 +440,32 @@ def test_a_gcp_subnetwork_in_another_region_is_one_error_line_naming_the_option(
     assert ok.exit_code == 0 and "subnetwork: regions/us-central1/subnetworks/ray-subnet" in ok.stdout, ok.stderr
 
 
+def test_a_ladder_across_aws_zones_takes_each_zones_subnets(app: typer.Typer, tmp_path: Path) -> None:
+    job = tmp_path / "zones.yaml"
+    job.write_text(JOB.replace("{name: spot, market: spot, num_workers: 2}", "{name: spot-a, market: spot, num_workers: 2, "
+                               "label_selector: {ray.io/market-type: spot, ray.io/availability-zone: us-east-1a}}\n"
+                               "  - {name: spot-b, market: spot, num_workers: 2, label_selector: {ray.io/market-type: spot, "
+                               "ray.io/availability-zone: us-east-1b}}"))
+    base = ("cluster-launcher", "--cloud", "aws", "--job", job)
+    r = run(app, *base, "--subnet-id", "us-east-1a=subnet-0000000a", "--subnet-id", "us-east-1b=subnet-0000000b",
+            "--subnet-id", "subnet-0000000c")
+    assert r.exit_code == 0, r.stderr
+    config = yaml.safe_load(r.stdout)
+    assert config["provider"]["availability_zone"] == "us-east-1a,us-east-1b"
+    assert {name: node["node_config"]["SubnetIds"] for name, node in config["available_node_types"].items()} == {
+        "head": ["subnet-0000000c"], "spot-a": ["subnet-0000000a"], "spot-b": ["subnet-0000000b"],
+        "on-demand": ["subnet-0000000c"]}
+    missing = run(app, *base, "--subnet-id", "us-east-1a=subnet-0000000a")
+    assert missing.exit_code == 2 and not missing.stdout, missing.stderr
+    assert missing.stderr.startswith(f"error: {job}: tiers[1].label_selector.ray.io/availability-zone: 'us-east-1b': the tiers "
+                                     "name several zones"), missing.stderr
+    for entry, message in (("us-east-1a=", "--subnet-id: expected ID or ZONE=ID, got 'us-east-1a='"),
+                           ("us-east-1c=subnet-0000000c", "--subnet-id: no node of the cluster is in zone 'us-east-1c'")):
+        bad = run(app, *base, "--subnet-id", "us-east-1a=subnet-0000000a", "--subnet-id", "us-east-1b=subnet-0000000b",
+                  "--subnet-id", entry)
+        assert bad.exit_code == 2 and bad.stderr.startswith(f"error: {message}"), bad.stderr
+
+
 def test_aws_networks_tags_and_internal_ips_reach_the_file_and_a_bad_value_is_one_error_line(app: typer.Typer, job_file: Path) -> None:
     base = ("cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
     r = run(app, *base, "--subnet-id", "subnet-0123456789abcdef0", "--subnet-id", "subnet-89abcdef", "--internal-ips")

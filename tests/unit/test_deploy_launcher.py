@@ -388,6 +388,86 @@ def test_an_aws_subnet_that_is_no_subnet_id_or_given_twice_is_refused(subnets: t
         cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, subnet_ids=subnets))
 
 
+def zoned(tier: dict[str, Any], zone: str) -> dict[str, Any]:
+    return {**tier, "label_selector": {"ray.io/market-type": tier["market"], "ray.io/availability-zone": zone}}
+
+
+ACROSS_ZONES = [zoned(SPOT_A, "us-east-1a"), zoned({**SPOT_B, "name": "spot-b"}, "us-east-1b"), ON_DEMAND]
+ZONE_SUBNETS = {"us-east-1a": ["subnet-0000000a"], "us-east-1b": ["subnet-0000000b", "subnet-0000000c"]}
+
+
+def test_an_aws_ladder_across_zones_pins_each_tier_to_its_zones_subnets() -> None:
+    """Spot in one zone, then another, then on-demand: one cluster in the region, each zone's
+    tier launching only in that zone's subnets, the head and the unpinned tier in any of them."""
+    job = make_job(ACROSS_ZONES)
+    options = LauncherOptions(cloud=VmCloud.AWS, zone_subnet_ids=ZONE_SUBNETS)
+    config = cluster_launcher_config(job, options)
+    assert config["provider"]["region"] == "us-east-1"
+    assert config["provider"]["availability_zone"] == "us-east-1a,us-east-1b"
+    everywhere = ["subnet-0000000a", "subnet-0000000b", "subnet-0000000c"]
+    assert {name: node["node_config"]["SubnetIds"] for name, node in config["available_node_types"].items()} == {
+        "head": everywhere, "spot-a": ["subnet-0000000a"], "spot-b": ["subnet-0000000b", "subnet-0000000c"],
+        "on-demand": everywhere}
+    text = render_cluster_launcher(job, options)
+    assert validate_text(text).ok and not validate_text(text).warnings
+    assert ("# Each zone's nodes launch in its subnets: us-east-1a, subnet subnet-0000000a; us-east-1b, subnet "
+            "subnet-0000000b (then subnet-0000000c, in that order, where a launch finds no capacity); the head and any "
+            "tier pinned to no zone, any of those subnets, in that order: the subnets must be in one VPC, each zone's in "
+            "that zone, and give instances a public IP on launch") in text
+    # Subnets without a zone are the head's and the unpinned tiers'; they must be in one of the zones.
+    both = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, zone_subnet_ids=ZONE_SUBNETS,
+                                                        subnet_ids=("subnet-0000000d",)))["available_node_types"]
+    assert [both[name]["node_config"]["SubnetIds"] for name in ("head", "spot-a", "on-demand")] == [
+        ["subnet-0000000d"], ["subnet-0000000a"], ["subnet-0000000d"]]
+    assert "; the head and any tier pinned to no zone, subnet subnet-0000000d: the subnets must be in one VPC, each " \
+           "zone's in that zone, the others in one of us-east-1a, us-east-1b," in render_cluster_launcher(
+               job, LauncherOptions(cloud=VmCloud.AWS, zone_subnet_ids=ZONE_SUBNETS, subnet_ids=("subnet-0000000d",)))
+    # One zone: its subnets, given by zone, are every node's as before.
+    one = cluster_launcher_config(make_job([zoned(SPOT_A, "us-east-1a"), ON_DEMAND]),
+                                  LauncherOptions(cloud=VmCloud.AWS, zone_subnet_ids={"us-east-1a": "subnet-0000000a"}))
+    assert one["provider"]["availability_zone"] == "us-east-1a"
+    assert {tuple(n["node_config"]["SubnetIds"]) for n in one["available_node_types"].values()} == {("subnet-0000000a",)}
+
+
+@pytest.mark.parametrize(("tiers", "options", "message"), [
+    (ACROSS_ZONES, {}, "tiers[0].label_selector.ray.io/availability-zone: 'us-east-1a': the tiers name several zones "
+                       "(us-east-1a, us-east-1b), so each tier's nodes launch in its zone's subnets; give us-east-1a's "
+                       "(--subnet-id us-east-1a=SUBNET; `aws ec2 describe-subnets --filters "
+                       "Name=availability-zone,Values=us-east-1a` lists them)"),
+    (ACROSS_ZONES, {"zone_subnet_ids": {"us-east-1a": ["subnet-0000000a"]}},
+     "tiers[1].label_selector.ray.io/availability-zone: 'us-east-1b': the tiers name several zones"),
+    (ACROSS_ZONES, {"zone_subnet_ids": ZONE_SUBNETS, "zone": "us-east-1a"},
+     "zone: the tiers name several zones (us-east-1a, us-east-1b), which the cluster spans; leave the zone out"),
+    (ACROSS_ZONES, {"zone_subnet_ids": {**ZONE_SUBNETS, "us-east-1c": ["subnet-0000000e"]}},
+     "zone_subnet_ids: no node of the cluster is in zone 'us-east-1c' (the tiers' zones: us-east-1a, us-east-1b); leave "
+     "its subnets out, or pin a tier there with ray.io/availability-zone"),
+    (LADDERS[2], {"zone_subnet_ids": {"us-east-1a": ["subnet-0000000a"]}},
+     "zone_subnet_ids: no node of the cluster is in zone 'us-east-1a' (the tiers' zones: none)"),
+    (ACROSS_ZONES, {"zone_subnet_ids": {"us-east-1a": ["subnet-0000000a"], "us-east-1b": ["subnet-0000000a"]}},
+     "zone_subnet_ids: 'subnet-0000000a' is given for us-east-1a and for us-east-1b; a subnet is in one zone"),
+    (ACROSS_ZONES, {"zone_subnet_ids": {"us-east-1a": ["subnet-a"], "us-east-1b": ["subnet-0000000b"]}},
+     "zone_subnet_ids: 'subnet-a' is not a subnet ID"),
+    (ACROSS_ZONES, {"zone_subnet_ids": {"us-east-1a": [], "us-east-1b": ["subnet-0000000b"]}},
+     "zone_subnet_ids: zone 'us-east-1a' has no subnet; give its subnets, or leave the zone out"),
+    ([zoned(SPOT_A, "us-east-1a"), zoned(ON_DEMAND, "us-west-2a")],
+     {"zone_subnet_ids": {"us-east-1a": ["subnet-0000000a"], "us-west-2a": ["subnet-0000000b"]}},
+     "zone: 'us-west-2a' is not in region 'us-east-1'"),
+])
+def test_a_ladder_across_zones_without_each_zones_subnets_or_with_stray_ones_is_refused(tiers, options, message) -> None:
+    with pytest.raises(ConfigError, match="^" + re.escape(message)):
+        cluster_launcher_config(make_job(tiers), LauncherOptions(cloud=VmCloud.AWS, **options))
+
+
+def test_a_gcp_ladder_across_zones_and_zone_subnets_on_gcp_are_refused() -> None:
+    """A GCP launcher cluster lives in one zone (Ray's GCP provider takes one)."""
+    with pytest.raises(ConfigError, match=r"^tiers\[1\]\.label_selector\.ray\.io/availability-zone: 'us-central1-b' "
+                                          r"differs from tiers\[0\]'s 'us-central1-a'"):
+        cluster_launcher_config(make_job([zoned(SPOT_A, "us-central1-a"), zoned(ON_DEMAND, "us-central1-b")]),
+                                LauncherOptions(cloud=VmCloud.GCP, project_id="p"))
+    with pytest.raises(ConfigError, match=r"^zone_subnet_ids: AWS subnets, which a gcp cluster does not use"):
+        cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, zone_subnet_ids={"us-central1-a": ["subnet-0000000a"]}))
+
+
 def test_aws_subnets_on_gcp_are_refused() -> None:
     with pytest.raises(ConfigError, match=r"^subnet_ids: AWS subnets, which a gcp cluster does not use"):
         cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, subnet_ids=("subnet-89abcdef",)))

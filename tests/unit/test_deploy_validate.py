@@ -544,6 +544,26 @@ def test_launcher_checks() -> None:
     assert errors(oversold) == []
 
 
+def test_a_launcher_node_types_zone_label_must_be_where_ray_puts_it() -> None:
+    """Ray's label is trusted by the tier's selector; the launcher puts the node in the provider's zones."""
+    doc = copy.deepcopy(LAUNCHER)
+    doc["provider"]["availability_zone"] = "us-east-1a, us-east-1b"
+    spot = doc["available_node_types"]["spot"]
+    spot["labels"]["ray.io/availability-zone"] = "us-east-1c"
+    assert errors(doc) == ['available_node_types.spot.labels["ray.io/availability-zone"]: says \'us-east-1c\', but the '
+                           "provider launches nodes only in us-east-1a, us-east-1b (provider.availability_zone)"]
+    spot["labels"]["ray.io/availability-zone"] = "us-east-1b"
+    _, findings = validate_document(doc)
+    assert [(str(f), f.warning) for f in findings] == [(
+        'available_node_types.spot.labels["ray.io/availability-zone"]: says \'us-east-1b\', but the node type names no '
+        "SubnetIds, so Ray's launcher may put it in any of us-east-1a, us-east-1b: give it us-east-1b's subnets", True)]
+    spot["node_config"]["SubnetIds"] = ["subnet-0000000b"]
+    assert validate_document(doc) == ("cluster-launcher", [])
+    doc["provider"]["availability_zone"] = "us-east-1b"  # one zone: the launcher puts every node there
+    del spot["node_config"]["SubnetIds"]
+    assert validate_document(doc) == ("cluster-launcher", [])
+
+
 def test_a_launcher_market_spelt_in_a_case_the_cloud_refuses_is_named() -> None:
     """EC2's MarketType and GCE's provisioningModel are case-sensitive enums: ray up would fail at the first launch."""
     aws = copy.deepcopy(LAUNCHER)

@@ -521,7 +521,7 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
     """launcher's subnet_ids, security_group_ids and internal_ips: Ray's _configure_subnet and
     _configure_security_group (run by ray up; aws/config.py, which needs boto3 to import, so they
     are run from its source here) keep a node type's SubnetIds only if they are in one VPC, the
-    security groups' VPC, in the provider's zone, and map public IPs on launch unless
+    security groups' VPC, in one of the provider's zones, and map public IPs on launch unless
     use_internal_ips is set (otherwise ray up stops before launching anything), and make no
     security group where every node type names its own."""
     import copy
@@ -541,7 +541,8 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
                                map_public_ip_on_launch=public)
 
     region = [subnet("subnet-0000000a", "us-east-1a"), subnet("subnet-0000000b", "us-east-1b"),
-              subnet("subnet-0000000c", "us-east-1a", public=False), subnet("subnet-0000000d", "us-east-1a", vpc="vpc-2")]
+              subnet("subnet-0000000c", "us-east-1a", public=False), subnet("subnet-0000000d", "us-east-1a", vpc="vpc-2"),
+              subnet("subnet-0000000e", "us-east-1c")]
     class Subnets:  # boto3's ec2.subnets collection
         def all(self) -> list[SimpleNamespace]:
             return list(region)
@@ -586,6 +587,23 @@ def test_rays_aws_launcher_keeps_the_subnets_a_generated_file_names_on_the_terms
     configured("subnet-0000000a", groups=("sg-0000000a",))
     with pytest.raises(click.ClickException):  # a group in another VPC than the subnet's
         configured("subnet-0000000a", groups=("sg-0000000d",))
+
+    # A ladder across zones: the provider lists both, and each tier keeps its zone's subnets.
+    across = JobConfig.model_validate({"name": "j", "storage_path": "s3://b/r", "entrypoint": "m:f", "tiers": [
+        {**tier, "name": f"spot-{zone[-1]}", "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": zone}}
+        for zone in ("us-east-1a", "us-east-1b")]})
+
+    def across_zones(**zone_subnets: str) -> dict:
+        config = cluster_launcher_config(across, LauncherOptions(cloud=VmCloud.AWS, zone_subnet_ids={
+            f"us-east-1{zone}": [subnet] for zone, subnet in zone_subnets.items()}))
+        assert scope["_configure_subnet"](copy.deepcopy(config)) == config
+        return config
+
+    kept = across_zones(a="subnet-0000000a", b="subnet-0000000b")["available_node_types"]
+    assert {name: node["node_config"]["SubnetIds"] for name, node in kept.items()} == {
+        "head": ["subnet-0000000a", "subnet-0000000b"], "spot-a": ["subnet-0000000a"], "spot-b": ["subnet-0000000b"]}
+    with pytest.raises(click.ClickException):  # a subnet in a zone the provider does not list
+        across_zones(a="subnet-0000000a", b="subnet-0000000e")
 
 
 def test_rays_aws_node_provider_adds_a_generated_files_tags_to_its_own():

@@ -57,6 +57,7 @@ _OPTION_OF = {
     "instance_profile": "--instance-profile",
     "subnetwork": "--subnetwork",
     "subnet_ids": "--subnet-id",
+    "zone_subnet_ids": "--subnet-id",
     "security_group_ids": "--security-group-id",
     "tags": "--tag",
     "labels": "--label",
@@ -327,6 +328,18 @@ def _key_values(option: str, entries: list[str] | None) -> dict[str, str]:
     return pairs
 
 
+def _zone_subnets(entries: list[str] | None) -> dict[str, list[str]]:
+    """The ZONE=ID entries of --subnet-id, each zone's subnets in the order given."""
+    zoned: dict[str, list[str]] = {}
+    for entry in entries or ():
+        zone, sep, subnet = entry.partition("=")
+        if sep:
+            if not zone or not subnet:
+                _fail(f"--subnet-id: expected ID or ZONE=ID, got {entry!r}")
+            zoned.setdefault(zone, []).append(subnet)
+    return zoned
+
+
 def launcher_command(
     cloud: Annotated[str, typer.Option(help="aws | gcp: cloud of the VMs.")],
     job: JobOpt,
@@ -354,9 +367,10 @@ def launcher_command(
     ] = None,
     subnet_id: Annotated[
         list[str] | None,
-        typer.Option(help="AWS subnet ID for every node (repeatable: Ray's launcher uses the first and tries the next "
-                          "where a launch finds no capacity); all in one VPC, in --zone if given. Default: the default "
-                          "VPC's subnets that give instances a public IP."),
+        typer.Option(help="[ZONE=]ID: an AWS subnet ID (repeatable: Ray's launcher uses the first and tries the next "
+                          "where a launch finds no capacity); all in one VPC. ZONE=ID is for the tiers pinned to that zone "
+                          "(needed where the tiers name several zones), ID for the other nodes (default: all the ZONE=ID "
+                          "subnets, or the default VPC's that give instances a public IP)."),
     ] = None,
     security_group_id: Annotated[
         list[str] | None,
@@ -428,7 +442,8 @@ def launcher_command(
             pip=_packages(pip),
             notice_agent=notice_agent,
             subnetwork=subnetwork,
-            subnet_ids=tuple(subnet_id or ()),
+            subnet_ids=tuple(s for s in subnet_id or () if "=" not in s),
+            zone_subnet_ids=_zone_subnets(subnet_id),
             security_group_ids=tuple(security_group_id or ()),
             tags=tags,
             internal_ips=internal_ips,

@@ -7,8 +7,9 @@ for the tier's market. Every tier starts at ``min_workers: 0``; the autoscaler a
 the runner asks for the tier's label selector. One node runs one worker, so a node type
 advertises exactly one worker's resources.
 
-The launcher runs a cluster in one region (GCP: one zone), so tiers that name different
-regions or zones need one cluster each; KubeRay has no such limit.
+The launcher runs a cluster in one region, so tiers that name different regions need one
+cluster each; on GCP it also runs in one zone. On AWS one cluster may span the zones of its
+region: each zone-pinned tier's node type launches in its zone's subnets. KubeRay has no such limit.
 
 Spot nodes also start the preemption-notice agent right after ``ray start`` (see
 ``notice_agent_command``): on plain VMs nothing else turns the cloud's notice into a Ray drain.
@@ -93,7 +94,10 @@ class LauncherOptions:
     cluster's region, or its partial or full URL, a Shared VPC host project's included) rather
     than the project's default network or the region's first subnet, which Ray's launcher picks.
     ``subnet_ids`` (AWS) are the subnets every node may launch in, in the order Ray's launcher
-    tries them, rather than the default VPC's; ``security_group_ids`` (AWS) are every node's
+    tries them, rather than the default VPC's. ``zone_subnet_ids`` (AWS) maps a zone to its
+    subnets: the node types of the tiers in that zone launch there, and the others (the head, a
+    tier pinned to no zone) in ``subnet_ids`` or, with none, in any of them; a ladder whose tiers
+    name several zones of the region needs each zone's. ``security_group_ids`` (AWS) are every node's
     security groups, rather than the one Ray's launcher makes. ``tags`` go on every node (and, on
     AWS, its volumes): AWS tags or GCP labels, for cost allocation or an organisation's policy.
     ``internal_ips`` has ``ray up`` reach the nodes by their private IPs, so it runs inside the
@@ -119,6 +123,7 @@ class LauncherOptions:
     notice_agent: bool = True
     subnetwork: str | None = None
     subnet_ids: Sequence[str] = ()
+    zone_subnet_ids: Mapping[str, Sequence[str]] = field(default_factory=dict)
     security_group_ids: Sequence[str] = ()
     internal_ips: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
@@ -275,22 +280,37 @@ def _aws_ids(values: Sequence[str], field: str, prefix: str, what: str, lister: 
     return ids
 
 
-def _aws_network_ids(opts: LauncherOptions) -> tuple[list[str], list[str]]:
-    """``opts``' subnet and security group IDs, checked."""
-    return (_aws_ids(opts.subnet_ids, "subnet_ids", "subnet", "a subnet", "describe-subnets"),
+def _aws_network_ids(opts: LauncherOptions) -> tuple[list[str], dict[str, list[str]], list[str]]:
+    """``opts``' subnet IDs, each zone's, and security group IDs, checked: a subnet is in one zone."""
+    zoned: dict[str, list[str]] = {}
+    zone_of: dict[str, str] = {}
+    for zone, ids in opts.zone_subnet_ids.items():  # each a zone of the cluster's (cluster_zones)
+        zoned[zone] = _aws_ids(ids, "zone_subnet_ids", "subnet", "a subnet", "describe-subnets")
+        if not zoned[zone]:
+            raise ConfigError(f"zone_subnet_ids: zone {zone!r} has no subnet; give its subnets, or leave the zone out")
+        for subnet in zoned[zone]:
+            if subnet in zone_of:
+                raise ConfigError(f"zone_subnet_ids: {subnet!r} is given for {zone_of[subnet]} and for {zone}; a subnet is "
+                                  "in one zone")
+            zone_of[subnet] = zone
+    return (_aws_ids(opts.subnet_ids, "subnet_ids", "subnet", "a subnet", "describe-subnets"), zoned,
             _aws_ids(opts.security_group_ids, "security_group_ids", "sg", "a security group", "describe-security-groups"))
 
 
 def _aws_network(node_types: dict[str, Any], opts: LauncherOptions) -> None:
-    """Put every AWS node type in ``opts``' subnets and security groups, where it names any.
+    """Put every AWS node type in ``opts``' subnets and security groups, where it names any: a
+    zone-pinned node type in its zone's subnets, where they are given; the others in the
+    subnets for every node, or, with none, in all the zones' subnets.
 
     Ray's launcher launches a node in the first subnet and tries the next where a launch fails
     (no capacity in its zone). A node type with security groups gets none of Ray's own.
     """
-    subnets, groups = _aws_network_ids(opts)
+    subnets, zoned, groups = _aws_network_ids(opts)
+    anywhere = subnets or [subnet for ids in zoned.values() for subnet in ids]
     for node_type in node_types.values():
-        if subnets:
-            node_type["node_config"]["SubnetIds"] = list(subnets)
+        chosen = zoned.get(node_type["labels"].get(ZONE_LABEL, "")) or anywhere
+        if chosen:
+            node_type["node_config"]["SubnetIds"] = list(chosen)
         if groups:
             node_type["node_config"]["SecurityGroupIds"] = list(groups)
 
@@ -361,28 +381,57 @@ def _check_names(cloud: VmCloud, region: str | None, zone: str | None) -> None:
         raise ConfigError(f"zone: {zone!r} is not {a_cloud} zone name; give one such as {zone_eg!r}")
 
 
+def cluster_zones(job: JobConfig, opts: LauncherOptions) -> list[str]:
+    """The zones the cluster's nodes launch in, in ladder order: the one ``opts.zone`` or the tiers'
+    zone labels name, or on AWS the several the tiers name, each pinned by its zone's subnets."""
+    if opts.cloud is VmCloud.GCP:  # a GCP launcher cluster lives in one zone
+        named = [zone] if (zone := shared_label(job, ZONE_LABEL)) else []
+    else:
+        named = list(dict.fromkeys(t.label_selector[ZONE_LABEL] for t in job.tiers if ZONE_LABEL in t.label_selector))
+    if opts.zone and named and named != [opts.zone]:
+        if len(named) == 1:
+            raise ConfigError(f"zone: {opts.zone!r} differs from the tiers' {ZONE_LABEL} {named[0]!r}")
+        raise ConfigError(f"zone: the tiers name several zones ({', '.join(named)}), which the cluster spans; leave the "
+                          "zone out")
+    zones = named or ([opts.zone] if opts.zone else [])
+    if len(zones) > 1:
+        for i, tier in enumerate(job.tiers):
+            zone = tier.label_selector.get(ZONE_LABEL)
+            if zone is not None and zone not in opts.zone_subnet_ids:
+                raise ConfigError(
+                    f"tiers[{i}].label_selector.{ZONE_LABEL}: {zone!r}: the tiers name several zones ({', '.join(zones)}), "
+                    f"so each tier's nodes launch in its zone's subnets; give {zone}'s (--subnet-id {zone}=SUBNET; "
+                    f"`aws ec2 describe-subnets --filters Name=availability-zone,Values={zone}` lists them)"
+                )
+    for zone in opts.zone_subnet_ids:
+        if zone not in zones:
+            raise ConfigError(f"zone_subnet_ids: no node of the cluster is in zone {zone!r} (the tiers' zones: "
+                              f"{', '.join(zones) or 'none'}); leave its subnets out, or pin a tier there with {ZONE_LABEL}")
+    return zones
+
+
 def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     region = shared_label(job, REGION_LABEL)
-    zone = shared_label(job, ZONE_LABEL)
     if opts.region and region and opts.region != region:
         raise ConfigError(f"region: {opts.region!r} differs from the tiers' {REGION_LABEL} {region!r}")
-    if opts.zone and zone and opts.zone != zone:
-        raise ConfigError(f"zone: {opts.zone!r} differs from the tiers' {ZONE_LABEL} {zone!r}")
-    region, zone = opts.region or region, opts.zone or zone
-    _check_names(opts.cloud, region, zone)
-    # A zone's name starts with its region's on both clouds (us-east-1a, us-west-2-lax-1a; us-central1-a).
-    if region and zone and not zone.startswith(region):
-        raise ConfigError(f"zone: {zone!r} is not in region {region!r}; a zone's name starts with its region's, e.g. "
-                          f"{region}{'-a' if opts.cloud is VmCloud.GCP else 'a'}")
+    region, zones = opts.region or region, cluster_zones(job, opts)
+    _check_names(opts.cloud, region, None)
+    for zone in zones:
+        _check_names(opts.cloud, None, zone)
+        # A zone's name starts with its region's on both clouds (us-east-1a, us-west-2-lax-1a; us-central1-a).
+        if region and not zone.startswith(region):
+            raise ConfigError(f"zone: {zone!r} is not in region {region!r}; a zone's name starts with its region's, e.g. "
+                              f"{region}{'-a' if opts.cloud is VmCloud.GCP else 'a'}")
+        region = region or _NAMES[opts.cloud][1].match(zone).group(0)  # type: ignore[union-attr]  # checked above
+    # Ray's AWS launcher reads a comma-separated list of zones, and checks that every node type's
+    # subnets are in one of them; a GCP cluster has one zone.
+    zone = ",".join(zones)
     if opts.cloud is VmCloud.GCP:
         if not zone:
             raise ConfigError(f"zone: required on GCP; pass --zone or give the tiers {ZONE_LABEL}")
-        region = region or zone.rsplit("-", 1)[0]
         if not opts.project_id:
             raise ConfigError("project_id: required on GCP; pass --project-id")
         return {"type": "gcp", "region": region, "availability_zone": zone, "project_id": opts.project_id}
-    if not region and zone:
-        region = _NAMES[VmCloud.AWS][1].match(zone).group(0)  # type: ignore[union-attr]  # checked above
     if not region:
         raise ConfigError(f"region: required; pass --region (or --zone) or give the tiers {REGION_LABEL}")
     provider: dict[str, Any] = {"type": "aws", "region": region}
@@ -435,15 +484,16 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
                 **accelerators,
             },
         }
-    provider = _placement(job, opts)
     if opts.subnetwork is not None and opts.cloud is not VmCloud.GCP:
         raise ConfigError("subnetwork: a GCP setting, which an aws cluster does not use; leave it out")
-    if opts.subnet_ids and opts.cloud is not VmCloud.AWS:
-        raise ConfigError("subnet_ids: AWS subnets, which a gcp cluster does not use; on gcp, subnetwork names the nodes' "
-                          "subnet")
+    for name, value in (("subnet_ids", opts.subnet_ids), ("zone_subnet_ids", opts.zone_subnet_ids)):
+        if value and opts.cloud is not VmCloud.AWS:
+            raise ConfigError(f"{name}: AWS subnets, which a gcp cluster does not use; on gcp, subnetwork names the nodes' "
+                              "subnet")
     if opts.security_group_ids and opts.cloud is not VmCloud.AWS:
         raise ConfigError("security_group_ids: AWS security groups, which a gcp cluster does not use; on gcp, the "
                           "network's firewall rules apply")
+    provider = _placement(job, opts)
     if opts.cloud is VmCloud.GCP:
         subnetwork = opts.subnetwork and gcp_subnetwork(opts.subnetwork, provider["region"])
         _share_network(node_types, subnetwork, external_ips=not opts.internal_ips)
@@ -538,13 +588,9 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
                      "(Ray's ports) and let ssh in from where `ray up` runs.")
     elif gvnic:
         lines.append("Every node type is on the project's default network; to use another, pass --subnetwork.")
-    subnets, groups = _aws_network_ids(opts) if opts.cloud is VmCloud.AWS else ([], [])
-    if subnets:
-        first, *rest = subnets
-        then = f" (then {', '.join(rest)}, in that order, where a launch finds no capacity)" if rest else ""
-        zone = opts.zone or shared_label(job, ZONE_LABEL)
-        lines.append(f"Every node launches in subnet {first}{then}: the subnets must be in one VPC"
-                     + (f", in zone {zone}" if zone else "")
+    subnets, zoned, groups = _aws_network_ids(opts) if opts.cloud is VmCloud.AWS else ([], {}, [])
+    if subnets or zoned:
+        lines.append(_subnets_line(cluster_zones(job, opts), subnets, zoned)
                      + ("" if opts.internal_ips else ", and give instances a public IP on launch (for a private subnet, "
                         "pass --internal-ips)")
                      + ("." if groups else
@@ -560,6 +606,22 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
                         "subnetwork." if opts.cloud is VmCloud.GCP else
                         "A node in a private subnet pulls the image and pip packages through a NAT gateway."))
     return lines
+
+
+def _subnets_line(zones: list[str], subnets: list[str], zoned: dict[str, list[str]]) -> str:
+    """Where the header says the nodes launch (``_aws_network``), and what Ray's launcher requires of those subnets."""
+    def tried(ids: list[str]) -> str:
+        first, *rest = ids
+        return first + (f" (then {', '.join(rest)}, in that order, where a launch finds no capacity)" if rest else "")
+
+    if not zoned:  # then the cluster has one zone at most (cluster_zones)
+        return f"Every node launches in subnet {tried(subnets)}: the subnets must be in one VPC" + "".join(
+            f", in zone {zone}" for zone in zones)
+    others = f"subnet {tried(subnets)}" if subnets else "any of those subnets, in that order"
+    return ("Each zone's nodes launch in its subnets: "
+            + "; ".join(f"{zone}, subnet {tried(ids)}" for zone, ids in zoned.items())
+            + f"; the head and any tier pinned to no zone, {others}: the subnets must be in one VPC, each zone's in that zone"
+            + (f", the others in one of {', '.join(zones)}" if subnets else ""))
 
 
 def _gvnic_types(job: JobConfig, opts: LauncherOptions) -> list[str]:

@@ -43,7 +43,7 @@ from spotfallback.deploy.clouds import (
     vm_config_is_spot,
     vm_market_spelling,
 )
-from spotfallback.deploy.common import object_name_error, parse_quantity
+from spotfallback.deploy.common import ZONE_LABEL, object_name_error, parse_quantity
 from spotfallback.deploy.machines import (
     head_machine_problem,
     machine,
@@ -965,6 +965,7 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
             yield Finding(field_path([*at, "node_config", *path]), problem)
         if provider == "gcp":
             yield from _gcp_series_findings(node_type, at)
+        yield from _zone_label_findings(doc, node_type, at)
         market = _get(node_type, "labels", MARKET_LABEL)
         low = node_type.get("min_workers", 0)
         if isinstance(low, int):
@@ -986,6 +987,22 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
             asked = "spot" if spot_config else "on-demand"
             yield Finding(field_path([*at, "labels", MARKET_LABEL]), f"says {market!r}, but node_config requests {asked} capacity", warning=True)
     yield from _worker_cap_findings(doc, defaults, total_min, allowed)
+
+
+def _zone_label_findings(doc: dict[str, Any], node_type: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
+    """A node type whose Ray zone label is not where Ray's launcher puts it: a zone the provider does
+    not launch in, or (on AWS, with several zones) no subnets of its own, so that it may land in any."""
+    zone, zones = _get(node_type, "labels", ZONE_LABEL), _get(doc, "provider", "availability_zone")
+    if not isinstance(zone, str) or not isinstance(zones, str) or not zones.strip():
+        return
+    listed = [z.strip() for z in zones.split(",")]
+    where = field_path([*at, "labels", ZONE_LABEL])
+    if zone not in listed:
+        yield Finding(where, f"says {zone!r}, but the provider launches nodes only in {', '.join(listed)} "
+                             "(provider.availability_zone)")
+    elif len(listed) > 1 and _get(doc, "provider", "type") == "aws" and not _get(node_type, "node_config", "SubnetIds"):
+        yield Finding(where, f"says {zone!r}, but the node type names no SubnetIds, so Ray's launcher may put it in any of "
+                             f"{', '.join(listed)}: give it {zone}'s subnets", warning=True)
 
 
 def _worker_cap_findings(doc: dict[str, Any], defaults: dict[str, Any], total_min: int, allowed: float) -> Iterator[Finding]:
