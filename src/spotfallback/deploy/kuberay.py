@@ -171,8 +171,9 @@ class KubeRayOptions:
                 raise ConfigError(f"priority_class: {problem}")
             if self.priority_class.startswith("system-"):
                 raise ConfigError(
-                    f"priority_class: {self.priority_class!r}: system-... classes are for the cluster's own pods, "
-                    "which Kubernetes admits only in kube-system; name a PriorityClass of your cluster's"
+                    f"priority_class: {self.priority_class!r}: system-... classes are for the cluster's own pods, its "
+                    "critical add-ons, ahead of every workload (many clusters admit them only in kube-system); name a "
+                    "PriorityClass of your cluster's"
                 )
         for name, low in (
             ("backoff_limit", 0),
