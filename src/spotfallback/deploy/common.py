@@ -24,6 +24,11 @@ DEFAULT_PYTHON_TAG = "py311"
 
 ZONE_LABEL = "ray.io/availability-zone"
 REGION_LABEL = "ray.io/availability-region"
+# The labels every generated Kubernetes object carries, so that `kubectl ... -l` finds what belongs
+# together: who made it, its run, and in a ladder across clusters which cluster's document it is.
+MANAGED_BY_LABEL = "app.kubernetes.io/managed-by"
+RUN_LABEL = "spotfallback/run"
+CLUSTER_LABEL = "spotfallback/cluster"
 
 # Docker/OCI image reference grammar (distribution/reference), without the length quirks.
 _HOST = r"[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?(?:\.[a-zA-Z0-9](?:[a-zA-Z0-9-]*[a-zA-Z0-9])?)*(?::[0-9]+)?"
@@ -117,6 +122,11 @@ def k8s_name(run_name: str, max_len: int) -> str:
         return base
     digest = hashlib.sha256(run_name.encode()).hexdigest()[:6]
     return f"{base[: max_len - len(digest) - 1].rstrip('-')}-{digest}"
+
+
+def label_value(name: str) -> str:
+    """A run's or cluster's name as the value of its label (a label value holds at most 63 characters)."""
+    return k8s_name(name, 63)
 
 
 def unique_run_name(base: str, *, now: datetime | None = None, token: str | None = None) -> str:

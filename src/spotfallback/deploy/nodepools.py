@@ -35,8 +35,12 @@ from jsonschema import ValidationError
 from spotfallback.config import ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import AKS_SPOT_TAINT, KARPENTER_KEY, K8sCloud, pod_placement
 from spotfallback.deploy.common import (
+    CLUSTER_LABEL,
+    MANAGED_BY_LABEL,
+    RUN_LABEL,
     ZONE_LABEL,
     k8s_name,
+    label_value,
     tier_labels,
     to_yaml,
     with_run_name,
@@ -48,7 +52,6 @@ from spotfallback.errors import ConfigError, ManifestInvalid
 
 API_VERSION = "karpenter.sh/v1"
 ZONE_KEY = "topology.kubernetes.io/zone"
-CLUSTER_LABEL = "spotfallback/cluster"  # which cluster of a ladder across clusters a document is for
 
 
 class KarpenterCloud(StrEnum):
@@ -184,9 +187,9 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
 
 def _pool(run: str, cluster: str | None, suffix: str, node_spec: dict[str, Any], limits: dict[str, str]) -> dict[str, Any]:
     """One NodePool of the run (of ``cluster``'s, in a ladder across clusters): the gang's disruption rules."""
-    labels = {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": k8s_name(run, 63)}
+    labels = {MANAGED_BY_LABEL: "spotfallback", RUN_LABEL: label_value(run)}
     if cluster is not None:
-        labels[CLUSTER_LABEL] = k8s_name(cluster, 63)
+        labels[CLUSTER_LABEL] = label_value(cluster)
     return {
         "apiVersion": API_VERSION,
         "kind": "NodePool",
@@ -324,7 +327,7 @@ def nodepool_cloud(pool: dict[str, Any]) -> KarpenterCloud | None:
 
 def _cluster_pools(pools: list[dict[str, Any]], key: str | None) -> tuple[list[dict[str, Any]], str]:
     """The pools that serve cluster ``key`` (its own and those that name no cluster), and how to say so."""
-    mine = pools if key is None else [p for p in pools if _pool_cluster(p) in (None, k8s_name(key, 63))]
+    mine = pools if key is None else [p for p in pools if _pool_cluster(p) in (None, label_value(key))]
     return mine, "NodePool" if key is None else f"NodePool of cluster {key!r}"
 
 
@@ -451,10 +454,10 @@ def render_nodepools(job: JobConfig, opts: NodePoolOptions) -> str:
         # One file for every cluster: each applies its own pools by their label.
         headers = [[] for _ in pools]
         for key, ref in job.ladder.clusters.items():
-            first = next(i for i, p in enumerate(pools) if _pool_cluster(p) == k8s_name(key, 63))
+            first = next(i for i, p in enumerate(pools) if _pool_cluster(p) == label_value(key))
             tiers = ", ".join(t.name for i, t in enumerate(job.tiers) if job.ladder.cluster_key(i) == key)
             region = f" in {ref.region}" if ref.region else ""
             headers[first] = [*(header if first == 0 else []),
                               f"Cluster {key!r}{region}: the pools of tiers {tiers}. Apply them in that Kubernetes "
-                              f"cluster: kubectl apply -f FILE -l {CLUSTER_LABEL}={k8s_name(key, 63)}"]
+                              f"cluster: kubectl apply -f FILE -l {CLUSTER_LABEL}={label_value(key)}"]
     return "---\n".join(to_yaml(p, h) for p, h in zip(pools, headers, strict=True))
