@@ -145,6 +145,10 @@ def test_a_job_file_that_cannot_be_read_or_has_no_deadline_is_named(app, tmp_pat
     assert r.exit_code == 2 and r.output.strip() == (
         "error: --deadline-h: required: the job file gives no deadline (no plan: deadline_h, no tier's deadline_guard); "
         "give the hours from each window's start, e.g. --deadline-h 15"), r.output
+    # Bad training hours are named before the missing deadline, whose hint would scale them.
+    for hours in ("-1", "0", "nan", "inf"):
+        r = invoke(app, str(plain), "--trace", TRACE, "--hours", hours)
+        assert r.exit_code == 2 and r.output.startswith("error: --hours: must be a positive number of hours, got "), r.output
 
 
 @pytest.mark.parametrize(

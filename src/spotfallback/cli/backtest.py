@@ -258,6 +258,8 @@ def register(app: typer.Typer) -> None:
                     raise usage_error("--hours", "required: training hours of the job on an uninterrupted gang (the "
                                                  "job file's plan: does not record them; `spotfallback plan --write-yaml` does)")
                 hours = planned.work_h
+            if not (hours > 0 and math.isfinite(hours)):  # before the deadline's hint, which scales it
+                raise usage_error("--hours", f"must be a positive number of hours, got {hours:g}")
             given = {"checkpoint_cost_s": checkpoint_cost_s, "restart_overhead_s": restart_overhead_s,
                      "provisioning_delay_s": provisioning_delay_s, "notice_s": notice_s}
             secs = _seconds(given, planned)
@@ -272,7 +274,7 @@ def register(app: typer.Typer) -> None:
             for key, v in secs.items():
                 if v < 0 or not math.isfinite(v):
                     raise usage_error("--" + key.replace("_", "-"), f"must be a non-negative number of seconds, got {v:g}")
-            for opt, v2 in (("--hours", hours), ("--deadline-h", deadline), ("--checkpoint-interval-h", tau)):
+            for opt, v2 in (("--deadline-h", deadline), ("--checkpoint-interval-h", tau)):
                 if v2 is not None and not (v2 > 0 and math.isfinite(v2)):
                     raise usage_error(opt, f"must be a positive number of hours, got {v2:g}")
             if deadline < hours:
