@@ -23,10 +23,15 @@ from spotfallback.deploy.nodepools import (
     ladder_findings,
     nodepool_findings,
     nodepools_for,
+    parse_label_rule,
     render_nodepools,
+    template_label_problem,
+    template_label_rules,
+    template_label_rules_as_written,
 )
 from spotfallback.deploy.pools import GPU_NODE_TAINT, HEAD_NODE_TAINT, HEAD_TOLERATION
 from spotfallback.deploy.validate import validate_text
+from spotfallback.errors import ConfigError
 
 DATA = Path(__file__).resolve().parents[2] / "src" / "spotfallback" / "data" / "karpenter"
 SPOT = {"name": "spot", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4}}
@@ -147,14 +152,26 @@ def test_the_crd_schema_catches_what_the_api_server_would_reject_or_drop(mutate:
     assert findings and all(f.startswith(path) for f in findings), findings
 
 
-def test_cli_writes_the_pools_and_refuses_other_clouds(tmp_path: Path) -> None:
+@pytest.fixture()
+def app() -> typer.Typer:
+    """The `manifest` commands, as the CLI registers them."""
     from spotfallback.cli import manifest as cli_manifest
 
     app = typer.Typer()
     app.command("noop")(lambda: None)
     cli_manifest.register(app)
+    return app
+
+
+@pytest.fixture()
+def job_file(tmp_path: Path) -> Path:
     job = tmp_path / "job.yaml"
     job.write_text(yaml.safe_dump(make_job(SPOT, ON_DEMAND).model_dump(mode="json", exclude_unset=True)))
+    return job
+
+
+def test_cli_writes_the_pools_and_refuses_other_clouds(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
+    job = job_file
     out = tmp_path / "pools.yaml"
     ok = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "aks-nap", "--job", str(job), "--out", str(out)])
     assert ok.exit_code == 0, ok.stderr
@@ -163,6 +180,95 @@ def test_cli_writes_the_pools_and_refuses_other_clouds(tmp_path: Path) -> None:
     assert out.read_text() == render_nodepools(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.AKS_NAP))
     bad = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "gke", "--job", str(job)])
     assert bad.exit_code == 2 and bad.stderr == "error: --cloud: 'gke' is not one of: eks-karpenter, aks-nap\n"
+
+
+@pytest.mark.parametrize("cloud", list(KarpenterCloud))
+def test_labels_of_your_own_reach_every_pool_and_the_nodes_it_launches(cloud: KarpenterCloud) -> None:
+    job = make_job(SPOT, ON_DEMAND)
+    labels = {"team": "forecasting", "cost-centre": "42"}
+    pools = nodepools_for(job, NodePoolOptions(cloud=cloud, labels=labels))
+    for pool in pools:
+        assert pool["metadata"]["labels"] == {"app.kubernetes.io/managed-by": "spotfallback", "spotfallback/run": "churn-model", **labels}
+        assert pool["spec"]["template"]["metadata"] == {"labels": labels}
+    assert list(nodepool_findings(pools, job, cloud)) == []  # the provider's CRD schema and the ladder's rules
+    # Without labels of one's own the template has no metadata, as before.
+    assert all("metadata" not in p["spec"]["template"] for p in nodepools_for(job, NodePoolOptions(cloud=cloud)))
+
+
+@pytest.mark.parametrize(("cloud", "key"), [
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.sh/team"),  # the CRD's rule: domain "karpenter.sh" is restricted
+    (KarpenterCloud.EKS_KARPENTER, "team.karpenter.sh/x"),  # ...and its subdomains
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.k8s.aws/instance-family"),
+    (KarpenterCloud.AKS_NAP, "karpenter.azure.com/sku-family"),
+    (KarpenterCloud.AKS_NAP, "spotfallback/run"),
+    (KarpenterCloud.AKS_NAP, "kubernetes.io/hostname"),
+])
+def test_label_keys_karpenter_or_the_file_set_are_refused(cloud: KarpenterCloud, key: str) -> None:
+    with pytest.raises(ConfigError, match=f"^labels: {re.escape(repr(key))} is a key the file, Karpenter or Kubernetes sets itself"):
+        NodePoolOptions(cloud=cloud, labels={key: "x"})
+    # The other provider's domain is only a name there.
+    other = {KarpenterCloud.EKS_KARPENTER: "karpenter.azure.com/x", KarpenterCloud.AKS_NAP: "karpenter.k8s.aws/x"}[cloud]
+    assert NodePoolOptions(cloud=cloud, labels={other: "x"}).labels
+
+
+@pytest.mark.parametrize("cloud", list(KarpenterCloud))
+def test_every_rule_the_crd_sets_on_template_labels_is_read(cloud: KarpenterCloud) -> None:
+    """A vendored CRD with a rule of another shape fails here, not silently in a user's cluster."""
+    written = template_label_rules_as_written(cloud)
+    assert len(written) >= 4 and all(parse_label_rule(message, rule) is not None for message, rule in written)
+    assert len(template_label_rules(cloud)) == len(written)
+
+
+@pytest.mark.parametrize(("cloud", "key", "message"), [
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.sh/capacity-type", None),  # listed as allowed in the domain rule
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.sh/nodepool", 'label "karpenter.sh/nodepool" is restricted'),  # allowed by the domain rule only
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.sh/team", 'label domain "karpenter.sh" is restricted'),
+    (KarpenterCloud.EKS_KARPENTER, "x.karpenter.sh/team", 'label domain "karpenter.sh" is restricted'),
+    (KarpenterCloud.EKS_KARPENTER, "kubernetes.io/hostname", 'label "kubernetes.io/hostname" is restricted'),
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.k8s.aws/instance-family", None),
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.k8s.aws/team", 'label domain "karpenter.k8s.aws" is restricted'),
+    (KarpenterCloud.EKS_KARPENTER, "karpenter.azure.com/team", None),  # another provider's domain
+    (KarpenterCloud.EKS_KARPENTER, "agentpool", None),
+    (KarpenterCloud.AKS_NAP, "agentpool", 'label "agentpool" is restricted'),
+    (KarpenterCloud.AKS_NAP, "kubernetes.azure.com/team", 'label domain "kubernetes.azure.com" is restricted'),
+    (KarpenterCloud.AKS_NAP, "kubernetes.azure.com/scalesetpriority", None),
+    (KarpenterCloud.AKS_NAP, "team", None),
+])
+def test_template_labels_are_judged_by_the_crds_own_rules(cloud: KarpenterCloud, key: str, message: str | None) -> None:
+    assert template_label_problem(key, cloud) == message
+
+
+def test_validate_names_a_template_label_the_api_server_would_refuse() -> None:
+    pools = nodepools_for(make_job(SPOT, ON_DEMAND), NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER))
+    pools[0]["spec"]["template"]["metadata"] = {"labels": {"team": "ml", "karpenter.sh/team": "ml", "karpenter.sh/capacity-type": "spot"}}
+    report = validate_text(_dump(pools))
+    assert [(f.document, f.path, f.message) for f in report.errors] == [
+        (0, "spec.template.metadata.labels",
+         "'karpenter.sh/team': label domain \"karpenter.sh\" is restricted (Karpenter's NodePool schema)")]
+    job = make_job(SPOT, ON_DEMAND)
+    assert list(nodepool_findings(pools, job, KarpenterCloud.EKS_KARPENTER)) == [
+        "NodePool[0].spec.template.metadata.labels: 'karpenter.sh/team': label domain \"karpenter.sh\" is restricted "
+        "(Karpenter's NodePool schema)"]
+
+
+def test_aks_keys_the_crd_restricts_are_refused_as_labels_of_your_own() -> None:
+    with pytest.raises(ConfigError, match="^labels: 'agentpool': label \"agentpool\" is restricted \\(Karpenter's NodePool schema\\)"):
+        NodePoolOptions(cloud=KarpenterCloud.AKS_NAP, labels={"agentpool": "x"})
+    # A domain the CRD restricts is refused whole, its well-known keys too: they choose nodes.
+    with pytest.raises(ConfigError, match="^labels: 'kubernetes.azure.com/scalesetpriority' is a key the file, Karpenter"):
+        NodePoolOptions(cloud=KarpenterCloud.AKS_NAP, labels={"kubernetes.azure.com/scalesetpriority": "spot"})
+    assert NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER, labels={"agentpool": "x"}).labels  # only AKS's rule
+
+
+def test_cli_labels_the_pools_and_names_the_option_for_a_bad_one(app: typer.Typer, job_file: Path) -> None:
+    job = job_file
+    ok = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "eks-karpenter", "--job", str(job), "--label", "team=ml"])
+    assert ok.exit_code == 0, ok.stderr
+    assert all(d["spec"]["template"]["metadata"]["labels"] == {"team": "ml"} for d in yaml.safe_load_all(ok.stdout))
+    for entry, message in [("team", "expected KEY=VALUE, got 'team'"), ("karpenter.sh/x=1", "'karpenter.sh/x' is a key the file"),
+                           ("team=a b", "team=a b: invalid label value 'a b'")]:
+        bad = CliRunner().invoke(app, ["manifest", "nodepools", "--cloud", "eks-karpenter", "--job", str(job), "--label", entry])
+        assert bad.exit_code == 2 and bad.stderr.startswith(f"error: --label: {message}"), bad.stderr
 
 
 EAST = {"address": "http://head-east:8265", "name": "east", "region": "us-east-1"}

@@ -77,7 +77,7 @@ JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_pat
 ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, spotfallback and your code (default: rayproject/ray matching rayVersion).")]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of the job file's; the same name RESUMES that run.")]
 UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timestamp and random token to the run name: a new run.")]
-PipOpt = Annotated[list[str] | None, typer.Option("--pip", help="Package to pip-install at start (repeatable).")]
+PipOpt = Annotated[list[str] | None, typer.Option("--pip", metavar="<str>", help="Package to pip-install at start (repeatable).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="YAML file to write (.yaml or .yml); stdout if omitted.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --out file if it exists.")]
 
@@ -238,7 +238,7 @@ def kuberay_command(
     ] = None,
     label: Annotated[
         list[str] | None,
-        typer.Option(help="KEY=VALUE (repeatable): a label on the object and every pod, beside spotfallback/run, for cost "
+        typer.Option(metavar="KEY=VALUE", help="KEY=VALUE (repeatable): a label on the object and every pod, beside spotfallback/run, for cost "
                           "allocation or a cluster's policies."),
     ] = None,
     priority_class: Annotated[
@@ -349,7 +349,7 @@ def launcher_command(
     region: Annotated[str | None, typer.Option(help="Region (default: the tiers' ray.io/availability-region, else the --zone's).")] = None,
     zone: Annotated[str | None, typer.Option(help="Zone (default: the tiers' ray.io/availability-zone); required on GCP.")] = None,
     project_id: Annotated[str | None, typer.Option(help="GCP project id.")] = None,
-    instance_type: Annotated[list[str] | None, typer.Option(help="TIER=TYPE (repeatable) instead of the default fit.")] = None,
+    instance_type: Annotated[list[str] | None, typer.Option(metavar="TIER=TYPE", help="TIER=TYPE (repeatable) instead of the default fit.")] = None,
     head_instance_type: Annotated[
         str | None,
         typer.Option(help=f"Head instance/machine type (default: {', '.join(f'{t} on {c}' for c, t in HEAD_INSTANCE_TYPES.items())}); "
@@ -367,19 +367,19 @@ def launcher_command(
     ] = None,
     subnet_id: Annotated[
         list[str] | None,
-        typer.Option(help="[ZONE=]ID: an AWS subnet ID (repeatable: Ray's launcher uses the first and tries the next "
+        typer.Option(metavar="[ZONE=]ID", help="[ZONE=]ID: an AWS subnet ID (repeatable: Ray's launcher uses the first and tries the next "
                           "where a launch finds no capacity); all in one VPC. ZONE=ID is for the tiers pinned to that zone "
                           "(needed where the tiers name several zones), ID for the other nodes (default: all the ZONE=ID "
                           "subnets, or the default VPC's that give instances a public IP)."),
     ] = None,
     security_group_id: Annotated[
         list[str] | None,
-        typer.Option(help="AWS security group ID for every node (repeatable), instead of the one Ray's launcher makes; "
+        typer.Option(metavar="<str>", help="AWS security group ID for every node (repeatable), instead of the one Ray's launcher makes; "
                           "the groups must let the nodes reach each other on every port and ssh in."),
     ] = None,
     tag: Annotated[
         list[str] | None,
-        typer.Option(help="KEY=VALUE (repeatable): a tag on every node and its volumes (AWS) or a label on every node "
+        typer.Option(metavar="KEY=VALUE", help="KEY=VALUE (repeatable): a tag on every node and its volumes (AWS) or a label on every node "
                           "(GCP), for cost allocation or an organisation's policy."),
     ] = None,
     internal_ips: Annotated[
@@ -477,6 +477,11 @@ def nodepools_command(
         str, typer.Option(help="The EC2NodeClass (EKS) or AKSNodeClass (AKS) the pools reference; yours to manage.")
     ] = "default",
     name: NameOpt = None,
+    label: Annotated[
+        list[str] | None,
+        typer.Option(metavar="KEY=VALUE", help="KEY=VALUE (repeatable): a label on every NodePool and on the nodes it launches, for cost "
+                          "allocation or a cluster's policies."),
+    ] = None,
     out: OutOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -491,9 +496,11 @@ def nodepools_command(
     if problem:
         _fail(f"--node-class: {problem}")
     _check_options(None, name)
+    labels = _key_values("--label", label)
     config, run_name = _load(job, name, False)
     try:
-        text = render_nodepools(config, NodePoolOptions(cloud=karpenter, node_class=node_class, run_name=run_name))
+        text = render_nodepools(config, NodePoolOptions(cloud=karpenter, node_class=node_class, run_name=run_name,
+                                                        labels=labels))
     except ConfigError as e:
         _config_error(e, job)
     except ManifestInvalid as e:

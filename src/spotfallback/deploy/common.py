@@ -9,8 +9,9 @@ import hashlib
 import math
 import re
 import secrets
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
+from typing import Any
 
 import yaml
 
@@ -254,3 +255,35 @@ def object_name_error(name: str) -> str | None:
     if len(name) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(name):
         return f"{name!r} is not a Kubernetes object name (lowercase letters, digits, '-' and '.')"
     return None
+
+
+_LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
+# The label keys a user's labels must leave alone: ours (RUN_LABEL on every object and pod), Ray's and
+# KubeRay's (ray.io/cluster, ray.io/node-type...), and Kubernetes' reserved prefixes.
+OWN_LABEL_PREFIXES = ("spotfallback/", "ray.io/", "kubernetes.io/", "k8s.io/")
+
+
+def label_problem(key: str, value: Any) -> str | None:
+    """Kubernetes' IsQualifiedName / IsValidLabelValue: the API server's rule for an object's and a
+    pod's labels, which KubeRay also applies to group labels."""
+    prefix, _, name = key.rpartition("/")
+    if (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix))) or len(name) > 63 or not _LABEL_NAME_RE.fullmatch(name):
+        return f"invalid label key {key!r}: an optional DNS prefix and '/', then 1-63 alphanumerics, '-', '_' or '.'"
+    if not isinstance(value, str) or (value and (len(value) > 63 or not _LABEL_NAME_RE.fullmatch(value))):
+        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
+        return f"invalid label value {shown}: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"
+    return None
+
+
+def check_user_labels(labels: Mapping[str, str], set_by: str, reserved_domains: Sequence[str] = ()) -> None:
+    """Refuse labels the API server would refuse, and keys that the file, ``set_by`` or Kubernetes set
+    themselves: ours, :data:`OWN_LABEL_PREFIXES`, and each of ``reserved_domains`` with its subdomains."""
+    for key, value in labels.items():
+        if problem := label_problem(key, value):
+            raise ConfigError(f"labels: {key}={value}: {problem}")
+        domain = key.rpartition("/")[0]
+        if (key == MANAGED_BY_LABEL or key.startswith(OWN_LABEL_PREFIXES)
+                or any(domain == d or domain.endswith("." + d) for d in reserved_domains)):
+            reserved = [MANAGED_BY_LABEL, *(p + "..." for p in OWN_LABEL_PREFIXES), *(f"[*.]{d}/..." for d in reserved_domains)]
+            raise ConfigError(f"labels: {key!r} is a key the file, {set_by} or Kubernetes sets itself ({', '.join(reserved)}); "
+                              "choose another key")

@@ -59,6 +59,7 @@ from spotfallback.deploy.common import (
     RUN_LABEL,
     ZONE_LABEL,
     check_image,
+    check_user_labels,
     cpu_quantity,
     default_image,
     installs_spotfallback,
@@ -75,7 +76,7 @@ from spotfallback.deploy.common import (
 )
 from spotfallback.deploy.machines import machine_fit_error, machine_memory_error
 from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_pool
-from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text, label_problem
+from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
 from spotfallback.errors import ConfigError
 
 API_VERSION = "ray.io/v1"
@@ -95,9 +96,6 @@ NOTICE_AGENT_COMMAND = ["spotfallback", "notice-agent"]
 MIN_SPOT_GRACE_S = DRAIN_MARGIN_S + 1
 # The oldest operator that keeps every field these files use (see the module docstring).
 MIN_KUBERAY_VERSION = "1.5.1"
-# The label keys a user's labels must leave alone: ours (RUN_LABEL on the object and every pod),
-# KubeRay's and Ray's (ray.io/cluster, ray.io/node-type...), and Kubernetes' reserved prefixes.
-_OWN_LABEL_PREFIXES = ("spotfallback/", "ray.io/", "kubernetes.io/", "k8s.io/")
 # Ray Train polls for drains every 5 s by default; a 15 s notice needs a quicker look.
 PREEMPTION_POLL_ENV = {"name": "RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S", "value": "1"}
 
@@ -166,7 +164,7 @@ class KubeRayOptions:
     priority_class: str | None = None
 
     def __post_init__(self) -> None:
-        _check_labels(self.labels)
+        check_user_labels(self.labels, "KubeRay")
         if self.priority_class is not None:
             if problem := object_name_error(self.priority_class):
                 raise ConfigError(f"priority_class: {problem}")
@@ -210,18 +208,6 @@ class KubeRayOptions:
     @property
     def grace_seconds(self) -> int:
         return self.spot_grace_seconds or SPOT_SHUTDOWN[self.cloud].grace_s
-
-
-def _check_labels(labels: Mapping[str, str]) -> None:
-    """Refuse labels the API server would refuse, and keys that KubeRay, Kubernetes or this file set themselves."""
-    for key, value in labels.items():
-        if problem := label_problem(key, value):
-            raise ConfigError(f"labels: {key}={value}: {problem}")
-        if key == MANAGED_BY_LABEL or key.startswith(_OWN_LABEL_PREFIXES):
-            raise ConfigError(
-                f"labels: {key!r} is a key the file, KubeRay or Kubernetes sets itself ({MANAGED_BY_LABEL}, "
-                f"{', '.join(p + '...' for p in _OWN_LABEL_PREFIXES)}); choose another key"
-            )
 
 
 def rayjob_entrypoint(job: JobConfig, ray_address: str = "auto") -> str:

@@ -22,8 +22,9 @@ What a training gang needs from Karpenter's disruption:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator
-from dataclasses import dataclass
+import re
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
 from enum import StrEnum
 from functools import cache
 from importlib import resources
@@ -39,6 +40,7 @@ from spotfallback.deploy.common import (
     MANAGED_BY_LABEL,
     RUN_LABEL,
     ZONE_LABEL,
+    check_user_labels,
     k8s_name,
     label_value,
     tier_labels,
@@ -108,6 +110,18 @@ class NodePoolOptions:
     cloud: KarpenterCloud
     node_class: str = "default"
     run_name: str | None = None
+    # Labels of your own (a team, a cost centre) on every NodePool and on the nodes each launches
+    # (its template's labels), beside spotfallback/run on the pools.
+    labels: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        # Every domain the CRD restricts is refused whole: the keys it still allows there are
+        # well-known labels (capacity type, instance family...) that choose nodes, not name them.
+        rules = template_label_rules(self.cloud)
+        check_user_labels(self.labels, "Karpenter", tuple(r.domain for r in rules if r.domain is not None))
+        for key in self.labels:
+            if problem := template_label_problem(key, self.cloud):
+                raise ConfigError(f"labels: {key!r}: {problem} (Karpenter's NodePool schema); choose another key")
 
 
 def _market(tier: Tier, index: int) -> str:
@@ -171,7 +185,7 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
         if taints:
             node_spec["taints"] = taints
         suffix = CAPACITY_TYPES[market] if per_market[cluster, market] == 1 else tiers[0][1].name
-        pools.append(_pool(name, cluster, suffix, node_spec, _limits(tiers, gpu)))
+        pools.append(_pool(name, cluster, suffix, node_spec, _limits(tiers, gpu), opts.labels))
     for cluster in job.ladder.cluster_keys:
         # The Ray head: on-demand, CPU only, on a pool of its own that only it tolerates.
         head_spec: dict[str, Any] = {
@@ -181,15 +195,18 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
             "expireAfter": "Never",
             "taints": [dict(HEAD_NODE_TAINT)],
         }
-        pools.append(_pool(name, cluster, "head", head_spec, {"cpu": str(HEAD_POOL_CPU)}))
+        pools.append(_pool(name, cluster, "head", head_spec, {"cpu": str(HEAD_POOL_CPU)}, opts.labels))
     return pools
 
 
-def _pool(run: str, cluster: str | None, suffix: str, node_spec: dict[str, Any], limits: dict[str, str]) -> dict[str, Any]:
+def _pool(run: str, cluster: str | None, suffix: str, node_spec: dict[str, Any], limits: dict[str, str],
+          user_labels: Mapping[str, str]) -> dict[str, Any]:
     """One NodePool of the run (of ``cluster``'s, in a ladder across clusters): the gang's disruption rules."""
     labels = {MANAGED_BY_LABEL: "spotfallback", RUN_LABEL: label_value(run)}
     if cluster is not None:
         labels[CLUSTER_LABEL] = label_value(cluster)
+    labels.update(user_labels)
+    template: dict[str, Any] = {"metadata": {"labels": dict(user_labels)}} if user_labels else {}
     return {
         "apiVersion": API_VERSION,
         "kind": "NodePool",
@@ -198,7 +215,7 @@ def _pool(run: str, cluster: str | None, suffix: str, node_spec: dict[str, Any],
             "labels": labels,
         },
         "spec": {
-            "template": {"spec": node_spec},
+            "template": {**template, "spec": node_spec},
             "disruption": {
                 "consolidationPolicy": "WhenEmpty",
                 "consolidateAfter": CONSOLIDATE_AFTER,
@@ -234,10 +251,68 @@ def _limits(tiers: list[tuple[int, Tier]], gpu: bool) -> dict[str, str]:
 
 
 @cache
+def _nodepool_crd(cloud: KarpenterCloud) -> dict[str, Any]:
+    text = resources.files("spotfallback").joinpath("data", "karpenter", PROVIDERS[cloud].data_dir, "karpenter.sh_nodepools.yaml").read_text("utf-8")
+    crd: dict[str, Any] = yaml.safe_load(text)
+    return crd
+
+
+@cache
 def nodepool_validator(cloud: KarpenterCloud) -> Any:
     """The provider's vendored ``karpenter.sh_nodepools`` CRD schema, made strict, as a validator."""
-    text = resources.files("spotfallback").joinpath("data", "karpenter", PROVIDERS[cloud].data_dir, "karpenter.sh_nodepools.yaml").read_text("utf-8")
-    return KubernetesValidator(make_strict(extract_crd_schema(yaml.safe_load(text))))
+    return KubernetesValidator(make_strict(extract_crd_schema(_nodepool_crd(cloud))))
+
+
+@dataclass(frozen=True)
+class LabelRule:
+    """One of the CRD's rules (CEL) on the node labels a NodePool's template sets: a key it
+    refuses, or a domain it refuses but for the keys it lists."""
+
+    message: str
+    key: str | None = None
+    domain: str | None = None
+    allowed: frozenset[str] = frozenset()
+
+    def refuses(self, key: str) -> bool:
+        if self.key is not None:
+            return key == self.key
+        # CEL's x.find("^([^/]+)") is the key's prefix, or the whole key where it has none.
+        return self.domain is not None and key not in self.allowed and key.partition("/")[0].endswith(self.domain)
+
+
+# The two shapes of rule the providers' CRDs write on spec.template.metadata.labels.
+_DOMAIN_RULE = re.compile(r'^self\.all\(x, x in \[(?P<allowed>[^\]]*)\] \|\| !x\.find\("\^\(\[\^/\]\+\)"\)\.endsWith\("(?P<domain>[^"]+)"\)\)$')
+_KEY_RULE = re.compile(r"""^self\.all\(x, x != (?P<q>["'])(?P<key>[^"']+)(?P=q)\)$""")
+
+
+def parse_label_rule(message: str, rule: str) -> LabelRule | None:
+    """The rule as a :class:`LabelRule`, or None for a shape this module does not know."""
+    if m := _DOMAIN_RULE.fullmatch(rule.strip()):
+        allowed = frozenset(k.strip().strip("\"'") for k in m["allowed"].split(",") if k.strip())
+        return LabelRule(message, domain=m["domain"], allowed=allowed)
+    if m := _KEY_RULE.fullmatch(rule.strip()):
+        return LabelRule(message, key=m["key"])
+    return None
+
+
+def template_label_rules_as_written(cloud: KarpenterCloud) -> list[tuple[str, str]]:
+    """(message, rule) of every CEL rule the provider's CRD sets on a NodePool's template labels."""
+    schema = extract_crd_schema(_nodepool_crd(cloud))
+    labels = schema["properties"]["spec"]["properties"]["template"]["properties"]["metadata"]["properties"]["labels"]
+    return [(r["message"], r["rule"]) for r in labels.get("x-kubernetes-validations", [])]
+
+
+@cache
+def template_label_rules(cloud: KarpenterCloud) -> tuple[LabelRule, ...]:
+    """The rules on a NodePool's template labels that the API server applies (it evaluates the
+    CRD's CEL, which the JSON-schema check here does not), read from the vendored CRD."""
+    parsed = (parse_label_rule(message, rule) for message, rule in template_label_rules_as_written(cloud))
+    return tuple(r for r in parsed if r is not None)
+
+
+def template_label_problem(key: str, cloud: KarpenterCloud) -> str | None:
+    """Why the provider's Karpenter refuses ``key`` as a node label of a NodePool's template, or None."""
+    return next((rule.message for rule in template_label_rules(cloud) if rule.refuses(key)), None)
 
 
 def _path(error: ValidationError) -> str:
@@ -286,6 +361,8 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
             continue
         for error in sorted(validator.iter_errors(doc), key=lambda e: list(e.absolute_path)):
             yield f"{where}.{_path(error)}: {error.message}"
+        for refused in template_label_problems(doc, cloud):
+            yield f"{where}.{TEMPLATE_LABELS_PATH}: {refused}"
         valid_pools.append(doc)
         problem = aks_spot_taint_problem(doc, cloud)
         if problem:
@@ -294,6 +371,18 @@ def nodepool_findings(docs: list[Any], job: JobConfig, cloud: KarpenterCloud) ->
 
 
 TAINTS_PATH = "spec.template.spec.taints"
+TEMPLATE_LABELS_PATH = "spec.template.metadata.labels"
+
+
+def template_label_problems(pool: dict[str, Any], cloud: KarpenterCloud) -> list[str]:
+    """The node labels of a pool's template that the API server would refuse by the CRD's CEL rules,
+    which the schema check does not run; a hand-edited file may hold anything."""
+    spec = pool.get("spec")
+    template = spec.get("template") if isinstance(spec, dict) else None
+    metadata = template.get("metadata") if isinstance(template, dict) else None
+    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    keys = [k for k in labels if isinstance(k, str)] if isinstance(labels, dict) else []
+    return [f"{key!r}: {problem} (Karpenter's NodePool schema)" for key in keys if (problem := template_label_problem(key, cloud))]
 
 
 def aks_spot_taint_problem(pool: dict[str, Any], cloud: KarpenterCloud) -> str | None:

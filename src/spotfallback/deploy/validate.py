@@ -43,7 +43,7 @@ from spotfallback.deploy.clouds import (
     vm_config_is_spot,
     vm_market_spelling,
 )
-from spotfallback.deploy.common import ZONE_LABEL, object_name_error, parse_quantity
+from spotfallback.deploy.common import ZONE_LABEL, label_problem, object_name_error, parse_quantity
 from spotfallback.deploy.machines import (
     head_machine_problem,
     machine,
@@ -66,8 +66,6 @@ LAUNCHER_KIND = "cluster-launcher"
 
 _PLAIN_KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_-]*$")
 _DNS1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
-_DNS1123_SUB = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?(\.[a-z0-9]([-a-z0-9]*[a-z0-9])?)*$")
-_LABEL_NAME = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 _QUANTITY = re.compile(
     r"^[+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))(([KMGTPE]i)|[numkMGTPE]|([eE][+-]?(([0-9]+(\.[0-9]*)?)|(\.[0-9]+))))?$"
 )
@@ -230,17 +228,6 @@ def _dict(obj: Any) -> dict[str, Any]:
 
 def _list(obj: Any) -> list[Any]:
     return obj if isinstance(obj, list) else []
-
-
-def label_problem(key: str, value: Any) -> str | None:
-    """Kubernetes' IsQualifiedName / IsValidLabelValue: the API server's rule for an object's and a
-    pod's labels, which KubeRay also applies to group labels."""
-    prefix, _, name = key.rpartition("/")
-    if (prefix and (len(prefix) > 253 or not _DNS1123_SUB.fullmatch(prefix))) or len(name) > 63 or not _LABEL_NAME.fullmatch(name):
-        return f"invalid label key {key!r}: an optional DNS prefix and '/', then 1-63 alphanumerics, '-', '_' or '.'"
-    if not isinstance(value, str) or (value and (len(value) > 63 or not _LABEL_NAME.fullmatch(value))):
-        return f"invalid label value {_short(value)}: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"
-    return None
 
 
 def _env_value(container: Any, name: str) -> tuple[int, Any] | None:
@@ -1274,7 +1261,7 @@ GROUP_PATH = "spec.template.spec.nodeClassRef.group"
 
 
 def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
-    """A Karpenter NodePool: its provider's CRD schema, and the AKS spot taint."""
+    """A Karpenter NodePool: its provider's CRD schema (with its rules on node labels), and the AKS spot taint."""
     if api != karpenter.API_VERSION:
         return [Finding("apiVersion", f"{api!r}: Karpenter 1.1 and later serve NodePools only as {karpenter.API_VERSION} "
                                       f"(the shipped CRDs too), and only those are checked; migrate the NodePool to "
@@ -1300,6 +1287,7 @@ def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
     problem = karpenter.aks_spot_taint_problem(doc, cloud)
     if problem:
         findings.append(Finding(karpenter.TAINTS_PATH, problem))
+    findings += [Finding(karpenter.TEMPLATE_LABELS_PATH, p) for p in karpenter.template_label_problems(doc, cloud)]
     return findings
 
 
