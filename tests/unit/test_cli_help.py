@@ -49,6 +49,14 @@ def test_help_on_an_80_column_terminal_names_every_option_in_full(cli, command):
     assert names <= words, (command, sorted(names - words))
 
 
+@pytest.mark.parametrize("command", COMMANDS)
+def test_a_repeatable_option_shows_what_one_value_is_not_a_python_type(cli, command):
+    """``--label <list[str]>`` reads as if the option took a list; each use takes one KEY=VALUE."""
+    r = CliRunner().invoke(cli, [*command.split(), "--help"], env={"COLUMNS": "80"})
+    assert r.exit_code == 0, r.output
+    assert "list[" not in r.output, r.output
+
+
 def test_a_command_out_of_memory_says_so_in_one_line_not_a_traceback(monkeypatch, capsys):
     """numpy refuses an array past the machine's memory at once (a deadline of a billion hours, a trace's
     tick of milliseconds): that is an input to fix, said as such."""

@@ -192,7 +192,7 @@ def register(app: typer.Typer) -> None:
     @app.command("backtest")
     def backtest_command(
         job_file: Path = typer.Argument(..., metavar="JOB.yaml", help="Job file whose ladder is replayed unchanged."),
-        trace: list[Path] = typer.Option([], "--trace", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more windows (each trace is replayed on every spot tier that --pool gives no trace of its own)."),
+        trace: list[Path] = typer.Option([], "--trace", metavar="<path>", help="Recorded trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more windows (each trace is replayed on every spot tier that --pool gives no trace of its own)."),
         pool: list[str] = typer.Option(
             [], "--pool", metavar="TIER=PATH",
             help="A spot tier that replays its own trace (another zone or pool, recorded over the same hours) instead "

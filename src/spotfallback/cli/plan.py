@@ -495,22 +495,22 @@ def register(app: typer.Typer) -> None:
             "answer_requests=True)): climbs back come between periodic checkpoints, at the cost of one write.",
         ),
         spot_price: list[float] = typer.Option(
-            [0.9], "--spot-price",
+            [0.9], "--spot-price", metavar="<float>",
             help="Spot price per worker-hour; repeat to price each spot pool (--trace / --node-trace, in order) on its own.",
         ),
         on_demand_price: float = typer.Option(3.06, "--on-demand-price", help="On-demand price per worker-hour."),
         deadline_h: float | None = typer.Option(None, "--deadline-h", help="Deadline in hours from the start."),
         deadline_prob: float = typer.Option(0.95, "--deadline-prob", help="Required probability of meeting the deadline."),
-        trace: list[Path] = typer.Option([], "--trace", help="Spot trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more spot pools, tried in order."),
+        trace: list[Path] = typer.Option([], "--trace", metavar="<path>", help="Spot trace: SkyPilot JSON, or a node add/remove CSV (.csv); repeat for more spot pools, tried in order."),
         trace_counts: str = typer.Option("available", "--trace-counts", help="What the ticks of a SkyPilot JSON trace (--trace, --sample) count: 'available' or 'preempted' instances."),
-        node_trace: list[Path] = typer.Option([], "--node-trace", help="Node add/remove CSV trace (time_ms,add|remove,node)."),
+        node_trace: list[Path] = typer.Option([], "--node-trace", metavar="<path>", help="Node add/remove CSV trace (time_ms,add|remove,node)."),
         sample: list[Path] = typer.Option(
-            [], "--sample",
+            [], "--sample", metavar="<path>",
             help="Another recorded trace of the same spot market (.json spot, .csv node trace), one spot tier only: "
             "the runs are split between the traces and the deadline must hold on the worst of them.",
         ),
         cluster: list[str] = typer.Option(
-            [], "--cluster",
+            [], "--cluster", metavar="<str>",
             help="A ladder across Ray clusters: the Jobs API address (http://head:8265) of each spot pool's cluster, "
             "in --trace / --node-trace order, then the on-demand tier's. Moves between clusters are priced.",
         ),
