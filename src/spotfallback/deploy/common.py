@@ -263,6 +263,15 @@ _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 OWN_LABEL_PREFIXES = ("spotfallback/", "ray.io/", "kubernetes.io/", "k8s.io/")
 
 
+def short_repr(value: Any) -> str:
+    """The value as a message shows it: its repr, cut to 60 characters; nothing for null, whose
+    type (or the message) says it all."""
+    if value is None:
+        return ""
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
 def label_problem(key: str, value: Any) -> str | None:
     """Kubernetes' IsQualifiedName / IsValidLabelValue: the API server's rule for an object's and a
     pod's labels, which KubeRay also applies to group labels."""
@@ -270,8 +279,7 @@ def label_problem(key: str, value: Any) -> str | None:
     if (prefix and (len(prefix) > 253 or not _DNS1123_SUBDOMAIN_RE.fullmatch(prefix))) or len(name) > 63 or not _LABEL_NAME_RE.fullmatch(name):
         return f"invalid label key {key!r}: an optional DNS prefix and '/', then 1-63 alphanumerics, '-', '_' or '.'"
     if not isinstance(value, str) or (value and (len(value) > 63 or not _LABEL_NAME_RE.fullmatch(value))):
-        shown = repr(value) if len(repr(value)) <= 60 else repr(value)[:57] + "..."
-        return f"invalid label value {shown}: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"
+        return f"invalid label value {short_repr(value) or 'null'}: at most 63 alphanumerics, '-', '_' or '.', alphanumeric at both ends"
     return None
 
 

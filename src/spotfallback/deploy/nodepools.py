@@ -320,13 +320,18 @@ def _path(error: ValidationError) -> str:
     return "".join(parts).lstrip(".") or "(top level)"
 
 
-def _node_spec(pool: Any, field: str) -> Any:
-    """``spec.template.spec.<field>`` of a pool, or None where any level is missing or not a mapping
+def _at(pool: Any, *path: str) -> Any:
+    """The value at ``path`` in a pool, or None where any level is missing or not a mapping
     (a hand-edited file may hold anything)."""
     node: Any = pool
-    for key in ("spec", "template", "spec", field):
+    for key in path:
         node = node.get(key) if isinstance(node, dict) else None
     return node
+
+
+def _node_spec(pool: Any, field: str) -> Any:
+    """``spec.template.spec.<field>`` of a pool: what the nodes it launches are given."""
+    return _at(pool, "spec", "template", "spec", field)
 
 
 def _requirement_list(pool: Any) -> list[dict[str, Any]]:
@@ -377,10 +382,7 @@ TEMPLATE_LABELS_PATH = "spec.template.metadata.labels"
 def template_label_problems(pool: dict[str, Any], cloud: KarpenterCloud) -> list[str]:
     """The node labels of a pool's template that the API server would refuse by the CRD's CEL rules,
     which the schema check does not run; a hand-edited file may hold anything."""
-    spec = pool.get("spec")
-    template = spec.get("template") if isinstance(spec, dict) else None
-    metadata = template.get("metadata") if isinstance(template, dict) else None
-    labels = metadata.get("labels") if isinstance(metadata, dict) else None
+    labels = _at(pool, "spec", "template", "metadata", "labels")
     keys = [k for k in labels if isinstance(k, str)] if isinstance(labels, dict) else []
     return [f"{key!r}: {problem} (Karpenter's NodePool schema)" for key in keys if (problem := template_label_problem(key, cloud))]
 

@@ -43,7 +43,13 @@ from spotfallback.deploy.clouds import (
     vm_config_is_spot,
     vm_market_spelling,
 )
-from spotfallback.deploy.common import ZONE_LABEL, label_problem, object_name_error, parse_quantity
+from spotfallback.deploy.common import (
+    ZONE_LABEL,
+    label_problem,
+    object_name_error,
+    parse_quantity,
+    short_repr,
+)
 from spotfallback.deploy.machines import (
     head_machine_problem,
     machine,
@@ -157,14 +163,6 @@ def field_path(parts: Iterable[str | int]) -> str:
     return out or "(top level)"
 
 
-def _short(value: Any) -> str:
-    """The value as shown after its type; nothing for null, whose type says it all."""
-    if value is None:
-        return ""
-    text = repr(value)
-    return text if len(text) <= 60 else text[:57] + "..."
-
-
 def _json_type(value: Any) -> str:
     for name, kind in (("boolean", bool), ("integer", int), ("number", float), ("string", str), ("array", list), ("object", dict)):
         if isinstance(value, kind):
@@ -194,14 +192,14 @@ def _schema_findings(err: ValidationError) -> list[Finding]:
     where = field_path(path)
     if kind == "type":
         expected = err.validator_value if isinstance(err.validator_value, str) else " or ".join(err.validator_value)
-        return [Finding(where, f"expected {expected}, got {_json_type(err.instance)} {_short(err.instance)}".rstrip())]
+        return [Finding(where, f"expected {expected}, got {_json_type(err.instance)} {short_repr(err.instance)}".rstrip())]
     if kind == "anyOf" and schema.get("x-kubernetes-int-or-string"):
-        return [Finding(where, f"expected an integer or a string such as \"2\" or \"500m\", got {_json_type(err.instance)} {_short(err.instance)}".rstrip())]
+        return [Finding(where, f"expected an integer or a string such as \"2\" or \"500m\", got {_json_type(err.instance)} {short_repr(err.instance)}".rstrip())]
     if kind == "enum":
         allowed = ", ".join(map(str, err.validator_value))
-        return [Finding(where, f"{_short(err.instance)} is not one of: {allowed}")]
+        return [Finding(where, f"{short_repr(err.instance)} is not one of: {allowed}")]
     if kind == "pattern":
-        return [Finding(where, f"{_short(err.instance)} does not match {err.validator_value}")]
+        return [Finding(where, f"{short_repr(err.instance)} does not match {err.validator_value}")]
     return [Finding(where, err.message)]
 
 
@@ -326,21 +324,21 @@ def _container_resource_findings(resources: dict[str, Any], at: list[str | int])
                                                                   "requests it must give the same limit")
                 continue
             if request is not None and limit is not None and request != limit:
-                yield Finding(field_path([*at, "requests", key]), f"{_short(asked)} differs from limits.{key} "
-                                                                    f"{_short(limits[key])}: {key} cannot be overcommitted; give one value")
+                yield Finding(field_path([*at, "requests", key]), f"{short_repr(asked)} differs from limits.{key} "
+                                                                    f"{short_repr(limits[key])}: {key} cannot be overcommitted; give one value")
                 continue
         if request is not None and limit is not None and request > limit:
-            yield Finding(field_path([*at, "requests", key]), f"{_short(asked)} is more than limits.{key} "
-                                                                f"{_short(limits[key])}: a request must not exceed its limit")
+            yield Finding(field_path([*at, "requests", key]), f"{short_repr(asked)} is more than limits.{key} "
+                                                                f"{short_repr(limits[key])}: a request must not exceed its limit")
 
 
 def _toleration_findings(toleration: dict[str, Any], at: list[str | int]) -> Iterator[Finding]:
     effect, operator = toleration.get("effect"), toleration.get("operator")
     if effect not in (None, "", *_TOLERATION_EFFECTS):
-        yield Finding(field_path([*at, "effect"]), f"{_short(effect)} is not a taint effect: give one of "
+        yield Finding(field_path([*at, "effect"]), f"{short_repr(effect)} is not a taint effect: give one of "
                                                    f"{', '.join(_TOLERATION_EFFECTS)}, or none for all")
     if operator not in (None, "", "Equal", "Exists"):
-        yield Finding(field_path([*at, "operator"]), f"{_short(operator)} must be 'Equal' or 'Exists'")
+        yield Finding(field_path([*at, "operator"]), f"{short_repr(operator)} must be 'Equal' or 'Exists'")
     if operator == "Exists" and toleration.get("value"):
         yield Finding(field_path([*at, "value"]), "must be empty when operator is 'Exists' (it matches any value); "
                                                   "drop the value, or use operator 'Equal'")
@@ -902,7 +900,7 @@ def _on_prem_findings(doc: dict[str, Any]) -> Iterator[Finding]:
                                "provider.coordinator_address)")
     low, cap = doc.get("min_workers"), doc.get("max_workers")
     if "min_workers" in doc and (not isinstance(low, int) or isinstance(low, bool) or low < 0):
-        yield Finding("min_workers", f"expected a number of worker nodes (0 or more), got {_json_type(low)} {_short(low)}".rstrip())
+        yield Finding("min_workers", f"expected a number of worker nodes (0 or more), got {_json_type(low)} {short_repr(low)}".rstrip())
     elif isinstance(low, int) and isinstance(cap, int) and not isinstance(cap, bool) and low > cap:
         yield Finding("min_workers", f"{low} is more than max_workers {cap}, which Ray refuses on an on-prem cluster")
     provider = _dict(doc.get("provider"))
@@ -1279,7 +1277,7 @@ def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
     if cloud is None:
         cloud = karpenter.KarpenterCloud.EKS_KARPENTER
         if group is not None:
-            findings.append(Finding(GROUP_PATH, f"{_short(group)} is neither "
+            findings.append(Finding(GROUP_PATH, f"{short_repr(group)} is neither "
                                     "karpenter.k8s.aws (EKS) nor karpenter.azure.com (AKS): checked against EKS's "
                                     "NodePool schema", warning=True))
     findings += [f for f in _schema_check(karpenter.nodepool_validator(cloud), doc)
