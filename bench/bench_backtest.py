@@ -1,4 +1,4 @@
-"""Hindsight optimum and backtesting: `.venv/bin/python bench/bench_backtest.py [--repeat N]`.
+"""Hindsight optimum and backtesting: `.venv/bin/python -m bench.bench_backtest [--repeat N]`.
 
 Targets: `plan` with the optimum on one trace in under 5 s; a backtest of 400 windows in
 under 10 s. Beside them, the optimum alone for 300 h and 1000 h jobs (``long_job_rows``). Then

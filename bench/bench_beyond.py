@@ -1,6 +1,6 @@
 """Each feature beyond one-way fallback (climbing back, elastic tiers, guards) against the one-way ladder on the shared traces.
 
-`.venv/bin/python bench/bench_beyond.py [--runs N] [--seed S] [--markdown]`
+`.venv/bin/python -m bench.bench_beyond [--runs N] [--seed S] [--markdown]`
 
 For every shared trace the same job runs on the seeds' one-way ladder (spot with a
 preemption budget and a capacity timeout, then on-demand) and on that ladder with one

@@ -1,6 +1,6 @@
 """Work lost per eviction, with and without a preemption notice, spotfallback vs plain Ray Train.
 
-`.venv/bin/python bench/bench_notices.py [--repeat N] [--notice S] [--at-step K] [--only NAME ...]
+`.venv/bin/python -m bench.bench_notices [--repeat N] [--notice S] [--at-step K] [--only NAME ...]
 [--scenario NAME:EVICTION ...]`
 
 One local cluster (head without CPUs + three one-CPU spot nodes) runs the DDP digits example

@@ -18,7 +18,7 @@ kill → new worker group asked for → group placed and started → first step;
 its ledger also gives detection (kill → failure recorded), placement (→ workers acquired)
 and restart overhead (→ first step starts), which calibrate figure 7.
 
-Standalone: ``python bench/bench_recovery.py [--quick]`` (= ``python -m bench --only recovery``).
+Standalone: ``python -m bench.bench_recovery [--quick]`` (= ``python -m bench --only recovery``).
 """
 
 from __future__ import annotations

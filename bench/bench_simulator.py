@@ -1,4 +1,4 @@
-"""Throughput of the simulator: `.venv/bin/python bench/bench_simulator.py [--repeat N]`.
+"""Throughput of the simulator: `.venv/bin/python -m bench.bench_simulator [--repeat N]`.
 
 Targets: 10,000 runs of a 100-hour, 8-worker job on a rate model in under 1 s;
 1,000 replays of a shared trace in under 2 s. Prints the best of ``--repeat`` timings, the

@@ -104,6 +104,15 @@ def label_selector_value_error(value: str) -> str | None:
     )
 
 
+def selector_matches(value: str, label: str) -> bool:
+    """Whether a node whose label is ``label`` matches the selector value ``value`` ('a', '!a',
+    'in(a,b)', '!in(a,b)')."""
+    negated = value.startswith("!")
+    body = value.removeprefix("!")
+    values = [v.strip() for v in body[body.index("(") + 1:-1].split(",")] if body.endswith(")") else [body]
+    return (label in values) != negated
+
+
 def labels_error(labels: Mapping[str, str], value_error: Callable[[str], str | None]) -> str | None:
     """The first problem of ``labels`` (keys as ``label_key_error`` says, values as ``value_error``), or None."""
     for key, value in labels.items():
@@ -132,7 +141,9 @@ def storage_uri_error(storage_path: str) -> str | None:
                 f"of {', '.join(s + '://' for s in STORAGE_SCHEMES)}")
     if scheme == "file":
         return None
-    bucket = rest.split("?", 1)[0].strip("/").split("/", 1)[0]
+    # HDFS alone reads ``hdfs:///path`` as the default file system; elsewhere the first part is the bucket.
+    where = rest.split("?", 1)[0]
+    bucket = (where.strip("/") if scheme == "hdfs" else where).split("/", 1)[0]
     if not bucket:
         return f"{storage_path!r} names no bucket; give {scheme}://BUCKET/PREFIX"
     if any(c.isspace() for c in bucket):
@@ -204,8 +215,9 @@ class DeadlineGuard(BaseModel):
     first_commit_h: float = Field(
         default=0.0,
         ge=0, le=MAX_DURATION_H,
-        description="Hours a new gang risks before its progress is safe: restore + interval + write (restore + notice "
-        "when the notice holds a checkpoint). Waiting for capacity stops this much earlier; a climb needs it ahead.",
+        description="Hours a new gang risks before its progress is safe: restore + interval + write (restore + the "
+        "just-in-time save's lead when the notice holds a checkpoint). Waiting for capacity stops this much earlier; a "
+        "climb needs it ahead.",
     )
     reserve_h: float = Field(
         default=0.0,
@@ -508,6 +520,16 @@ class Tier(BaseModel):
         return self
 
     @model_validator(mode="after")
+    def _check_market_selector(self) -> Tier:
+        # The tier's market is how the run knows its nodes are spot (budgets, notices); a selector
+        # on the market label that leaves it out would put the tier on other nodes under its name.
+        value = self.label_selector.get(MARKET_LABEL)
+        if value and not selector_matches(value, self.market):
+            raise ValueError(f"label_selector.{MARKET_LABEL}: {value!r} does not select the tier's market "
+                             f"{self.market!r}; leave the key out (the market sets it) or include {self.market!r}")
+        return self
+
+    @model_validator(mode="after")
     def _check_gpu(self) -> Tier:
         # Ray Train's ScalingConfig refuses it at the run's start, after the cluster is up; say it here.
         gpus = (self.resources_per_worker or {}).get("GPU")
@@ -544,6 +566,10 @@ class Tier(BaseModel):
         meant = _MARKET_SPELLINGS.get(v.lower().replace("_", "-"))
         if meant is not None and v != meant:
             raise ValueError(f"market {v!r}: did you mean {meant!r}? (markets are lower case; GCP's preemptible VMs are 'spot')")
+        if meant is None and (close := difflib.get_close_matches(v.lower(), (SPOT, ON_DEMAND), n=1, cutoff=0.75)):
+            # A misspelt 'spot' would run as a market of its own, with no spot budgets or notices.
+            raise ValueError(f"market {v!r}: did you mean {close[0]!r}? (a market of your own needs a name unlike "
+                             f"{SPOT!r} and {ON_DEMAND!r})")
         return v
 
     @field_validator("label_selector")

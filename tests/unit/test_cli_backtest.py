@@ -241,6 +241,8 @@ def test_each_spot_pool_can_replay_its_own_trace_over_the_same_hours():
     with pytest.raises(PoolError, match=r"pools: 'on-demand' is not a spot tier of the ladder.*'spot', 'spot-b'") as e:
         backtest(ladder, [first], job, pools={"on-demand": other})
     assert e.value.tier == "on-demand"
+    with pytest.raises(PoolError, match=r"pools: 'spot-b': got str, a path: load it first"):
+        backtest(ladder, [first], job, pools={"spot-b": OTHER_POOL})  # type: ignore[dict-item]
 
 
 def test_backtest_pool_option_names_the_tier_that_replays_its_own_trace(app, tmp_path):

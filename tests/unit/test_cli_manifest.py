@@ -379,7 +379,7 @@ def test_an_empty_pip_package_is_refused_rather_than_written(app: typer.Typer, j
 @pytest.mark.parametrize(("package", "problem"), [
     ("torch>=", "error: --pip: 'torch>=' is not a pip requirement (Expected semicolon (after name with no version "
                 "specifier) or end); give one such as 'torch==2.3.1'"),
-    ("--extra-index-url", "error: --pip: '--extra-index-url' is a pip option; give one requirement, wheel or URL per --pip"),
+    ("--extra-index-url", "error: --pip: '--extra-index-url' is a pip option; give one requirement, wheel or URL each"),
 ])
 def test_a_pip_package_pip_would_refuse_on_every_node_is_refused_here(app: typer.Typer, job_file: Path, package: str,
                                                                       problem: str) -> None:

@@ -217,11 +217,16 @@ def test_a_storage_uri_ray_train_cannot_write_is_refused_where_the_job_is_read(s
         JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
 
 
-@pytest.mark.parametrize("storage_path", ["s3://", "gs:///", "s3://?region=us-east-1"])
+@pytest.mark.parametrize("storage_path", ["s3://", "gs:///", "s3://?region=us-east-1", "s3:///runs", "gs:///runs/a"])
 def test_a_storage_uri_without_a_bucket_is_refused_where_the_job_is_read(storage_path):
     """Not only by status: a manifest made from it would fail on the cluster."""
     with pytest.raises(ValidationError, match=r"names no bucket; give (s3|gs)://BUCKET/PREFIX"):
         JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
+
+
+def test_hdfs_without_a_host_is_the_default_file_system():
+    """``hdfs:///path`` is HDFS's default namenode, not a missing bucket."""
+    assert JobConfig(name="ok", storage_path="hdfs:///runs", entrypoint="m:f", tiers=(Tier.spot(1),)).storage_path == "hdfs:///runs"
 
 
 def test_a_storage_scheme_in_capitals_is_refused_with_its_lower_case():
@@ -389,3 +394,25 @@ def test_gpus_without_use_gpu_are_refused_as_ray_train_would_at_the_start():
         ScalingConfig(num_workers=1, use_gpu=False, resources_per_worker=resources)
     with pytest.raises(ConfigError, match=r"^tiers\[0\]: resources_per_worker asks for 8 GPU but use_gpu is false; set use_gpu: true"):
         make_ladder([{"name": "gpu", "market": "spot", "num_workers": 1, "resources_per_worker": resources}])
+
+
+@pytest.mark.parametrize(("market", "meant"), [("spto", "spot"), ("spots", "spot"), ("on-demnd", "on-demand")])
+def test_a_misspelt_market_is_refused_with_the_one_meant(market, meant):
+    """It would run as a market of its own: no spot budgets, no notices, never interrupted in a backtest."""
+    with pytest.raises(ValidationError, match=rf"market '{market}': did you mean '{meant}'\?"):
+        Tier(name="a", market=market, num_workers=1)
+    assert Tier(name="a", market="reserved", num_workers=1).market == "reserved"
+
+
+@pytest.mark.parametrize(("value", "ok"), [
+    ("on-demand", False), ("!spot", False), ("in(on-demand,reserved)", False), ("!in(spot,reserved)", False),
+    ("spot", True), ("in(spot,on-demand)", True), ("!on-demand", True), ("!in(on-demand)", True),
+])
+def test_a_label_selector_on_the_market_label_must_select_the_tiers_market(value, ok):
+    """Else the tier runs on other nodes under its market: spot budgets and notices on on-demand nodes."""
+    make = lambda: Tier(name="a", market="spot", num_workers=1, label_selector={"ray.io/market-type": value})  # noqa: E731
+    if ok:
+        assert make().label_selector["ray.io/market-type"] == value
+    else:
+        with pytest.raises(ValidationError, match=r"label_selector.ray.io/market-type: .* does not select the tier's market 'spot'"):
+            make()

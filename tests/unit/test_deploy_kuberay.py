@@ -494,3 +494,23 @@ def test_a_ladder_across_clusters_is_not_a_rayjob_nor_on_a_volume() -> None:
         render_kuberay(across_job(), KubeRayOptions(cloud=K8sCloud.GKE, kind=Kind.RAYJOB))
     with pytest.raises(ConfigError, match="needs object storage every cluster reaches"):
         render_kuberay(across_job(storage_path="/mnt/runs"), KubeRayOptions(cloud=K8sCloud.GKE, kind=Kind.RAYCLUSTER))
+
+
+def test_options_built_in_python_take_a_choice_as_its_string_and_refuse_a_misspelt_one():
+    """A misspelt kind passed for the default (a RayCluster), and a cloud's string failed with a KeyError."""
+    opts = KubeRayOptions(cloud="gke", kind="raycluster")  # type: ignore[arg-type]
+    assert (opts.cloud, opts.kind) == (K8sCloud.GKE, Kind.RAYCLUSTER)
+    assert kuberay_manifest(make_job(LADDERS[2]), opts)["kind"] == "RayCluster"
+    with pytest.raises(ConfigError, match=r"^kind: 'rayjbo' is not one of: rayjob, raycluster"):
+        KubeRayOptions(cloud=K8sCloud.GKE, kind="rayjbo")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^cloud: 'eks' is not one of: "):
+        KubeRayOptions(cloud="eks")  # type: ignore[arg-type]
+
+
+def test_one_pip_string_is_one_package_and_a_bad_one_is_refused_by_name():
+    """A string is a sequence of letters: 'torch' was installed as t, o, r, c, h."""
+    spec = kuberay_manifest(make_job(LADDERS[2]), KubeRayOptions(cloud=K8sCloud.GKE, pip="churn==1.2"))["spec"]  # type: ignore[arg-type]
+    assert yaml.safe_load(spec["runtimeEnvYAML"]) == {"pip": [f"spotfallback=={__version__}", "churn==1.2"]}
+    for bad, message in (("", "an empty package"), ("--index-url x", "is a pip option"), ("torch>=", "is not a pip requirement")):
+        with pytest.raises(ConfigError, match=rf"^pip: .*{message}"):
+            KubeRayOptions(cloud=K8sCloud.GKE, pip=(bad,))

@@ -566,3 +566,15 @@ def test_a_pinned_gcp_gpu_type_gets_its_series_boot_disk(machine_type: str, disk
     assert node["networkInterfaces"][0]["nicType"] == "GVNIC"
     assert validate_text(render_cluster_launcher(job, opts(VmCloud.GCP, source_image=GPU_IMAGE,
                                                             instance_types={"h100": machine_type}))).ok
+
+
+def test_launcher_options_refuse_values_ray_up_cannot_take_and_read_one_pip_string_as_one_package():
+    """A NaN idle timeout and a negative disk were written as they came; 'torch' installed letter by letter."""
+    for field, value in (("idle_timeout_minutes", float("nan")), ("idle_timeout_minutes", -1), ("disk_size_gb", 0),
+                         ("disk_size_gb", True)):
+        with pytest.raises(ConfigError, match=rf"^{field}: must be a whole number"):
+            opts(VmCloud.GCP, **{field: value})
+    with pytest.raises(ConfigError, match=r"^cloud: 'amazon' is not one of: "):
+        LauncherOptions(cloud="amazon")  # type: ignore[arg-type]
+    config = yaml.safe_load(render_cluster_launcher(make_job(LADDERS[2]), opts("aws", pip="churn==1.2")))  # type: ignore[arg-type]
+    assert config["setup_commands"] == ["pip install spotfallback==0.1.0 churn==1.2"]

@@ -500,3 +500,9 @@ def test_pools_whose_taints_the_tiers_pods_do_not_tolerate_are_refused() -> None
         for i, name, taints in [(0, "spot", "nvidia.com/gpu=true:NoSchedule"),
                                 (1, "on-demand", "nvidia.com/gpu=true:NoSchedule, spotfallback/head=true:NoSchedule")]
     ]
+
+
+def test_nodepool_options_take_the_clouds_string_and_refuse_another():
+    assert NodePoolOptions(cloud="aks-nap").cloud is KarpenterCloud.AKS_NAP  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^cloud: 'eks' is not one of: eks-karpenter, aks-nap"):
+        NodePoolOptions(cloud="eks")  # type: ignore[arg-type]

@@ -259,3 +259,32 @@ def test_a_plan_on_a_trace_shorter_than_its_deadline_says_the_trace_recurs():
     assert not any("recur" in n for n in plan(req.model_copy(update={"deadline_h": 6.0}), tr).notes)
     no_deadline = plan(req.model_copy(update={"deadline_h": None, "work_h": 7.0}), tr).notes
     assert any("less than the 7 h of work" in n for n in no_deadline)
+
+
+def test_with_a_provisioning_delay_past_ten_minutes_every_tier_can_still_start():
+    """A capacity timeout counts the provisioning: the on-demand tier's default 10 minutes gave up on
+    every gang before it was up, so every run that fell to on-demand failed (and cost nothing)."""
+    req = PlanRequest(work_h=10, num_workers=2, checkpoint_cost_h=0.05, restart_overhead_h=0.05, provisioning_delay_h=0.25,
+                      spot_price=0.3, on_demand_price=1.0, deadline_h=20, runs=40)
+    p = plan(req, RateModel(preemptions_per_node_hour=0.05))
+    prov_s = req.provisioning_delay_h * 3600
+    on_demand = next(b for b in p.baselines if b.label == "on-demand only")
+    assert on_demand.result.finished_fraction == 1.0 and on_demand.mean_spend > 0
+    assert p.recommended.result.finished_fraction == 1.0
+    for tier in p.recommended.ladder.tiers:
+        assert tier.capacity_timeout_s is None or tier.capacity_timeout_s > prov_s
+    assert req.on_demand_tier().capacity_timeout_s == 600 + prov_s
+    assert req.model_copy(update={"provisioning_delay_h": 0.05}).on_demand_tier().capacity_timeout_s == 600  # 3 min: as ever
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"m_grid": []}, "m_grid: give at least one"),
+    ({"timeout_grid_s": []}, "timeout_grid_s: give at least one"),
+    ({"m_grid": [-5]}, "m_grid: -5 is not a preemption budget"),
+    ({"timeout_grid_s": [0]}, "timeout_grid_s: 0 is not a capacity timeout"),
+])
+def test_a_search_grid_no_tier_could_take_is_refused_naming_it(kwargs, message):
+    req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=0.05, restart_overhead_h=0.05, runs=10,
+                      spot_price=0.3, on_demand_price=1.0)
+    with pytest.raises(ValueError, match=message):
+        plan(req, RateModel(preemptions_per_node_hour=0.05), **kwargs)

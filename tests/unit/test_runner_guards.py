@@ -149,3 +149,15 @@ def test_a_relative_storage_path_reaches_rays_controller_as_the_absolute_one(tmp
     storage = handed.storage_context  # what the controller builds first (pyarrow.fs.FileSystem.from_uri)
     assert storage.storage_fs_path == str(tmp_path / "runs") == t.location.storage_path
     assert t.location.uri() == str(tmp_path / "runs" / "rel")
+
+
+def test_a_plan_given_as_a_mapping_is_read_as_the_plans_prediction_or_refused_by_name(tmp_path):
+    """A job file's plan: is a mapping; given as one in Python it failed inside fit(), after the lease."""
+    from spotfallback.config import PlanPrediction
+
+    t = trainer(tmp_path, plan={"spend": 1.0, "wall_h": 2.0})
+    assert isinstance(t.plan, PlanPrediction) and t.meta_extra()["plan"]["spend"] == 1.0
+    with pytest.raises(ConfigError, match=r"^plan\.spend: "):
+        trainer(tmp_path, name="b", plan={"spend": "a lot", "wall_h": 2.0})
+    with pytest.raises(ConfigError, match=r"^plan: expected a PlanPrediction"):
+        trainer(tmp_path, name="c", plan=3)

@@ -339,3 +339,18 @@ def test_the_optimum_prices_moves_between_clusters_as_a_brute_force_search_does(
     free = hindsight_optimum(job.model_copy(update={"move_restart_h": 0.0, "move_cost": 0.0}),
                              Markets(caps, 1.0, clusters=(0, 1), on_demand_cluster=od_cluster))
     assert free.spend <= opt.spend + 1e-12
+
+
+@pytest.mark.parametrize(("gated", "on_demand", "message"), [
+    ((), None, "give at least one market"),
+    ((), -1.0, r"on_demand_price: a price must be a finite number, 0 or more, got -1.0"),
+    ((), math.nan, r"on_demand_price: a price must be"),
+    (("trace", math.inf), 1.0, r"gated\[0\]: a price must be"),
+])
+def test_markets_refuse_what_no_market_is(gated, on_demand, message):
+    """A negative price gave a negative optimum; a NaN one read as 'no schedule meets the deadline'."""
+    if gated:
+        trace = compile_spot_trace(SpotTrace("t", 60.0, np.array([1, 0, 1], dtype=np.int64)), 1)
+        gated = ((trace, gated[1]),)
+    with pytest.raises(ValueError, match=rf"^markets: .*{message}"):
+        Markets(gated, on_demand)

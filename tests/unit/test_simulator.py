@@ -574,3 +574,50 @@ def test_a_run_climbs_back_to_spot_on_another_cluster_at_a_checkpoint_when_the_m
     start = 2.0 + 0.1 + 0.25
     first_end = start + math.ceil((4.0 - start) / cycle - 1e-9) * cycle
     assert across["billed_h"] - across["spot_h"] == pytest.approx(first_end - 2.0)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"horizon_h": -1.0}, "horizon_h must be a positive number"),
+    ({"runs": 0}, "runs must be a whole number > 0"),
+    ({"seed": -1}, "seed must be a whole number >= 0"),
+    ({"labels": ["a"]}, "labels gives 1 label"),
+])
+def test_simulate_many_refuses_what_simulate_refuses_by_name(kwargs, message):
+    """It used to give every run a wall of -1 h, or NaN means with numpy warnings, or an IndexError."""
+    lad = Ladder(tiers=(Tier.spot(1, price_per_worker_hour=0.3), Tier.on_demand(1, price_per_worker_hour=1.0)))
+    configs = [(lad, JobSpec(work_h=2)), (lad, JobSpec(work_h=3))]
+    with pytest.raises(ValueError, match=message):
+        simulate_many(configs, [RateModel(preemptions_per_node_hour=0.1), RateModel()], **kwargs)
+
+
+@pytest.mark.parametrize(("world", "message"), [
+    (["a.json", RateModel()], r"world\[0\]: expected a SpotTrace, .* got str 'a.json' \(a trace file's path: read it with load_process"),
+    ("trace.json", "world: expected one process per tier"),
+])
+def test_a_world_that_holds_no_processes_is_refused_by_name(world, message):
+    lad = [Tier.spot(1, price_per_worker_hour=0.3), Tier.on_demand(1, price_per_worker_hour=1.0)]
+    with pytest.raises(TypeError, match=message):
+        simulate(lad, JobSpec(work_h=2), world, runs=2)
+
+
+@pytest.mark.parametrize(("kwargs", "message"), [
+    ({"uptimes_h": (-1.0,)}, r"uptimes_h\[0\]: expected hours, 0 or more, got -1.0"),
+    ({"uptimes_h": (math.nan,)}, r"uptimes_h\[0\]"),
+    ({"uptimes_h": (), "waits_h": (math.inf,)}, r"waits_h\[0\]: expected hours, 0 or more and finite"),
+    ({"uptimes_h": (), "kind": "crash"}, "kind: expected 'preempt' or 'fail'"),
+])
+def test_a_scripted_process_refuses_hours_no_run_could_have(kwargs, message):
+    """A negative uptime finished work early; a NaN one never returned."""
+    with pytest.raises(ValueError, match=message):
+        ScriptedModel(**kwargs)
+    assert ScriptedModel(uptimes_h=(math.inf, 0.0)).uptimes_h[0] == math.inf
+
+
+def test_a_job_spec_longer_than_any_training_run_is_refused():
+    """A simulation's time grows with the work: 1e9 hours never returned."""
+    from pydantic import ValidationError
+
+    with pytest.raises(ValidationError, match="work_h"):
+        JobSpec(work_h=1e9)
+    with pytest.raises(ValidationError, match="deadline_h"):
+        JobSpec(work_h=10, deadline_h=2e5)

@@ -206,3 +206,45 @@ def test_a_long_bad_value_is_quoted_short(tmp_path):
     with pytest.raises(TraceError, match=r"'data\[0\]' must be a non-negative integer, got \[1, 1.*characters\)$") as err:
         load_spot_trace(p)
     assert len(str(err.value)) < 300
+
+
+@pytest.mark.parametrize(("gap", "available", "message"), [
+    (0.0, [1, 0, 1], "gap_seconds must be a positive number"),
+    (-60.0, [1, 0, 1], "gap_seconds must be a positive number"),
+    (float("nan"), [1], "gap_seconds must be a positive number"),
+    (60.0, [], "available must be a non-empty list"),
+    (60.0, [1, -1], "non-negative whole numbers"),
+    (60.0, [1.5], "non-negative whole numbers"),
+    (60.0, [[1, 0]], "available must be a non-empty list"),
+])
+def test_a_spot_trace_built_in_python_gets_the_loaders_rules(gap, available, message):
+    """A zero gap never advances the simulated clock (a hang); a negative one finished work early."""
+    from spotfallback.sim.traces import SpotTrace
+
+    with pytest.raises(TraceError, match=rf"^SpotTrace 't': .*{message}"):
+        SpotTrace("t", gap, np.array(available))
+
+
+def test_a_spot_trace_built_from_a_list_holds_a_read_only_copy():
+    from spotfallback.sim.traces import SpotTrace
+
+    mine = np.array([1, 0, 1])
+    trace = SpotTrace("t", 60.0, mine)
+    mine[0] = 0
+    assert trace.available.tolist() == [1, 0, 1] and not trace.available.flags.writeable
+    assert SpotTrace("t", 60.0, [2, 1]).capacity == 2  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(("events", "message"), [
+    ((NodeEvent(0, "add", "a"), NodeEvent(10, "remove", "b")), r"events\[1\]: node 'b' removed but not present"),
+    ((NodeEvent(0, "add", "a"), NodeEvent(10, "add", "a")), r"events\[1\]: node 'a' added while already present"),
+    ((NodeEvent(float("nan"), "add", "a"), NodeEvent(3600, "remove", "a")), r"events\[0\]: t_s must be"),
+    ((NodeEvent(20, "add", "a"), NodeEvent(10, "remove", "a")), r"events\[1\]: t_s must be .* not before"),
+    ((NodeEvent(0, "join", "a"), NodeEvent(10, "remove", "a")), r"events\[0\]: expected action 'add' or 'remove'"),
+    ((NodeEvent(0, "add", "a"),), "span no time"),
+])
+def test_a_node_trace_built_in_python_gets_the_loaders_rules(events, message):
+    from spotfallback.sim.traces import NodeTrace
+
+    with pytest.raises(TraceError, match=rf"^NodeTrace 'n': .*{message}"):
+        NodeTrace("n", events)

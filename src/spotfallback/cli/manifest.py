@@ -15,7 +15,6 @@ from pathlib import Path
 from typing import Annotated, NoReturn, TypeVar
 
 import typer
-from packaging.requirements import InvalidRequirement, Requirement
 
 from spotfallback.cli.common import CommandSummaries, one_line, output_problem, write_output
 from spotfallback.config import JobConfig, run_name_error
@@ -93,33 +92,6 @@ def _choice(option: str, value: str, enum: type[E]) -> E:
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
     typer.echo(f"error: {message}", err=True)
     raise typer.Exit(code)
-
-
-def _packages(pip: list[str] | None) -> tuple[str, ...]:
-    """The --pip packages, each a requirement, a wheel or archive path, or a URL: anything else
-    would reach pip only on the nodes, and fail every one of them at start."""
-    for p in pip or ():
-        if not p.strip():
-            _fail("--pip: an empty package; give a pip requirement such as 'torch==2.3.1', or leave --pip out")
-        if p.lstrip().startswith("-"):
-            _fail(f"--pip: {p!r} is a pip option; give one requirement, wheel or URL per --pip (pip's options "
-                  "belong in the image or a requirements file it installs)")
-        if _path_or_url(p):
-            continue  # pip reads it there
-        try:
-            Requirement(p)
-        except InvalidRequirement as e:
-            _fail(f"--pip: {p!r} is not a pip requirement ({str(e).splitlines()[0].rstrip('.')}); give one such as "
-                  "'torch==2.3.1' or 'transformers>=4.40,<5'")
-    return tuple(pip or ())
-
-
-def _path_or_url(package: str) -> bool:
-    """A wheel or archive path, or a URL, as pip takes one: one word (a requirement's markers or
-    a pip option after a space are no path), naming a file or a place."""
-    if any(c.isspace() for c in package):
-        return False
-    return "://" in package or package.startswith((".", "/", "~")) or package.endswith((".whl", ".tar.gz", ".zip"))
 
 
 def _config_error(err: ConfigError, job_path: Path) -> NoReturn:
@@ -274,7 +246,7 @@ def kuberay_command(
             service_account=service_account,
             storage_secret=storage_secret,
             storage_pvc=storage_pvc,
-            pip=_packages(pip),
+            pip=tuple(pip or ()),
             backoff_limit=chosen["backoff_limit"],
             active_deadline_seconds=chosen["active_deadline_seconds"],
             ttl_seconds_after_finished=chosen["ttl_seconds_after_finished"],
@@ -439,7 +411,7 @@ def launcher_command(
             source_image=source_image,
             instance_profile=instance_profile,
             service_account=service_account,
-            pip=_packages(pip),
+            pip=tuple(pip or ()),
             notice_agent=notice_agent,
             subnetwork=subnetwork,
             subnet_ids=tuple(s for s in subnet_id or () if "=" not in s),
@@ -485,7 +457,7 @@ def nodepools_command(
     out: OutOpt = None,
     force: ForceOpt = False,
 ) -> None:
-    """Write Karpenter NodePools for the ladder: one per market, matching the KubeRay file's selectors, and the head's.
+    """Write Karpenter NodePools for the ladder: one per market (and GPU or instance type), matching the KubeRay file's selectors, and the head's.
 
     A ladder across clusters gets each cluster's pools, labelled spotfallback/cluster=NAME as its
     RayCluster is, in the one file: apply them with `kubectl apply -f FILE -l spotfallback/cluster=NAME`.

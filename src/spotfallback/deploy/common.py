@@ -11,9 +11,11 @@ import re
 import secrets
 from collections.abc import Mapping, Sequence
 from datetime import UTC, datetime
-from typing import Any
+from enum import StrEnum
+from typing import Any, TypeVar
 
 import yaml
+from packaging.requirements import InvalidRequirement, Requirement
 
 from spotfallback import __version__
 from spotfallback.config import MARKET_LABEL, JobConfig, Tier, run_name_error
@@ -261,6 +263,49 @@ _LABEL_NAME_RE = re.compile(r"^([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9]$")
 # The label keys a user's labels must leave alone: ours (RUN_LABEL on every object and pod), Ray's and
 # KubeRay's (ray.io/cluster, ray.io/node-type...), and Kubernetes' reserved prefixes.
 OWN_LABEL_PREFIXES = ("spotfallback/", "ray.io/", "kubernetes.io/", "k8s.io/")
+
+
+E = TypeVar("E", bound=StrEnum)
+
+
+def choice(field: str, value: Any, enum: type[E]) -> E:
+    """``value`` as one of ``enum``'s members (its value as a string is taken too): options built in
+    Python may pass "rayjob" for ``Kind.RAYJOB``, and a misspelling must not pass for the default."""
+    try:
+        return enum(value)
+    except ValueError:
+        raise ConfigError(f"{field}: {value!r} is not one of: {', '.join(e.value for e in enum)}") from None
+
+
+def pip_packages(packages: str | Sequence[str]) -> tuple[str, ...]:
+    """The packages to pip-install on the nodes, each a requirement, a wheel or archive path, or a
+    URL (one string is one package): anything else would reach pip only on the nodes, and fail
+    every one of them at start."""
+    listed = (packages,) if isinstance(packages, str) else tuple(packages)
+    for p in listed:
+        if not isinstance(p, str):
+            raise ConfigError(f"pip: {p!r} is not a package; give each as a string, such as 'torch==2.3.1'")
+        if not p.strip():
+            raise ConfigError("pip: an empty package; give a pip requirement such as 'torch==2.3.1', or leave it out")
+        if p.lstrip().startswith("-"):
+            raise ConfigError(f"pip: {p!r} is a pip option; give one requirement, wheel or URL each (pip's options "
+                              "belong in the image or a requirements file it installs)")
+        if _path_or_url(p):
+            continue  # pip reads it there
+        try:
+            Requirement(p)
+        except InvalidRequirement as e:
+            raise ConfigError(f"pip: {p!r} is not a pip requirement ({str(e).splitlines()[0].rstrip('.')}); give one "
+                              "such as 'torch==2.3.1' or 'transformers>=4.40,<5'") from None
+    return listed
+
+
+def _path_or_url(package: str) -> bool:
+    """A wheel or archive path, or a URL, as pip takes one: one word (a requirement's markers or
+    a pip option after a space are no path), naming a file or a place."""
+    if any(c.isspace() for c in package):
+        return False
+    return "://" in package or package.startswith((".", "/", "~")) or package.endswith((".whl", ".tar.gz", ".zip"))
 
 
 def short_repr(value: Any) -> str:

@@ -60,6 +60,7 @@ from spotfallback.deploy.common import (
     ZONE_LABEL,
     check_image,
     check_user_labels,
+    choice,
     cpu_quantity,
     default_image,
     installs_spotfallback,
@@ -68,6 +69,7 @@ from spotfallback.deploy.common import (
     label_value,
     object_name_error,
     parse_quantity,
+    pip_packages,
     tier_labels,
     to_yaml,
     with_run_name,
@@ -164,6 +166,9 @@ class KubeRayOptions:
     priority_class: str | None = None
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cloud", choice("cloud", self.cloud, K8sCloud))
+        object.__setattr__(self, "kind", choice("kind", self.kind, Kind))
+        object.__setattr__(self, "pip", pip_packages(self.pip))
         check_user_labels(self.labels, "KubeRay")
         if self.priority_class is not None:
             if problem := object_name_error(self.priority_class):

@@ -32,9 +32,11 @@ from spotfallback.deploy.common import (
     REGION_LABEL,
     ZONE_LABEL,
     check_image,
+    choice,
     default_image,
     installs_spotfallback,
     k8s_name,
+    pip_packages,
     shared_label,
     tier_labels,
     to_yaml,
@@ -127,6 +129,14 @@ class LauncherOptions:
     security_group_ids: Sequence[str] = ()
     internal_ips: bool = False
     tags: Mapping[str, str] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "cloud", choice("cloud", self.cloud, VmCloud))
+        object.__setattr__(self, "pip", pip_packages(self.pip))
+        for name, low in (("idle_timeout_minutes", 0), ("disk_size_gb", 1)):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value < low:
+                raise ConfigError(f"{name}: must be a whole number, at least {low} (got {value!r})")
 
 
 def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:

@@ -4,7 +4,7 @@ On EKS with Karpenter (``eks-karpenter``) and on AKS node auto-provisioning, whi
 on AKS (``aks-nap``), nodes exist only when a NodePool allows them. A NodePool that does not
 allow ``spot`` leaves the spot tier's pods pending until the tier's capacity timeout: the
 ladder falls to on-demand without ever trying spot. So the pools are written from the same job
-file as the manifest, one per market the ladder uses, each requiring exactly the node labels
+file as the manifest, one per market the ladder uses (and GPU or instance type a tier pins), each requiring exactly the node labels
 that market's pods select (``clouds.pod_placement``), plus one for the Ray head (the head pod
 alone tolerates its taint), and validated offline against the vendored ``karpenter.sh_nodepools``
 CRD schema plus the rules a schema cannot say.
@@ -41,6 +41,7 @@ from spotfallback.deploy.common import (
     RUN_LABEL,
     ZONE_LABEL,
     check_user_labels,
+    choice,
     k8s_name,
     label_value,
     tier_labels,
@@ -115,6 +116,7 @@ class NodePoolOptions:
     labels: Mapping[str, str] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
+        object.__setattr__(self, "cloud", choice("cloud", self.cloud, KarpenterCloud))
         # Every domain the CRD restricts is refused whole: the keys it still allows there are
         # well-known labels (capacity type, instance family...) that choose nodes, not name them.
         rules = template_label_rules(self.cloud)

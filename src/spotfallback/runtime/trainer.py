@@ -2,7 +2,7 @@
 
 The driver's part is small: take the run's lease, replay the ledger to learn where the run
 stands (tier, counts, spend), and start one Ray Train run whose failure policy, scaling
-policy and label selector are spotfallback's (see ``controller_hooks``). Ray restores the
+policy and label selector are spotfallback's (see ``runtime.hooks``). Ray restores the
 latest checkpoint itself because the run keeps the same ``RunConfig(storage_path, name)``.
 """
 
@@ -15,15 +15,23 @@ import os
 import re
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from pydantic import ValidationError
 from ray.train import Result, RunConfig, ScalingConfig
 from ray.train.v2._internal.util import ObjectRefWrapper
 from ray.train.v2.api.exceptions import TrainingFailedError, WorkerGroupError
 
-from spotfallback.config import JobConfig, Ladder, PlanPrediction, Tier, make_ladder
+from spotfallback.config import (
+    JobConfig,
+    Ladder,
+    PlanPrediction,
+    Tier,
+    format_validation_error,
+    make_ladder,
+)
 from spotfallback.errors import (
     ConfigError,
     LadderExhaustedError,
@@ -72,6 +80,18 @@ def _ladder_trainer_class(base: type) -> type:
 
     LadderTrainer.__name__ = f"Ladder{base.__name__}"
     return LadderTrainer
+
+
+def _plan_prediction(plan: Any) -> PlanPrediction | None:
+    """The plan's prediction as the run records it; a mapping (a job file's ``plan:``) is read as one."""
+    if plan is None or isinstance(plan, PlanPrediction):
+        return plan
+    if not isinstance(plan, Mapping):
+        raise ConfigError(f"plan: expected a PlanPrediction (or its mapping, as a job file's plan: holds), got {type(plan).__name__}")
+    try:
+        return PlanPrediction.model_validate(plan)
+    except ValidationError as e:
+        raise ConfigError(format_validation_error(e, "plan")) from None
 
 
 def resolve_backend(backend: str | None, train_fn: Callable[..., Any]) -> str:
@@ -135,7 +155,7 @@ class FallbackTrainer:
         datasets: dict[str, Any] | None = None,
         retry_failed: bool = False,
         lease_ttl_s: float | None = None,
-        plan: PlanPrediction | None = None,
+        plan: PlanPrediction | Mapping[str, Any] | None = None,
         on_cluster: str | None = None,
     ):
         self.ladder = make_ladder(tiers)
@@ -171,7 +191,7 @@ class FallbackTrainer:
         self.datasets = datasets
         self.retry_failed = retry_failed
         self.lease_ttl_s = lease_ttl_s
-        self.plan = plan
+        self.plan = _plan_prediction(plan)
         self.policy = FallbackPolicy(self.ladder)
         self.ledger = Ledger(self.location, writer=f"drv{uuid.uuid4().hex[:6]}")
 

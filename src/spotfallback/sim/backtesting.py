@@ -175,6 +175,15 @@ def on_demand_tier(ladder: Ladder) -> Tier:
     raise ValueError("the ladder has no tier off the spot market to compare with; add an on-demand tier")
 
 
+def _not_a_trace(value: object) -> str | None:
+    """Why ``value`` is no trace a backtest replays (None: it is one)."""
+    if isinstance(value, SpotTrace | NodeTrace):
+        return None
+    hint = ("a path: load it first with spotfallback.sim.planner.load_process(path)"
+            if isinstance(value, str | os.PathLike) else "give a SpotTrace or a NodeTrace")
+    return f"got {type(value).__name__}, {hint}"
+
+
 def backtest(
     ladder: Ladder | Sequence[Tier] | FallbackPolicy,
     traces: Sequence[SpotTrace | NodeTrace],
@@ -208,10 +217,8 @@ def backtest(
     if not traces:
         raise ValueError("give at least one trace")
     for i, trace in enumerate(traces):
-        if not isinstance(trace, SpotTrace | NodeTrace):
-            hint = ("a path: load it first with spotfallback.sim.planner.load_process(path)"
-                    if isinstance(trace, str | os.PathLike) else "give a SpotTrace or a NodeTrace")
-            raise ValueError(f"traces[{i}]: got {type(trace).__name__}, {hint}")
+        if problem := _not_a_trace(trace):
+            raise ValueError(f"traces[{i}]: {problem}")
     lad = ladder.ladder if isinstance(ladder, FallbackPolicy) else make_ladder(ladder)
     best = lad if optimum_over is None else make_ladder(optimum_over)
     spot = {t.name: t for t in lad.tiers if t.is_spot}
@@ -219,6 +226,8 @@ def backtest(
         if name not in spot:
             raise PoolError(name, f"{name!r} is not a spot tier of the ladder, so no trace applies to it; its spot tiers "
                                   f"are {', '.join(map(repr, spot)) or 'none'}")
+        if problem := _not_a_trace(pool):
+            raise PoolError(name, f"{name!r}: {problem}")
         try:
             compile_process(pool, spot[name].num_workers)  # e.g. a node trace too small for the tier's gang
         except ValueError as e:

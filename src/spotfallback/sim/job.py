@@ -21,12 +21,17 @@ EPS = 1e-9
 LOOK_EVERY_H = 5.0 / 60.0
 
 
+# Longer than any training run (eleven years). Past it a simulation or a plan takes hours, and a deadline
+# near the largest float overflows the simulation's count of steps.
+MAX_HOURS = 100_000.0
+
+
 class JobSpec(BaseModel):
     """What is being trained and what each interruption costs it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
-    work_h: float = Field(gt=0, description="Hours of training on an uninterrupted gang.")
+    work_h: float = Field(gt=0, le=MAX_HOURS, description="Hours of training on an uninterrupted gang.")
     checkpoint_interval_h: float | None = Field(
         default=None, gt=0, description="Work between periodic checkpoints (tau); None = never."
     )
@@ -40,7 +45,7 @@ class JobSpec(BaseModel):
         description="The gang checkpoints when the controller asks (a PreemptionWatch with answer_requests): a climb "
         "back need not wait for a periodic checkpoint; it costs one write, billed on the gang it leaves.",
     )
-    deadline_h: float | None = Field(default=None, gt=0, description="Wall-clock deadline, if any.")
+    deadline_h: float | None = Field(default=None, gt=0, le=MAX_HOURS, description="Wall-clock deadline, if any.")
     move_restart_h: float = Field(
         default=0.0, ge=0,
         description="Extra billed time of a start on another Ray cluster than the last attempt's (the checkpoint "

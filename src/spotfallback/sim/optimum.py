@@ -124,6 +124,13 @@ class Markets:
     on_demand_cluster: int = 0
 
     def __post_init__(self) -> None:
+        if not self.gated and self.on_demand_price is None:
+            raise ValueError("markets: give at least one market (a gated one, or an on-demand price)")
+        for i, price in enumerate([p for _, p in self.gated] + [self.on_demand_price]):
+            if price is not None and (isinstance(price, bool) or not isinstance(price, int | float)
+                                      or not 0 <= price < math.inf):
+                where = f"gated[{i}]" if i < len(self.gated) else "on_demand_price"
+                raise ValueError(f"markets: {where}: a price must be a finite number, 0 or more, got {price!r}")
         if self.clusters and len(self.clusters) != len(self.gated):
             raise ValueError(f"clusters gives {len(self.clusters)} cluster(s) for {len(self.gated)} gated market(s)")
 

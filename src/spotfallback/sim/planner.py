@@ -33,6 +33,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spotfallback.config import (
+    MAX_DURATION_S,
     ClusterRef,
     CostCap,
     DeadlineGuard,
@@ -49,12 +50,13 @@ from spotfallback.sim.costmodel import (
     daly_interval,
     young_interval,
 )
-from spotfallback.sim.job import NEVER_H, JobSpec, wall_to_finish
+from spotfallback.sim.job import MAX_HOURS, NEVER_H, JobSpec, wall_to_finish
 from spotfallback.sim.results import SimResult
 from spotfallback.sim.simulate import simulate_many
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 from spotfallback.sim.world import Process, RateModel, gating_note, observed_mtbf_h, repeat_note
 
+DEFAULT_TIMEOUT_S: float = Tier.model_fields["capacity_timeout_s"].default  # a tier's own, 10 minutes
 M_GRID: tuple[int, ...] = (0, 1, 2, 3, 5, 8, 12, 20, 32, -1)
 TIMEOUT_GRID_S: tuple[float | None, ...] = (600.0, 1800.0, 3600.0, 7200.0, 14400.0, 28800.0, None)
 TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
@@ -95,11 +97,6 @@ class Rung(NamedTuple):
     @property
     def climbs(self) -> bool:
         return self.dwell_s is not None
-
-
-# Longer than any training run (eleven years). Past it a plan takes hours, and a deadline near the largest
-# float overflows the simulation's count of steps.
-MAX_HOURS = 100_000.0
 
 
 class PlanRequest(BaseModel):
@@ -193,7 +190,7 @@ class PlanRequest(BaseModel):
             market="spot",
             num_workers=self.num_workers,
             max_preemptions=max_preemptions,
-            capacity_timeout_s=capacity_timeout_s,
+            capacity_timeout_s=self.reachable_timeout_s(capacity_timeout_s),
             price_per_worker_hour=self.pool_price(i),
             cluster=self.cluster(i),
             **beyond,  # type: ignore[arg-type]
@@ -204,7 +201,15 @@ class PlanRequest(BaseModel):
         return self.pool_prices[i] if self.pool_prices else self.spot_price
 
     def on_demand_tier(self) -> Tier:
-        return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price, cluster=self.cluster(-1))
+        return Tier.on_demand(self.num_workers, price_per_worker_hour=self.on_demand_price, cluster=self.cluster(-1),
+                              capacity_timeout_s=self.reachable_timeout_s(DEFAULT_TIMEOUT_S))
+
+    def reachable_timeout_s(self, timeout_s: float | None) -> float | None:
+        """A capacity timeout the tier's gang can meet: the wait counts the provisioning delay, so
+        one no longer than the delay would give up on every gang before it is up (and on the last
+        tier fail the run); such a one is given the delay on top."""
+        prov_s = self.provisioning_delay_h * 3600.0
+        return timeout_s if timeout_s is None or timeout_s > prov_s else timeout_s + prov_s
 
     def wall_h(self, tau_h: float | None) -> float:
         """Wall hours the work takes uninterrupted with a checkpoint every ``tau_h`` (None: no periodic ones), writes included."""
@@ -575,6 +580,23 @@ def describe_process(process: Process) -> str:
     return type(process).__name__
 
 
+def _checked_grids(req: PlanRequest, m_grid: Sequence[int], timeout_grid_s: Sequence[float | None]
+                   ) -> tuple[tuple[int, ...], tuple[float | None, ...]]:
+    """The grids ``plan`` searches, refused with the argument's name where a tier could not take a
+    value, and each timeout made one the gang can meet (``PlanRequest.reachable_timeout_s``)."""
+    if not m_grid:
+        raise ValueError("m_grid: give at least one preemption budget, e.g. (0, 3, 8, -1)")
+    if not timeout_grid_s:
+        raise ValueError("timeout_grid_s: give at least one capacity timeout in seconds (None: wait for ever), e.g. (600, 3600, None)")
+    for m in m_grid:
+        if isinstance(m, bool) or not isinstance(m, int) or m < -1:
+            raise ValueError(f"m_grid: {m!r} is not a preemption budget; give whole numbers, 0 or more, or -1 for no limit")
+    for to in timeout_grid_s:
+        if to is not None and (isinstance(to, bool) or not isinstance(to, int | float) or not 0 < to <= MAX_DURATION_S):
+            raise ValueError(f"timeout_grid_s: {to!r} is not a capacity timeout; give seconds above 0, or None to wait for ever")
+    return tuple(dict.fromkeys(m_grid)), tuple(dict.fromkeys(req.reachable_timeout_s(t) for t in timeout_grid_s))
+
+
 def plan(
     request: PlanRequest,
     spot: Process | Sequence[Process],
@@ -597,6 +619,8 @@ def plan(
     if not spots:
         raise ValueError("give at least one spot process")
     req = request
+    m_grid, timeout_grid_s = _checked_grids(req, m_grid, timeout_grid_s)
+    first_timeout = req.reachable_timeout_s(DEFAULT_TIMEOUT_S)
     n_spot = len(spots)
     if req.pool_prices and len(req.pool_prices) != n_spot:
         raise ValueError(f"pool_prices gives {len(req.pool_prices)} prices for {n_spot} spot pool(s); give one per pool")
@@ -663,7 +687,7 @@ def plan(
 
     # 1. One-way ladders: coordinate descent over the spot tiers' (M, timeout), then tau, then
     # once more if tau moved; finally refine each tier's M between its grid neighbours.
-    current: list[Rung] = [Rung(3, 600.0)] * n_spot
+    current: list[Rung] = [Rung(3, first_timeout)] * n_spot
     tau = tau0
     for _round in range(2):
         for i in range(n_spot):
@@ -718,7 +742,7 @@ def plan(
     od_res = simulate_many([(od_ladder, req.job(None))], [RateModel()], runs=req.runs, seed=req.seed, labels=["on-demand only"])[0]
     od = Candidate("on-demand only", od_ladder, None, od_res, req.deadline_h)
     forever = evaluate([(tuple([Rung(-1, None)] * n_spot), tau0)])[0]
-    seed_m = evaluate([(tuple([Rung(req.seed_max_preemptions, 600.0)] * n_spot), tau0)])[0]
+    seed_m = evaluate([(tuple([Rung(req.seed_max_preemptions, first_timeout)] * n_spot), tau0)])[0]
     baselines = [
         od,
         Candidate("spot forever", forever.ladder, forever.tau_h, forever.result, req.deadline_h),
@@ -780,7 +804,7 @@ def _around(tau: float | None, taus: Sequence[float | None], work_h: float) -> S
 def _spots_of(c: Candidate, n_spot: int) -> tuple[Rung, ...]:
     assert c.ladder is not None
     if len(c.ladder) == 1:
-        return tuple([Rung(0, 600.0)] * n_spot)
+        return tuple([Rung(0, DEFAULT_TIMEOUT_S)] * n_spot)
     rungs = []
     for t in c.ladder.tiers[:n_spot]:
         g = t.deadline_guard

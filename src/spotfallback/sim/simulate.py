@@ -27,6 +27,16 @@ from spotfallback.sim.world import Process, RateModel, ScriptedModel, compile_wo
 Engine = Literal["auto", "fast", "policy"]
 
 
+def _check_runs(runs: int, seed: int, horizon_h: float | None) -> None:
+    """The arguments ``simulate`` and ``simulate_many`` share, refused by name."""
+    if isinstance(runs, bool) or not isinstance(runs, int | np.integer) or runs <= 0:
+        raise ValueError(f"runs must be a whole number > 0, got {runs!r}")
+    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
+        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    if horizon_h is not None and not (isinstance(horizon_h, int | float) and math.isfinite(horizon_h) and horizon_h > 0):
+        raise ValueError(f"horizon_h must be a positive number of hours (None: the job's default), got {horizon_h!r}")
+
+
 def simulate(
     ladder: Ladder | Sequence[Tier] | FallbackPolicy,
     job: JobSpec,
@@ -49,14 +59,9 @@ def simulate(
     local cluster) or to backtest a ladder on windows of a trace. Both engines take it, for
     every ladder they run, climbing ones included.
     """
-    if isinstance(runs, bool) or not isinstance(runs, int | np.integer) or runs <= 0:
-        raise ValueError(f"runs must be a whole number > 0, got {runs!r}")
-    if isinstance(seed, bool) or not isinstance(seed, int | np.integer) or seed < 0:
-        raise ValueError(f"seed must be a whole number >= 0, got {seed!r}")
+    _check_runs(runs, seed, horizon_h)
     if engine not in ("auto", "fast", "policy"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'policy', got {engine!r}")
-    if horizon_h is not None and not (math.isfinite(horizon_h) and horizon_h > 0):
-        raise ValueError(f"horizon_h must be a positive number of hours (None: the job's default), got {horizon_h!r}")
     policy = ladder if isinstance(ladder, FallbackPolicy) else FallbackPolicy(make_ladder(ladder))
     starts = None if start_h is None else np.asarray(start_h, dtype=float)
     if starts is not None:
@@ -95,6 +100,9 @@ def simulate_many(
     Candidates must share the tier count and each tier's ``num_workers`` (the world's traces
     are compiled per gang size); prices, budgets, timeouts and job parameters may differ.
     """
+    _check_runs(runs, seed, horizon_h)
+    if labels is not None and len(labels) != len(configs):
+        raise ValueError(f"labels gives {len(labels)} label(s) for {len(configs)} candidate(s); give one each, or none")
     if not configs:
         return []
     ladders = [make_ladder(lad) for lad, _ in configs]

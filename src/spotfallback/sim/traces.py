@@ -33,6 +33,23 @@ class SpotTrace:
     gap_seconds: float
     available: np.ndarray  # int64, read-only
 
+    def __post_init__(self) -> None:
+        # A trace built in Python gets the loader's rules: a zero gap never advances the simulated
+        # clock, and a negative one runs it backwards.
+        where = f"SpotTrace {self.name!r}"
+        if not _is_number(self.gap_seconds) or not 0 < self.gap_seconds < math.inf:
+            raise TraceError(f"{where}: gap_seconds must be a positive number of seconds, got {_quoted(self.gap_seconds)}")
+        raw = np.asarray(self.available)
+        if raw.ndim != 1 or not len(raw):
+            raise TraceError(f"{where}: available must be a non-empty list of available instances per tick")
+        if raw.dtype.kind not in "iuf" or not bool(np.all(np.isfinite(raw))) or bool(np.any(raw < 0)) \
+                or bool(np.any(raw != np.round(raw))) or bool(np.any(raw > 2**53)):
+            raise TraceError(f"{where}: available must hold non-negative whole numbers of instances, up to 2**53")
+        if raw.dtype != np.int64 or raw.flags.writeable:
+            available = raw.astype(np.int64)  # a copy: the caller's array stays theirs to change
+            available.flags.writeable = False
+            object.__setattr__(self, "available", available)
+
     @property
     def duration_s(self) -> float:
         return self.gap_seconds * len(self.available)
@@ -58,6 +75,28 @@ class NodeTrace:
 
     name: str
     events: tuple[NodeEvent, ...]
+
+    def __post_init__(self) -> None:
+        """The loader's rules, for a trace built in Python: times that never decrease, a node
+        removed only while present and added only while absent, and some time spanned."""
+        live: set[str] = set()
+        last = 0.0
+        for i, ev in enumerate(self.events):
+            where = f"NodeTrace {self.name!r}: events[{i}]"
+            if not isinstance(ev, NodeEvent):
+                raise TraceError(f"{where}: expected a NodeEvent(t_s, action, node), got {_quoted(ev)}")
+            if not _is_number(ev.t_s) or not last <= ev.t_s < math.inf:
+                raise TraceError(f"{where}: t_s must be a number of seconds, not before the previous event's "
+                                 f"{last:g}, got {_quoted(ev.t_s)}")
+            if ev.action not in ("add", "remove") or not ev.node:
+                raise TraceError(f"{where}: expected action 'add' or 'remove' and a node name, got {_quoted(ev)}")
+            if (ev.node in live) == (ev.action == "add"):
+                raise TraceError(f"{where}: node {ev.node!r} "
+                                 f"{'added while already present' if ev.action == 'add' else 'removed but not present'}")
+            (live.add if ev.action == "add" else live.remove)(ev.node)
+            last = ev.t_s
+        if last <= 0:
+            raise TraceError(f"NodeTrace {self.name!r}: the events span no time; a trace needs events over the hours it records")
 
     @property
     def duration_s(self) -> float:

@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Literal
 
 import numpy as np
@@ -51,6 +52,15 @@ class ScriptedModel:
     uptimes_h: tuple[float, ...]
     kind: Literal["preempt", "fail"] = "preempt"
     waits_h: tuple[float, ...] = ()
+
+    def __post_init__(self) -> None:
+        if self.kind not in ("preempt", "fail"):
+            raise ValueError(f"kind: expected 'preempt' or 'fail', got {self.kind!r}")
+        # NaN compares false both ways; an infinite uptime is a gang never interrupted, an infinite wait none.
+        for field, values, inf_ok in (("uptimes_h", self.uptimes_h, True), ("waits_h", self.waits_h, False)):
+            for i, h in enumerate(values):
+                if isinstance(h, bool) or not isinstance(h, int | float) or not 0 <= h <= math.inf or (h == math.inf and not inf_ok):
+                    raise ValueError(f"{field}[{i}]: expected hours, 0 or more{'' if inf_ok else ' and finite'}, got {h!r}")
 
 
 Process = RateModel | SpotTrace | NodeTrace | ScriptedModel
@@ -222,19 +232,25 @@ def compile_node_trace(trace: NodeTrace, num_workers: int, gap_seconds: float = 
     return TraceCapacity(trace.name, gap_h, ok, _next_true(ok), hit_h)
 
 
-def compile_process(process: Process, num_workers: int) -> RateModel | TraceCapacity | ScriptedModel:
+def compile_process(process: Process, num_workers: int, where: str = "process") -> RateModel | TraceCapacity | ScriptedModel:
     if isinstance(process, SpotTrace):
         return compile_spot_trace(process, num_workers)
     if isinstance(process, NodeTrace):
         return compile_node_trace(process, num_workers)
-    return process
+    if isinstance(process, RateModel | ScriptedModel):
+        return process
+    hint = " (a trace file's path: read it with load_process(path) first)" if isinstance(process, str | Path) else ""
+    raise TypeError(f"{where}: expected a SpotTrace, NodeTrace, RateModel or ScriptedModel, got "
+                    f"{type(process).__name__} {process!r:.60}{hint}")
 
 
 def compile_world(ladder: Ladder, world: Sequence[Process]) -> list[RateModel | TraceCapacity | ScriptedModel]:
     """Each tier's process compiled for the tier's gang."""
+    if isinstance(world, str | Path) or not isinstance(world, Sequence):
+        raise TypeError(f"world: expected one process per tier (a list), got {type(world).__name__} {world!r:.60}")
     if len(world) != len(ladder):
         raise ValueError(f"world has {len(world)} processes for {len(ladder)} tiers; give one per tier")
-    return [compile_process(p, t.num_workers) for p, t in zip(world, ladder.tiers, strict=True)]
+    return [compile_process(p, t.num_workers, f"world[{i}]") for i, (p, t) in enumerate(zip(world, ladder.tiers, strict=True))]
 
 
 def observed_mtbf_h(process: Process, num_workers: int) -> tuple[float, float]:
