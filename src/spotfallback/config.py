@@ -121,6 +121,10 @@ def labels_error(labels: Mapping[str, str], value_error: Callable[[str], str | N
     return None
 
 
+# How deep train_loop_config may nest: far past any real config, well inside the recursion limit of the
+# YAML and JSON writers the job passes through.
+MAX_CONFIG_DEPTH = 100
+
 # The URI schemes of storage the runs can use: pyarrow's filesystems, and Azure's names for its own.
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "file")
 
@@ -1101,19 +1105,23 @@ class JobConfig(BaseModel):
     def _finite_numbers(cls, v: dict[str, Any]) -> dict[str, Any]:
         # The job reaches the cluster and the run's record as JSON, where NaN and infinity have no
         # spelling: pydantic would write null, and the train function would read None.
-        def check(value: Any, where: str) -> None:
+        def check(value: Any, where: str, depth: int) -> None:
             if isinstance(value, float) and not math.isfinite(value):
                 raise ValueError(f"{where} is {value}, which JSON cannot carry (the job reaches the cluster as "
                                  "JSON); give it as a string such as 'nan' and convert it in the train function")
+            if depth > MAX_CONFIG_DEPTH and isinstance(value, Mapping | list | tuple) and value:
+                # The job is written as YAML and JSON on its way to the cluster, which recursion limits.
+                raise ValueError(f"{where.split('.')[0].split('[')[0]!r} nests deeper than {MAX_CONFIG_DEPTH} levels; "
+                                 "flatten it (or pass the structure as a file the train function reads)")
             if isinstance(value, Mapping):
                 for key, item in value.items():
-                    check(item, f"{where}.{key}")
+                    check(item, f"{where}.{key}", depth + 1)
             elif isinstance(value, list | tuple):
                 for i, item in enumerate(value):
-                    check(item, f"{where}[{i}]")
+                    check(item, f"{where}[{i}]", depth + 1)
 
         for key, value in v.items():
-            check(value, str(key))
+            check(value, str(key), 1)
         return v
 
     @field_validator("storage_path")

@@ -466,3 +466,15 @@ def test_every_traces_windows_are_counted_before_any_replay(monkeypatch):
     with pytest.raises(WindowError, match=rf"{trace.name}.*more than 100,000; give a longer window"):
         backtest(ladder, [nodes, trace], job, window_h=0.001)
     assert len(replays) == 1  # on-demand alone, the yardstick: no window of either trace was replayed
+
+
+def test_a_csv_that_is_one_of_the_inputs_is_refused_and_the_trace_kept(app, job_file, tmp_path):
+    """--csv over the node trace it reads replaced the recorded trace with the table."""
+    trace = tmp_path / "nodes.csv"
+    trace.write_bytes(Path(NODES).read_bytes())
+    link = tmp_path / "table.csv"
+    link.symlink_to(trace)
+    for target, option in ((trace, "--trace"), (link, "--trace")):
+        r = invoke(app, str(job_file), "--trace", str(trace), "--hours", "10", "--csv", str(target))
+        assert r.exit_code == 2 and f"--csv: '{target}' is the {option} file; write to another path" in r.output, r.output
+    assert trace.read_bytes() == Path(NODES).read_bytes()

@@ -84,7 +84,7 @@ def test_out_never_replaces_a_file_unless_forced(app: typer.Typer, job_file: Pat
     for target in (job_file, link):
         same = run(app, *command, "--job", job_file, "--out", target, "--force")
         assert same.exit_code == 2 and same.stderr == (
-            f"error: --out: '{target}' is the --job file; write the manifest to another path\n")
+            f"error: --out: '{target}' is the --job file; write to another path\n")
     assert job_file.read_text() == before
 
 

@@ -365,3 +365,30 @@ def test_a_cluster_that_cannot_be_joined_is_one_error_line_naming_ray_address(ap
     assert_refused(invoke(app, "run", str(path)), 2,
                    "ray_address: cannot connect to Ray at '10.0.0.1:6379' (ConnectionError: Could not find",
                    "start the cluster, or use 'local'")
+
+
+@pytest.mark.parametrize(("source", "needle"), [
+    ("raise RuntimeError('boom at import')\n", "importing module 'broken_at_import' failed: RuntimeError: boom at import"),
+    ("def train_fn(config:\n", "importing module 'broken_at_import' failed: SyntaxError:"),
+])
+def test_an_entrypoint_whose_module_fails_as_it_loads_is_one_line_naming_the_entrypoint_and_exit_2(app, tmp_path, source, needle):
+    """The user's code to fix, not infrastructure to retry (exit 1 said the latter)."""
+    (tmp_path / "broken_at_import.py").write_text(source)
+    path = Path(job_file(tmp_path))
+    path.write_text(path.read_text().replace(f"{tmp_path / 'mytrain.py'}:", f"{tmp_path / 'broken_at_import.py'}:"))
+    r = invoke(app, "run", str(path))
+    assert_refused(r, 2, f"entrypoint: {needle}")
+    assert len(r.output.strip().splitlines()) == 1, r.output
+
+
+def test_an_entrypoint_file_named_like_a_module_python_has_is_refused_not_swapped(app, tmp_path):
+    """``json.py:train_fn`` loaded the standard library's json (and said it has no train_fn)."""
+    (tmp_path / "json.py").write_text("def train_fn(config):\n    pass\n")
+    path = Path(job_file(tmp_path))
+    path.write_text(path.read_text().replace(f"{tmp_path / 'mytrain.py'}:", f"{tmp_path / 'json.py'}:"))
+    assert_refused(invoke(app, "run", str(path)), 2, "is named like the module 'json'", "rename the file")
+
+
+def test_job_json_nested_past_the_json_reader_is_one_line(app):
+    deep = '{"a":' * 20000 + "1" + "}" * 20000
+    assert_refused(invoke(app, "run", "--job-json", deep), 2, "--job-json: its values nest deeper")

@@ -415,3 +415,8 @@ def test_an_unwritable_directory_is_refused_before_any_work(app, run_uri, tmp_pa
     assert_usage_error(invoke(app, "report", run_uri, "--out", str(tmp_path / "t.png"), "--html", str(blocked / "r.html")),
                        "--html: ", "is not writable")
     assert not (tmp_path / "t.png").exists()
+
+
+def test_a_file_name_past_the_systems_limit_is_one_line_not_a_traceback(app, tmp_path):
+    """Path.is_dir() raises on such a name, where the output's checks began."""
+    assert_usage_error(invoke(app, "init", str(tmp_path / ("a" * 300 + ".yaml"))), "File name too long", "give a shorter path")

@@ -416,3 +416,16 @@ def test_a_label_selector_on_the_market_label_must_select_the_tiers_market(value
     else:
         with pytest.raises(ValidationError, match=r"label_selector.ray.io/market-type: .* does not select the tier's market 'spot'"):
             make()
+
+
+def test_a_train_loop_config_nested_past_the_writers_limits_is_refused_by_name():
+    """The job reaches the cluster as YAML and JSON, whose writers recurse: 900 levels failed there, after the plan."""
+    from spotfallback.config import MAX_CONFIG_DEPTH
+
+    deep: list = []
+    for _ in range(MAX_CONFIG_DEPTH + 1):
+        deep = [deep or 1]
+    with pytest.raises(ValidationError, match=rf"train_loop_config\n.*'layers' nests deeper than {MAX_CONFIG_DEPTH} levels"):
+        JobConfig(name="ok", storage_path="/tmp/r", entrypoint="m:f", tiers=(Tier.spot(1),), train_loop_config={"layers": deep})
+    shallow = {"a": {"b": [1, {"c": 2}]}}
+    assert JobConfig(name="ok", storage_path="/tmp/r", entrypoint="m:f", tiers=(Tier.spot(1),), train_loop_config=shallow).train_loop_config == shallow

@@ -19,6 +19,7 @@ from spotfallback.cli.common import (
     fail,
     one_line,
     output_problem,
+    same_file_problem,
     usage_error,
     write_output,
 )
@@ -296,6 +297,9 @@ def register(app: typer.Typer) -> None:
                            move_restart_h=planned.move_restart_h if planned else 0.0,
                            move_cost=planned.move_cost if planned else 0.0)
             pool_paths = _pool_paths(pool)
+            inputs = [("--trace", t) for t in trace] + [("--pool", p) for p in pool_paths.values()]
+            if csv_path is not None and (problem := same_file_problem(csv_path, inputs)) is not None:
+                raise usage_error("--csv", problem)
             # The gangs each --trace is replayed on: spot tiers without a --pool, and for a ladder without spot, the
             # optimum's spot gang at --spot-price (the size of the on-demand tier's).
             gangs = [(t.num_workers, f"JOB.yaml's spot tier {t.name!r}") for t in job.tiers

@@ -9,7 +9,7 @@ from __future__ import annotations
 import logging
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -19,6 +19,7 @@ from rich.markup import escape
 from typer.core import TyperGroup
 
 from spotfallback.config import Ladder
+from spotfallback.deploy.common import short_repr
 from spotfallback.errors import (
     EXIT_BAD_INPUT,
     ConfigError,
@@ -113,9 +114,28 @@ def output_problem(path: Path, suffix: str | tuple[str, ...] | None, *, keep_exi
     """What is wrong with a file the command will write, or None: a directory, the suffix, a
     missing or unwritable directory (a link's, too), or (``keep_existing``: a file the user may
     have edited, such as a job file or a deployment file) one that is there already, or a link
-    to one that is not.
+    to one that is not; a path the system refuses to look at (a name too long) says so.
 
     Checked before any work, so that one bad output of several fails before any is written."""
+    try:
+        return _output_problem(path, suffix, keep_existing)
+    except OSError as e:  # Path.is_dir() and exists() raise on a name past the system's limit
+        return f"{short_repr(str(path))}: {e.strerror or e}; give a shorter path"
+
+
+def same_file_problem(path: Path, inputs: Iterable[tuple[str, Path]]) -> str | None:
+    """Which input the output ``path`` is (by any name or link), or None: writing there would
+    replace a file the command reads, whose data would be lost."""
+    for option, given in inputs:
+        try:
+            if path.exists() and given.exists() and os.path.samefile(path, given):
+                return f"{str(path)!r} is the {option} file; write to another path"
+        except OSError:
+            continue  # the input's own check names it
+    return None
+
+
+def _output_problem(path: Path, suffix: str | tuple[str, ...] | None, keep_existing: bool) -> str | None:
     suffixes = (suffix,) if isinstance(suffix, str) else suffix
     if path.is_dir():
         return f"{str(path)!r} is a directory; give a file name"

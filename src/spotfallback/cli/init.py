@@ -65,9 +65,9 @@ def register(app: typer.Typer) -> None:
         force: Annotated[bool, typer.Option("--force", help="Overwrite the file if it exists.")] = False,
     ) -> None:
         """Write a commented example job file (ladder, storage, entrypoint) that `spotfallback run` accepts."""
-        if path.is_dir():
-            raise fail(f"PATH: {str(path)!r} is a directory; give a file name such as {str(path / 'job.yaml')!r}")
         if (problem := output_problem(path, (".yaml", ".yml"), keep_existing=not force)) is not None:
+            if problem.endswith("is a directory; give a file name"):
+                problem += f" such as {str(path / 'job.yaml')!r}"
             raise fail(f"PATH: {problem}")
         write_output("PATH", path, EXAMPLE_JOB)
         job = JobConfig.from_yaml(path)  # the example must always be a valid job

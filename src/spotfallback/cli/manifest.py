@@ -8,7 +8,6 @@ resumes that run: a name reused by accident would continue someone else's traini
 
 from __future__ import annotations
 
-import os
 import re
 from enum import StrEnum
 from pathlib import Path
@@ -16,7 +15,13 @@ from typing import Annotated, NoReturn, TypeVar
 
 import typer
 
-from spotfallback.cli.common import CommandSummaries, one_line, output_problem, write_output
+from spotfallback.cli.common import (
+    CommandSummaries,
+    one_line,
+    output_problem,
+    same_file_problem,
+    write_output,
+)
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
@@ -150,8 +155,8 @@ def _check_out(out: Path | None, force: bool, job: Path) -> None:
     not the --job file (which --force would replace by its own manifest)."""
     if out is None:
         return
-    if out.exists() and job.exists() and os.path.samefile(out, job):
-        _fail(f"--out: {str(out)!r} is the --job file; write the manifest to another path")
+    if (problem := same_file_problem(out, [("--job", job)])) is not None:
+        _fail(f"--out: {problem}")
     if (problem := output_problem(out, (".yaml", ".yml"), keep_existing=not force)) is not None:
         _fail(f"--out: {problem}")
 

@@ -421,6 +421,8 @@ def _json_option(option: str, text: str) -> Any:
         return json.loads(text)
     except json.JSONDecodeError as e:
         raise usage_error(option, f"not valid JSON: {e.msg} at character {e.pos}") from None
+    except RecursionError:
+        raise usage_error(option, "its values nest deeper than the JSON reader can follow; flatten them") from None
 
 
 def _first_problem(e: ValidationError) -> str:

@@ -51,6 +51,8 @@ def load_job(job_file: Path | None, job_json: str | None, overrides: dict[str, A
         return JobConfig.model_validate(data)
     except json.JSONDecodeError as e:
         raise ConfigError(f"--job-json: not valid JSON: {e}") from None
+    except RecursionError:
+        raise ConfigError("--job-json: its values nest deeper than the JSON reader can follow; flatten them") from None
     except ValidationError as e:
         # A bad value given on the command line is the option's fault, not the file's.
         blamed = {str(err["loc"][0]) for err in e.errors() if err["loc"]}
