@@ -381,8 +381,11 @@ def test_an_entrypoint_whose_module_fails_as_it_loads_is_one_line_naming_the_ent
     assert len(r.output.strip().splitlines()) == 1, r.output
 
 
-def test_an_entrypoint_file_named_like_a_module_python_has_is_refused_not_swapped(app, tmp_path):
+def test_an_entrypoint_file_named_like_a_module_python_has_is_refused_not_swapped(app, tmp_path, monkeypatch):
     """``json.py:train_fn`` loaded the standard library's json (and said it has no train_fn)."""
+    # The loader puts the file's directory on sys.path, where the processes this worker spawns
+    # later (with its sys.path) would find this json.py before the standard library's.
+    monkeypatch.setattr(sys, "path", [*sys.path])
     (tmp_path / "json.py").write_text("def train_fn(config):\n    pass\n")
     path = Path(job_file(tmp_path))
     path.write_text(path.read_text().replace(f"{tmp_path / 'mytrain.py'}:", f"{tmp_path / 'json.py'}:"))
