@@ -24,7 +24,7 @@ from spotfallback.cli.common import (
 )
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
-from spotfallback.deploy.common import image_error, object_name_error, unique_run_name
+from spotfallback.deploy.common import choice, image_error, object_name_error, unique_run_name
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, spot_grace_note
 from spotfallback.deploy.launcher import (
     HEAD_INSTANCE_TYPES,
@@ -89,9 +89,9 @@ ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --out fil
 def _choice(option: str, value: str, enum: type[E]) -> E:
     """Parse a choice here rather than via click, so a wrong value is one line like every other error."""
     try:
-        return enum(value)
-    except ValueError:
-        _fail(f"{option}: {value!r} is not one of: {', '.join(e.value for e in enum)}")
+        return choice(option, value, enum)
+    except ConfigError as e:
+        _fail(str(e))
 
 
 def _fail(message: str, code: int = EXIT_BAD_INPUT) -> NoReturn:
