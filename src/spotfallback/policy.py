@@ -573,10 +573,11 @@ class FallbackPolicy:
         Both for progress frozen where it is now (``remaining_s`` on ``tier``'s full gang, else
         the latest reported, scaled to it from the gang that ran, else all of the guard's
         ``work_h``). ``with_reserve``: the margin and the guard's ``reserve_h``, as for leaving.
-        None without a guard or a start.
+        None without a guard or a start, and on the last tier: with nowhere to send the run, its
+        guard could only stop one that would finish late, with its progress kept but unused.
         """
         guard = self.tiers[tier].deadline_guard
-        if guard is None or state.started_at is None:
+        if guard is None or state.started_at is None or tier == len(self.tiers) - 1:
             return None
         work, margin = guard.work_h * 3600.0, guard_kept_h(guard.margin_h, guard.reserve_h, with_reserve) * 3600.0
         rem = remaining_s
@@ -740,8 +741,8 @@ class FallbackPolicy:
             # A shrunk elastic gang runs slower than the tier's full gang: its guard must be able
             # to send it down while it runs, not only after its next failure.
             state = self._reported(state, event)
-            # Only towards a next tier: a running gang is never given up on, only moved.
-            why = self.guard_reason(state, t, with_reserve=False) if to + 1 < len(self.tiers) else None
+            # Only towards a next tier (the last tier has no guard): a running gang is never given up on, only moved.
+            why = self.guard_reason(state, t, with_reserve=False)
             if why:
                 state = replace(self._ran(state, t), running_since=None)
                 return self._leave(state, t, f"{why} (running {state.workers} of {tier.num_workers} workers)")

@@ -91,7 +91,7 @@ def test_out_never_replaces_a_file_unless_forced(app: typer.Typer, job_file: Pat
 def test_cluster_launcher_refuses_the_other_clouds_identity_and_notes_a_missing_one(app: typer.Typer, job_file: Path) -> None:
     aws = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--service-account", "a@b.iam.gserviceaccount.com")
     assert aws.exit_code == 2 and aws.stderr == "error: --service-account: a GCP service account; on aws give the workers --instance-profile ARN\n"
-    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--job", job_file,
               "--instance-profile", "arn:aws:iam::1:instance-profile/x")
     assert gcp.exit_code == 2 and "error: --instance-profile: an AWS instance profile" in gcp.stderr
     bare = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file)
@@ -231,7 +231,7 @@ def test_missing_job_file_and_missing_out_directory(app: typer.Typer, job_file: 
     assert nowhere.exit_code == 2 and nowhere.stderr.startswith("error: --out: directory")
 
 
-@pytest.mark.parametrize(("cloud", "where"), [("aws", ["--region", "us-east-1"]), ("gcp", ["--zone", "us-central1-a", "--project-id", "ml"])])
+@pytest.mark.parametrize(("cloud", "where"), [("aws", ["--region", "us-east-1"]), ("gcp", ["--zone", "us-central1-a", "--project-id", "ml-project"])])
 def test_cluster_launcher_writes_a_valid_file(app: typer.Typer, job_file: Path, tmp_path: Path, cloud: str, where: list[str]) -> None:
     out = tmp_path / "cluster.yaml"
     result = run(app, "cluster-launcher", "--cloud", cloud, "--job", job_file, *where, "--instance-type", "spot=m5.4xlarge" if cloud == "aws" else "spot=n2-standard-16", "--out", out)
@@ -256,14 +256,14 @@ def test_cluster_launcher_writes_a_valid_file(app: typer.Typer, job_file: Path, 
          "'t2.micro' has 1 GiB of memory, too little for a Ray head node, which runs the GCS, the dashboard, the autoscaler "
          "and the job driver; name a type with at least 7.5 GiB (such as 't2.large'), or leave it out for the default "
          "'m5.2xlarge'"),
-        (["--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--head-instance-type", "m5.large"],
+        (["--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--head-instance-type", "m5.large"],
          "error: --head-instance-type: 'm5.large' is not a Compute Engine machine type"),
         (["--cloud", "gcp", "--zone", "us-central1-a"], "error: --project-id: required on GCP"),
         (["--cloud", "aws", "--region", "not a region"], "error: --region: 'not a region' is not an AWS region name; give one "
          "such as 'us-east-1'"),
         (["--cloud", "aws", "--region", "us-west-2", "--zone", "us-west-2zz"], "error: --zone: 'us-west-2zz' is not an AWS "
          "zone name; give one such as 'us-east-1a'"),
-        (["--cloud", "gcp", "--zone", "us-central1a", "--project-id", "p"], "error: --zone: 'us-central1a' is not a GCP zone"),
+        (["--cloud", "gcp", "--zone", "us-central1a", "--project-id", "my-project"], "error: --zone: 'us-central1a' is not a GCP zone"),
         (["--cloud", "aws", "--region", "us-east-1", "--image", "my image"], "error: --image: 'my image' is not a container image"),
     ],
 )
@@ -415,7 +415,7 @@ def test_a_rayjob_setting_is_refused_for_a_raycluster_and_bounded_for_a_rayjob(a
 
 
 @pytest.mark.parametrize(("args", "message"), [
-    (["--project-id", "p"], "error: --project-id: a GCP setting, which an aws cluster does not use"),
+    (["--project-id", "my-project"], "error: --project-id: a GCP setting, which an aws cluster does not use"),
     (["--source-image", "img"], "error: --source-image: a GCP setting, which an aws cluster does not use"),
     (["--subnetwork", "ray-subnet"], "error: --subnetwork: a GCP setting, which an aws cluster does not use"),
     (["--instance-profile", "ray-worker"], "error: --instance-profile: 'ray-worker' is not an instance profile ARN"),
@@ -430,12 +430,12 @@ def test_an_aws_cluster_refuses_gcp_settings_and_a_profile_that_is_no_arn(app: t
 
 
 def test_a_gcp_subnetwork_in_another_region_is_one_error_line_naming_the_option(app: typer.Typer, job_file: Path) -> None:
-    r = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+    r = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--job", job_file,
             "--subnetwork", "projects/host/regions/europe-west4/subnetworks/s")
     assert r.exit_code == 2 and not r.stdout, r.stderr
     assert r.stderr.startswith("error: --subnetwork: 'projects/host/regions/europe-west4/subnetworks/s' is in region "
                                "'europe-west4', but the nodes are in 'us-central1'"), r.stderr
-    ok = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+    ok = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--job", job_file,
              "--subnetwork", "ray-subnet")
     assert ok.exit_code == 0 and "subnetwork: regions/us-central1/subnetworks/ray-subnet" in ok.stdout, ok.stderr
 
@@ -477,7 +477,7 @@ def test_aws_networks_tags_and_internal_ips_reach_the_file_and_a_bad_value_is_on
     bad = run(app, *base, "--subnet-id", "vpc-0123456789abcdef0")
     assert bad.exit_code == 2 and not bad.stdout, bad.stderr
     assert bad.stderr.startswith("error: --subnet-id: 'vpc-0123456789abcdef0' is not a subnet ID"), bad.stderr
-    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--job", job_file,
               "--subnet-id", "subnet-89abcdef")
     assert gcp.exit_code == 2 and gcp.stderr.startswith("error: --subnet-id: an AWS subnet; on gcp name the nodes' "
                                                         "subnetwork with --subnetwork"), gcp.stderr
@@ -501,7 +501,7 @@ def test_aws_networks_tags_and_internal_ips_reach_the_file_and_a_bad_value_is_on
 ])
 def test_a_gcp_service_account_must_be_an_email(app: typer.Typer, job_file: Path, account: str, ok: bool) -> None:
     """GCE takes a service account by its email; anything else fails only at ray up's first launch."""
-    r = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "p", "--job", job_file,
+    r = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--job", job_file,
             "--service-account", account)
     if ok:
         assert r.exit_code == 0 and f"email: {account}" in r.stdout, r.stderr

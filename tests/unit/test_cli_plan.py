@@ -110,6 +110,12 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--rate", "0.1", "--deadline-h", "5"], "--deadline-h: deadline_h (5) is shorter"),
         (["--hours", "10", "--rate", "0.1", "--deadline-prob", "1.5"], "--deadline-prob:"),
         (["--hours", "10", "--rate", "0.1", "--checkpoint-cost-s", "-3"], "--checkpoint-cost-s:"),
+        # Past the bounds, each names its own option, not a tier or guard the planner built from it.
+        (["--hours", "10", "--rate", "0.1", "--deadline-h", "15", "--checkpoint-cost-s", "1e12"],
+         "--checkpoint-cost-s: must be at most 360,000,000 s (100,000 h), got 1e+12"),
+        (["--hours", "10", "--rate", "0.1", "--notice-s", "1e12"], "--notice-s: must be at most 360,000,000 s"),
+        (["--hours", "10", "--rate", "0.1", "--workers", "99999999999"], "--workers: Input should be less than or equal to 2147483647"),
+        (["--hours", "10", "--rate", "0.1", "--runs", "3000000"], "--runs: Input should be less than or equal to 100000"),
         (["--hours", "10"], "give a spot trace"),
         (["--hours", "10", "--trace", "/no/such/trace.json"], "--trace: /no/such/trace.json: no such file"),
         (["--hours", "10", "--trace", TRACE, "--trace-counts", "some"], "--trace-counts:"),
@@ -162,11 +168,12 @@ def test_bad_input_is_one_line_and_exit_code_2(app, args, needle, tmp_path):
     assert lines[0].startswith("error: ") and needle in lines[0], r.output
 
 
-@pytest.mark.parametrize("option", ["--move-restart-s", "--checkpoint-gb"])
-def test_an_option_given_in_other_units_than_the_plan_keeps_is_not_quoted_converted(app, option):
+@pytest.mark.parametrize(("option", "message"), [("--move-restart-s", "must be a non-negative number of seconds, got -1"),
+                                                 ("--checkpoint-gb", "Input should be greater than or equal to 0")])
+def test_an_option_given_in_other_units_than_the_plan_keeps_is_not_quoted_converted(app, option, message):
     """-1 s of move restart is -0.00028 h to the planner: quoting that would puzzle whoever typed -1."""
     r = invoke(app, "--hours", "10", "--rate", "0.1", option, "-1")
-    assert r.exit_code == 2 and r.output.strip() == f"error: {option}: Input should be greater than or equal to 0"
+    assert r.exit_code == 2 and r.output.strip() == f"error: {option}: {message}"
 
 
 def test_the_written_job_carries_the_workers_shape(app, tmp_path):
@@ -418,3 +425,20 @@ def test_json_output_still_writes_the_job_file_and_says_so_beside_the_json(app, 
     assert json.loads(r.stdout)["policies"][0]["policy"] == "recommended"
     assert f"Wrote the job file (recommended tiers and the plan's prediction) to {path}" in r.stderr
     assert JobConfig.from_yaml(path).plan is not None
+
+
+def test_spot_pools_written_with_one_selector_on_one_cluster_get_a_note():
+    """The plan priced two pools; a file whose tiers select the same nodes would run them as one."""
+    from spotfallback.config import Ladder, Tier
+
+    def ladder(second: dict[str, object]) -> Ladder:
+        return Ladder(tiers=(Tier.spot(1, name="spot"), Tier.spot(1, name="spot-2", **second), Tier.on_demand(1)))
+
+    notes = cli_plan._same_nodes(ladder({}))
+    assert len(notes) == 1 and "tiers 'spot' and 'spot-2' were priced as two spot pools" in notes[0]
+    assert "give each a label_selector of its own" in notes[0]
+    assert cli_plan._same_nodes(ladder({"label_selector": {"ray.io/availability-zone": "us-east-1c"}})) == []
+    apart = {"cluster": {"address": "http://b:8265"}}
+    two = Ladder(tiers=(Tier.spot(1, name="spot", cluster={"address": "http://a:8265"}), Tier.spot(1, name="spot-2", **apart),
+                        Tier.on_demand(1, **apart)))
+    assert cli_plan._same_nodes(two) == []

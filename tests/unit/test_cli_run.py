@@ -14,6 +14,7 @@ import json
 import os
 import pty
 import re
+import socket
 import sys
 import types
 from pathlib import Path
@@ -361,10 +362,29 @@ def test_a_cluster_that_cannot_be_joined_is_one_error_line_naming_ray_address(ap
 
     monkeypatch.setattr(ray, "init", unreachable)
     path = Path(job_file(tmp_path))
-    path.write_text(path.read_text().replace("ray_address: local", "ray_address: 10.0.0.1:6379"))
+    path.write_text(path.read_text().replace("ray_address: local", "ray_address: auto"))
     assert_refused(invoke(app, "run", str(path)), 2,
-                   "ray_address: cannot connect to Ray at '10.0.0.1:6379' (ConnectionError: Could not find",
+                   "ray_address: cannot connect to Ray at 'auto' (ConnectionError: Could not find",
                    "start the cluster, or use 'local'")
+
+
+def test_a_head_address_where_nothing_listens_is_refused_without_rays_retries(app, tmp_path, monkeypatch):
+    """ray.init retries such an address for minutes; one connection attempt is refused at once."""
+    import ray
+
+    def retried(**_: object) -> None:
+        raise AssertionError("ray.init was called: it would retry the address for minutes")
+
+    monkeypatch.setattr(ray, "init", retried)
+    with socket.socket() as s:  # a loopback port that was free a moment ago, so nothing listens on it
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    path = Path(job_file(tmp_path))
+    for address in (f"127.0.0.1:{port}", f"ray://127.0.0.1:{port}"):
+        path.write_text(re.sub(r"ray_address: .*", f"ray_address: {address}", path.read_text()))
+        assert_refused(invoke(app, "run", str(path)), 2,
+                       f"ray_address: cannot connect to Ray at '{address}' (nothing accepts connections at 127.0.0.1:{port}",
+                       "start the cluster, or use 'local'")
 
 
 @pytest.mark.parametrize(("source", "needle"), [

@@ -199,7 +199,7 @@ def test_nodepools_one_per_gpu_pool_each_making_only_its_tiers_machines(cloud: K
     ("cloud", "where", "types"),
     [
         (VmCloud.AWS, {"region": "us-east-1"}, ["p4d.24xlarge", "g4dn.2xlarge", "p4d.24xlarge"]),
-        (VmCloud.GCP, {"zone": "us-central1-a", "project_id": "ml", "source_image": "img"}, ["a2-highgpu-1g", "n1-standard-8", "a2-highgpu-1g"]),
+        (VmCloud.GCP, {"zone": "us-central1-a", "project_id": "ml-project", "source_image": "img"}, ["a2-highgpu-1g", "n1-standard-8", "a2-highgpu-1g"]),
     ],
 )
 def test_ray_up_node_types_are_the_gpu_types_machines(cloud: VmCloud, where: dict[str, str], types: list[str]) -> None:

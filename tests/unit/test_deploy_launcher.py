@@ -142,13 +142,13 @@ def test_region_and_zone_come_from_tiers_or_options() -> None:
         {**SPOT_A, "label_selector": {"ray.io/market-type": "spot", "ray.io/availability-zone": "us-central1-b"}},
         ON_DEMAND,  # no zone: fits the cluster's zone
     ]
-    gcp = cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="p"))
-    assert gcp["provider"] == {"type": "gcp", "region": "us-central1", "availability_zone": "us-central1-b", "project_id": "p"}
+    gcp = cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="my-project"))
+    assert gcp["provider"] == {"type": "gcp", "region": "us-central1", "availability_zone": "us-central1-b", "project_id": "my-project"}
     clash = [zoned[0], {**ON_DEMAND, "label_selector": {"ray.io/market-type": "on-demand", "ray.io/availability-zone": "us-central1-c"}}]
     with pytest.raises(ConfigError, match=r"^tiers\[1\]\.label_selector\.ray\.io/availability-zone"):
-        cluster_launcher_config(make_job(clash), LauncherOptions(cloud=VmCloud.GCP, project_id="p"))
+        cluster_launcher_config(make_job(clash), LauncherOptions(cloud=VmCloud.GCP, project_id="my-project"))
     with pytest.raises(ConfigError, match="^zone: 'us-central1-a' differs"):
-        cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="p", zone="us-central1-a"))
+        cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP, project_id="my-project", zone="us-central1-a"))
     with pytest.raises(ConfigError, match="^project_id"):
         cluster_launcher_config(make_job(zoned), LauncherOptions(cloud=VmCloud.GCP))
     with pytest.raises(ConfigError, match="^zone: 'us-west-2a' is not in region 'us-east-1'; a zone's name starts with its region's"):
@@ -167,7 +167,7 @@ def test_region_and_zone_come_from_tiers_or_options() -> None:
 ])
 def test_each_clouds_region_and_zone_names_are_taken(cloud, region, zone) -> None:
     """A zone alone names its region: the region's name is the start of the zone's."""
-    opts = LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="p")
+    opts = LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="my-project")
     provider = cluster_launcher_config(make_job(LADDERS[1]), opts)["provider"]
     derived = {"us-east-1a": "us-east-1", "us-west-2-lax-1a": "us-west-2", "northamerica-northeast1-a": "northamerica-northeast1"}
     assert provider.get("availability_zone") == zone and provider["region"] == (region or derived[zone])
@@ -182,7 +182,7 @@ def test_each_clouds_region_and_zone_names_are_taken(cloud, region, zone) -> Non
 def test_a_region_or_zone_of_another_shape_is_refused_before_ray_up(cloud, region, zone, problem) -> None:
     """`ray up` would fail on it only after the file is written and handed on."""
     with pytest.raises(ConfigError, match=problem):
-        cluster_launcher_config(make_job(LADDERS[1]), LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="p"))
+        cluster_launcher_config(make_job(LADDERS[1]), LauncherOptions(cloud=cloud, region=region, zone=zone, project_id="my-project"))
 
 
 def test_storage_identity_goes_on_workers_only() -> None:
@@ -463,7 +463,7 @@ def test_a_gcp_ladder_across_zones_and_zone_subnets_on_gcp_are_refused() -> None
     with pytest.raises(ConfigError, match=r"^tiers\[1\]\.label_selector\.ray\.io/availability-zone: 'us-central1-b' "
                                           r"differs from tiers\[0\]'s 'us-central1-a'"):
         cluster_launcher_config(make_job([zoned(SPOT_A, "us-central1-a"), zoned(ON_DEMAND, "us-central1-b")]),
-                                LauncherOptions(cloud=VmCloud.GCP, project_id="p"))
+                                LauncherOptions(cloud=VmCloud.GCP, project_id="my-project"))
     with pytest.raises(ConfigError, match=r"^zone_subnet_ids: AWS subnets, which a gcp cluster does not use"):
         cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.GCP, zone_subnet_ids={"us-central1-a": ["subnet-0000000a"]}))
 
@@ -576,5 +576,11 @@ def test_launcher_options_refuse_values_ray_up_cannot_take_and_read_one_pip_stri
             opts(VmCloud.GCP, **{field: value})
     with pytest.raises(ConfigError, match=r"^cloud: 'amazon' is not one of: "):
         LauncherOptions(cloud="amazon")  # type: ignore[arg-type]
+    # The display name or the project number would reach the file and fail only at `ray up`.
+    for project in ("My Project", "123456789012", "proj", "my-project-", "a" * 31):
+        with pytest.raises(ConfigError, match=r"^project_id: .* is not a GCP project id"):
+            LauncherOptions(cloud=VmCloud.GCP, project_id=project)
+    for project in ("my-project-123", "example.com:my-project"):
+        assert LauncherOptions(cloud=VmCloud.GCP, project_id=project).project_id == project
     config = yaml.safe_load(render_cluster_launcher(make_job(LADDERS[2]), opts("aws", pip="churn==1.2")))  # type: ignore[arg-type]
     assert config["setup_commands"] == ["pip install spotfallback==0.1.0 churn==1.2"]

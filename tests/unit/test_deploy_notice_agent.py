@@ -282,7 +282,7 @@ def test_every_clouds_default_grace_fits_its_notice_and_leaves_ray_a_window() ->
 
 
 def launcher(cloud: VmCloud, *tiers: dict[str, Any], **kw: Any) -> dict[str, Any]:
-    where = {"region": "us-east-1"} if cloud is VmCloud.AWS else {"zone": "us-central1-a", "project_id": "ml"}
+    where = {"region": "us-east-1"} if cloud is VmCloud.AWS else {"zone": "us-central1-a", "project_id": "ml-project"}
     return cluster_launcher_config(make_job(*tiers), LauncherOptions(cloud=cloud, **where, **kw))
 
 

@@ -288,6 +288,8 @@ def test_a_driver_of_a_ladder_across_clusters_needs_its_cluster() -> None:
         check_on_cluster(lad, "c")
     assert check_on_cluster(lad, "b") == "b"
     assert check_on_cluster(ladder(None, None, None), None) is None
+    with pytest.raises(ConfigError, match=r"on_cluster: 'a' names a cluster, but no tier of this ladder does .*leave it out"):
+        check_on_cluster(ladder(None, None, None), "a")
 
 
 # -- the mover against clusters that never answer ---------------------------------------------

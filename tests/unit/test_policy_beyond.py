@@ -21,6 +21,7 @@ from spotfallback.events import (
     Continue,
     Event,
     GiveUp,
+    NodeFailed,
     Preempted,
     Resize,
     Retry,
@@ -396,6 +397,22 @@ def test_a_shrunk_gang_behind_schedule_moves_down_while_running_but_the_last_tie
     state, _ = run(alone, start)
     step = alone.decide(state, still_two)
     assert not isinstance(step.decision, SwitchTier | GiveUp) and step.state.status == "running"
+
+
+def test_a_guard_on_the_last_tier_neither_cuts_its_wait_nor_stops_a_late_run():
+    """With no tier below, such a guard could only end a run that would finish late, its progress unused."""
+    guard = {"deadline_h": 10, "work_h": 5, "pace": 1.0, "margin_h": 0.5}
+    policy = FallbackPolicy([Tier.on_demand(2, price_per_worker_hour=3.0, capacity_timeout_s=None, deadline_guard=guard)])
+    state, decisions = run(policy, [*one_hour_done(), NodeFailed(9.8 * H)])  # 4 h left, 0.2 h to the deadline
+    assert isinstance(decisions[-1], Retry) and policy.capacity_deadline(state) is None
+    state, decisions = run(policy, [*one_hour_done(), NodeFailed(9.8 * H), WorkersAcquired(12 * H, 2)])
+    assert state.status == "running"
+    # Above it, the same guard still moves the run down.
+    two = FallbackPolicy([Tier.spot(2, max_preemptions=-1, capacity_timeout_s=None, price_per_worker_hour=1.0,
+                                    deadline_guard=guard),
+                          Tier.on_demand(2, price_per_worker_hour=3.0, capacity_timeout_s=None, deadline_guard=guard)])
+    state, decisions = run(two, [*one_hour_done(), NodeFailed(9.8 * H)])
+    assert isinstance(decisions[-1], SwitchTier) and two.capacity_deadline(state) is None
 
 
 def test_guard_cuts_the_capacity_wait_where_the_run_would_fall_behind():

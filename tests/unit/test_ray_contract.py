@@ -499,7 +499,7 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
     tier = {"name": "h100", "market": "spot", "num_workers": 1, "use_gpu": True, "resources_per_worker": {"CPU": 100, "GPU": 8},
             "label_selector": {"ray.io/market-type": "spot", "ray.io/accelerator-type": "H100"}}
     job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [tier]})
-    opts = LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="p", source_image="projects/p/global/images/g")
+    opts = LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="my-project", source_image="projects/p/global/images/g")
     config = cluster_launcher_config(job, opts)
     assert scope["_configure_subnet"](config, None) == config
     del config["available_node_types"]["head"]["node_config"]["networkInterfaces"]
@@ -509,7 +509,7 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
     # --subnetwork: every node type names it, so Ray keeps it, gVNIC or not.
     cpu = {**tier, "use_gpu": False, "resources_per_worker": {"CPU": 4}, "label_selector": {"ray.io/market-type": "spot"}}
     job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [cpu]})
-    config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="p",
+    config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="my-project",
                                                           subnetwork="ray-subnet"))
     kept = scope["_configure_subnet"](copy.deepcopy(config), None)
     assert kept == config

@@ -85,6 +85,8 @@ def _write(tmp_path: Path, name: str, text: str) -> Path:
         ('{"data": [1]}', "'metadata'"),
         ('{"metadata": {}, "data": [1]}', "'metadata.gap_seconds'"),
         ('{"metadata": {"gap_seconds": -5}, "data": [1]}', "'metadata.gap_seconds' must be a positive number"),
+        ('{"metadata": {"gap_seconds": 1e308}, "data": [1, 0]}', "'metadata.gap_seconds' must be a positive number of "
+                                                                 "seconds, at most 604800 (a week), got 1e+308"),
         ('{"metadata": {"gap_seconds": "60"}, "data": [1]}', "'metadata.gap_seconds'"),
         ('{"metadata": {"gap_seconds": 60}}', "'data' is missing"),
         ('{"metadata": {"gap_seconds": 60}, "data": []}', "'data' is empty"),
@@ -174,6 +176,16 @@ def test_node_trace_header_and_comments(tmp_path):
     assert tr.events == (NodeEvent(0.0, "add", "a"), NodeEvent(1.5, "remove", "a"))
 
 
+def test_a_node_trace_in_unix_epoch_milliseconds_counts_from_its_first_line(tmp_path):
+    """A cluster's own log writes clock times: read as offsets they would open with 55 years without nodes."""
+    p = _write(tmp_path, "epoch.csv", "1733472000000,add,a\n1733472000000,add,b\n1733475600000,remove,a\n")
+    assert load_node_trace(p).events == (NodeEvent(0.0, "add", "a"), NodeEvent(0.0, "add", "b"),
+                                         NodeEvent(3600.0, "remove", "a"))
+    # An offset of a day, or a year, is the trace's own: it is kept.
+    p = _write(tmp_path, "late.csv", "86400000,add,a\n90000000,remove,a\n")
+    assert load_node_trace(p).events[0].t_s == 86400.0
+
+
 def test_a_byte_order_mark_is_read_past(tmp_path):
     """Windows editors and spreadsheet exports start UTF-8 files with a BOM: both kinds load as without it."""
     spot = tmp_path / "bom.json"
@@ -212,6 +224,7 @@ def test_a_long_bad_value_is_quoted_short(tmp_path):
     (0.0, [1, 0, 1], "gap_seconds must be a positive number"),
     (-60.0, [1, 0, 1], "gap_seconds must be a positive number"),
     (float("nan"), [1], "gap_seconds must be a positive number"),
+    (1e308, [1], "gap_seconds must be a positive number of seconds, at most 604800"),
     (60.0, [], "available must be a non-empty list"),
     (60.0, [1, -1], "non-negative whole numbers"),
     (60.0, [1.5], "non-negative whole numbers"),
@@ -242,6 +255,7 @@ def test_a_spot_trace_built_from_a_list_holds_a_read_only_copy():
     ((NodeEvent(20, "add", "a"), NodeEvent(10, "remove", "a")), r"events\[1\]: t_s must be .* not before"),
     ((NodeEvent(0, "join", "a"), NodeEvent(10, "remove", "a")), r"events\[0\]: expected action 'add' or 'remove'"),
     ((NodeEvent(0, "add", "a"),), "span no time"),
+    ((NodeEvent(1.7e9, "add", "a"), NodeEvent(1.7e9 + 60, "remove", "a")), "events\\[0\\] is at 1.7e\\+09 s, a clock's time"),
 ])
 def test_a_node_trace_built_in_python_gets_the_loaders_rules(events, message):
     from spotfallback.sim.traces import NodeTrace

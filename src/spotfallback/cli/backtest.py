@@ -279,7 +279,11 @@ def register(app: typer.Typer) -> None:
                 if v2 is not None and not (v2 > 0 and math.isfinite(v2)):
                     raise usage_error(opt, f"must be a positive number of hours, got {v2:g}")
             if deadline < hours:
-                raise usage_error("--deadline-h", f"{deadline:g} h is shorter than the work itself ({hours:g} h)")
+                if deadline_h is not None:
+                    raise usage_error("--deadline-h", f"{deadline:g} h is shorter than the work itself ({hours:g} h)")
+                source = "plan: deadline_h" if plan and plan.deadline_h else "its first deadline_guard"
+                raise usage_error("--hours", f"{hours:g} h of work cannot finish by the job file's deadline "
+                                             f"({deadline:g} h, from {source}); give --deadline-h too")
             if csv_path is not None and (problem := output_problem(csv_path, ".csv")) is not None:
                 raise usage_error("--csv", problem)
             try:
@@ -354,7 +358,12 @@ def register(app: typer.Typer) -> None:
                             f"after {float(res.wall_h[~res.finished].max()):,.0f} h, and their spend is that of the hours "
                             "until then (a spot tier that never gets far enough on this trace and never gives up: set "
                             "its max_preemptions or capacity_timeout_s, or checkpoint more often)")
-        notes = left_out + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
+        longest_h = max(t.duration_s for t in traces) / 3600.0
+        short_pools = [f"tier {name!r} replays {pool_paths[name]} ({p.duration_s / 3600.0:,.1f} h), shorter than the "
+                       f"windows' traces (up to {longest_h:,.1f} h): past its end it repeats from its start, so later "
+                       "windows pair it with hours other than those it recorded beside them"
+                       for name, p in pools.items() if p.duration_s / 3600.0 < longest_h - 1e-9]
+        notes = left_out + short_pools + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
             n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
             for n in (gating_note(p, t.num_workers), repeat_note(p, t.num_workers, deadline, "deadline")) if n))
         if as_json:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import logging
 import os
+import socket
 import sys
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -66,12 +67,37 @@ def join_ray(address: str, verbose: bool = False) -> str | None:
     """
     import ray
 
+    if (silent := _silent(address)) is not None:
+        return silent
     try:
         ray.init(address=address, log_to_driver=verbose, include_dashboard=False,
                  logging_level=logging.INFO if verbose else logging.WARNING)
     except (ConnectionError, RuntimeError, ValueError) as e:
         return f"{type(e).__name__}: {e}"
     return None
+
+
+# How long a head's host:port may take to accept a connection before ``join_ray`` gives up on it.
+CONNECT_TIMEOUT_S = 10.0
+
+
+def _silent(address: str, timeout_s: float = CONNECT_TIMEOUT_S) -> str | None:
+    """Why nothing accepts a connection at ``address``'s host and port, or None.
+
+    ``ray.init`` retries an address where nothing listens for minutes, printing its own
+    warnings; one connection attempt says the same in seconds. ``auto`` (Ray finds the
+    address itself) and anything without a port are left to Ray.
+    """
+    host, sep, port = address.removeprefix("ray://").rpartition(":")
+    if not sep or not host or not port.isdigit():
+        return None
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return None
+    except TimeoutError:
+        return f"nothing answered at {host}:{port} within {timeout_s:g} s"
+    except OSError as e:
+        return f"nothing accepts connections at {host}:{port}: {e.strerror or e}"
 
 
 def fail(message: str, code: int = EXIT_BAD_INPUT) -> typer.Exit:

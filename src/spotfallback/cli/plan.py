@@ -28,6 +28,7 @@ from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
 from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from spotfallback.sim.draws import run_offsets
+from spotfallback.sim.job import MAX_HOURS
 from spotfallback.sim.optimum import PendingOptima, start_optima
 from spotfallback.sim.planner import Candidate, Plan, PlanRequest, load_process, plan
 from spotfallback.sim.traces import NodeTrace, SpotTrace
@@ -296,6 +297,21 @@ def _plot(p: Plan) -> bytes:
     return buf.getvalue()
 
 
+def _same_nodes(ladder: Ladder) -> list[str]:
+    """A note for each pair of spot tiers the plan priced as separate pools but whose selectors, on
+    one cluster, pick the same nodes: the file cannot know which nodes each trace recorded."""
+    notes = []
+    spots = [i for i, t in enumerate(ladder.tiers) if t.is_spot]
+    for n, i in enumerate(spots):
+        for j in spots[n + 1:]:
+            a, b = ladder.tiers[i], ladder.tiers[j]
+            if ladder.same_cluster(i, j) and a.label_selector == b.label_selector:
+                notes.append(f"note: tiers {a.name!r} and {b.name!r} were priced as two spot pools, but both select "
+                             f"{dict(a.label_selector)} and would run on the same nodes: give each a label_selector "
+                             "of its own (e.g. ray.io/availability-zone) in the job file before running it")
+    return notes
+
+
 def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, Any] | None,
                  plot: Path | None) -> list[str]:
     """Write the job file and the picture asked for; what was written, a line each. Both are made before
@@ -313,6 +329,8 @@ def _write_files(result: Plan, write_yaml: Path | None, job_fields: dict[str, An
         assert text is not None  # made above
         write_output("--write-yaml", write_yaml, text)
         done.append(f"Wrote the job file (recommended tiers and the plan's prediction) to {write_yaml}")
+        assert result.recommended.ladder is not None  # job_yaml made a file of it
+        done.extend(_same_nodes(result.recommended.ladder))
     if plot is not None:
         assert picture is not None  # made above
         write_output("--plot", plot, picture)
@@ -584,9 +602,12 @@ def register(app: typer.Typer) -> None:
                 raise usage_error("--discount", "applies to --seed-table only; a plan's discount is --spot-price "
                                                 "against --on-demand-price")
             for opt, v in (("--checkpoint-cost-s", checkpoint_cost_s), ("--restart-overhead-s", restart_overhead_s),
-                           ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s)):
+                           ("--provisioning-delay-s", provisioning_delay_s), ("--notice-s", notice_s),
+                           ("--move-restart-s", move_restart_s)):
                 if v < 0 or not math.isfinite(v):
                     raise usage_error(opt, f"must be a non-negative number of seconds, got {v:g}")
+                if v > MAX_HOURS * 3600.0:
+                    raise usage_error(opt, f"must be at most {MAX_HOURS * 3600.0:,.0f} s ({MAX_HOURS:,.0f} h), got {v:g}")
             # Before the simulation: a bad path fails at once, and a job file there already (perhaps
             # edited, perhaps a running run's) is kept unless --force says otherwise.
             outputs: list[tuple[str, Path | None, tuple[str, ...], bool]] = [

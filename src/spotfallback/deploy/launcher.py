@@ -38,6 +38,7 @@ from spotfallback.deploy.common import (
     k8s_name,
     pip_packages,
     shared_label,
+    short_repr,
     tier_labels,
     to_yaml,
     with_run_name,
@@ -78,6 +79,10 @@ AGENT_PID = "~/spotfallback-notice-agent.pid"
 # GCE's guest gets 30 s of soft-off on preemption; Docker would stop the container after its
 # default 10 s (Ray's docker runner sets no stop timeout), cutting the workers' last checkpoint.
 GCP_STOP_TIMEOUT_S = 30
+
+
+# A GCP project id (Resource Manager's rule), with the legacy 'example.com:' domain prefix.
+_GCP_PROJECT_ID = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 
 
 @dataclass(frozen=True)
@@ -137,6 +142,10 @@ class LauncherOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}: must be a whole number, at least {low} (got {value!r})")
+        if self.project_id is not None and not _GCP_PROJECT_ID.fullmatch(self.project_id):
+            raise ConfigError(f"project_id: {short_repr(self.project_id)} is not a GCP project id (6-30 lowercase "
+                              "letters, digits and hyphens, starting with a letter); give the id, e.g. "
+                              "'my-project-123', not the project's display name or number")
 
 
 def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:

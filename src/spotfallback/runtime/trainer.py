@@ -124,6 +124,9 @@ def check_on_cluster(ladder: Ladder, on_cluster: str | None) -> str | None:
                 "`spotfallback run` or spotfallback.clusters.run_across_clusters, which submit each part to its cluster"
             )
         return None
+    if not ladder.across_clusters:
+        raise ConfigError(f"on_cluster: {on_cluster!r} names a cluster, but no tier of this ladder does (it runs on one "
+                          "Ray cluster, the one the run joins); leave it out")
     if on_cluster not in ladder.clusters:
         raise ConfigError(f"on_cluster: {on_cluster!r} is not a cluster of this ladder; its clusters are {sorted(ladder.clusters)}")
     return on_cluster

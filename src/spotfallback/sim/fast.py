@@ -149,6 +149,8 @@ class _Rows:
             return np.array([fn(job) for _, job in configs], dtype=float)[cand]
 
         climbable = flag(lambda t: t.climb_back)
+        guarded = flag(lambda t: t.deadline_guard is not None)
+        guarded[:, -1] = False  # FallbackPolicy.guard_limits: the last tier has nowhere to send the run
         delta, notice = per_job(lambda j: j.checkpoint_cost_h), per_job(lambda j: j.notice_s / 3600.0)
         price = per_tier(lambda t: t.num_workers * t.price_per_worker_hour)
         rate_last = price[:, -1:]
@@ -165,7 +167,7 @@ class _Rows:
             price=price,
             workers=per_tier(lambda t: t.num_workers),
             is_spot=flag(lambda t: t.is_spot),
-            guarded=flag(lambda t: t.deadline_guard is not None),
+            guarded=guarded,
             g_work=per_tier(lambda t: t.deadline_guard.work_h if t.deadline_guard else 1.0),
             g_deadline=per_tier(lambda t: t.deadline_guard.deadline_h if t.deadline_guard else 1.0),
             g_margin=per_tier(lambda t: t.deadline_guard.margin_h if t.deadline_guard else 0.0),

@@ -34,6 +34,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from spotfallback.config import (
     MAX_DURATION_S,
+    MAX_WORKERS,
     ClusterRef,
     CostCap,
     DeadlineGuard,
@@ -63,6 +64,9 @@ TAU_FACTORS: tuple[float, ...] = (0.5, 0.71, 1.0, 1.41, 2.0)
 # Deadline guards: paces of the start-to-deadline line (1 = Uniform Progress, 0 = slack only).
 PACE_GRID: tuple[float, ...] = (1.0, 0.9, 0.75, 0.5, 0.0)
 GUARD_TAU_FACTORS: tuple[float, ...] = (0.71, 1.0, 1.41)
+# The most simulated runs per candidate a plan takes: the runs' draws are held in memory, about
+# 7.5 kB a run (3 million took 22.5 GB), so this keeps a plan under a gigabyte.
+MAX_RUNS = 100_000
 # The shortest checkpoint interval tried: a minute of work. Where a write costs more than half
 # the gang's mean time between interruptions, Daly's optimum is that mean time, which on a trace
 # flipping within seconds rounds to nothing: no interval makes progress there, and a finer one
@@ -105,11 +109,11 @@ class PlanRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf hours: a simulation without end
 
     work_h: float = Field(gt=0, le=MAX_HOURS, description="Training hours on an uninterrupted gang.")
-    num_workers: int = Field(gt=0)
-    checkpoint_cost_h: float = Field(ge=0)
-    restart_overhead_h: float = Field(ge=0)
-    provisioning_delay_h: float = Field(default=0.0, ge=0)
-    notice_s: float = Field(default=120.0, ge=0)
+    num_workers: int = Field(gt=0, le=MAX_WORKERS)
+    checkpoint_cost_h: float = Field(ge=0, le=MAX_HOURS)
+    restart_overhead_h: float = Field(ge=0, le=MAX_HOURS)
+    provisioning_delay_h: float = Field(default=0.0, ge=0, le=MAX_HOURS)
+    notice_s: float = Field(default=120.0, ge=0, le=MAX_HOURS * 3600.0)
     jit_checkpoint: bool = True
     checkpoint_on_request: bool = Field(
         default=False,
@@ -133,14 +137,15 @@ class PlanRequest(BaseModel):
         "included: leave for on-demand before a run can cost more than this multiple of on-demand alone. Off by "
         "default: it bounds the worst windows but raises the mean spend (docs/planner.md); None = no cap.",
     )
-    runs: int = Field(default=400, gt=0)
+    runs: int = Field(default=400, gt=0, le=MAX_RUNS, description="Simulated runs per candidate ladder (their draws are "
+                      "held in memory: MAX_RUNS keeps a plan under a gigabyte).")
     seed: int = Field(default=0, ge=0, description="Seed of the random draws; the same for every candidate.")
     clusters: tuple[str, ...] = Field(
         default=(),
         description="The Ray Jobs API address of each spot pool's cluster, in pool order, then the on-demand tier's "
         "(a ladder across clusters); empty: every tier on the cluster the run is on.",
     )
-    move_restart_h: float = Field(default=0.0, ge=0, description="Extra billed hours of a start on another cluster.")
+    move_restart_h: float = Field(default=0.0, ge=0, le=MAX_HOURS, description="Extra billed hours of a start on another cluster.")
     move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
 
     @field_validator("num_workers", "seed_max_preemptions", "runs", "seed", mode="before")

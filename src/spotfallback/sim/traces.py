@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal, TypeGuard
 
@@ -23,6 +23,11 @@ import numpy as np
 from spotfallback.errors import TraceError
 
 __all__ = ["NodeEvent", "NodeTrace", "SpotTrace", "load_node_trace", "load_spot_trace"]
+
+
+# The longest tick a spot trace may have: one that hides a week of preemptions says nothing of them
+# (recorded traces tick every minute to every ten), and far longer ones overflow the trace's hours.
+MAX_GAP_S = 7 * 24 * 3600.0
 
 
 @dataclass(frozen=True)
@@ -37,8 +42,9 @@ class SpotTrace:
         # A trace built in Python gets the loader's rules: a zero gap never advances the simulated
         # clock, and a negative one runs it backwards.
         where = f"SpotTrace {self.name!r}"
-        if not _is_number(self.gap_seconds) or not 0 < self.gap_seconds < math.inf:
-            raise TraceError(f"{where}: gap_seconds must be a positive number of seconds, got {_quoted(self.gap_seconds)}")
+        if not _is_number(self.gap_seconds) or not 0 < self.gap_seconds <= MAX_GAP_S:
+            raise TraceError(f"{where}: gap_seconds must be a positive number of seconds, at most {MAX_GAP_S:g} (a "
+                             f"week), got {_quoted(self.gap_seconds)}")
         raw = np.asarray(self.available)
         if raw.ndim != 1 or not len(raw):
             raise TraceError(f"{where}: available must be a non-empty list of available instances per tick")
@@ -69,6 +75,11 @@ class NodeEvent:
     node: str
 
 
+# A first time past this (about 3.2 years, in ms) is a clock's, not an offset from the trace's
+# start: Unix-epoch milliseconds (1.7e12 in 2023) as a cluster's own log writes them.
+EPOCH_MS = 1e11
+
+
 @dataclass(frozen=True)
 class NodeTrace:
     """Node arrivals and departures in time order, as recorded on a real spot cluster."""
@@ -97,6 +108,9 @@ class NodeTrace:
             last = ev.t_s
         if last <= 0:
             raise TraceError(f"NodeTrace {self.name!r}: the events span no time; a trace needs events over the hours it records")
+        if self.events[0].t_s * 1000.0 >= EPOCH_MS:
+            raise TraceError(f"NodeTrace {self.name!r}: events[0] is at {self.events[0].t_s:g} s, a clock's time; t_s "
+                             "counts seconds from the trace's start: subtract the first event's time from each")
 
     @property
     def duration_s(self) -> float:
@@ -173,8 +187,9 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     if not isinstance(meta, dict):
         raise TraceError(f"{path}: field 'metadata' is missing or not an object; expected {{\"gap_seconds\": N}}")
     gap = meta.get("gap_seconds")
-    if not _is_number(gap) or not math.isfinite(gap) or gap <= 0:
-        raise TraceError(f"{path}: field 'metadata.gap_seconds' must be a positive number, got {_quoted(gap)}")
+    if not _is_number(gap) or not math.isfinite(gap) or gap <= 0 or gap > MAX_GAP_S:
+        raise TraceError(f"{path}: field 'metadata.gap_seconds' must be a positive number of seconds, at most "
+                         f"{MAX_GAP_S:g} (a week), got {_quoted(gap)}")
     data = doc.get("data")
     if not isinstance(data, list):
         raise TraceError(f"{path}: field 'data' is missing or not a list of available instances per tick")
@@ -229,7 +244,10 @@ def _back_in_time(text: str) -> int | None:
 def load_node_trace(path: str | Path) -> NodeTrace:
     """Read a node trace CSV of lines ``time_ms,add|remove,nodeN`` (an optional header is skipped).
 
-    Times must not decrease; a node may only be removed while present and added while absent.
+    Times count from the trace's start; where the first is a clock's (``EPOCH_MS`` or later,
+    e.g. Unix-epoch milliseconds) they count from the first line instead, so that a log's own
+    times need no rewriting. Times must not decrease; a node may only be removed while present
+    and added while absent.
     """
     path = Path(path)
     text = _read_text(path)
@@ -274,6 +292,9 @@ def load_node_trace(path: str | Path) -> NodeTrace:
         events.append(NodeEvent(t_s=t_ms / 1000.0, action=action, node=node))  # type: ignore[arg-type]
     if not events:
         raise TraceError(f"{path}: no events; expected lines 'time_ms,add|remove,node'")
+    if events[0].t_s * 1000.0 >= EPOCH_MS:
+        start = events[0].t_s
+        events = [replace(ev, t_s=ev.t_s - start) for ev in events]
     if events[-1].t_s <= 0:
         raise TraceError(f"{path}: the trace spans no time (its last event is at 0 ms); a trace needs events "
                          "over the hours it records")
