@@ -420,3 +420,36 @@ def test_an_unwritable_directory_is_refused_before_any_work(app, run_uri, tmp_pa
 def test_a_file_name_past_the_systems_limit_is_one_line_not_a_traceback(app, tmp_path):
     """Path.is_dir() raises on such a name, where the output's checks began."""
     assert_usage_error(invoke(app, "init", str(tmp_path / ("a" * 300 + ".yaml"))), "File name too long", "give a shorter path")
+
+
+def test_a_message_with_brackets_is_shown_as_written_not_read_as_markup(app, tmp_path):
+    """torch prefixes errors with '[rank0]:'; a path in brackets closed rich markup that was never opened."""
+    from spotfallback.events import Fatal, RunStarted, WorkersAcquired
+
+    message = "RuntimeError: [rank0]: NCCL error in [red] zone, see [/mnt/runs/x]"
+    write_ledger(tmp_path / "runs", [RunStarted(1000.0), WorkersAcquired(1030.0, num_workers=2), Fatal(1100.0, message=message)],
+                 name="fatal")
+    run = f"{tmp_path / 'runs'}/fatal"
+    r = invoke(app, "status", run)
+    assert r.exit_code == 0 and f"fatal: {message}" in r.output, r.output
+    page = tmp_path / "fatal.html"
+    r = invoke(app, "report", run, "--out", str(tmp_path / "fatal.png"), "--html", str(page))
+    assert r.exit_code == 0 and f"gave up: {message}" in r.output.replace("\n", ""), r.output
+    assert "RuntimeError: [rank0]: NCCL error in [red] zone" in page.read_text()
+
+
+def test_a_driver_lease_that_cannot_be_read_is_one_line_not_a_traceback(app, run_uri, monkeypatch):
+    """A lease file the reader may not open (its permissions, say): as for the ledger, one line, exit 1."""
+    import spotfallback.view.snapshot as snapshot
+    from spotfallback.errors import LedgerError
+
+    def denied(location: object) -> None:
+        raise LedgerError("storage error while trying to read the driver lease: PermissionError: [Errno 13] Permission denied")
+
+    monkeypatch.setattr(snapshot, "read_lease", denied)
+    for command in ("status", "report"):
+        r = invoke(app, command, run_uri)
+        assert r.exit_code == 1 and "Traceback" not in r.output, r.output
+        lines = [line for line in r.output.splitlines() if line.strip()]
+        assert lines == ["error: cannot read the run's ledger: storage error while trying to read the driver lease: "
+                         "PermissionError: [Errno 13] Permission denied"], r.output

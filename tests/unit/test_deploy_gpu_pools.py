@@ -330,3 +330,82 @@ def test_a_launcher_instance_type_smaller_than_a_worker_is_refused() -> None:
                                           r"asks for 8 CPUs and 1 GPU .*such as 'g5\.2xlarge'\), or give each worker at most 4 CPUs$"):
         cluster_launcher_config(job, opts)
 
+
+
+def _shaped(gpu: str, cpu: float, gpus: int, **extra: Any) -> JobConfig:
+    """One GPU type's spot and on-demand tiers, `cpu` CPUs and `gpus` GPUs a worker."""
+    tiers = [{**gpu_tier(f"{gpu.lower()}-{m}", m, gpu, 2), "resources_per_worker": {"CPU": cpu, "GPU": gpus}, **extra}
+             for m in ("spot", "on-demand")]
+    return JobConfig.model_validate({"name": "shaped", "storage_path": "s3://ml-runs/x", "entrypoint": "m:f", "tiers": tiers})
+
+
+GCP = {"zone": "us-central1-a", "project_id": "ml-project", "source_image": "img"}
+
+
+@pytest.mark.parametrize(("gpu", "cpu", "gpus", "machine_type", "attached"), [
+    ("T4", 8, 1, "n1-standard-8", 1), ("T4", 30, 3, "n1-standard-32", 4), ("T4", 90, 4, "n1-standard-96", 4),
+    ("V100", 8, 1, "n1-standard-8", 1), ("V100", 30, 3, "n1-standard-32", 4), ("V100", 90, 8, "n1-standard-96", 8),
+    ("V100", 16, 1, "n1-standard-16", 2),  # one V100 allows at most 12 vCPUs
+])
+def test_n1_vms_get_gpus_only_in_the_counts_compute_engine_attaches(gpu: str, cpu: float, gpus: int, machine_type: str,
+                                                                     attached: int) -> None:
+    """N1 takes 1, 2 or 4 T4s and 1, 2, 4 or 8 V100s, each count with a vCPU cap: 3 GPUs, or 8 T4s, fail at creation."""
+    node = cluster_launcher_config(_shaped(gpu, cpu, gpus), LauncherOptions(cloud=VmCloud.GCP, **GCP))
+    config = node["available_node_types"][f"{gpu.lower()}-spot"]["node_config"]
+    assert config["machineType"] == machine_type
+    assert config["guestAccelerators"] == [{"acceleratorType": GPUS[gpu].gcp_guest, "acceleratorCount": attached}]
+
+
+def test_more_gpus_than_an_n1_vm_takes_is_refused_on_gce_and_gke() -> None:
+    """The 64-GPU job's 8-GPU workers on T4: no N1 VM (so no GKE T4 node) has 8 T4s."""
+    job = _shaped("T4", 90, 8)
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: N1 VMs take T4 GPUs only 1 \(up to "
+                                          r"n1-standard-32\), 2 \(up to n1-standard-32\), 4 \(up to n1-standard-96\), and "
+                                          "one worker asks for 90 CPUs and 8 GPUs; give each worker fewer"):
+        cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.GCP, **GCP))
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.resources_per_worker: N1 VMs take T4 GPUs only .*GKE's T4 nodes "
+                                          r"are N1 VMs\), and one worker asks for 8, so its pods would never schedule"):
+        kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.GKE))
+    assert kuberay_manifest(_shaped("V100", 90, 8), KubeRayOptions(cloud=K8sCloud.GKE))  # 8 V100s do fit one N1
+
+
+@pytest.mark.parametrize(("cloud", "machine_type", "has"), [
+    (K8sCloud.EKS_KARPENTER, "p4d.24xlarge", "A100"), (K8sCloud.GKE, "a2-highgpu-8g", "A100"),
+    (K8sCloud.EKS_MANAGED, "g5.48xlarge", "A10G"),
+])
+def test_a_machine_of_another_gpu_type_than_the_label_selector_names_is_refused(cloud: K8sCloud, machine_type: str,
+                                                                                  has: str) -> None:
+    """H100 and a p4d: the node selector asks for both, which no node carries."""
+    job = _shaped("H100", 90, 8, placement={"instance_type": machine_type})
+    with pytest.raises(ConfigError, match=rf"^tiers\[0\]\.placement\.instance_type: '{machine_type}' has {has} GPUs, and the "
+                                          r"tier's label_selector asks for ray\.io/accelerator-type: H100, so no node would "
+                                          "match both"):
+        kuberay_manifest(job, KubeRayOptions(cloud=cloud))
+
+
+def test_instance_type_option_names_the_machine_the_fit_cannot_find_and_is_checked_against_the_gpu_type() -> None:
+    """The fit's error says to name a type; --instance-type TIER=TYPE is where to name it, so it must be read first."""
+    job = _shaped("V100", 90, 8)
+    aws = {"region": "us-east-1"}
+    with pytest.raises(ConfigError, match=r"no aws machine with V100 GPUs fits 90 CPUs and 8 GPUs per worker; name one"):
+        cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, **aws))  # type: ignore[arg-type]
+    chosen = {"v100-spot": "p3dn.24xlarge", "v100-on-demand": "p3dn.24xlarge"}
+    types = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, instance_types=chosen, **aws))["available_node_types"]  # type: ignore[arg-type]
+    assert {types[name]["node_config"]["InstanceType"] for name in chosen} == {"p3dn.24xlarge"}
+    with pytest.raises(ConfigError, match=r"^instance_type: v100-spot: 'p5\.48xlarge' has H100 GPUs, and the tier's "
+                                          r"label_selector asks for ray\.io/accelerator-type: V100"):
+        cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.AWS, instance_types={"v100-spot": "p5.48xlarge"}, **aws))  # type: ignore[arg-type]
+
+
+def test_a_pinned_n1_vm_gets_the_fewest_gpus_it_takes_that_cover_the_worker() -> None:
+    def attached(machine_type: str, gpus: int) -> list[dict[str, Any]]:
+        job = _shaped("T4", 4, gpus, placement={"instance_type": machine_type})
+        node = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.GCP, **GCP))["available_node_types"]["t4-spot"]
+        assert node["node_config"]["machineType"] == machine_type
+        return node["node_config"]["guestAccelerators"]
+
+    assert attached("n1-standard-96", 1) == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 4}]  # 96 vCPUs: 4 only
+    assert attached("n1-highmem-8", 3) == [{"acceleratorType": "nvidia-tesla-t4", "acceleratorCount": 4}]
+    with pytest.raises(ConfigError, match=r"^tiers\[0\]\.placement\.instance_type: N1 VMs take T4 GPUs only .*asks for 4 CPUs "
+                                          "and 8 GPUs"):
+        attached("n1-highmem-8", 8)

@@ -113,7 +113,7 @@ def test_cost_table_hours_times_price_is_the_spend_shown_to_the_cent(finished_ru
         assert abs(float(hours) * float(price) - float(spend)) < 0.005
         assert float(spend) == round(tier.spend, 2)
     assert "+43.9% saved" in text
-    assert "predicts $8.42; measured $8.01" in text
+    assert "predicts $8.42; measured $8.01 (-4.8% against the prediction)" in text  # as the plan's line: outcome / prediction
 
 
 def test_timeline_png_is_a_valid_picture_with_tiers_events_and_checkpoints(finished_run):

@@ -10,7 +10,8 @@ import logging
 import os
 import socket
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -223,13 +224,22 @@ def load_run(run: str, every_event: bool | Callable[[LedgerView], bool] = False,
     as a new one; every record (no snapshot) when ``every_event`` says so, of the view read.
     Storage that cannot be reached is given ``READ_ONLY_RETRY_S`` (the command only looks).
     """
+    with reading_run():
+        location, ledger, ladder = open_run(run)
+        view = LedgerView(None, ledger.read(ladder)) if every_event is True else ledger.read_view(ladder)
+        if view.snapshot is not None and callable(every_event) and every_event(view):
+            view = LedgerView(None, ledger.read(ladder))
+        return location, ladder, view, ledger.read_meta() or {}
+
+
+@contextmanager
+def reading_run() -> Iterator[None]:
+    """Reads of a run's stored files (its ledger, its driver's lease) as a command that only looks
+    makes them: ``READ_ONLY_RETRY_S`` for storage that cannot be reached, and each failure one
+    error line rather than a traceback."""
     try:
         with read_only():
-            location, ledger, ladder = open_run(run)
-            view = LedgerView(None, ledger.read(ladder)) if every_event is True else ledger.read_view(ladder)
-            if view.snapshot is not None and callable(every_event) and every_event(view):
-                view = LedgerView(None, ledger.read(ladder))
-            return location, ladder, view, ledger.read_meta() or {}
+            yield
     except ConfigError as e:
         raise fail(str(e), e.exit_code) from None
     except StorageUnavailableError as e:

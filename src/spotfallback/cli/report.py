@@ -14,7 +14,14 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from spotfallback.cli.common import RUN_HELP, check_output, fail, load_run, write_output
+from spotfallback.cli.common import (
+    RUN_HELP,
+    check_output,
+    fail,
+    load_run,
+    reading_run,
+    write_output,
+)
 from spotfallback.config import PlanPrediction
 from spotfallback.errors import EXIT_ERROR
 from spotfallback.view.text import print_wide
@@ -72,7 +79,9 @@ def register(app: typer.Typer) -> None:
         if not latest:
             raise fail(f"run {location.uri()!r} has no ledger events yet; nothing to report", EXIT_ERROR)
         out = out or Path(f"{location.name}-timeline.png")
-        now, driver = time.time(), read_driver(location)
+        with reading_run():
+            driver = read_driver(location)
+        now = time.time()
         until = charge_until(latest, driver, now)
         report = cost_report(ladder, records, run=location.uri(), now=until, plan=_plan(meta), base=base,
                              driver_live=driver is not None and driver.live(now))
@@ -95,8 +104,8 @@ def register(app: typer.Typer) -> None:
             return
         console = Console(highlight=False)
         print_wide(console, cost_table(report))
-        for line in summary_lines(report):
-            console.print(line, soft_wrap=True)
+        for line in summary_lines(report):  # plain text: a reason from the ledger may hold brackets
+            console.print(line, soft_wrap=True, markup=False)
         if (planned := plan_table(report)) is not None:
             print_wide(console, planned)
         console.print(f"timeline: {out}" + (f"; page: {html_file}" if html_file else ""))

@@ -17,7 +17,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from spotfallback.cli.common import RUN_HELP, fail, load_run
+from spotfallback.cli.common import RUN_HELP, fail, load_run, reading_run
 from spotfallback.config import Ladder
 from spotfallback.view.text import print_wide
 
@@ -120,7 +120,8 @@ def register(app: typer.Typer) -> None:
             run, every_event=lambda v: v.snapshot is not None and events > len(v.snapshot.recent) + len(v.tail))
         base, records, latest = view.snapshot, view.tail, view.latest
         now = time.time()
-        driver = read_driver(location)
+        with reading_run():
+            driver = read_driver(location)
         totals = meta.get("progress_totals") if isinstance(meta.get("progress_totals"), dict) else None
         agents, not_shown = _read_agents(location, now)
         summary = summarize(ladder, records, now=charge_until(latest, driver, now), start=base.carry if base else None)

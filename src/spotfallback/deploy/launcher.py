@@ -47,7 +47,7 @@ from spotfallback.deploy.common import (
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
 from spotfallback.deploy.machines import GVNIC, family, gcp_series, head_machine_error, machine
-from spotfallback.deploy.pools import GPUS, machine_error, machine_type_error, vm_pool
+from spotfallback.deploy.pools import GPUS, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -169,16 +169,10 @@ def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, 
     """The tier's machine type (``--instance-type`` first, then the tier's pool, then the
     default fit) and any extra ``node_config`` its GPU type needs."""
     cpu, gpu, _ = worker_shape(tier, index)
-    pooled, extra = vm_pool(opts.cloud, tier, index, cpu, gpu)
-    if tier.name in opts.instance_types:
-        chosen = opts.instance_types[tier.name]
-        where = f"instance_type: {tier.name}"
-        if problem := machine_error(opts.cloud.value, chosen, where, cpu, gpu, kubernetes=False):
-            raise ConfigError(problem)
-        return chosen, extra
-    if pooled:
-        return pooled, extra
-    return _default_fit(tier, index, opts, cpu, gpu), extra
+    chosen = opts.instance_types.get(tier.name)
+    pooled, extra = vm_pool(opts.cloud, tier, index, cpu, gpu, pinned=chosen,
+                            where=f"instance_type: {tier.name}" if chosen else None)
+    return (pooled or _default_fit(tier, index, opts, cpu, gpu)), extra
 
 
 def _default_fit(tier: Tier, index: int, opts: LauncherOptions, cpu: float, gpu: int) -> str:

@@ -69,7 +69,15 @@ class Gpu:
 # The G families' 16xlarge (1 GPU to 64 vCPUs) is left out of the fit: a larger size with more
 # GPUs comes first. g4dn's fit stops at 12xlarge (its metal size is a bare-metal host).
 _G_FIT_WITHOUT = ("16xlarge",)
-_N1_GUEST = tuple((f"n1-standard-{c}", c, 8) for c in (4, 8, 16, 32, 64, 96))
+
+
+def _n1_guest(most_vcpus: dict[int, int]) -> tuple[tuple[str, int, int], ...]:
+    """(N1 machine, vCPUs, GPUs attached) of each shape Compute Engine allows, fewest GPUs first:
+    N1 VMs take a GPU type only in some counts, each with at most so many vCPUs ("GPU machine
+    types", N1 general-purpose, https://cloud.google.com/compute/docs/gpus)."""
+    return tuple((f"n1-standard-{c}", c, g) for g, most in sorted(most_vcpus.items())
+                 for c in (4, 8, 16, 32, 64, 96) if c <= most)
+
 
 # Ray's accelerator names (ray.util.accelerators) -> each target's. GKE: its accelerator names;
 # Karpenter on EKS: instance-gpu-name, lowercase; AWS and GCP: the instance families with that GPU.
@@ -80,8 +88,9 @@ GPUS: dict[str, Gpu] = {
     "L4": Gpu("nvidia-l4", "l4", family("g6.", without=_G_FIT_WITHOUT), family("g2-standard-")),
     "A10G": Gpu(None, "a10g", family("g5.", without=_G_FIT_WITHOUT)),
     "L40S": Gpu(None, "l40s", family("g6e.", without=_G_FIT_WITHOUT)),
-    "T4": Gpu("nvidia-tesla-t4", "t4", family("g4dn.", without=(*_G_FIT_WITHOUT, "metal")), _N1_GUEST, "nvidia-tesla-t4"),
-    "V100": Gpu("nvidia-tesla-v100", "v100", family("p3."), _N1_GUEST, "nvidia-tesla-v100"),
+    "T4": Gpu("nvidia-tesla-t4", "t4", family("g4dn.", without=(*_G_FIT_WITHOUT, "metal")),
+              _n1_guest({1: 48, 2: 48, 4: 96}), "nvidia-tesla-t4"),
+    "V100": Gpu("nvidia-tesla-v100", "v100", family("p3."), _n1_guest({1: 12, 2: 24, 4: 48, 8: 96}), "nvidia-tesla-v100"),
 }
 
 
@@ -109,11 +118,32 @@ def machine_error(provider: str, name: str, where: str, cpu: float, gpus: int, *
             or machine_fit_error(name, cpu, gpus, where, kubernetes=kubernetes))
 
 
-def pinned_machine_error(provider: str, tier: Tier, index: int, cpu: float, gpus: int, *, kubernetes: bool) -> str | None:
-    """Why the tier's ``placement.instance_type`` cannot hold its workers there, or None."""
-    name = tier.placement.instance_type
+def pinned_machine_error(provider: str, tier: Tier, index: int, cpu: float, gpus: int, *, kubernetes: bool,
+                         name: str | None = None, where: str | None = None) -> str | None:
+    """Why machine type ``name`` (default: the tier's ``placement.instance_type``) cannot hold the
+    tier's workers there, or None: ``machine_error``, or a machine of another GPU type than the
+    one the tier's label selector names."""
+    name = name or tier.placement.instance_type
     assert name is not None
-    return machine_error(provider, name, f"tiers[{index}].placement.instance_type", cpu, gpus, kubernetes=kubernetes)
+    where = where or f"tiers[{index}].placement.instance_type"
+    return (machine_error(provider, name, where, cpu, gpus, kubernetes=kubernetes)
+            or _other_gpu_error(provider, tier, index, name, where))
+
+
+def _other_gpu_error(provider: str, tier: Tier, index: int, name: str, where: str) -> str | None:
+    """Why ``name`` contradicts the tier's GPU type, or None: a machine the GPU table files under
+    another type only (its nodes would carry that type's labels, so a selector asking for both
+    matches no node, and the label Ray schedules by would lie)."""
+    named = tier_gpu(tier, index)
+    if named is None or provider not in ("aws", "gcp"):
+        return None
+    wanted, kind = named
+    owners = [g for g, k in GPUS.items() if name in {m for m, _, _ in (k.aws if provider == "aws" else k.gcp)}]
+    if not owners or any(GPUS[g].karpenter == kind.karpenter for g in owners):  # A100 takes its 80 GB variant too
+        return None
+    return (f"{where}: {name!r} has {' or '.join(owners)} GPUs, and the tier's label_selector asks for "
+            f"{ACCELERATOR_LABEL}: {wanted}, so no node would match both; name a machine with {wanted} GPUs "
+            "or drop one of the two")
 
 
 def tier_gpu(tier: Tier, index: int) -> tuple[str, Gpu] | None:
@@ -145,6 +175,12 @@ def k8s_pool(cloud: K8sCloud, tier: Tier, index: int) -> PoolSelection:
     named = tier_gpu(tier, index)
     if named is not None:
         name, kind = named
+        if cloud is K8sCloud.GKE and kind.gcp_guest and gpus > (most := max(c for _, _, c in kind.gcp)):
+            raise ConfigError(
+                f"tiers[{index}].resources_per_worker: {_n1_shapes(name, kind.gcp)} (GKE's {name} nodes are N1 VMs), "
+                f"and one worker asks for {gpus}, so its pods would never schedule; give each worker at most {most} "
+                "(and the tier more workers)"
+            )
         if cloud is K8sCloud.GKE and kind.gke:
             selector[GKE_ACCELERATOR_KEY] = kind.gke
         elif cloud is K8sCloud.EKS_KARPENTER and kind.karpenter:
@@ -173,26 +209,51 @@ def k8s_pool(cloud: K8sCloud, tier: Tier, index: int) -> PoolSelection:
     return PoolSelection(selector, tolerations)
 
 
-def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int) -> tuple[str | None, dict[str, Any]]:
-    """(``ray up`` instance/machine type, extra ``node_config``) of the tier's pool: its own
-    ``placement.instance_type``, else the smallest machine of its GPU type that fits the worker.
-    (None, {}) when neither is named: the launcher's CPU/GPU default fit applies."""
-    if tier.placement.instance_type and (problem := pinned_machine_error(cloud.value, tier, index, cpu, gpus, kubernetes=False)):
+def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int, pinned: str | None = None,
+            where: str | None = None) -> tuple[str | None, dict[str, Any]]:
+    """(``ray up`` instance/machine type, extra ``node_config``) of the tier's pool: ``pinned``
+    (named by ``where``, e.g. ``--instance-type``) or the tier's own ``placement.instance_type``,
+    else the smallest machine of its GPU type that fits the worker. (None, {}) when none is
+    named: the launcher's CPU/GPU default fit applies."""
+    pinned = pinned or tier.placement.instance_type
+    where = where or f"tiers[{index}].placement.instance_type"
+    if pinned and (problem := pinned_machine_error(cloud.value, tier, index, cpu, gpus, kubernetes=False, name=pinned,
+                                                   where=where)):
         raise ConfigError(problem)
     named = tier_gpu(tier, index)
     if named is None:
-        return tier.placement.instance_type, {}
+        return pinned, {}
     name, kind = named
-    table = kind.aws if cloud is VmCloud.AWS else kind.gcp
-    extra: dict[str, Any] = {}
     if cloud is VmCloud.GCP and kind.gcp_guest:
-        extra["guestAccelerators"] = [{"acceleratorType": kind.gcp_guest, "acceleratorCount": max(1, gpus)}]
-    if tier.placement.instance_type:
-        return tier.placement.instance_type, extra
+        return _n1_pool(kind, name, index, cpu, gpus, pinned, where)
+    if pinned:
+        return pinned, {}
+    table = kind.aws if cloud is VmCloud.AWS else kind.gcp
     for machine, vcpus, count in table:
         if vcpus >= cpu and count >= gpus:
-            return machine, extra
+            return machine, {}
     raise ConfigError(
-        f"tiers[{index}].placement.instance_type: no {cloud.value} machine with {name} GPUs fits {cpu:g} CPUs and "
-        f"{gpus} GPUs per worker{'' if table else f' ({cloud.value} has no {name})'}; name one"
+        f"{where}: no {cloud.value} machine with {name} GPUs fits {cpu:g} CPUs and {gpus} GPUs per "
+        f"worker{'' if table else f' ({cloud.value} has no {name})'}; name one"
     )
+
+
+def _n1_pool(kind: Gpu, name: str, index: int, cpu: float, gpus: int, pinned: str | None,
+             where: str) -> tuple[str, dict[str, Any]]:
+    """An N1 VM (``pinned``, else the smallest that fits) and the GPUs attached to it: the fewest
+    that cover the worker, in a count N1 takes with that many vCPUs."""
+    table = kind.gcp
+    fits = [(m, c) for m, v, c in table if c >= gpus and v >= cpu and (pinned is None or m == pinned)]
+    if not fits and pinned and all(m != pinned for m, _, _ in table):  # an N1 shape not listed (highmem, ...)
+        fits = [(pinned, c) for c in sorted({c for _, _, c in table}) if c >= gpus]
+    if not fits:
+        raise ConfigError(f"{where if pinned else f'tiers[{index}].resources_per_worker'}: {_n1_shapes(name, table)}, "
+                          f"and one worker asks for {cpu:g} CPUs and {gpus} GPUs; give each worker fewer")
+    machine, count = fits[0]
+    return machine, {"guestAccelerators": [{"acceleratorType": kind.gcp_guest, "acceleratorCount": count}]}
+
+
+def _n1_shapes(name: str, table: tuple[tuple[str, int, int], ...]) -> str:
+    """What N1 VMs take of GPU type ``name``, in words: counts and the largest machine each allows."""
+    largest = {c: max(((v, m) for m, v, k in table if k == c))[1] for c in sorted({c for _, _, c in table})}
+    return f"N1 VMs take {name} GPUs only " + ", ".join(f"{c} (up to {m})" for c, m in largest.items())

@@ -345,12 +345,13 @@ def summary_lines(report: CostReport) -> list[str]:
     lines.append(f"alpha (share of the useful work done on spot) {report.alpha:.3f}")
     if report.seed is not None:
         s = report.seed
-        diff = s.predicted / report.spend - 1 if report.spend > 0 else math.nan
+        # As the plan's line: the outcome against the prediction.
+        diff = report.spend / s.predicted - 1 if s.predicted > 0 else math.nan
         lines.append(
             f"seed formula C_new = (T + M*dt) * C_o * (1 - d*alpha) with T = {hours(s.work_h)}, M = {s.interruptions}, "
             f"dt = {hours(s.overhead_h)}, alpha = {s.alpha:.3f}, C_o = {money(s.on_demand_price)}/h, d = {s.discount:.3f}: "
             f"predicts {money(s.predicted)}; measured {money(report.spend)}"
-            + (f" ({diff:+.1%})" if math.isfinite(diff) else "")
+            + (f" ({diff:+.1%} against the prediction)" if math.isfinite(diff) else "")
         )
     if report.plan is not None:
         p = report.plan

@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from rich.console import Console, Group, RenderableType
+from rich.markup import escape
 from rich.progress_bar import ProgressBar
 from rich.table import Table
 from rich.text import Text
@@ -37,7 +38,11 @@ _FAULTS = {
 
 
 def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | None:
-    """One rich-markup line for a ledger event (None for events not worth a line)."""
+    """One rich-markup line for a ledger event (None for events not worth a line).
+
+    What the ledger says in words (reasons, messages, details) is escaped: a training error
+    prints ``[rank0]:`` or a path in brackets, which rich would read as markup.
+    """
     ev = record.event
     tiers = ladder.tiers
     tier = tiers[min(record.tier, len(tiers) - 1)].name
@@ -59,34 +64,34 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
             action = decision.get("action")
             if action == "switch_tier":
                 to = tiers[int(decision.get("to_tier", record.tier + 1))].name
-                then = f"[bold magenta]→ fall back to {to}[/] ({decision.get('reason', '')})"
+                then = f"[bold magenta]→ fall back to {to}[/] ({escape(str(decision.get('reason', '')))})"
             elif action == "retry":
                 then = f"→ restart on {tier} from the latest checkpoint; waiting for workers"
             elif action == "give_up":
-                then = f"[bold red]→ give up[/]: {decision.get('reason', '')}"
+                then = f"[bold red]→ give up[/]: {escape(str(decision.get('reason', '')))}"
             else:
-                then = f"→ {action}"
+                then = f"→ {escape(str(action))}"
             return f"{at}  {what} on [bold]{tier}[/] {then}"
         case "fatal":
-            return f"{at}  [bold red]fatal:[/] {getattr(ev, 'message', '')}"
+            return f"{at}  [bold red]fatal:[/] {escape(str(getattr(ev, 'message', '')))}"
         case "finished":
             return f"{at}  [green]finished[/] on [bold]{tier}[/]"
         case "capacity_observed" if decision.get("action") == "climb_back":
             to = tiers[int(decision.get("to_tier", record.tier))].name
-            return f"{at}  capacity back on {to} [bold green]→ climb back from {tier} to {to}[/] ({decision.get('reason', '')})"
+            return f"{at}  capacity back on {to} [bold green]→ climb back from {tier} to {to}[/] ({escape(str(decision.get('reason', '')))})"
         case "capacity_observed" if decision.get("action") == "resize":
             return f"{at}  capacity changed [bold]→ resize {tier} to {decision.get('num_workers')} workers[/]"
         case "preemption_notice":
             deadline = getattr(ev, "deadline_s", None)
             left = f", {duration(deadline - record.t)} before the node goes" if deadline else ""
-            source = getattr(ev, "source", "") or "notice"
+            source = escape(str(getattr(ev, "source", "") or "notice"))
             drained = "; node drained" if getattr(ev, "drained", False) else ""
             what = "host maintenance notice" if getattr(ev, "action", "") == "host-maintenance" else "preemption notice"
             return f"{at}  [yellow]{what}[/] ({source}{left}) on [bold]{tier}[/]{drained}"
         case "jit_checkpoint":
             outcome, step = getattr(ev, "outcome", ""), getattr(ev, "step", None)
             at_step = f" of step {step}" if step is not None else ""
-            detail = getattr(ev, "detail", "")
+            detail = escape(str(getattr(ev, "detail", "")))
             if outcome == "started":
                 return f"{at}  just-in-time checkpoint{at_step} started on [bold]{tier}[/] ({detail})"
             if outcome == "reported":
@@ -96,11 +101,11 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
             if outcome == "moved":
                 return f"{at}  [green]gang moved off the draining node(s)[/] after the checkpoint{at_step} ({detail})"
     # Kinds added later (notices, observations...): named plainly with their set fields.
-    fields = [f"{k}={v}" for k, v in ev.to_json().items() if k not in ("kind", "t") and v not in (None, "", False)]
+    fields = [escape(f"{k}={v}") for k, v in ev.to_json().items() if k not in ("kind", "t") and v not in (None, "", False)]
     what = ev.kind.replace("_", " ") + (f" ({', '.join(fields[:2])})" if fields else "")
     if decision.get("action") == "switch_tier":
         to = tiers[int(decision.get("to_tier", record.tier))].name
-        return f"{at}  {what} on [bold]{tier}[/] [bold magenta]→ move to {to}[/] ({decision.get('reason', '')})"
+        return f"{at}  {what} on [bold]{tier}[/] [bold magenta]→ move to {to}[/] ({escape(str(decision.get('reason', '')))})"
     return f"{at}  {what} on [bold]{tier}[/]"
 
 
