@@ -522,3 +522,14 @@ def test_a_launcher_node_with_gpus_its_one_worker_leaves_idle_is_noted(app: type
     assert notes == ["note: tiers[0] (spot): a p5.48xlarge node has 8 GPUs and runs one worker of 1, so 7 are paid for and "
                      "idle; give each worker all 8 (resources_per_worker GPU: 8), or name a smaller type with "
                      "--instance-type spot=TYPE"]
+
+
+def test_image_id_is_an_aws_option_and_named_when_it_is_no_ami(app: typer.Typer, job_file: Path) -> None:
+    gcp = run(app, "cluster-launcher", "--cloud", "gcp", "--zone", "us-central1-a", "--project-id", "my-project", "--job", job_file,
+              "--image-id", "ami-0123456789abcdef0")
+    assert gcp.exit_code == 2 and gcp.stderr.startswith("error: --image-id: an AWS AMI; on gcp give the nodes' boot image "
+                                                        "with --source-image"), gcp.stderr
+    bad = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--image-id", "ubuntu")
+    assert bad.exit_code == 2 and bad.stderr.startswith("error: --image-id: 'ubuntu' is not an AMI id"), bad.stderr
+    ok = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job_file, "--image-id", "ami-0123456789abcdef0")
+    assert ok.exit_code == 0 and ok.stdout.count("ImageId: ami-0123456789abcdef0") == len(yaml.safe_load(ok.stdout)["available_node_types"])

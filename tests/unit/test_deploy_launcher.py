@@ -584,3 +584,24 @@ def test_launcher_options_refuse_values_ray_up_cannot_take_and_read_one_pip_stri
         assert LauncherOptions(cloud=VmCloud.GCP, project_id=project).project_id == project
     config = yaml.safe_load(render_cluster_launcher(make_job(LADDERS[2]), opts("aws", pip="churn==1.2")))  # type: ignore[arg-type]
     assert config["setup_commands"] == ["pip install spotfallback==0.1.0 churn==1.2"]
+
+
+def test_an_ami_goes_on_every_aws_node_and_gpu_nodes_without_one_get_a_note() -> None:
+    """Without ImageId Ray boots its default AMI (a Deep Learning AMI for Ubuntu 18.04), whose driver predates newer GPUs."""
+    from spotfallback.deploy.launcher import image_note
+
+    gpu_tier = {**ON_DEMAND, "use_gpu": True, "resources_per_worker": {"CPU": 8, "GPU": 1}}
+    gpu_job, cpu_job = make_job([{**SPOT_A, **gpu_tier, "name": "spot-a", "market": "spot"}, gpu_tier]), make_job(LADDERS[2])
+    note = image_note(gpu_job, opts(VmCloud.AWS))
+    assert note is not None and "pass --image-id with a current Deep Learning AMI" in note
+    assert image_note(cpu_job, opts(VmCloud.AWS)) is None  # CPU nodes need no driver
+    assert image_note(gpu_job, opts(VmCloud.GCP, source_image="img")) is None  # GCP asks for --source-image itself
+    given = opts(VmCloud.AWS, image_id="ami-0123456789abcdef0")
+    assert image_note(gpu_job, given) is None
+    text = render_cluster_launcher(gpu_job, given)
+    assert validate_text(text).ok
+    types = yaml.safe_load(text)["available_node_types"]
+    assert {t["node_config"]["ImageId"] for t in types.values()} == {"ami-0123456789abcdef0"}  # the head too
+    for bad in ("Deep Learning AMI GPU PyTorch", "ami-123", "AMI-0123456789ABCDEF0"):
+        with pytest.raises(ConfigError, match=r"^image_id: .* is not an AMI id"):
+            opts(VmCloud.AWS, image_id=bad)

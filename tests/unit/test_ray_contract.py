@@ -650,3 +650,10 @@ def test_nothing_ray_private_is_imported_without_a_pin_here():
             modules = [a.name for a in node.names] if isinstance(node, ast.Import) else [node.module or ""] if isinstance(node, ast.ImportFrom) else []
             private.update(m for m in modules if m.startswith("ray.") and ("._" in m or m.startswith("ray.core.")))
     assert private <= pinned, f"pin these in tests/unit/test_ray_contract.py: {sorted(private - pinned)}"
+
+
+def test_rays_default_aws_ami_is_the_ubuntu_18_04_deep_learning_ami_the_image_note_names():
+    """`manifest cluster-launcher` notes that GPU nodes without --image-id boot it: the note must stay true."""
+    from ray.autoscaler._private.aws.config import DEFAULT_AMI_NAME
+
+    assert "Deep Learning AMI" in DEFAULT_AMI_NAME and "Ubuntu 18.04" in DEFAULT_AMI_NAME

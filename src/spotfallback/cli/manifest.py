@@ -31,6 +31,7 @@ from spotfallback.deploy.launcher import (
     LauncherOptions,
     identity_note,
     idle_gpu_notes,
+    image_note,
     render_cluster_launcher,
 )
 from spotfallback.deploy.machines import HEAD_MIN_MEMORY_GIB
@@ -53,6 +54,7 @@ _OPTION_OF = {
     "instance_type": "--instance-type",
     "head_instance_type": "--head-instance-type",
     "source_image": "--source-image",
+    "image_id": "--image-id",
     "notice_agent": "--notice-agent",
     "spot_grace_seconds": "--spot-grace",
     "backoff_limit": "--backoff-limit",
@@ -334,6 +336,8 @@ def launcher_command(
                           "GCS, the dashboard, the autoscaler and the job driver."),
     ] = None,
     source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers).")] = None,
+    image_id: Annotated[str | None, typer.Option(help="AWS AMI of every node (default: Ray's, a Deep Learning AMI for "
+                                                     "Ubuntu 18.04; GPU tiers want a current one).")] = None,
     instance_profile: Annotated[str | None, typer.Option(help="AWS instance profile ARN for the worker nodes (storage access).")] = None,
     service_account: Annotated[str | None, typer.Option(help="GCP service account email for the worker nodes (storage access).")] = None,
     subnetwork: Annotated[
@@ -383,6 +387,8 @@ def launcher_command(
         _fail("--service-account: a GCP service account; on aws give the workers --instance-profile ARN")
     if vm_cloud is VmCloud.GCP and instance_profile:
         _fail("--instance-profile: an AWS instance profile; on gcp give the workers --service-account EMAIL")
+    if vm_cloud is VmCloud.GCP and image_id:
+        _fail("--image-id: an AWS AMI; on gcp give the nodes' boot image with --source-image")
     if vm_cloud is VmCloud.GCP and subnet_id:
         _fail("--subnet-id: an AWS subnet; on gcp name the nodes' subnetwork with --subnetwork")
     if vm_cloud is VmCloud.GCP and security_group_id:
@@ -414,6 +420,7 @@ def launcher_command(
             instance_types=types,
             head_instance_type=head_instance_type,
             source_image=source_image,
+            image_id=image_id,
             instance_profile=instance_profile,
             service_account=service_account,
             pip=tuple(pip or ()),
@@ -432,6 +439,8 @@ def launcher_command(
         _fail(f"internal error, the generated config does not validate: {e}", e.exit_code)
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     if (note := identity_note(config, opts)) is not None:
+        typer.echo(f"note: {note}", err=True)
+    if (note := image_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
     for note in idle_gpu_notes(config, opts):
         typer.echo(f"note: {note}", err=True)

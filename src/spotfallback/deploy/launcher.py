@@ -81,6 +81,8 @@ AGENT_PID = "~/spotfallback-notice-agent.pid"
 GCP_STOP_TIMEOUT_S = 30
 
 
+# An EC2 image id: 'ami-' and 8 (older) or 17 hexadecimal digits.
+_AMI_ID = re.compile(r"ami-(?:[0-9a-f]{8}|[0-9a-f]{17})")
 # A GCP project id (Resource Manager's rule), with the legacy 'example.com:' domain prefix.
 _GCP_PROJECT_ID = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 
@@ -121,6 +123,7 @@ class LauncherOptions:
     instance_types: Mapping[str, str] = field(default_factory=dict)
     head_instance_type: str | None = None
     source_image: str | None = None
+    image_id: str | None = None
     instance_profile: str | None = None
     service_account: str | None = None
     pip: Sequence[str] = ()
@@ -142,6 +145,9 @@ class LauncherOptions:
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, int) or value < low:
                 raise ConfigError(f"{name}: must be a whole number, at least {low} (got {value!r})")
+        if self.image_id is not None and not _AMI_ID.fullmatch(self.image_id):
+            raise ConfigError(f"image_id: {short_repr(self.image_id)} is not an AMI id; give one such as "
+                              "'ami-0123456789abcdef0' (the region's, from `aws ec2 describe-images`), not its name")
         if self.project_id is not None and not _GCP_PROJECT_ID.fullmatch(self.project_id):
             raise ConfigError(f"project_id: {short_repr(self.project_id)} is not a GCP project id (6-30 lowercase "
                               "letters, digits and hyphens, starting with a letter); give the id, e.g. "
@@ -203,6 +209,8 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
     worker = where != "head"
     if opts.cloud is VmCloud.AWS:
         config: dict[str, Any] = {"InstanceType": instance_type}
+        if opts.image_id:
+            config["ImageId"] = opts.image_id
         config.update(vm_market_config(opts.cloud, market, gpu=gpu, where=where))
         if opts.instance_profile and worker:
             config["IamInstanceProfile"] = {"Arn": opts.instance_profile}
@@ -557,6 +565,17 @@ def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
     return (f"Storage {job.storage_path}: the worker nodes get no identity for it ({flag} gives them one; Ray's "
             "launcher gives one only to the head): without credentials in the image or environment, the workers "
             "cannot write their checkpoints")
+
+
+def image_note(job: JobConfig, opts: LauncherOptions) -> str | None:
+    """Why GPU workers on AWS may not see their GPUs, or None: without ``image_id`` Ray's launcher
+    boots every node from its default AMI for the region, a Deep Learning AMI for Ubuntu 18.04 (Ray
+    2.x's ``DEFAULT_AMI_NAME``), whose NVIDIA driver predates the newer GPU families."""
+    if opts.cloud is not VmCloud.AWS or opts.image_id or not any(worker_shape(t, i)[1] for i, t in enumerate(job.tiers)):
+        return None
+    return ("GPU nodes boot Ray's default AMI for the region (a Deep Learning AMI for Ubuntu 18.04, no longer "
+            "updated), whose NVIDIA driver may not support the GPUs (H100, L4, L40S); pass --image-id with a current "
+            "Deep Learning AMI of the region")
 
 
 def idle_gpu_notes(job: JobConfig, opts: LauncherOptions) -> list[str]:
