@@ -528,7 +528,7 @@ class Tier(BaseModel):
         # The tier's market is how the run knows its nodes are spot (budgets, notices); a selector
         # on the market label that leaves it out would put the tier on other nodes under its name.
         value = self.label_selector.get(MARKET_LABEL)
-        if value and not selector_matches(value, self.market):
+        if value is not None and not selector_matches(value, self.market):
             raise ValueError(f"label_selector.{MARKET_LABEL}: {value!r} does not select the tier's market "
                              f"{self.market!r}; leave the key out (the market sets it) or include {self.market!r}")
         return self

@@ -405,7 +405,7 @@ def test_a_misspelt_market_is_refused_with_the_one_meant(market, meant):
 
 
 @pytest.mark.parametrize(("value", "ok"), [
-    ("on-demand", False), ("!spot", False), ("in(on-demand,reserved)", False), ("!in(spot,reserved)", False),
+    ("on-demand", False), ("", False), ("!spot", False), ("in(on-demand,reserved)", False), ("!in(spot,reserved)", False),
     ("spot", True), ("in(spot,on-demand)", True), ("!on-demand", True), ("!in(on-demand)", True),
 ])
 def test_a_label_selector_on_the_market_label_must_select_the_tiers_market(value, ok):

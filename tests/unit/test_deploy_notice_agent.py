@@ -30,6 +30,7 @@ from spotfallback.deploy import (
     VmCloud,
     cluster_launcher_config,
     kuberay_manifest,
+    render_cluster_launcher,
     render_kuberay,
     validate_text,
 )
@@ -227,6 +228,40 @@ def test_on_gke_gpu_on_demand_pods_get_the_agent_for_host_maintenance() -> None:
     assert [_agents(p) for p in pods(cpu)] == [["notice-agent"], []]
 
 
+@pytest.mark.parametrize(("grace", "preemption_s"), [(None, 30.0), (20, 30.0), (120, 120.0)])
+def test_gke_agents_are_told_the_notices_of_their_vms(
+    grace: int | None, preemption_s: float, agent_command: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GCE stops a GPU VM an hour after its host-maintenance notice (60 s for other VMs), and a
+    Spot VM whose node pool extends its notice (``--spot-grace`` past 30 s) that much after its
+    preemption notice: the agent dates its drain by them, as Ray Train keeps the earliest deadline."""
+    gpu_spot, gpu_od = {**SPOT, "use_gpu": True}, {**ON_DEMAND, "use_gpu": True}
+    manifest = kuberay_manifest(make_job(gpu_spot, gpu_od), KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE, spot_grace_seconds=grace))
+    told = []
+    for pod in pods(manifest):
+        (agent,) = pod["initContainers"]
+        params = parse(agent_command, agent["command"], {e["name"]: e["value"] for e in agent["env"]}, monkeypatch)
+        told.append((params["gcp_notice"], params["gcp_maintenance_notice"]))
+    assert told == [(preemption_s, 3600.0), (30.0, 3600.0)]
+    cpu = kuberay_manifest(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=K8sCloud.GKE, image=IMAGE))
+    (agent,) = pods(cpu)[0]["initContainers"]
+    assert parse(agent_command, agent["command"], {e["name"]: e["value"] for e in agent["env"]}, monkeypatch)[
+        "gcp_maintenance_notice"] == 60.0
+
+
+def test_the_header_says_what_the_nodes_need_for_the_agent_to_read_their_metadata() -> None:
+    """IMDSv2 answers a pod only past one hop; the GKE metadata server (Workload Identity) is
+    reported not to serve instance/preempted. The agent then only says metadata-failing."""
+    def header(cloud: K8sCloud, **kw: Any) -> str:
+        return "\n".join(kuberay_header(make_job(SPOT, ON_DEMAND), KubeRayOptions(cloud=cloud, image=IMAGE, **kw), "x"))
+
+    assert "EC2NodeClass's (whose default is 1) metadataOptions.httpPutResponseHopLimit must be 2" in header(K8sCloud.EKS_KARPENTER)
+    assert "launch template's (EC2's default for one is 1)" in header(K8sCloud.EKS_MANAGED)
+    assert "Under Workload Identity pods see the GKE metadata server" in header(K8sCloud.GKE)
+    assert "Under Workload Identity (--service-account is one)" in header(K8sCloud.GKE, service_account="ksa")
+    assert "metadata" not in header(K8sCloud.AKS) and "metadata" not in header(K8sCloud.GKE, notice_agent=False)
+
+
 @pytest.mark.parametrize("cloud", list(K8sCloud))
 def test_sidecar_command_and_env_parse_as_the_real_agent(
     cloud: K8sCloud, agent_command: Any, monkeypatch: pytest.MonkeyPatch
@@ -297,6 +332,25 @@ def test_launcher_starts_the_agent_after_ray_start(cloud: VmCloud, agent_command
     assert params["cloud"] == cloud.value
     assert params["run"] == "s3://ml-runs/spotfallback/churn-model"
     assert "--env RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=1" in config["docker"]["run_options"]
+
+
+def test_launcher_gpu_nodes_on_gcp_tell_their_agent_of_the_hour_of_maintenance_notice(
+    agent_command: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    config = launcher(VmCloud.GCP, {**SPOT, "use_gpu": True}, {**ON_DEMAND, "use_gpu": True}, source_image="projects/p/global/images/gpu")
+    gpu, head = config["available_node_types"]["spot"], config["available_node_types"]["head"]
+    assert "docker" not in head and config["available_node_types"]["on-demand"]["docker"] == gpu["docker"]
+    assert "docker" not in launcher(VmCloud.GCP, SPOT, ON_DEMAND)["available_node_types"]["spot"]
+    # Ray's updater runs a node type's worker_run_options with the global run_options: the
+    # container's environment, which the agent started inside it reads.
+    (option,) = gpu["docker"]["worker_run_options"]
+    name, value = option.removeprefix("--env ").split("=")
+    argv = shlex.split(config["worker_start_ray_commands"][-1].split("nohup ", 1)[1].split(" >", 1)[0])
+    assert parse(agent_command, argv, {name: value}, monkeypatch)["gcp_maintenance_notice"] == 3600.0
+    where = {"zone": "us-central1-a", "project_id": "ml-project", "source_image": "projects/p/global/images/gpu"}
+    rendered = render_cluster_launcher(make_job({**SPOT, "use_gpu": True}, {**ON_DEMAND, "use_gpu": True}),
+                                       LauncherOptions(cloud=VmCloud.GCP, **where))
+    assert validate_text(rendered).ok  # Ray's schema takes a node type's docker options
 
 
 def test_launcher_switch_and_ladders_without_spot() -> None:

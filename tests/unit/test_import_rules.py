@@ -20,7 +20,7 @@ PACKAGE = "spotfallback"
 
 CORE = {
     "spotfallback.config", "spotfallback.events", "spotfallback.policy", "spotfallback.accounting", "spotfallback.errors",
-    "spotfallback.notice_window", "spotfallback.durations",
+    "spotfallback.notice_window", "spotfallback.durations", "spotfallback.cloud_notices",
 }
 # What the pure core may import from outside the standard library: validation and YAML only.
 CORE_THIRD_PARTY = {"pydantic", "yaml"}

@@ -20,6 +20,7 @@ from urllib.parse import parse_qs, urlsplit
 import pytest
 from typer.testing import CliRunner
 
+from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S
 from spotfallback.notices.agent import NoticeAgent
 from spotfallback.notices.metadata import (
     AwsPoller,
@@ -231,7 +232,7 @@ def test_gcp_false_then_true_drains_once_with_thirty_seconds(gcp):
 
 
 def test_gcp_host_maintenance_that_terminates_drains_once_with_sixty_seconds(gcp):
-    """GPU and Spot VMs stop ~60 s after maintenance-event says TERMINATE; preempted stays FALSE."""
+    """A VM without GPUs stops 60 s after maintenance-event says TERMINATE; preempted stays FALSE."""
     now = [5_000.0]
     agent, drains, records = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
     gcp.maintenance = b"MIGRATE_ON_HOST_MAINTENANCE"  # a live migration: the VM keeps running
@@ -243,6 +244,24 @@ def test_gcp_host_maintenance_that_terminates_drains_once_with_sixty_seconds(gcp
     poll(agent, 2)
     assert [(n.action, n.deadline_s) for n in drains.calls] == [("host-maintenance", 5_060.0)]
     assert len(records.calls) == 1 and gcp.value == b"FALSE"
+
+
+@pytest.mark.parametrize("how", ["poller", "sidecar-env"])
+def test_gcp_host_maintenance_of_a_gpu_vm_is_dated_an_hour_out(gcp, how):
+    """GCE gives a VM with GPUs an hour's notice of a stop for host maintenance: drained then, the
+    gang trains on for the hour (and a replacement comes up) rather than moving within a minute."""
+    gcp.maintenance = b"TERMINATE_ON_HOST_MAINTENANCE"
+    if how == "poller":
+        now = [5_000.0]
+        agent, drains, _ = agent_for(GcpPoller(gcp.url, maintenance_notice_s=GCP_GPU_MAINTENANCE_NOTICE_S, clock=lambda: now[0]))
+        poll(agent, 2)
+        assert [(n.action, n.deadline_s) for n in drains.calls] == [("host-maintenance", 8_600.0)]
+        return
+    env = {"SPOTFALLBACK_CLOUD": "gcp", "SPOTFALLBACK_METADATA_URL": gcp.url, "SPOTFALLBACK_GCP_MAINTENANCE_NOTICE_S": "3600"}
+    result = _cli(["notice-agent", "--once", "--dry-run"], env)
+    assert result.exit_code == 0, result.output
+    line = json.loads([ln for ln in result.stdout.splitlines() if ln.startswith("{")][0])
+    assert line["action"] == "host-maintenance" and line["deadline_s"] == pytest.approx(time.time() + 3600, abs=30)
 
 
 def test_gcp_maintenance_and_preemption_together_drain_for_the_earlier_deadline(gcp):

@@ -172,6 +172,26 @@ def test_ledger_calls_stop_with_storage_unavailable_past_the_limit():
     assert not isinstance(missing.value, StorageUnavailableError)
 
 
+def test_a_command_that_only_reads_ends_by_its_limit_and_a_run_tries_up_to_it():
+    # Each failing call takes 0.6 s (as an S3 client's own retries do). A run tries again at
+    # 0.8 s, in case the outage ends: one shorter than the limit only pauses it. A command
+    # that only reads does not start a try that would end at 1.4 s at the earliest, past 1 s.
+    calls: list[float] = []
+
+    def slow_refusal():
+        calls.append(time.monotonic())
+        time.sleep(0.6)
+        raise ConnectionRefusedError("connection refused")
+
+    with pytest.raises(StorageUnavailableError, match=r"storage unavailable for \d+s \(limit 1s"):
+        call_with_retry(slow_refusal, "read the ledger", limit_s=1.0)
+    assert len(calls) == 2
+    calls.clear()
+    with read_only(), pytest.raises(StorageUnavailableError, match=r"storage unavailable for \d+s \(limit 1s"):
+        call_with_retry(slow_refusal, "read the ledger", limit_s=1.0)
+    assert len(calls) == 1
+
+
 def test_the_ledger_gives_up_at_once_on_what_the_filesystem_gives_up_on(tmp_path, monkeypatch):
     """One rule: what no wait can fix is raised at once, by the ledger as a LedgerError naming the call."""
     import spotfallback.store.ledger as ledger_module

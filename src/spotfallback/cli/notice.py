@@ -17,6 +17,11 @@ from typing import Annotated, Any
 import typer
 
 from spotfallback.cli.common import fail, one_line, setup_logging
+from spotfallback.cloud_notices import (
+    GCP_GPU_MAINTENANCE_NOTICE_S,
+    GCP_MAINTENANCE_NOTICE_S,
+    GCP_PREEMPTION_NOTICE_S,
+)
 from spotfallback.errors import ConfigError, MetadataError, RayNodeNotFoundError, SpotfallbackError
 from spotfallback.notices.agent import NoticeAgent
 from spotfallback.notices.health import HEALTH_EVERY_S, AgentHealth, HealthReporter, agent_name
@@ -118,7 +123,17 @@ def register(app: typer.Typer) -> None:
         ] = HEALTH_EVERY_S,
         act_on_rebalance: Annotated[bool, typer.Option("--act-on-rebalance", help="AWS: drain on a rebalance recommendation too, not only record it.")] = False,
         rebalance_deadline: Annotated[float, typer.Option(help="AWS: drain deadline (s) when acting on a rebalance recommendation.")] = 120.0,
-        gcp_notice: Annotated[float, typer.Option(help="GCP: seconds from the notice to the shutdown.")] = 30.0,
+        gcp_notice: Annotated[
+            float,
+            typer.Option(help="GCP: seconds from the preemption notice to the shutdown (a Spot VM's extended notice "
+                         "where its node pool sets one).", envvar="SPOTFALLBACK_GCP_NOTICE_S"),
+        ] = GCP_PREEMPTION_NOTICE_S,
+        gcp_maintenance_notice: Annotated[
+            float,
+            typer.Option(help=f"GCP: seconds from a host-maintenance notice (TERMINATE_ON_HOST_MAINTENANCE) to the stop: "
+                         f"{GCP_GPU_MAINTENANCE_NOTICE_S:g} on a VM with GPUs, {GCP_MAINTENANCE_NOTICE_S:g} on others.",
+                         envvar="SPOTFALLBACK_GCP_MAINTENANCE_NOTICE_S"),
+        ] = GCP_MAINTENANCE_NOTICE_S,
         gcp_wait_for_change: Annotated[bool, typer.Option("--gcp-wait-for-change", help="GCP: hanging GET instead of polling.")] = False,
         azure_vm_name: Annotated[str | None, typer.Option(help="Azure: this VM's name (default: from the metadata service).")] = None,
         azure_first_timeout: Annotated[
@@ -160,7 +175,8 @@ def register(app: typer.Typer) -> None:
             ("--timeout", timeout, 0.05, True),
             ("--health-every (SPOTFALLBACK_HEALTH_EVERY_S)", health_every, 0.1, True),
             ("--k8s-grace (SPOTFALLBACK_K8S_GRACE_S)", k8s_grace, 0.0, True),
-            ("--gcp-notice", gcp_notice, 0.0, False),
+            ("--gcp-notice (SPOTFALLBACK_GCP_NOTICE_S)", gcp_notice, 0.0, False),
+            ("--gcp-maintenance-notice (SPOTFALLBACK_GCP_MAINTENANCE_NOTICE_S)", gcp_maintenance_notice, 0.0, False),
             ("--rebalance-deadline", rebalance_deadline, 0.0, False),
             ("--azure-first-timeout", azure_first_timeout, 0.05, True),
         ):
@@ -186,7 +202,8 @@ def register(app: typer.Typer) -> None:
             typer.echo(f"notice-agent: detected cloud {cloud}", err=True)
         per_cloud: dict[str, dict[str, Any]] = {
             "aws": {"act_on_rebalance": act_on_rebalance, "rebalance_deadline_s": rebalance_deadline},
-            "gcp": {"notice_s": gcp_notice, "wait_for_change": gcp_wait_for_change},
+            "gcp": {"notice_s": gcp_notice, "maintenance_notice_s": gcp_maintenance_notice,
+                    "wait_for_change": gcp_wait_for_change},
             "azure": {"vm_name": azure_vm_name, "first_timeout_s": azure_first_timeout},
             "k8s": {"grace_s": k8s_grace},
         }

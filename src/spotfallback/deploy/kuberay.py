@@ -18,7 +18,7 @@ Shape, and why:
   ``ray start --block`` drains its own node on the pod's SIGTERM (reason PREEMPTION), so Ray Train
   checkpoints just in time even with the stock image and no agent;
 - with an image that has spotfallback, those pods (and, on GKE, GPU on-demand pods, which host
-  maintenance stops after a 60 s notice) also carry the notice agent as a native sidecar
+  maintenance stops an hour after its notice) also carry the notice agent as a native sidecar
   (``initContainers`` with ``restartPolicy: Always``, Kubernetes 1.29+): it watches the cloud's own
   notice, which comes earlier than the SIGTERM (AWS's 2-minute warning, GCE's preemption and
   maintenance events, Azure's Scheduled Events), drains the node then and records it in the run.
@@ -40,6 +40,7 @@ from typing import Any
 import yaml
 
 from spotfallback import __version__
+from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S
 from spotfallback.config import INT32_MAX, MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import (
     AGENT_CLOUD,
@@ -321,15 +322,32 @@ def _pod_spec(
     return spec
 
 
-def _notice_agent(image: str, cloud: K8sCloud, run: str, storage: _Storage) -> dict[str, Any]:
+def _agent_notices(tier: Tier, gpu: int, opts: KubeRayOptions) -> list[dict[str, str]]:
+    """The notice lengths the agent is told where they differ from its defaults: on GKE, a GPU
+    node's hour of host-maintenance notice, and a Spot VM's preemption notice extended to the
+    pods' grace (``--spot-grace``, which the node pool must match)."""
+    if opts.cloud is not K8sCloud.GKE:
+        return []
+    env = []
+    if gpu:
+        env.append({"name": "SPOTFALLBACK_GCP_MAINTENANCE_NOTICE_S", "value": f"{GCP_GPU_MAINTENANCE_NOTICE_S:g}"})
+    grace = opts.spot_grace_seconds
+    if tier.market == SPOT and grace is not None and grace > GCP_PREEMPTION_NOTICE_S:
+        env.append({"name": "SPOTFALLBACK_GCP_NOTICE_S", "value": str(grace)})
+    return env
+
+
+def _notice_agent(image: str, cloud: K8sCloud, run: str, storage: _Storage, notices: list[dict[str, str]]) -> dict[str, Any]:
     """The sidecar: ``spotfallback notice-agent`` in the Ray worker's pod (same IP, so the agent
     finds its Ray node through the shared /tmp/ray), configured by environment: it watches the
-    cloud's notice (``AGENT_CLOUD``), drains the node on it and records it in the run's ledger
-    (storage credentials as the Ray container has them). A native sidecar: Kubernetes restarts it
-    if it exits although the pod's restartPolicy is Never, and stops it after the Ray container."""
+    cloud's notice (``AGENT_CLOUD``, and ``notices``' lengths), drains the node on it and records
+    it in the run's ledger (storage credentials as the Ray container has them). A native sidecar:
+    Kubernetes restarts it if it exits although the pod's restartPolicy is Never, and stops it
+    after the Ray container."""
     env = [
         {"name": "SPOTFALLBACK_CLOUD", "value": AGENT_CLOUD[cloud]},
         {"name": "SPOTFALLBACK_RUN", "value": run},
+        *notices,
         *(dict(e) for e in storage.env),
     ]
     return {
@@ -378,7 +396,7 @@ def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: boo
 
 
 def _has_agent(tier: Tier, opts: KubeRayOptions) -> bool:
-    """Spot pods; on GKE also GPU pods, which host maintenance stops with a 60 s notice."""
+    """Spot pods; on GKE also GPU pods, which host maintenance stops an hour after its notice."""
     gpu = worker_shape(tier, 0)[1] > 0
     return opts.with_notice_agent and (tier.market == SPOT or (opts.cloud is K8sCloud.GKE and gpu))
 
@@ -420,7 +438,7 @@ def _worker_group(
     ray_container = _container("ray-worker", image, requests, storage, drain_env)
     sidecars = None
     if _has_agent(tier, opts):
-        sidecars = [_notice_agent(image, opts.cloud, run, storage)]
+        sidecars = [_notice_agent(image, opts.cloud, run, storage, _agent_notices(tier, gpu, opts))]
         ray_container.setdefault("volumeMounts", []).append({"name": RAY_TMP_VOLUME, "mountPath": RAY_TMP_DIR})
     placement = pod_placement(opts.cloud, tier.market, where=f"tiers[{index}].market")
     labels = tier_labels(tier, index)
@@ -622,12 +640,29 @@ def _drain_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:
             f"Notice agent: a native sidecar watches the {AGENT_CLOUD[opts.cloud]} notice, earlier than the SIGTERM, "
             "drains the node then and records it in the run."
         )
+        lines.extend(_agent_reach_note(opts))
     else:
         why = "--no-notice-agent" if opts.notice_agent is False else "the stock Ray image has no spotfallback; pass --image"
         lines.append(f"Notice agent: off ({why}): only the SIGTERM drain above, no earlier cloud notice.")
     if (note := spot_grace_note(job, opts)) is not None:
         lines.append(f"Spot grace: {note}.")
     return lines
+
+
+def _agent_reach_note(opts: KubeRayOptions) -> list[str]:
+    """What the nodes need for the agent to read their metadata service from a pod (its health
+    record says ``metadata-failing`` otherwise, and only the SIGTERM drain is left)."""
+    if opts.cloud in (K8sCloud.EKS_KARPENTER, K8sCloud.EKS_MANAGED):
+        where = ("the EC2NodeClass's (whose default is 1)" if opts.cloud is K8sCloud.EKS_KARPENTER
+                 else "the node group's launch template's (EC2's default for one is 1)")
+        return [f"The agent reads IMDSv2 from the pod: {where} metadataOptions.httpPutResponseHopLimit must be 2 or "
+                "more, or the token's answer stops one hop short of the pod."]
+    if opts.cloud is K8sCloud.GKE:
+        identity = " (--service-account is one)" if opts.service_account else ""
+        return [f"Under Workload Identity{identity} pods see the GKE metadata server, reported not to serve "
+                "instance/preempted: give the spot and GPU node pools --workload-metadata=GCE_METADATA, or check with "
+                "`spotfallback notice-agent --cloud gcp --once` in such a pod."]
+    return []
 
 
 def render_kuberay(job: JobConfig, opts: KubeRayOptions) -> str:

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from spotfallback import __version__
+from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import VmCloud, vm_market_config
 from spotfallback.deploy.common import (
@@ -71,7 +72,7 @@ RAY_WORKER_START = [
 # The updater exports each node type's labels to its start commands as compact JSON
 # (RAY_OVERRIDE_LABELS='{"ray.io/market-type":"spot",...}'), under autoscaler v1 and v2 alike.
 # Node types that run the agent carry this label: spot ones, and on GCP the GPU ones, which host
-# maintenance stops (onHostMaintenance TERMINATE) about 60 s after a notice the agent watches.
+# maintenance stops (onHostMaintenance TERMINATE) an hour after a notice the agent watches.
 AGENT_LABEL = "spotfallback/notice-agent"
 AGENT_LABELS_PATTERN = f'*\'"{AGENT_LABEL}":"true"\'*'
 AGENT_LOG = "~/spotfallback-notice-agent.log"
@@ -505,6 +506,12 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
                 **accelerators,
             },
         }
+        if agents and opts.cloud is VmCloud.GCP and tier.use_gpu:
+            # Its agent dates a host-maintenance drain an hour out, as GCE stops GPU VMs (the
+            # container's environment reaches the agent, which the start commands run in it).
+            node_types[tier.name]["docker"] = {
+                "worker_run_options": [f"--env SPOTFALLBACK_GCP_MAINTENANCE_NOTICE_S={GCP_GPU_MAINTENANCE_NOTICE_S:g}"]
+            }
     if opts.subnetwork is not None and opts.cloud is not VmCloud.GCP:
         raise ConfigError("subnetwork: a GCP setting, which an aws cluster does not use; leave it out")
     for name, value in (("subnet_ids", opts.subnet_ids), ("zone_subnet_ids", opts.zone_subnet_ids)):

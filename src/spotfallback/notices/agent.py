@@ -5,7 +5,7 @@ only when the node is *drained* with reason PREEMPTION and a deadline, but on pl
 clusters nothing turns the cloud's warning into that drain. One agent runs per node, asks
 the instance metadata service every few seconds (``notices.metadata``), and on a notice
 drains its own Ray node with the cloud's deadline (AWS: two minutes, GCP and Azure: about 30 s;
-GCP host maintenance that stops the VM: about 60 s).
+GCP host maintenance that stops a VM with GPUs: an hour).
 
 The rules that keep it safe: anything it cannot parse is a *problem*, logged and never
 acted on; a slow or refused connection is a problem for one poll, not a crash; each notice

@@ -8,9 +8,10 @@ What it asks (base URL configurable, so tests point it at fake servers on loopba
   earlier, softer signal, recorded, drained on only with ``act_on_rebalance``).
 - GCP: ``GET /computeMetadata/v1/instance/preempted`` with ``Metadata-Flavor: Google``
   (``TRUE``/``FALSE``); with ``wait_for_change`` a hanging GET keyed by the last ETag.
-- GCP: also ``instance/maintenance-event``: ``TERMINATE_ON_HOST_MAINTENANCE`` about 60 s before
-  the host stops a GPU or Spot VM (``preempted`` stays ``FALSE``); ``MIGRATE_ON_HOST_MAINTENANCE``
-  is a live migration, not a notice.
+- GCP: also ``instance/maintenance-event``: ``TERMINATE_ON_HOST_MAINTENANCE`` an hour before the
+  host stops a VM with GPUs (60 s on other VMs; ``preempted`` stays ``FALSE``). GCE sets the key
+  only on VMs with GPUs and VMs set to migrate, whose ``MIGRATE_ON_HOST_MAINTENANCE`` is a live
+  migration, not a notice.
 - Azure: ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``;
   ``EventType: "Preempt"`` events naming this VM, ``NotBefore`` as the deadline. The first
   request switches the service on and can take two minutes.
@@ -38,6 +39,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Any, Protocol
 
+from spotfallback.cloud_notices import GCP_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S
 from spotfallback.errors import MetadataError
 
 logger = logging.getLogger("spotfallback")
@@ -270,9 +272,6 @@ class AwsPoller:
         )
 
 
-# GCE stops a VM whose onHostMaintenance is TERMINATE (every GPU VM, every Spot VM) about 60 s
-# after it sets instance/maintenance-event, while instance/preempted stays FALSE.
-GCP_MAINTENANCE_NOTICE_S = 60.0
 GCP_TERMINATE = "TERMINATE_ON_HOST_MAINTENANCE"
 HOST_MAINTENANCE = "host-maintenance"  # the notice's action: drained like a preemption, recorded as this
 GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", GCP_TERMINATE)
@@ -281,9 +280,11 @@ GCP_MAINTENANCE_VALUES = ("NONE", "MIGRATE_ON_HOST_MAINTENANCE", GCP_TERMINATE)
 class GcpPoller:
     """GCE metadata ``instance/preempted`` and ``instance/maintenance-event``.
 
-    A preemption gives ``notice_s`` (30 s); a host maintenance that terminates the VM gives
-    ``GCP_MAINTENANCE_NOTICE_S`` and is drained the same way (the workers checkpoint just in
-    time) but recorded as ``host-maintenance``; a live migration is not a notice.
+    A preemption gives ``notice_s`` (30 s, or the Spot VM's extended notice); a host maintenance
+    that stops the VM gives ``maintenance_notice_s`` (``GCP_GPU_MAINTENANCE_NOTICE_S`` on a VM
+    with GPUs, which the deployment files set) and is drained the same way (the gang trains on,
+    then checkpoints just in time) but recorded as ``host-maintenance``; a live migration is not
+    a notice.
     ``wait_for_change`` turns the ``preempted`` poll into a hanging GET of at most
     ``wait_timeout_s``, which bounds how late a maintenance event is seen.
     """
@@ -297,7 +298,8 @@ class GcpPoller:
         base_url: str = DEFAULT_BASE_URL,
         *,
         timeout_s: float = 2.0,
-        notice_s: float = 30.0,
+        notice_s: float = GCP_PREEMPTION_NOTICE_S,
+        maintenance_notice_s: float = GCP_MAINTENANCE_NOTICE_S,
         wait_for_change: bool = False,
         wait_timeout_s: int = 15,
         maintenance: bool = True,
@@ -306,6 +308,7 @@ class GcpPoller:
         self.base_url = base_url.rstrip("/")
         self.timeout_s = timeout_s
         self.notice_s = notice_s
+        self.maintenance_notice_s = maintenance_notice_s
         self.wait_for_change = wait_for_change
         self.wait_timeout_s = wait_timeout_s
         self.maintenance = maintenance
@@ -344,7 +347,7 @@ class GcpPoller:
             return PollResult()
         if self._maintenance_seen_at is None:
             self._maintenance_seen_at = self.clock()
-        deadline = self._maintenance_seen_at + GCP_MAINTENANCE_NOTICE_S
+        deadline = self._maintenance_seen_at + self.maintenance_notice_s
         key = f"gcp:maintenance:{self._maintenance_seen_at:.0f}"
         detail = f"instance/maintenance-event is {GCP_TERMINATE}"
         return PollResult([Notice("gcp", key, HOST_MAINTENANCE, deadline, detail=detail)])

@@ -94,7 +94,8 @@ def call_with_retry(
 ) -> T:
     """``fn()``, retrying transient ``OSError`` for up to ``limit_s`` (default: ``retry_limit_s()``).
 
-    Past the limit: ``StorageUnavailableError``. A permanent error (``is_permanent``) is not
+    Inside ``read_only()``, a try that would end past the limit, taking as long as the last one,
+    is not started: such a command ends by its limit. Past the limit: ``StorageUnavailableError``. A permanent error (``is_permanent``) is not
     retried: raised as it is (the filesystem Ray is handed: Ray and pyarrow act on its type),
     or, given ``permanent``, as that error naming ``what`` (the ledger, the lease: their
     callers catch ``LedgerError``).
@@ -103,6 +104,7 @@ def call_with_retry(
     start = time.monotonic()
     delay = 0.2
     while True:
+        attempt_start = time.monotonic()
         try:
             return fn()
         except OSError as e:
@@ -110,8 +112,14 @@ def call_with_retry(
                 if permanent is None:
                     raise
                 raise permanent(f"storage error while trying to {what}: {type(e).__name__}: {_quiet(e)}") from e
-            waited = time.monotonic() - start
-            if waited + delay > limit:
+            now = time.monotonic()
+            waited = now - start
+            # A run tries up to the limit, so that an outage shorter than it only pauses the run.
+            # A command that only reads ends by its limit: its next try would take about as long
+            # as this one (an S3 client retries inside each call), so one that would end past the
+            # limit is not started.
+            next_try = now - attempt_start if _read_only.get() else 0.0
+            if waited + delay + next_try > limit:
                 raise StorageUnavailableError(
                     f"storage unavailable for {waited:.0f}s (limit {limit:g}s, {RETRY_ENV}) while trying to "
                     f"{what}: {type(e).__name__}: {_quiet(e)}." + RESUME_HINT
