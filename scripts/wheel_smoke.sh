@@ -46,6 +46,10 @@ cd "$WORK/empty"
 export PATH="$WORK/venv/bin:$PATH"
 where="$(python -c 'import spotfallback; print(spotfallback.__file__)')"
 [[ "$where" == "$WORK/venv/"* ]] || fail "spotfallback imported from $where, not from the venv"
+release="$(python -c 'import importlib.metadata as m; print(m.version("spotfallback"))')"
+[[ "$(spotfallback --version)" == "spotfallback $release" ]] || fail "spotfallback --version: '$(spotfallback --version)', not the installed $release"
+python -c 'import importlib.metadata as m, sys; sys.exit(not {"LICENSE", "NOTICE"} <= {p.name for p in m.files("spotfallback")})' \
+    || fail "the wheel carries no LICENSE and NOTICE"
 
 rc=0
 # plan and backtest on a recorded trace (here a made-up week: spot for 5 h, then gone for 1 h):

@@ -37,10 +37,13 @@ import sys
 import time
 
 import pytest
-from hypothesis import settings
+from hypothesis import HealthCheck, settings
 
-settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True)
-settings.register_profile("explore")
+# No per-example deadline: on a shared 2-core machine beside the cluster tests an example can take
+# seconds, and a test here pins behaviour, not speed (the benchmarks time things).
+_UNTIMED = {"deadline": None, "suppress_health_check": [HealthCheck.too_slow]}
+settings.register_profile("repeatable", derandomize=True, database=None, print_blob=True, **_UNTIMED)
+settings.register_profile("explore", **_UNTIMED)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "repeatable"))
 
 # Packages whose modules tests import; run-as-script modules (``__main__``) and conftests, which

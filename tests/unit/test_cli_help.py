@@ -82,3 +82,20 @@ def test_a_groups_help_lists_each_command_with_its_whole_summary(cli, group, end
     commands = r.output.split("\nCommands:\n")[1]
     assert "..." not in commands and "…" not in commands
     assert ending in " ".join(commands.split())
+
+
+def test_version_is_the_release_the_deployment_files_pin(cli):
+    """One version: the package metadata reads ``spotfallback.__version__``, and so do the
+    ``spotfallback==`` pins of the files ``manifest`` writes for the stock Ray image."""
+    import tomllib
+    from pathlib import Path
+
+    from spotfallback import __version__
+    from spotfallback.deploy.common import spotfallback_requirement
+
+    r = CliRunner().invoke(cli, ["--version"])
+    assert r.exit_code == 0 and r.output == f"spotfallback {__version__}\n", r.output
+    project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
+    assert project["project"]["dynamic"] == ["version"] and "version" not in project["project"]
+    assert project["tool"]["setuptools"]["dynamic"]["version"] == {"attr": "spotfallback.__version__"}
+    assert spotfallback_requirement() == f"spotfallback=={__version__}"

@@ -188,7 +188,9 @@ def test_autoscaler_v2_and_fallback_tiers_cost_nothing_until_needed() -> None:
     spec = cluster(manifest)
     assert spec["enableInTreeAutoscaling"] is True
     assert spec["autoscalerOptions"]["version"] == "v2"
-    assert [(g["replicas"], g["minReplicas"], g["maxReplicas"]) for g in groups(manifest)] == [(2, 0, 2), (0, 0, 2), (0, 0, 2)]
+    # Every group starts empty: the cluster is Ready (and a RayJob past Initializing) with the head
+    # alone, and the runner's request scales the tier it runs on.
+    assert [(g["replicas"], g["minReplicas"], g["maxReplicas"]) for g in groups(manifest)] == [(0, 0, 2), (0, 0, 2), (0, 0, 2)]
     pods = [spec["headGroupSpec"]["template"]["spec"]] + [g["template"]["spec"] for g in groups(manifest)]
     assert {p["restartPolicy"] for p in pods} == {"Never"}
 
@@ -394,6 +396,17 @@ def test_notice_agent_switch_adds_a_sidecar_to_spot_workers_only() -> None:
     assert validate_text(render_kuberay(job, KubeRayOptions(cloud=K8sCloud.GKE, image=image))).ok
 
 
+@pytest.mark.parametrize("cloud", list(K8sCloud))
+def test_karpenter_never_disrupts_a_training_pod_of_its_own_accord(cloud: K8sCloud) -> None:
+    """Consolidation or drift under a NodePool of the user's own would stop a 64-GPU gang (and the
+    head's driver) mid-run; a spot interruption still comes, with its notice."""
+    manifest = kuberay_manifest(make_job(LADDERS[2]), KubeRayOptions(cloud=cloud))
+    templates = [cluster(manifest)["headGroupSpec"]["template"], *(g["template"] for g in groups(manifest))]
+    karpenter = cloud in (K8sCloud.EKS_KARPENTER, K8sCloud.AKS_NAP)
+    assert [t["metadata"].get("annotations") for t in templates] == [
+        {"karpenter.sh/do-not-disrupt": "true"} if karpenter else None] * len(templates)
+
+
 def test_entrypoint_writes_only_what_the_job_sets() -> None:
     # A default (backend: from the entrypoint's SPOTFALLBACK_BACKEND, which the generating
     # machine may not be able to import) is decided where the job runs, as `run job.yaml` would.
@@ -478,15 +491,19 @@ def test_a_ladder_across_clusters_gives_one_valid_raycluster_per_cluster(cloud: 
     assert [d["metadata"]["labels"]["spotfallback/cluster"] for d in docs] == ["east", "west"]
     # Every pod says its run and its cluster too.
     assert [{t["metadata"]["labels"]["spotfallback/cluster"] for t in pod_templates(d)} for d in docs] == [{"east"}, {"west"}]
-    # Each cluster holds its own tiers; only the ladder's first tier starts with workers.
+    # Each cluster holds its own tiers, every group empty until the run asks for it.
     assert [[(g["groupName"], g["replicas"]) for g in groups(d)] for d in docs] == [
-        [("spot-a", 2), ("on-demand", 0)], [("spot-b", 0)]]
+        [("spot-a", 0), ("on-demand", 0)], [("spot-b", 0)]]
     # The annotation is the moving driver's command: the whole job, ladder and clusters included.
     command = shlex.split(docs[0]["metadata"]["annotations"]["spotfallback/entrypoint"])
     assert command[:3] == ["spotfallback", "run", "--job-json"] and "--on-cluster" not in command
     assert JobConfig.model_validate(json.loads(command[3])) == job
     header = text.split("---")[1]
-    assert "http://head-west:8265" in header and "churn-model-west-head-svc" in header
+    assert "http://head-west:8265" in header and "churn-model-west-head-svc is headless" in header
+    assert "selecting\n# ray.io/cluster=churn-model-west and ray.io/node-type=head." in header
+    assert "# The stock Ray image has no spotfallback, which the run's jobs run on every cluster" in header
+    own = render_kuberay(job, KubeRayOptions(cloud=cloud, kind=Kind.RAYCLUSTER, image="registry.example.com/ml/train:1"))
+    assert "The stock Ray image" not in own
 
 
 def test_a_ladder_across_clusters_is_not_a_rayjob_nor_on_a_volume() -> None:

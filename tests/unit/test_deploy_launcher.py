@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 import yaml
 
+from spotfallback import __version__
 from spotfallback.config import JobConfig
 from spotfallback.deploy import (
     LauncherOptions,
@@ -222,19 +223,53 @@ def test_header_tells_how_to_start_and_resume_the_run() -> None:
     assert shlex.split(quoted) == [rayjob_entrypoint(job.model_copy(update={"name": "churn-v2"}))]
     config = yaml.safe_load(text)
     # The stock image has no spotfallback, which the driver and the agent run: installed first.
-    assert config["setup_commands"] == ["pip install spotfallback==0.1.0 churn==1.2"]
-    assert "# The stock Ray image has no spotfallback: the setup commands install spotfallback==0.1.0." in text
+    assert config["setup_commands"] == [f"pip install spotfallback=={__version__} churn==1.2"]
+    assert f"# The stock Ray image has no spotfallback: the setup commands install spotfallback=={__version__}." in text
     assert config["cluster_name"] == "churn-v2"
+
+
+@pytest.mark.parametrize(("entrypoint", "extra"), [
+    ("spotfallback.examples.ddp_digits:train_fn", "[torch]"),
+    ("spotfallback.examples.keras_digits:train_fn", "[tensorflow]"),
+    ("churn.train:main", ""),
+])
+def test_a_shipped_example_on_the_stock_image_gets_the_extra_it_imports(entrypoint: str, extra: str) -> None:
+    """`spotfallback init`'s job runs the PyTorch example, which the stock Ray image cannot import
+    without torch and scikit-learn: the requirement carries the example's extra."""
+    job = make_job(LADDERS[2]).model_copy(update={"entrypoint": entrypoint})
+    requirement = f"spotfallback{extra}=={__version__}"
+    assert cluster_launcher_config(job, opts(VmCloud.AWS))["setup_commands"] == [shlex.join(["pip", "install", requirement])]
+    assert f"the setup commands install {requirement}." in render_cluster_launcher(job, opts(VmCloud.AWS))
+
+
+def test_every_shipped_example_has_the_extra_of_the_framework_it_imports() -> None:
+    import ast
+    import tomllib
+
+    from spotfallback.deploy.common import EXAMPLE_EXTRAS
+
+    root = Path(__file__).resolve().parents[2]
+    extras = tomllib.loads((root / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    examples = sorted((root / "src/spotfallback/examples").glob("[!_]*.py"))
+    assert {f"spotfallback.examples.{p.stem}" for p in examples} == set(EXAMPLE_EXTRAS)
+    for path in examples:
+        imported = {alias.name.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                    for alias in (node.names if isinstance(node, ast.Import) else [])}
+        imported |= {node.module.split(".")[0] for node in ast.walk(ast.parse(path.read_text()))
+                     if isinstance(node, ast.ImportFrom) and node.module}
+        extra = EXAMPLE_EXTRAS[f"spotfallback.examples.{path.stem}"]
+        assert extra in imported, path.name  # torch / tensorflow, the extra's name
+        assert "sklearn" in imported and any(r.startswith("scikit-learn") for r in extras[extra]), path.name
 
 
 @pytest.mark.parametrize(
     ("image", "pip", "installed"),
     [
-        (None, (), ["pip install spotfallback==0.1.0"]),
+        (None, (), [f"pip install spotfallback=={__version__}"]),
         (None, ("spotfallback[torch]==0.1.0",), ["pip install 'spotfallback[torch]==0.1.0'"]),
         (None, ("./dist/spotfallback-0.1.0-py3-none-any.whl",), ["pip install ./dist/spotfallback-0.1.0-py3-none-any.whl"]),
         ("registry.example.com/ml/train:1", (), None),
-        ("rayproject/ray:2.60.0-py311-gpu", (), ["pip install spotfallback==0.1.0"]),  # the stock image, named
+        ("rayproject/ray:2.60.0-py311-gpu", (), [f"pip install spotfallback=={__version__}"]),  # the stock image, named
     ],
 )
 def test_the_stock_image_gets_spotfallback_installed_unless_pip_or_the_image_has_it(
@@ -583,7 +618,7 @@ def test_launcher_options_refuse_values_ray_up_cannot_take_and_read_one_pip_stri
     for project in ("my-project-123", "example.com:my-project"):
         assert LauncherOptions(cloud=VmCloud.GCP, project_id=project).project_id == project
     config = yaml.safe_load(render_cluster_launcher(make_job(LADDERS[2]), opts("aws", pip="churn==1.2")))  # type: ignore[arg-type]
-    assert config["setup_commands"] == ["pip install spotfallback==0.1.0 churn==1.2"]
+    assert config["setup_commands"] == [f"pip install spotfallback=={__version__} churn==1.2"]
 
 
 def test_an_ami_goes_on_every_aws_node_and_gpu_nodes_without_one_get_a_note() -> None:

@@ -79,6 +79,24 @@ app = typer.Typer(
 )
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from spotfallback import __version__
+
+        typer.echo(f"spotfallback {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True,
+        help="Print the version (the one the deployment files pin on the stock Ray image) and exit.",
+    ),
+) -> None:
+    """Run Ray Train jobs on spot capacity with a tiered fallback ladder."""
+
+
 def _register_subcommands() -> None:
     # One module per command, each adding itself; `spotfallback --help` lists them in this order.
     from spotfallback.cli import (

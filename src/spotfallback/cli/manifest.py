@@ -189,7 +189,9 @@ def kuberay_command(
     ] = None,
     active_deadline: Annotated[
         int | None,
-        typer.Option(help=f"RayJob wall-clock limit, seconds (default {_RAYJOB_DEFAULTS['active_deadline_seconds']}).", show_default=False),
+        typer.Option(help=f"RayJob wall-clock limit of each attempt, seconds (default "
+                     f"{_RAYJOB_DEFAULTS['active_deadline_seconds']}); KubeRay starts it again at every retry.",
+                     show_default=False),
     ] = None,
     ttl: Annotated[
         int | None,

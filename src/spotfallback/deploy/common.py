@@ -80,10 +80,22 @@ def installs_spotfallback(image: str | None, pip: Sequence[str]) -> bool:
     return is_stock_image(image) and not any(names_spotfallback(p) for p in pip)
 
 
-def with_spotfallback(image: str | None, pip: Sequence[str]) -> list[str]:
+# The extra each shipped example needs beyond spotfallback itself: the stock Ray image has
+# neither torch nor tensorflow, nor scikit-learn, whose bundled data the examples train on.
+EXAMPLE_EXTRAS = {"spotfallback.examples.ddp_digits": "torch", "spotfallback.examples.keras_digits": "tensorflow"}
+
+
+def spotfallback_requirement(entrypoint: str | None = None) -> str:
+    """This release of spotfallback as a pip requirement, with the extra that ``entrypoint``
+    needs when it is one of the shipped examples (``spotfallback init``'s job runs one)."""
+    extra = EXAMPLE_EXTRAS.get((entrypoint or "").split(":", 1)[0])
+    return f"spotfallback{f'[{extra}]' if extra else ''}=={__version__}"
+
+
+def with_spotfallback(image: str | None, pip: Sequence[str], entrypoint: str | None = None) -> list[str]:
     """``pip``, plus this version of spotfallback when the stock image would otherwise lack it
     (the driver's `spotfallback run` and the notice agent would not be found there)."""
-    return [f"spotfallback=={__version__}", *pip] if installs_spotfallback(image, pip) else list(pip)
+    return [spotfallback_requirement(entrypoint), *pip] if installs_spotfallback(image, pip) else list(pip)
 
 
 def image_error(image: str) -> str | None:

@@ -7,9 +7,10 @@ Shape, and why:
 - one worker group per tier, named after the tier, whose top-level ``labels`` satisfy the
   tier's label selector (how the runner's ``ScalingConfig(label_selector=...)`` finds it) and
   whose pod spec selects the cloud's matching capacity (``clouds.pod_placement``);
-- autoscaler v2 with every group at ``minReplicas: 0``: the first tier starts with its workers
-  requested, later tiers cost nothing until the runner falls back to them, and a tier the run
-  has left scales back to zero instead of being held at a minimum;
+- autoscaler v2 with every group empty (``replicas`` and ``minReplicas`` 0): the runner's request
+  scales its tier up (a RayJob stays Initializing until every desired pod runs), later tiers
+  cost nothing until the runner falls back to them, and a tier the run has left scales back to
+  zero instead of being held at a minimum;
 - the RayJob runs the spotfallback driver (``rayjob_entrypoint``) in ``SidecarMode``, so the
   submitter lives in the on-demand head pod rather than in a pod that could land on spot;
   ``backoffLimit`` retries re-run the same command, which resumes the run from its checkpoints;
@@ -39,7 +40,6 @@ from typing import Any
 
 import yaml
 
-from spotfallback import __version__
 from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S
 from spotfallback.config import INT32_MAX, MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import (
@@ -71,6 +71,7 @@ from spotfallback.deploy.common import (
     object_name_error,
     parse_quantity,
     pip_packages,
+    spotfallback_requirement,
     tier_labels,
     to_yaml,
     with_run_name,
@@ -371,8 +372,16 @@ def _run_uri(job: JobConfig) -> str:
     return f"{job.storage_path.rstrip('/')}/{job.name}"
 
 
-def _template(spec: dict[str, Any], pod_labels: dict[str, str]) -> dict[str, Any]:
-    return {"metadata": {"labels": dict(pod_labels)}, "spec": spec}
+# Karpenter never disrupts a node running such a pod of its own accord (consolidation, drift,
+# expiry), whatever NodePool launched it; a spot interruption still takes it, with its notice.
+KARPENTER_DO_NOT_DISRUPT = {"karpenter.sh/do-not-disrupt": "true"}
+
+
+def _template(spec: dict[str, Any], pod_labels: dict[str, str], opts: KubeRayOptions) -> dict[str, Any]:
+    metadata: dict[str, Any] = {"labels": dict(pod_labels)}
+    if opts.cloud in (K8sCloud.EKS_KARPENTER, K8sCloud.AKS_NAP):
+        metadata["annotations"] = dict(KARPENTER_DO_NOT_DISRUPT)
+    return {"metadata": metadata, "spec": spec}
 
 
 def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: bool, pod_labels: dict[str, str]) -> dict[str, Any]:
@@ -391,7 +400,7 @@ def _head_group(image: str, storage: _Storage, opts: KubeRayOptions, drains: boo
         "rayStartParams": {},
         "labels": {MARKET_LABEL: ON_DEMAND},
         "resources": {"CPU": "0"},
-        "template": _template(_pod_spec([head], placement, storage, opts), pod_labels),
+        "template": _template(_pod_spec([head], placement, storage, opts), pod_labels, opts),
     }
 
 
@@ -460,7 +469,11 @@ def _worker_group(
     placement = replace(placement, node_selector=selector, tolerations=tolerations)
     group: dict[str, Any] = {
         "groupName": tier.name,
-        "replicas": tier.num_workers if index == 0 else 0,
+        # Every group starts empty, and the runner's request for its tier's workers scales it up.
+        # A RayJob stays Initializing until its RayCluster is Ready, every desired pod running
+        # (KubeRay's RayJob controller): workers asked for up front would hold it there while spot
+        # is short, even past the driver's end, whose exit it would then never see.
+        "replicas": 0,
         "minReplicas": 0,
         "maxReplicas": tier.num_workers,
         "labels": labels,
@@ -469,7 +482,7 @@ def _worker_group(
     if custom:
         # Custom Ray resources go in the top-level field, never also in rayStartParams.
         group["resources"] = {k: cpu_quantity(v) for k, v in sorted(custom.items())}
-    group["template"] = _template(_pod_spec([ray_container], placement, storage, opts, grace, sidecars), pod_labels)
+    group["template"] = _template(_pod_spec([ray_container], placement, storage, opts, grace, sidecars), pod_labels, opts)
     return group
 
 
@@ -477,7 +490,7 @@ def raycluster_spec(job: JobConfig, opts: KubeRayOptions, cluster: str | None = 
     """The ``RayClusterSpec`` (head + one worker group per tier) shared by both kinds.
 
     ``cluster``: only the tiers on that cluster of a ladder across clusters (indices, hence
-    messages and the first tier's pre-started workers, stay the whole ladder's).
+    messages, stay the whole ladder's).
     """
     image = check_image(opts.image or default_image(job.tiers[0].use_gpu, opts.ray_version), opts.ray_version)
     storage = _storage(job, opts)
@@ -547,12 +560,16 @@ def across_cluster_manifests(job: JobConfig, opts: KubeRayOptions) -> list[tuple
         header = [
             f"Generated by `spotfallback manifest kuberay --cloud {opts.cloud.value}`; do not edit by hand.",
             f"Cluster {key!r}{region}: tiers {tiers}. Apply this document in that Kubernetes cluster:",
-            f"kubectl apply -f FILE -l {CLUSTER_LABEL}={label_value(key)}. Its head's Ray Jobs API (the dashboard,",
-            f"port 8265 of service {metadata['name']}-head-svc) must be reachable at {ref.address}, the address its tiers name.",
+            f"kubectl apply -f FILE -l {CLUSTER_LABEL}={label_value(key)}. Its head's Ray Jobs API (the dashboard, port 8265)",
+            f"must be reachable at {ref.address}, the address its tiers name: KubeRay's {metadata['name']}-head-svc is headless",
+            "(no address of its own), so give the head a Service of yours (e.g. an internal LoadBalancer) selecting",
+            f"ray.io/cluster={metadata['name']} and ray.io/node-type=head.",
             f"Needs KubeRay >= {MIN_KUBERAY_VERSION}. The run moves between the clusters through their Jobs APIs: run the",
             f"command in the annotation {ENTRYPOINT_ANNOTATION} (or `spotfallback run JOB.yaml`) on a machine outside",
             "every cluster's region that reaches all their Jobs APIs and the storage (docs/clusters.md);",
             f"running it again resumes run {job.name!r}; never reuse a name by accident.",
+            *(["The stock Ray image has no spotfallback, which the run's jobs run on every cluster: pass --image with it installed."]
+              if is_stock_image(opts.image) else []),
             *_drain_note(job, opts),
         ]
         out.append((manifest, header))
@@ -579,7 +596,7 @@ def kuberay_manifest(job: JobConfig, opts: KubeRayOptions) -> dict[str, Any]:
         "shutdownAfterJobFinishes": True,
         "ttlSecondsAfterFinished": opts.ttl_seconds_after_finished,
     }
-    if pip := with_spotfallback(opts.image, opts.pip):  # the stock image has no `spotfallback` to run
+    if pip := with_spotfallback(opts.image, opts.pip, job.entrypoint):  # the stock image has no `spotfallback` to run
         spec["runtimeEnvYAML"] = yaml.safe_dump({"pip": pip}, sort_keys=False)
     spec["rayClusterSpec"] = cluster
     return {"apiVersion": API_VERSION, "kind": "RayJob", "metadata": metadata, "spec": spec}
@@ -604,10 +621,11 @@ def kuberay_header(job: JobConfig, opts: KubeRayOptions, name: str) -> list[str]
             f"Run name {run!r}: running that command again RESUMES the run; never reuse a name by accident.",
         ]
     if opts.kind is Kind.RAYJOB and installs_spotfallback(opts.image, opts.pip):
-        how.append(f"The stock Ray image has no spotfallback: the job installs spotfallback=={__version__} (runtimeEnvYAML).")
+        how.append(f"The stock Ray image has no spotfallback: the job installs {spotfallback_requirement(job.entrypoint)} "
+                   "(runtimeEnvYAML).")
     elif opts.kind is Kind.RAYCLUSTER and is_stock_image(opts.image):
         how.append("The stock Ray image has no spotfallback: submit the command with `ray job submit --runtime-env-json "
-                   f"'{{\"pip\": [\"spotfallback=={__version__}\"]}}' -- ...`, or pass --image.")
+                   f"'{{\"pip\": [\"{spotfallback_requirement(job.entrypoint)}\"]}}' -- ...`, or pass --image.")
     needs = (f"Needs KubeRay >= {MIN_KUBERAY_VERSION} (older operators silently drop group labels and resources, never submit "
              "a SidecarMode job, or do not fully scale a group for a label selector)")
     if any(_has_agent(t, opts) for t in job.tiers):

@@ -24,7 +24,6 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from spotfallback import __version__
 from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import VmCloud, vm_market_config
@@ -40,6 +39,7 @@ from spotfallback.deploy.common import (
     pip_packages,
     shared_label,
     short_repr,
+    spotfallback_requirement,
     tier_labels,
     to_yaml,
     with_run_name,
@@ -547,7 +547,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         "available_node_types": node_types,
         "head_node_type": HEAD_TYPE,
     }
-    pip = with_spotfallback(opts.image, opts.pip)
+    pip = with_spotfallback(opts.image, opts.pip, job.entrypoint)
     if pip:
         config["setup_commands"] = [shlex.join(["pip", "install", *pip])]
     if agents:
@@ -609,7 +609,7 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
         f"  ray exec FILE --tmux {shlex.quote(rayjob_entrypoint(job))}",
     ]
     if installs_spotfallback(opts.image, opts.pip):
-        lines.append(f"The stock Ray image has no spotfallback: the setup commands install spotfallback=={__version__}.")
+        lines.append(f"The stock Ray image has no spotfallback: the setup commands install {spotfallback_requirement(job.entrypoint)}.")
     if any(t.market == SPOT for t in job.tiers):
         where = "spot nodes (and GPU nodes: host maintenance)" if opts.cloud is VmCloud.GCP else "spot nodes"
         lines.append(

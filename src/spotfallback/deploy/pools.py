@@ -56,6 +56,8 @@ class Gpu:
 
     ``aws`` / ``gcp``: (machine type, vCPUs, GPUs), smallest first, for ``ray up``'s default fit.
     ``gcp_guest``: GCP's accelerator type where GPUs are attached to an N1 VM instead.
+    ``gke_series``: (machine series, GKE accelerator name) where a series of the same GPU
+    carries another name than ``gke`` (A3 Mega's H100s are ``nvidia-h100-mega-80gb``).
     """
 
     gke: str | None
@@ -64,6 +66,15 @@ class Gpu:
     gcp: tuple[tuple[str, int, int], ...] = ()
     gcp_guest: str | None = None
     karpenter_memory_mib: int | None = None
+    gke_series: tuple[tuple[str, str], ...] = ()
+
+    def gke_names(self) -> set[str]:
+        """Every GKE accelerator name a node with this GPU may carry."""
+        return {n for n in (self.gke, *(name for _, name in self.gke_series)) if n}
+
+    def gke_name(self, machine: str | None) -> str | None:
+        """The GKE accelerator name of the nodes of machine type ``machine`` (None: any series)."""
+        return next((name for series, name in self.gke_series if machine and machine.startswith(series)), self.gke)
 
 
 # The G families' 16xlarge (1 GPU to 64 vCPUs) is left out of the fit: a larger size with more
@@ -84,7 +95,8 @@ def _n1_guest(most_vcpus: dict[int, int]) -> tuple[tuple[str, int, int], ...]:
 GPUS: dict[str, Gpu] = {
     "A100": Gpu("nvidia-tesla-a100", "a100", sized("p4d.24xlarge"), family("a2-highgpu-")),
     "A100-80G": Gpu("nvidia-a100-80gb", "a100", sized("p4de.24xlarge"), family("a2-ultragpu-"), karpenter_memory_mib=81920),
-    "H100": Gpu("nvidia-h100-80gb", "h100", sized("p5.48xlarge"), sized("a3-highgpu-8g")),
+    "H100": Gpu("nvidia-h100-80gb", "h100", sized("p5.48xlarge"), sized("a3-highgpu-8g"),
+                gke_series=(("a3-megagpu-", "nvidia-h100-mega-80gb"),)),
     "L4": Gpu("nvidia-l4", "l4", family("g6.", without=_G_FIT_WITHOUT), family("g2-standard-")),
     "A10G": Gpu(None, "a10g", family("g5.", without=_G_FIT_WITHOUT)),
     "L40S": Gpu(None, "l40s", family("g6e.", without=_G_FIT_WITHOUT)),
@@ -182,7 +194,10 @@ def k8s_pool(cloud: K8sCloud, tier: Tier, index: int) -> PoolSelection:
                 "(and the tier more workers)"
             )
         if cloud is K8sCloud.GKE and kind.gke:
-            selector[GKE_ACCELERATOR_KEY] = kind.gke
+            # The series' own name where it has one (A3 Mega), or the one a node_selector picks among the GPU's.
+            chosen = tier.placement.node_selector.get(GKE_ACCELERATOR_KEY)
+            selector[GKE_ACCELERATOR_KEY] = (chosen if chosen in kind.gke_names()
+                                             else kind.gke_name(tier.placement.instance_type) or kind.gke)
         elif cloud is K8sCloud.EKS_KARPENTER and kind.karpenter:
             selector[KARPENTER_GPU_NAME_KEY] = kind.karpenter
             if kind.karpenter_memory_mib:
