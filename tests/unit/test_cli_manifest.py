@@ -509,19 +509,45 @@ def test_a_gcp_service_account_must_be_an_email(app: typer.Typer, job_file: Path
         assert r.exit_code == 2 and r.stderr.startswith(f"error: --service-account: {account!r} is not a service account's email")
 
 
-def test_a_launcher_node_with_gpus_its_one_worker_leaves_idle_is_noted(app: typer.Typer, tmp_path: Path) -> None:
+def test_a_launcher_node_with_gpus_holds_as_many_one_gpu_workers_as_it_can_and_idle_ones_are_noted(
+    app: typer.Typer, tmp_path: Path
+) -> None:
+    """Ray Train trains each worker (one process) on one GPU: eight one-GPU workers share a
+    p5.48xlarge; four leave half of one idle, and so do workers too large in CPUs to fit eight."""
     job = tmp_path / "gpu.yaml"
+    h100 = "use_gpu: true, label_selector: {ray.io/accelerator-type: H100}"
     job.write_text("name: llm\nstorage_path: file:///mnt/runs\nentrypoint: m:f\ntiers:\n"
-                   "  - {name: spot, market: spot, num_workers: 8, use_gpu: true, resources_per_worker: {CPU: 8, GPU: 1},"
-                   " label_selector: {ray.io/accelerator-type: H100}}\n"
-                   "  - {name: od, market: on-demand, num_workers: 8, use_gpu: true, resources_per_worker: {CPU: 90, GPU: 8},"
-                   " label_selector: {ray.io/accelerator-type: H100}}\n")
+                   f"  - {{name: spot, market: spot, num_workers: 16, resources_per_worker: {{CPU: 8, GPU: 1}}, {h100}}}\n"
+                   f"  - {{name: small, market: on-demand, num_workers: 4, resources_per_worker: {{CPU: 8, GPU: 1}}, {h100}}}\n"
+                   f"  - {{name: wide, market: on-demand, num_workers: 8, resources_per_worker: {{CPU: 90, GPU: 1}}, {h100}}}\n")
     r = run(app, "cluster-launcher", "--cloud", "aws", "--region", "us-east-1", "--job", job)
     assert r.exit_code == 0, r.stderr
+    config = yaml.safe_load(r.stdout)
+    nodes = {name: (t["max_workers"], t["resources"]) for name, t in config["available_node_types"].items() if name != "head"}
+    assert nodes == {"spot": (2, {"CPU": 64, "GPU": 8}), "small": (1, {"CPU": 32, "GPU": 4}), "wide": (4, {"CPU": 180, "GPU": 2})}
+    assert config["max_workers"] == 7
     notes = [line for line in r.stderr.splitlines() if "idle" in line]
-    assert notes == ["note: tiers[0] (spot): a p5.48xlarge node has 8 GPUs and runs one worker of 1, so 7 are paid for and "
-                     "idle; give each worker all 8 (resources_per_worker GPU: 8), or name a smaller type with "
-                     "--instance-type spot=TYPE"]
+    assert notes == [
+        "note: tiers[1] (small): a p5.48xlarge node has 8 GPUs and holds 4 workers of 1 (the tier has 4), so 4 are paid "
+        "for and idle; give the tier more workers, or name a smaller type with --instance-type small=TYPE",
+        "note: tiers[2] (wide): a p5.48xlarge node has 8 GPUs and holds 2 workers of 1 (its 192 vCPUs and 2048 GiB hold no "
+        "more of 90 CPUs), so 6 are paid for and idle; ask for fewer CPUs (or less memory) per worker, or name a smaller "
+        "type with --instance-type wide=TYPE",
+    ]
+
+
+@pytest.mark.parametrize("command", ["kuberay", "cluster-launcher"])
+def test_a_worker_of_several_gpus_is_noted_as_one_process_on_one_gpu(app: typer.Typer, tmp_path: Path, command: str) -> None:
+    job = tmp_path / "gpu8.yaml"
+    job.write_text("name: llm\nstorage_path: s3://b/runs\nentrypoint: m:f\ntiers:\n"
+                   "  - {name: spot, market: spot, num_workers: 8, use_gpu: true, resources_per_worker: {CPU: 90, GPU: 8},"
+                   " label_selector: {ray.io/accelerator-type: H100}}\n")
+    where = ["--cloud", "gke"] if command == "kuberay" else ["--cloud", "aws", "--region", "us-east-1"]
+    r = run(app, command, *where, "--job", job)
+    assert r.exit_code == 0, r.stderr
+    assert ("note: tiers[0] (spot): each worker is one Ray Train process with 8 GPUs, and ray.train.torch trains on one "
+            "of them (get_device, prepare_model); unless your training function uses all 8, give the tier 8x the workers "
+            "with GPU: 1 (a node of 8 GPUs then holds 8 of them)") in r.stderr.splitlines()
 
 
 def test_image_id_is_an_aws_option_and_named_when_it_is_no_ami(app: typer.Typer, job_file: Path) -> None:

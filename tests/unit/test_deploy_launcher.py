@@ -640,3 +640,41 @@ def test_an_ami_goes_on_every_aws_node_and_gpu_nodes_without_one_get_a_note() ->
     for bad in ("Deep Learning AMI GPU PyTorch", "ami-123", "AMI-0123456789ABCDEF0"):
         with pytest.raises(ConfigError, match=r"^image_id: .* is not an AMI id"):
             opts(VmCloud.AWS, image_id=bad)
+
+
+def test_a_worker_instance_profile_is_said_to_need_pass_role_for_the_head() -> None:
+    """EC2 asks iam:PassRole of whoever launches an instance with a role, and Ray's head role
+    (AmazonEC2FullAccess, AmazonS3FullAccess) has none: every worker launch would fail."""
+    from spotfallback.deploy.launcher import identity_note
+
+    arn = "arn:aws:iam::123456789012:instance-profile/ray-worker"
+    job = make_job(LADDERS[2], storage_path="s3://b/runs")
+    note = identity_note(job, opts(VmCloud.AWS, instance_profile=arn))
+    assert note is not None and "(iam:PassRole)" in note and "ray-autoscaler-v1" in note
+    assert f"# {note[:60]}" in render_cluster_launcher(job, opts(VmCloud.AWS, instance_profile=arn))
+    email = "ray-worker@ml-project.iam.gserviceaccount.com"
+    assert identity_note(job, opts(VmCloud.GCP, service_account=email)) is None  # Ray's GCP head may act as it
+
+
+def test_an_aws_gang_of_several_nodes_with_no_zone_is_said_to_span_zones() -> None:
+    from spotfallback.deploy.launcher import zone_note
+
+    job = make_job(LADDERS[2])
+    assert zone_note(job, opts(VmCloud.AWS)) is not None and "--zone" in str(zone_note(job, opts(VmCloud.AWS)))
+    assert zone_note(job, opts(VmCloud.AWS, zone="us-east-1a")) is None
+    assert zone_note(job, opts(VmCloud.AWS, subnet_ids=("subnet-0123456789abcdef0",))) is None
+    single = make_job([{**SPOT_A, "num_workers": 1}, {**ON_DEMAND, "num_workers": 1}])
+    assert zone_note(single, opts(VmCloud.AWS)) is None  # each gang is one node
+    assert zone_note(job, opts(VmCloud.GCP)) is None  # a GCP launcher cluster has one zone
+
+
+def test_the_login_user_is_an_option_and_checked() -> None:
+    assert cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS, ssh_user="ec2-user"))["auth"] == {"ssh_user": "ec2-user"}
+    with pytest.raises(ConfigError, match=r"^ssh_user: 'ec2 user' is not a login name"):
+        opts(VmCloud.AWS, ssh_user="ec2 user")
+
+
+def test_the_header_says_how_to_stop_paying_for_the_head() -> None:
+    text = render_cluster_launcher(make_job(LADDERS[2]), opts(VmCloud.AWS))
+    assert "# Once it is done: ray down FILE -y (the head is never scaled down: it bills until then)." in text
+    assert "on a running cluster add --no-restart, or Ray restarts and the run's driver stops" in text

@@ -24,7 +24,13 @@ from spotfallback.cli.common import (
 )
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
-from spotfallback.deploy.common import choice, image_error, object_name_error, unique_run_name
+from spotfallback.deploy.common import (
+    choice,
+    image_error,
+    multi_gpu_worker_notes,
+    object_name_error,
+    unique_run_name,
+)
 from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, spot_grace_note
 from spotfallback.deploy.launcher import (
     HEAD_INSTANCE_TYPES,
@@ -33,6 +39,7 @@ from spotfallback.deploy.launcher import (
     idle_gpu_notes,
     image_note,
     render_cluster_launcher,
+    zone_note,
 )
 from spotfallback.deploy.machines import HEAD_MIN_MEMORY_GIB
 from spotfallback.deploy.nodepools import KarpenterCloud, NodePoolOptions, render_nodepools
@@ -55,6 +62,7 @@ _OPTION_OF = {
     "head_instance_type": "--head-instance-type",
     "source_image": "--source-image",
     "image_id": "--image-id",
+    "ssh_user": "--ssh-user",
     "notice_agent": "--notice-agent",
     "spot_grace_seconds": "--spot-grace",
     "backoff_limit": "--backoff-limit",
@@ -276,6 +284,8 @@ def kuberay_command(
     _emit(text, out, what)
     if (note := spot_grace_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
+    for note in multi_gpu_worker_notes(config):
+        typer.echo(f"note: {note}", err=True)
     if not config.ladder.across_clusters:
         _say_ray_address(config)
     else:
@@ -340,6 +350,8 @@ def launcher_command(
     source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers).")] = None,
     image_id: Annotated[str | None, typer.Option(help="AWS AMI of every node (default: Ray's, a Deep Learning AMI for "
                                                      "Ubuntu 18.04; GPU tiers want a current one).")] = None,
+    ssh_user: Annotated[str, typer.Option(help="The user `ray up` logs in to the nodes as: the image's (ec2-user on "
+                                                 "Amazon Linux AMIs).")] = "ubuntu",
     instance_profile: Annotated[str | None, typer.Option(help="AWS instance profile ARN for the worker nodes (storage access).")] = None,
     service_account: Annotated[str | None, typer.Option(help="GCP service account email for the worker nodes (storage access).")] = None,
     subnetwork: Annotated[
@@ -423,6 +435,7 @@ def launcher_command(
             head_instance_type=head_instance_type,
             source_image=source_image,
             image_id=image_id,
+            ssh_user=ssh_user,
             instance_profile=instance_profile,
             service_account=service_account,
             pip=tuple(pip or ()),
@@ -442,9 +455,10 @@ def launcher_command(
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     if (note := identity_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
-    if (note := image_note(config, opts)) is not None:
-        typer.echo(f"note: {note}", err=True)
-    for note in idle_gpu_notes(config, opts):
+    for note in (image_note(config, opts), zone_note(config, opts)):
+        if note is not None:
+            typer.echo(f"note: {note}", err=True)
+    for note in [*idle_gpu_notes(config, opts), *multi_gpu_worker_notes(config)]:
         typer.echo(f"note: {note}", err=True)
     _say_ray_address(config)
     _say_run_name(config, run_name, unique_name)

@@ -202,6 +202,22 @@ def shared_label(job: JobConfig, key: str) -> str | None:
     return first[1] if first else None
 
 
+def multi_gpu_worker_notes(job: JobConfig) -> list[str]:
+    """Tiers whose workers ask for several GPUs each: a Ray Train worker is one process, and
+    ``ray.train.torch`` (``get_device``, ``prepare_model``) gives it the lowest of its GPUs, so
+    the others idle unless the training function uses them itself."""
+    notes = []
+    for i, tier in enumerate(job.tiers):
+        gpus = (tier.resources_per_worker or {}).get("GPU", 0)
+        if gpus > 1:
+            notes.append(
+                f"tiers[{i}] ({tier.name}): each worker is one Ray Train process with {gpus:g} GPUs, and ray.train.torch "
+                f"trains on one of them (get_device, prepare_model); unless your training function uses all {gpus:g}, "
+                f"give the tier {gpus:g}x the workers with GPU: 1 (a node of {gpus:g} GPUs then holds {gpus:g} of them)"
+            )
+    return notes
+
+
 def worker_shape(tier: Tier, index: int) -> tuple[float, int, dict[str, float]]:
     """(CPUs, GPUs, other Ray resources) of one worker; GPUs must be whole for the clouds."""
     res = tier.worker_resources()

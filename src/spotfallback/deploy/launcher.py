@@ -84,6 +84,8 @@ GCP_STOP_TIMEOUT_S = 30
 
 # An EC2 image id: 'ami-' and 8 (older) or 17 hexadecimal digits.
 _AMI_ID = re.compile(r"ami-(?:[0-9a-f]{8}|[0-9a-f]{17})")
+# A login name as useradd takes it (the user `ray up` logs in as).
+_SSH_USER = re.compile(r"[a-z_][a-z0-9_-]{0,31}")
 # A GCP project id (Resource Manager's rule), with the legacy 'example.com:' domain prefix.
 _GCP_PROJECT_ID = re.compile(r"(?:[a-z0-9.-]+:)?[a-z][a-z0-9-]{4,28}[a-z0-9]")
 
@@ -149,6 +151,9 @@ class LauncherOptions:
         if self.image_id is not None and not _AMI_ID.fullmatch(self.image_id):
             raise ConfigError(f"image_id: {short_repr(self.image_id)} is not an AMI id; give one such as "
                               "'ami-0123456789abcdef0' (the region's, from `aws ec2 describe-images`), not its name")
+        if not _SSH_USER.fullmatch(self.ssh_user):
+            raise ConfigError(f"ssh_user: {short_repr(self.ssh_user)} is not a login name; give the image's user, e.g. "
+                              "'ubuntu' (Ubuntu AMIs and images) or 'ec2-user' (Amazon Linux)")
         if self.project_id is not None and not _GCP_PROJECT_ID.fullmatch(self.project_id):
             raise ConfigError(f"project_id: {short_repr(self.project_id)} is not a GCP project id (6-30 lowercase "
                               "letters, digits and hyphens, starting with a letter); give the id, e.g. "
@@ -194,13 +199,34 @@ def _default_fit(tier: Tier, index: int, opts: LauncherOptions, cpu: float, gpu:
     )
 
 
-def _node_resources(tier: Tier, index: int) -> dict[str, int]:
-    # Ray's launcher schema takes whole numbers; rounding up keeps one worker per node.
+def workers_per_node(tier: Tier, index: int, instance_type: str) -> int:
+    """How many of the tier's workers one node of ``instance_type`` holds.
+
+    Ray Train runs one process per worker, and ``ray.train.torch`` gives each the one GPU
+    ``get_device`` returns (the lowest of its GPUs): a job of one-GPU workers is Ray Train's shape,
+    and a node with more GPUs than one worker takes as many workers as its GPUs, vCPUs and memory
+    allow (Ray Train packs a gang's workers onto nodes). A CPU tier, or a machine whose size
+    spotfallback does not know, runs one worker per node.
+    """
     cpu, gpu, custom = worker_shape(tier, index)
-    resources = {"CPU": max(1, math.ceil(cpu))}
+    size = machine(instance_type)
+    if not gpu or size is None or size.gpus <= gpu:
+        return 1
+    fits = [size.gpus // gpu, tier.num_workers]
+    if cpu > 0:
+        fits.append(int(size.vcpus // cpu))
+    if custom.get("memory"):
+        fits.append(int(size.memory_gib * 2**30 // custom["memory"]))
+    return max(1, min(fits))
+
+
+def _node_resources(tier: Tier, index: int, per_node: int = 1) -> dict[str, int]:
+    # Ray's launcher schema takes whole numbers; rounding up keeps a node to its ``per_node`` workers.
+    cpu, gpu, custom = worker_shape(tier, index)
+    resources = {"CPU": max(1, math.ceil(cpu * per_node))}
     if gpu:
-        resources["GPU"] = gpu
-    resources.update({k: math.ceil(v) for k, v in sorted(custom.items()) if k != "object_store_memory"})
+        resources["GPU"] = gpu * per_node
+    resources.update({k: math.ceil(v * per_node) for k, v in sorted(custom.items()) if k != "object_store_memory"})
     return resources
 
 
@@ -496,10 +522,11 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         instance_type, accelerators = _instance_type(tier, i, opts)
         if agents and _has_agent(tier, opts.cloud):
             labels[AGENT_LABEL] = "true"
+        per_node = workers_per_node(tier, i, instance_type)
         node_types[tier.name] = {
             "min_workers": 0,
-            "max_workers": tier.num_workers,
-            "resources": _node_resources(tier, i),
+            "max_workers": math.ceil(tier.num_workers / per_node),
+            "resources": _node_resources(tier, i, per_node),
             "labels": labels,
             "node_config": {
                 **_node_config(instance_type, tier.market, tier.use_gpu, f"tiers[{i}].market", opts),
@@ -532,7 +559,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         provider["use_internal_ips"] = True
     config: dict[str, Any] = {
         "cluster_name": k8s_name(job.name, 32),
-        "max_workers": sum(t.num_workers for t in job.tiers),
+        "max_workers": sum(t["max_workers"] for name, t in node_types.items() if name != HEAD_TYPE),
         "upscaling_speed": 1.0,
         "idle_timeout_minutes": opts.idle_timeout_minutes,
         "provider": provider,
@@ -566,12 +593,30 @@ def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
     the head an identity (Ray's own role), and every worker writes checkpoints to the storage."""
     scheme = job.storage_path.split("://", 1)[0].lower()
     given = opts.instance_profile if opts.cloud is VmCloud.AWS else opts.service_account
+    if opts.cloud is VmCloud.AWS and opts.instance_profile:
+        # EC2 asks iam:PassRole of whoever launches an instance with a role; Ray's head role
+        # (ray-autoscaler-v1: AmazonEC2FullAccess and AmazonS3FullAccess) has none.
+        return (f"--instance-profile: the head launches the workers with {opts.instance_profile}, and EC2 lets it only "
+                "if the head's role may pass that profile's role (iam:PassRole); Ray's own head role, "
+                "ray-autoscaler-v1, may not: grant it, or every worker launch fails (UnauthorizedOperation) and the "
+                "run waits out each tier's capacity timeout")
     if scheme == "file" or given:
         return None
     flag = "--instance-profile ARN" if opts.cloud is VmCloud.AWS else "--service-account EMAIL"
     return (f"Storage {job.storage_path}: the worker nodes get no identity for it ({flag} gives them one; Ray's "
             "launcher gives one only to the head): without credentials in the image or environment, the workers "
             "cannot write their checkpoints")
+
+
+def zone_note(job: JobConfig, opts: LauncherOptions) -> str | None:
+    """Why an AWS gang may span zones, or None: with no zone or subnet, Ray's launcher tries the
+    default VPC's subnets of every zone of the region, node by node, on any launch error."""
+    if opts.cloud is not VmCloud.AWS or cluster_zones(job, opts) or opts.subnet_ids or opts.zone_subnet_ids:
+        return None
+    if all(t.num_workers <= workers_per_node(t, i, _instance_type(t, i, opts)[0]) for i, t in enumerate(job.tiers)):
+        return None  # every gang fits on one node
+    return ("no zone: Ray's launcher tries each node in the subnets of every zone of the region in turn, so a gang "
+            "may span zones (its all-reduce crossing them, their traffic billed); pin one with --zone (or --subnet-id)")
 
 
 def image_note(job: JobConfig, opts: LauncherOptions) -> str | None:
@@ -586,16 +631,23 @@ def image_note(job: JobConfig, opts: LauncherOptions) -> str | None:
 
 
 def idle_gpu_notes(job: JobConfig, opts: LauncherOptions) -> list[str]:
-    """A tier whose machine has more GPUs than its one worker per node uses: the rest are paid for and idle."""
+    """A tier whose nodes have more GPUs than the workers they hold use: the rest are paid for and idle."""
     notes = []
     for i, tier in enumerate(job.tiers):
-        gpu = worker_shape(tier, i)[1]
+        cpu, gpu, _ = worker_shape(tier, i)
         instance_type, _ = _instance_type(tier, i, opts)
         size = machine(instance_type)
-        if gpu and size is not None and size.gpus > gpu:
-            notes.append(f"tiers[{i}] ({tier.name}): a {instance_type} node has {size.gpus} GPUs and runs one worker of "
-                         f"{gpu}, so {size.gpus - gpu} are paid for and idle; give each worker all {size.gpus} "
-                         f"(resources_per_worker GPU: {size.gpus}), or name a smaller type with --instance-type {tier.name}=TYPE")
+        per_node = workers_per_node(tier, i, instance_type)
+        if gpu and size is not None and size.gpus > gpu * per_node:
+            held = f"{per_node} workers of {gpu}" if per_node > 1 else f"one worker of {gpu}"
+            if per_node >= tier.num_workers:
+                why, fix = f"the tier has {tier.num_workers}", "give the tier more workers"
+            else:
+                why = f"its {size.vcpus} vCPUs and {size.memory_gib:g} GiB hold no more of {cpu:g} CPUs"
+                fix = "ask for fewer CPUs (or less memory) per worker"
+            notes.append(f"tiers[{i}] ({tier.name}): a {instance_type} node has {size.gpus} GPUs and holds {held} "
+                         f"({why}), so {size.gpus - gpu * per_node} are paid for and idle; {fix}, "
+                         f"or name a smaller type with --instance-type {tier.name}=TYPE")
     return notes
 
 
@@ -604,9 +656,10 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
     job = with_run_name(job, opts.run_name)
     lines = [
         f"Generated by `spotfallback manifest cluster-launcher --cloud {opts.cloud.value}`; do not edit by hand.",
-        "Start the cluster: ray up FILE -y",
+        "Start the cluster: ray up FILE -y (on a running cluster add --no-restart, or Ray restarts and the run's driver stops)",
         f"Start (or RESUME) run {run!r} on it; never reuse a run name by accident:",
         f"  ray exec FILE --tmux {shlex.quote(rayjob_entrypoint(job))}",
+        "Once it is done: ray down FILE -y (the head is never scaled down: it bills until then).",
     ]
     if installs_spotfallback(opts.image, opts.pip):
         lines.append(f"The stock Ray image has no spotfallback: the setup commands install {spotfallback_requirement(job.entrypoint)}.")
