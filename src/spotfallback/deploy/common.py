@@ -208,12 +208,12 @@ def multi_gpu_worker_notes(job: JobConfig) -> list[str]:
     the others idle unless the training function uses them itself."""
     notes = []
     for i, tier in enumerate(job.tiers):
-        gpus = (tier.resources_per_worker or {}).get("GPU", 0)
+        gpus = worker_shape(tier, i)[1]
         if gpus > 1:
             notes.append(
-                f"tiers[{i}] ({tier.name}): each worker is one Ray Train process with {gpus:g} GPUs, and ray.train.torch "
-                f"trains on one of them (get_device, prepare_model); unless your training function uses all {gpus:g}, "
-                f"give the tier {gpus:g}x the workers with GPU: 1 (a node of {gpus:g} GPUs then holds {gpus:g} of them)"
+                f"tiers[{i}] ({tier.name}): each worker is one Ray Train process with {gpus} GPUs, and ray.train.torch "
+                f"trains on one of them (get_device, prepare_model); unless your training function uses all {gpus}, "
+                f"give the tier {gpus}x the workers with GPU: 1 (a node of {gpus} GPUs then holds {gpus} of them)"
             )
     return notes
 

@@ -584,13 +584,19 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     return config
 
 
+def tier_nodes(job: JobConfig, opts: LauncherOptions) -> list[tuple[str, int]]:
+    """Each tier's (instance type, workers per node), as its node type has them."""
+    return [(itype, workers_per_node(t, i, itype)) for i, t in enumerate(job.tiers) for itype in [_instance_type(t, i, opts)[0]]]
+
+
 def _has_agent(tier: Tier, cloud: VmCloud) -> bool:
     return tier.market == SPOT or (cloud is VmCloud.GCP and tier.use_gpu)
 
 
 def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
-    """Why the workers may not reach the run's storage, or None: the cluster launcher gives only
-    the head an identity (Ray's own role), and every worker writes checkpoints to the storage."""
+    """What the workers' identity needs, or None: the cluster launcher gives only the head one
+    (Ray's own role) and every worker writes checkpoints to the storage; a worker profile of
+    the user's own needs the head's role to pass it."""
     scheme = job.storage_path.split("://", 1)[0].lower()
     given = opts.instance_profile if opts.cloud is VmCloud.AWS else opts.service_account
     if opts.cloud is VmCloud.AWS and opts.instance_profile:
@@ -613,7 +619,7 @@ def zone_note(job: JobConfig, opts: LauncherOptions) -> str | None:
     default VPC's subnets of every zone of the region, node by node, on any launch error."""
     if opts.cloud is not VmCloud.AWS or cluster_zones(job, opts) or opts.subnet_ids or opts.zone_subnet_ids:
         return None
-    if all(t.num_workers <= workers_per_node(t, i, _instance_type(t, i, opts)[0]) for i, t in enumerate(job.tiers)):
+    if all(t.num_workers <= per_node for t, (_, per_node) in zip(job.tiers, tier_nodes(job, opts), strict=True)):
         return None  # every gang fits on one node
     return ("no zone: Ray's launcher tries each node in the subnets of every zone of the region in turn, so a gang "
             "may span zones (its all-reduce crossing them, their traffic billed); pin one with --zone (or --subnet-id)")
@@ -633,11 +639,9 @@ def image_note(job: JobConfig, opts: LauncherOptions) -> str | None:
 def idle_gpu_notes(job: JobConfig, opts: LauncherOptions) -> list[str]:
     """A tier whose nodes have more GPUs than the workers they hold use: the rest are paid for and idle."""
     notes = []
-    for i, tier in enumerate(job.tiers):
+    for i, (tier, (instance_type, per_node)) in enumerate(zip(job.tiers, tier_nodes(job, opts), strict=True)):
         cpu, gpu, _ = worker_shape(tier, i)
-        instance_type, _ = _instance_type(tier, i, opts)
         size = machine(instance_type)
-        per_node = workers_per_node(tier, i, instance_type)
         if gpu and size is not None and size.gpus > gpu * per_node:
             held = f"{per_node} workers of {gpu}" if per_node > 1 else f"one worker of {gpu}"
             if per_node >= tier.num_workers:
