@@ -326,6 +326,34 @@ def generated_families(req: PlanRequest = SMALL, seed: int = 0, window_h: float 
     print(f"  recommended: {r['recommended']}")
 
 
+# Other users' jobs: the job answering checkpoint requests, one thing changed in each.
+OTHER_JOBS: dict[str, dict[str, float]] = {
+    "as is": {}, "restart 18 min": {"restart_overhead_h": 0.3}, "provisioning 15 min": {"provisioning_delay_h": 0.25},
+    "4 workers": {"num_workers": 4}, "deadline 12 h": {"deadline_h": 12.0}, "deadline 20 h": {"deadline_h": 20.0},
+    "spot at 0.15": {"spot_price": 0.15}, "spot at 0.5": {"spot_price": 0.5},
+    "30 h of work, 45 h deadline": {"work_h": 30.0, "deadline_h": 45.0},
+}
+
+
+def other_jobs(window_h: float = 24.0) -> None:
+    """Leave one trace out, then the generated families, for each job of ``OTHER_JOBS``: the
+    average and the worst of the held-out means, the windows costlier than on-demand, the least
+    share on time."""
+    base = traces_base()
+    paths = trace_paths(base)
+    print(f"\nother jobs (the 10 h job with checkpoint requests, one thing changed), each {window_h:g} h window:")
+    print(f"  {'job':28s} {'held out: mean of means':>24s} {'worst':>6s} {'> OD':>5s} {'on time':>8s}   "
+          f"{'families: mean of means':>24s} {'> OD':>5s}")
+    for name, change in OTHER_JOBS.items():
+        req = PlanRequest(**{**SMALL_ASKED.model_dump(), **change})
+        held = list(held_out_rows(paths, base, req, window_h))
+        fams = list(family_rows(req, window_h=window_h, bounds=False))
+        means = [r["x_optimum_mean"] for r in held]
+        print(f"  {name:28s} {np.mean(means):24.3f} {max(means):6.3f} {sum(r['costlier_than_on_demand'] for r in held):5d} "
+              f"{min(r['on_time_pct'] for r in held + fams):7.1f}%   {np.mean([r['x_optimum_mean'] for r in fams]):24.3f} "
+              f"{sum(r['costlier_than_on_demand'] for r in fams):5d}", flush=True)
+
+
 # Choppier than any generated family: capacity that comes and goes every 10 minutes on average,
 # sampled every minute. A trace like this is where the plan's search costs the most.
 CHOPPY = Family("1-minute ticks", up_h=1 / 6, down_h=1 / 6, gap_s=60.0)

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 
 from spotfallback.config import JobConfig, ladder_from_yaml
+from spotfallback.sim.backtesting import backtest
 from spotfallback.sim.planner import (
+    ROBUST_TOLERANCE,
     TAU_MIN_H,
     PlanRequest,
     guarded,
@@ -16,6 +18,7 @@ from spotfallback.sim.planner import (
     load_process,
     observed_mtbf_h,
     plan,
+    trace_counts,
 )
 from spotfallback.sim.simulate import simulate
 from spotfallback.sim.traces import SpotTrace
@@ -70,6 +73,29 @@ def test_plan_is_no_dearer_than_any_baseline_on_every_shared_trace(trace, slack)
     # A guarded ladder is preferred to an unguarded one that met the deadline on the sample: it
     # may pay its lead's few early exits to on-demand (0.2% at most here, on loose deadlines).
     no_dearer_than_any_baseline(p, unguarded_rel=0.005)
+
+
+def test_a_budget_the_planning_traces_never_spend_is_not_recommended():
+    """Among ladders as cheap on the planning traces (here exactly: the budget of M = 8 never ran
+    out on them), the plan takes the one that counts fewest of their events. Held out of the
+    planning, the node trace, a gang interrupted every few minutes, spends that budget within
+    hours: the budgeted twin then pays on-demand for the rest, the recommendation does not."""
+    traces = [load_process(str(TRACES / t)) for t in ALL_TRACES if not t.startswith("node-traces")]
+    req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.3,
+                      provisioning_delay_h=0.05, spot_price=0.3, on_demand_price=1.0, deadline_h=15, notice_s=120,
+                      checkpoint_on_request=True, runs=100)
+    p = plan(req, traces[0], more=traces[1:])
+    rec = p.recommended
+    assert rec.ladder is not None and guarded(rec)
+    assert rec.ladder.tiers[0].max_preemptions == -1
+    twins = [c for c in p.candidates if c.ladder is not None and guarded(c) and c.meets(0.95)
+             and c.mean_spend <= rec.mean_spend and trace_counts(c) > trace_counts(rec)]
+    assert twins, "no cheaper candidate that counts more: the rule had nothing to choose"
+    assert rec.mean_spend <= min(c.mean_spend for c in twins) * (1 + ROBUST_TOLERANCE)
+    node = load_process(str(TRACES / "node-traces/aws-p3-trace.csv"))
+    twin = min(twins, key=lambda c: c.mean_spend)
+    held_out = [backtest(c.ladder, [node], req.job(c.tau_h)).spend.mean() for c in (rec, twin)]
+    assert held_out[0] < 0.9 * held_out[1]
 
 
 def test_rate_model_plan_is_feasible_and_cheapest():

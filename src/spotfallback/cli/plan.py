@@ -573,8 +573,10 @@ def register(app: typer.Typer) -> None:
         """Recommend max_preemptions, capacity_timeout_s, a deadline guard, climb back and the checkpoint interval.
 
         Simulates every candidate ladder on the same random draws of the given trace or rate
-        model and recommends the cheapest that meets --deadline-h with --deadline-prob, next
-        to four baselines: on-demand only, spot forever, the seed's fixed M (--seed-m), and
+        model and recommends the cheapest that meets --deadline-h with --deadline-prob (of
+        those within 1% of it, the one with the fewest preemption budgets and capacity
+        timeouts, which fit the given trace's counts and may not fit the next), next to four
+        baselines: on-demand only, spot forever, the seed's fixed M (--seed-m), and
         Uniform Progress (Can't Be Late, NSDI '24). On traces with a deadline, "x opt" is each
         policy's spend as a multiple of the hindsight optimum (the cheapest schedule that knew
         the trace, on the same starts), left out with a note where its search would be too

@@ -75,6 +75,10 @@ TAU_MIN_H = round(1.0 / 60.0, 6)  # to the grid's six decimals, so that it is on
 # Slack-rule guards that climb back: reserves, as shares of the job's slack (deadline less the
 # wall hours to finish) the guard keeps for coming back (``DeadlineGuard.reserve_h``).
 RESERVE_SHARES: tuple[float, ...] = (0.15, 0.3)
+# Ladders whose mean spend is within this share of the least are as good as it: a few hundred
+# runs on a handful of traces cannot tell them apart, and among them the plan takes the one that
+# counts least on those traces' particulars (``_robust``).
+ROBUST_TOLERANCE = 0.01
 # Climbing back without a guard: dwell times and capacity timeouts tried with them.
 DWELL_GRID_S: tuple[float, ...] = (600.0, 3600.0)
 CLIMB_TIMEOUT_GRID_S: tuple[float | None, ...] = (1800.0, 3600.0)
@@ -575,6 +579,28 @@ def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
     return a.mean_wall_h < b.mean_wall_h
 
 
+def trace_counts(c: Candidate) -> int:
+    """How many of the ladder's rules count events of the traces it was planned on: each spot
+    tier's preemption budget and capacity timeout. Their best values are the traces' numbers of
+    preemptions and lengths of outages, which differ from trace to trace; a deadline guard reads
+    the job's own slack."""
+    assert c.ladder is not None
+    return sum((t.max_preemptions != -1) + (t.capacity_timeout_s is not None) for t in c.ladder.tiers if t.is_spot)
+
+
+def _robust(best: Candidate, candidates: Sequence[Candidate], probability: float, bar: float) -> Candidate:
+    """The recommendation among the ladders as good as ``best``: as feasible and as guarded, their
+    mean spend within ``ROBUST_TOLERANCE`` of its (and no more than ``bar``), the one with the
+    fewest ``trace_counts`` (then the cheapest). Settings that fit the sampled traces' counts
+    often fit other traces worst: a budget the planning runs never spent ties with none, and
+    on a trace that preempts more it sends the run to on-demand (docs/planner.md, section 9)."""
+    if best.ladder is None or not best.meets(probability) or best not in candidates:
+        return best
+    near = [c for c in candidates if c.ladder is not None and c.meets(probability) and guarded(c) == guarded(best)
+            and c.mean_spend <= max(min(best.mean_spend * (1 + ROBUST_TOLERANCE), bar), best.mean_spend)]
+    return min(near, key=lambda c: (trace_counts(c), c.mean_spend, c.mean_wall_h))
+
+
 def describe_process(process: Process) -> str:
     """One line naming a spot process, for a plan's ``made_with``."""
     if isinstance(process, SpotTrace | NodeTrace):
@@ -764,7 +790,9 @@ def plan(
     else:
         notes.append("no deadline given: the Uniform Progress baseline and deadline guards need one and are left out")
 
-    best = best_of([best, *candidates, od])
+    # No dearer than a baseline that meets the deadline: a plan never recommends paying more.
+    bar = min((b.mean_spend for b in baselines if b.meets(prob)), default=math.inf)
+    best = _robust(best_of([best, *candidates, od]), candidates, prob, bar)
     feasible = best.meets(prob)
     if not feasible:
         notes.append(
