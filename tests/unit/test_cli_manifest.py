@@ -146,6 +146,27 @@ def test_kuberay_labels_and_priority_class(app: typer.Typer, job_file: Path) -> 
         assert bad.exit_code == 2 and not bad.stdout and bad.stderr.startswith(f"error: {message}"), bad.stderr
 
 
+def test_a_large_gangs_head_is_sized_in_both_files(app: typer.Typer, job_file: Path) -> None:
+    """--head-cpu / --head-memory size the head pod, and the head's NodePool holds its node twice."""
+    result = run(app, "kuberay", "--cloud", "eks-karpenter", "--job", job_file, "--head-cpu", "8", "--head-memory", "32Gi")
+    assert result.exit_code == 0, result.stderr
+    head = yaml.safe_load(result.stdout)["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]
+    assert head["resources"] == {"requests": {"cpu": "8", "memory": "32Gi"}, "limits": {"cpu": "8", "memory": "32Gi"}}
+    pools = run(app, "nodepools", "--cloud", "eks-karpenter", "--job", job_file, "--head-cpu", "8", "--head-memory", "32Gi")
+    assert pools.exit_code == 0, pools.stderr
+    head_pool = [p for p in yaml.safe_load_all(pools.stdout) if p["metadata"]["name"].endswith("-head")]
+    assert [p["spec"]["limits"] for p in head_pool] == [{"cpu": "32"}]  # a 16-vCPU node and its replacement
+    for command in (("kuberay", "--cloud", "gke"), ("nodepools", "--cloud", "aks-nap")):
+        for args, message in (
+            (("--head-cpu", "0.5"), "--head-cpu: '0.5' is too little for a Ray head"),
+            (("--head-cpu", "two"), "--head-cpu: 'two' is not a Kubernetes CPU quantity"),
+            (("--head-memory", "4Gi"), "--head-memory: '4Gi' is too little for a Ray head"),
+            (("--head-memory", "lots"), "--head-memory: 'lots' is not a Kubernetes memory quantity"),
+        ):
+            bad = run(app, *command, "--job", job_file, *args)
+            assert bad.exit_code == 2 and not bad.stdout and bad.stderr.startswith(f"error: {message}"), bad.stderr
+
+
 def test_unique_name_makes_a_new_run(app: typer.Typer, job_file: Path) -> None:
     result = run(app, "kuberay", "--cloud", "aks", "--job", job_file, "--unique-name")
     assert result.exit_code == 0

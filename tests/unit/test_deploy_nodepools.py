@@ -487,6 +487,15 @@ def test_limits_never_stop_the_pools_own_nodes() -> None:
     assert "limits" not in spot["spec"] and on_demand["spec"]["limits"] == {"cpu": "16"}
 
 
+@pytest.mark.parametrize(("cpu", "memory", "cap"), [("2", "8Gi", 16), ("8", "32Gi", 32), ("2", "256Gi", 64), ("31", "64Gi", 64)])
+def test_the_head_pool_holds_the_head_pods_node_and_its_replacement(cpu: str, memory: str, cap: int) -> None:
+    """The node: a power-of-two size above the pod's CPUs, and for its memory on a memory-optimised
+    type (8 GiB a vCPU); twice, for the replacement; never below the default's 16."""
+    opts = NodePoolOptions(cloud=KarpenterCloud.EKS_KARPENTER, head_cpu=cpu, head_memory=memory)
+    *_, head = nodepools_for(make_job(SPOT, ON_DEMAND), opts)
+    assert head["spec"]["limits"] == {"cpu": str(cap)}
+
+
 def test_pools_whose_taints_the_tiers_pods_do_not_tolerate_are_refused() -> None:
     """GPU pools (tainted nvidia.com/gpu) checked against a CPU ladder: Karpenter skips a pool
     whose taints a pending pod does not tolerate, so these tiers would wait out their timeouts."""

@@ -25,6 +25,8 @@ from spotfallback.cli.common import (
 from spotfallback.config import JobConfig, run_name_error
 from spotfallback.deploy.clouds import DRAIN_MARGIN_S, SPOT_SHUTDOWN, K8sCloud, VmCloud
 from spotfallback.deploy.common import (
+    HEAD_CPU,
+    HEAD_MEMORY,
     choice,
     image_error,
     multi_gpu_worker_notes,
@@ -76,6 +78,8 @@ _OPTION_OF = {
     "tags": "--tag",
     "labels": "--label",
     "priority_class": "--priority-class",
+    "head_cpu": "--head-cpu",
+    "head_memory": "--head-memory",
 }
 
 # A RayJob's own settings: a RayCluster has none of them (it lives until deleted).
@@ -94,6 +98,13 @@ UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timesta
 PipOpt = Annotated[list[str] | None, typer.Option("--pip", metavar="<str>", help="Package to pip-install at start (repeatable).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="YAML file to write (.yaml or .yml); stdout if omitted.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --out file if it exists.")]
+HeadCpuOpt = Annotated[str, typer.Option(
+    "--head-cpu", help="The KubeRay head pod's CPUs (a Kubernetes quantity, at least 1): it runs the GCS, the dashboard, "
+    "the driver and Ray Train's controller, so a large gang's head wants more. Give `manifest kuberay` and `manifest "
+    "nodepools` the same: the head's NodePool is capped to hold its node and a replacement.")]
+HeadMemoryOpt = Annotated[str, typer.Option(
+    "--head-memory", help=f"The KubeRay head pod's memory (a Kubernetes quantity, at least {HEAD_MIN_MEMORY_GIB:g} GiB); "
+    "the same to `manifest kuberay` and `manifest nodepools`.")]
 
 
 def _choice(option: str, value: str, enum: type[E]) -> E:
@@ -234,6 +245,8 @@ def kuberay_command(
         str | None, typer.Option(help="PriorityClass of every pod (priorityClassName): they are scheduled before pods of "
                                       "lower priority, and only pods of higher priority may evict them.")
     ] = None,
+    head_cpu: HeadCpuOpt = HEAD_CPU,
+    head_memory: HeadMemoryOpt = HEAD_MEMORY,
     out: OutOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -271,6 +284,8 @@ def kuberay_command(
             spot_grace_seconds=spot_grace,
             labels=labels,
             priority_class=priority_class,
+            head_cpu=head_cpu,
+            head_memory=head_memory,
         )
         text = render_kuberay(config, opts)
     except ConfigError as e:
@@ -484,6 +499,8 @@ def nodepools_command(
         typer.Option(metavar="KEY=VALUE", help="KEY=VALUE (repeatable): a label on every NodePool and on the nodes it launches, for cost "
                           "allocation or a cluster's policies."),
     ] = None,
+    head_cpu: HeadCpuOpt = HEAD_CPU,
+    head_memory: HeadMemoryOpt = HEAD_MEMORY,
     out: OutOpt = None,
     force: ForceOpt = False,
 ) -> None:
@@ -502,7 +519,7 @@ def nodepools_command(
     config, run_name = _load(job, name, False)
     try:
         text = render_nodepools(config, NodePoolOptions(cloud=karpenter, node_class=node_class, run_name=run_name,
-                                                        labels=labels))
+                                                        labels=labels, head_cpu=head_cpu, head_memory=head_memory))
     except ConfigError as e:
         _config_error(e, job)
     except ManifestInvalid as e:

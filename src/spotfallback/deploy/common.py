@@ -19,6 +19,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 
 from spotfallback import __version__
 from spotfallback.config import MARKET_LABEL, JobConfig, Tier, run_name_error
+from spotfallback.deploy.machines import HEAD_MIN_MEMORY_GIB
 from spotfallback.errors import ConfigError
 
 # Ray version the generated files pin; the image must carry the same Ray as `rayVersion`.
@@ -252,6 +253,29 @@ def parse_quantity(value: object) -> float | None:
             except ValueError:
                 return None
     return None
+
+
+HEAD_CPU = "2"  # the KubeRay head pod's CPUs and memory by default
+HEAD_MEMORY = "8Gi"
+
+
+def head_size(cpu: object, memory: object) -> tuple[float, float]:
+    """The KubeRay head pod's (CPUs, GiB) from its quantities, refused where Ray's head could not
+    run in them: it holds the GCS, the dashboard, the driver and Ray Train's controller."""
+    cores = parse_quantity(cpu)
+    if cores is None or not math.isfinite(cores):
+        raise ConfigError(f"head_cpu: {cpu!r} is not a Kubernetes CPU quantity (such as 2, 8 or 1500m)")
+    if cores < 1:
+        raise ConfigError(f"head_cpu: {cpu!r} is too little for a Ray head, which runs the GCS, the dashboard, the "
+                          f"driver and Ray Train's controller; give at least 1 (default {HEAD_CPU})")
+    size = parse_quantity(memory)
+    if size is None or not math.isfinite(size):
+        raise ConfigError(f"head_memory: {memory!r} is not a Kubernetes memory quantity (such as 8Gi or 32Gi)")
+    if size / 2**30 < HEAD_MIN_MEMORY_GIB:
+        raise ConfigError(f"head_memory: {memory!r} is too little for a Ray head, which runs the GCS, the dashboard, "
+                          f"the driver and Ray Train's controller; give at least {HEAD_MIN_MEMORY_GIB:g} GiB "
+                          f"(default {HEAD_MEMORY})")
+    return cores, size / 2**30
 
 
 def cpu_quantity(cpu: float) -> str:

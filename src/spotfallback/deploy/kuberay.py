@@ -55,6 +55,8 @@ from spotfallback.deploy.clouds import (
 from spotfallback.deploy.common import (
     CLUSTER_LABEL,
     DEFAULT_RAY_VERSION,
+    HEAD_CPU,
+    HEAD_MEMORY,
     MANAGED_BY_LABEL,
     REGION_LABEL,
     RUN_LABEL,
@@ -64,6 +66,7 @@ from spotfallback.deploy.common import (
     choice,
     cpu_quantity,
     default_image,
+    head_size,
     installs_spotfallback,
     is_stock_image,
     k8s_name,
@@ -143,6 +146,8 @@ class KubeRayOptions:
     both): cost allocation (GKE's, OpenCost's) and a cluster's admission policies read pod labels.
     ``priority_class`` is every pod's ``priorityClassName``: on a shared cluster, the pods are
     scheduled before pods of lower priority, and only pods of higher priority may evict them.
+    ``head_cpu`` and ``head_memory`` size the head pod (requests and limits), which runs the GCS,
+    the dashboard, the driver and Ray Train's controller: a large gang's head wants more.
     """
 
     cloud: K8sCloud
@@ -158,8 +163,8 @@ class KubeRayOptions:
     backoff_limit: int = 5
     active_deadline_seconds: int = 3 * 24 * 3600
     ttl_seconds_after_finished: int = 300
-    head_cpu: str = "2"
-    head_memory: str = "8Gi"
+    head_cpu: str = HEAD_CPU
+    head_memory: str = HEAD_MEMORY
     memory_per_cpu_gib: int = 4
     idle_timeout_seconds: int = 60
     notice_agent: bool | None = None
@@ -172,6 +177,7 @@ class KubeRayOptions:
         object.__setattr__(self, "kind", choice("kind", self.kind, Kind))
         object.__setattr__(self, "pip", pip_packages(self.pip))
         check_user_labels(self.labels, "KubeRay")
+        head_size(self.head_cpu, self.head_memory)
         if self.priority_class is not None:
             if problem := object_name_error(self.priority_class):
                 raise ConfigError(f"priority_class: {problem}")

@@ -37,11 +37,14 @@ from spotfallback.config import ON_DEMAND, SPOT, JobConfig, Tier
 from spotfallback.deploy.clouds import AKS_SPOT_TAINT, KARPENTER_KEY, K8sCloud, pod_placement
 from spotfallback.deploy.common import (
     CLUSTER_LABEL,
+    HEAD_CPU,
+    HEAD_MEMORY,
     MANAGED_BY_LABEL,
     RUN_LABEL,
     ZONE_LABEL,
     check_user_labels,
     choice,
+    head_size,
     k8s_name,
     label_value,
     tier_labels,
@@ -89,8 +92,12 @@ PROVIDERS: dict[KarpenterCloud, _Provider] = {
 }
 # Karpenter's capacity types for the ladder's markets.
 CAPACITY_TYPES = {SPOT: "spot", ON_DEMAND: "on-demand", "reserved": "reserved"}
-# Room for the head's node (it asks for 2 CPUs and 8 GiB: a 4-vCPU instance) and its replacement.
+# The head pool's cap at least: room for the default head's node (2 CPUs and 8 GiB: a 4-vCPU
+# instance) and its replacement, twice over.
 HEAD_POOL_CPU = 16
+# The most memory per vCPU of the instance types Karpenter may pick for the head (memory-optimised
+# ones: AWS r-types, Azure E-series): a head of much memory and few CPUs gets a node this wide.
+GIB_PER_VCPU_MAX = 8
 # The most GPUs one node of the common GPU instance types has (GCE's a2-megagpu-16g).
 GPUS_PER_NODE_MAX = 16
 # The images run on x86 Linux nodes (Ray's images are amd64; its arm64 ones carry an -aarch64 tag):
@@ -114,9 +121,13 @@ class NodePoolOptions:
     # Labels of your own (a team, a cost centre) on every NodePool and on the nodes each launches
     # (its template's labels), beside spotfallback/run on the pools.
     labels: Mapping[str, str] = field(default_factory=dict)
+    # The KubeRay head pod's size (KubeRayOptions.head_cpu, head_memory), which the head pool must hold.
+    head_cpu: str = HEAD_CPU
+    head_memory: str = HEAD_MEMORY
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "cloud", choice("cloud", self.cloud, KarpenterCloud))
+        head_size(self.head_cpu, self.head_memory)
         # Every domain the CRD restricts is refused whole: the keys it still allows there are
         # well-known labels (capacity type, instance family...) that choose nodes, not name them.
         rules = template_label_rules(self.cloud)
@@ -197,8 +208,17 @@ def nodepools_for(job: JobConfig, opts: NodePoolOptions) -> list[dict[str, Any]]
             "expireAfter": "Never",
             "taints": [dict(HEAD_NODE_TAINT)],
         }
-        pools.append(_pool(name, cluster, "head", head_spec, {"cpu": str(HEAD_POOL_CPU)}, opts.labels))
+        pools.append(_pool(name, cluster, "head", head_spec, {"cpu": str(head_pool_cpu(opts))}, opts.labels))
     return pools
+
+
+def head_pool_cpu(opts: NodePoolOptions) -> int:
+    """The head pool's vCPU cap: a node for the head pod and one for its replacement. The node is
+    the smallest power-of-two size above the pod's CPUs (room for the kubelet and daemonsets) and
+    wide enough for its memory on a memory-optimised type; never below ``HEAD_POOL_CPU``."""
+    cpu, gib = head_size(opts.head_cpu, opts.head_memory)
+    node = 2 ** math.ceil(math.log2(max(cpu + 1, gib / GIB_PER_VCPU_MAX)))
+    return max(HEAD_POOL_CPU, 2 * node)
 
 
 def _pool(run: str, cluster: str | None, suffix: str, node_spec: dict[str, Any], limits: dict[str, str],
