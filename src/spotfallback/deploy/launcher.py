@@ -586,7 +586,11 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
 
 def tier_nodes(job: JobConfig, opts: LauncherOptions) -> list[tuple[str, int]]:
     """Each tier's (instance type, workers per node), as its node type has them."""
-    return [(itype, workers_per_node(t, i, itype)) for i, t in enumerate(job.tiers) for itype in [_instance_type(t, i, opts)[0]]]
+    nodes = []
+    for i, tier in enumerate(job.tiers):
+        instance_type = _instance_type(tier, i, opts)[0]
+        nodes.append((instance_type, workers_per_node(tier, i, instance_type)))
+    return nodes
 
 
 def _has_agent(tier: Tier, cloud: VmCloud) -> bool:
