@@ -657,15 +657,18 @@ def test_a_worker_instance_profile_is_said_to_need_pass_role_for_the_head() -> N
 
 
 def test_an_aws_gang_of_several_nodes_with_no_zone_is_said_to_span_zones() -> None:
-    from spotfallback.deploy.launcher import zone_note
+    from spotfallback.deploy.launcher import tier_nodes, zone_note
+
+    def note(job: JobConfig, options: LauncherOptions) -> str | None:
+        return zone_note(job, options, tier_nodes(job, options))
 
     job = make_job(LADDERS[2])
-    assert zone_note(job, opts(VmCloud.AWS)) is not None and "--zone" in str(zone_note(job, opts(VmCloud.AWS)))
-    assert zone_note(job, opts(VmCloud.AWS, zone="us-east-1a")) is None
-    assert zone_note(job, opts(VmCloud.AWS, subnet_ids=("subnet-0123456789abcdef0",))) is None
+    assert "--zone" in str(note(job, opts(VmCloud.AWS)))
+    assert note(job, opts(VmCloud.AWS, zone="us-east-1a")) is None
+    assert note(job, opts(VmCloud.AWS, subnet_ids=("subnet-0123456789abcdef0",))) is None
     single = make_job([{**SPOT_A, "num_workers": 1}, {**ON_DEMAND, "num_workers": 1}])
-    assert zone_note(single, opts(VmCloud.AWS)) is None  # each gang is one node
-    assert zone_note(job, opts(VmCloud.GCP)) is None  # a GCP launcher cluster has one zone
+    assert note(single, opts(VmCloud.AWS)) is None  # each gang is one node
+    assert note(job, opts(VmCloud.GCP)) is None  # a GCP launcher cluster has one zone
 
 
 def test_the_login_user_is_an_option_and_checked() -> None:

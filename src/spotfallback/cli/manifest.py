@@ -41,6 +41,7 @@ from spotfallback.deploy.launcher import (
     idle_gpu_notes,
     image_note,
     render_cluster_launcher,
+    tier_nodes,
     zone_note,
 )
 from spotfallback.deploy.machines import HEAD_MIN_MEMORY_GIB
@@ -470,10 +471,11 @@ def launcher_command(
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     if (note := identity_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
-    for note in (image_note(config, opts), zone_note(config, opts)):
+    nodes = tier_nodes(config, opts)
+    for note in (image_note(config, opts), zone_note(config, opts, nodes)):
         if note is not None:
             typer.echo(f"note: {note}", err=True)
-    for note in [*idle_gpu_notes(config, opts), *multi_gpu_worker_notes(config)]:
+    for note in [*idle_gpu_notes(config, nodes), *multi_gpu_worker_notes(config)]:
         typer.echo(f"note: {note}", err=True)
     _say_ray_address(config)
     _say_run_name(config, run_name, unique_name)

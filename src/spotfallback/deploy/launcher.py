@@ -220,6 +220,25 @@ def workers_per_node(tier: Tier, index: int, instance_type: str) -> int:
     return max(1, min(fits))
 
 
+@dataclass(frozen=True)
+class TierNode:
+    """One tier's node: its machine type, the ``node_config`` its GPU type needs beyond the
+    type, and how many of the tier's workers one node holds."""
+
+    instance_type: str
+    accelerators: dict[str, Any]
+    per_node: int
+
+
+def tier_nodes(job: JobConfig, opts: LauncherOptions) -> list[TierNode]:
+    """Each tier's node, in the ladder's order, as the ``ray up`` file's node types have them."""
+    nodes = []
+    for i, tier in enumerate(job.tiers):
+        instance_type, accelerators = _instance_type(tier, i, opts)
+        nodes.append(TierNode(instance_type, accelerators, workers_per_node(tier, i, instance_type)))
+    return nodes
+
+
 def _node_resources(tier: Tier, index: int, per_node: int = 1) -> dict[str, int]:
     # Ray's launcher schema takes whole numbers; rounding up keeps a node to its ``per_node`` workers.
     cpu, gpu, custom = worker_shape(tier, index)
@@ -517,20 +536,18 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         }
     }
     agents = opts.notice_agent and any(_has_agent(t, opts.cloud) for t in job.tiers)
-    for i, tier in enumerate(job.tiers):
+    for i, (tier, node) in enumerate(zip(job.tiers, tier_nodes(job, opts), strict=True)):
         labels = tier_labels(tier, i)
-        instance_type, accelerators = _instance_type(tier, i, opts)
         if agents and _has_agent(tier, opts.cloud):
             labels[AGENT_LABEL] = "true"
-        per_node = workers_per_node(tier, i, instance_type)
         node_types[tier.name] = {
             "min_workers": 0,
-            "max_workers": math.ceil(tier.num_workers / per_node),
-            "resources": _node_resources(tier, i, per_node),
+            "max_workers": math.ceil(tier.num_workers / node.per_node),
+            "resources": _node_resources(tier, i, node.per_node),
             "labels": labels,
             "node_config": {
-                **_node_config(instance_type, tier.market, tier.use_gpu, f"tiers[{i}].market", opts),
-                **accelerators,
+                **_node_config(node.instance_type, tier.market, tier.use_gpu, f"tiers[{i}].market", opts),
+                **node.accelerators,
             },
         }
         if agents and opts.cloud is VmCloud.GCP and tier.use_gpu:
@@ -584,15 +601,6 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
     return config
 
 
-def tier_nodes(job: JobConfig, opts: LauncherOptions) -> list[tuple[str, int]]:
-    """Each tier's (instance type, workers per node), as its node type has them."""
-    nodes = []
-    for i, tier in enumerate(job.tiers):
-        instance_type = _instance_type(tier, i, opts)[0]
-        nodes.append((instance_type, workers_per_node(tier, i, instance_type)))
-    return nodes
-
-
 def _has_agent(tier: Tier, cloud: VmCloud) -> bool:
     return tier.market == SPOT or (cloud is VmCloud.GCP and tier.use_gpu)
 
@@ -618,12 +626,13 @@ def identity_note(job: JobConfig, opts: LauncherOptions) -> str | None:
             "cannot write their checkpoints")
 
 
-def zone_note(job: JobConfig, opts: LauncherOptions) -> str | None:
+def zone_note(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode]) -> str | None:
     """Why an AWS gang may span zones, or None: with no zone or subnet, Ray's launcher tries the
-    default VPC's subnets of every zone of the region, node by node, on any launch error."""
+    default VPC's subnets of every zone of the region, node by node, on any launch error.
+    ``nodes`` are the tiers' nodes (``tier_nodes``)."""
     if opts.cloud is not VmCloud.AWS or cluster_zones(job, opts) or opts.subnet_ids or opts.zone_subnet_ids:
         return None
-    if all(t.num_workers <= per_node for t, (_, per_node) in zip(job.tiers, tier_nodes(job, opts), strict=True)):
+    if all(t.num_workers <= node.per_node for t, node in zip(job.tiers, nodes, strict=True)):
         return None  # every gang fits on one node
     return ("no zone: Ray's launcher tries each node in the subnets of every zone of the region in turn, so a gang "
             "may span zones (its all-reduce crossing them, their traffic billed); pin one with --zone (or --subnet-id)")
@@ -640,11 +649,13 @@ def image_note(job: JobConfig, opts: LauncherOptions) -> str | None:
             "Deep Learning AMI of the region")
 
 
-def idle_gpu_notes(job: JobConfig, opts: LauncherOptions) -> list[str]:
-    """A tier whose nodes have more GPUs than the workers they hold use: the rest are paid for and idle."""
+def idle_gpu_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
+    """A tier whose nodes (``tier_nodes``) have more GPUs than the workers they hold use: the
+    rest are paid for and idle."""
     notes = []
-    for i, (tier, (instance_type, per_node)) in enumerate(zip(job.tiers, tier_nodes(job, opts), strict=True)):
+    for i, (tier, node) in enumerate(zip(job.tiers, nodes, strict=True)):
         cpu, gpu, _ = worker_shape(tier, i)
+        instance_type, per_node = node.instance_type, node.per_node
         size = machine(instance_type)
         if gpu and size is not None and size.gpus > gpu * per_node:
             held = f"{per_node} workers of {gpu}" if per_node > 1 else f"one worker of {gpu}"
@@ -728,7 +739,7 @@ def _gvnic_types(job: JobConfig, opts: LauncherOptions) -> list[str]:
     """The machine types of the file's GCP node types whose series takes gVNIC only."""
     if opts.cloud is not VmCloud.GCP:
         return []
-    names = [opts.head_instance_type or HEAD_INSTANCE_TYPES[opts.cloud]] + [_instance_type(t, i, opts)[0] for i, t in enumerate(job.tiers)]
+    names = [opts.head_instance_type or HEAD_INSTANCE_TYPES[opts.cloud]] + [n.instance_type for n in tier_nodes(job, opts)]
     return sorted({name for name in names if (series := gcp_series(name)) is not None and series.gvnic})
 
 

@@ -594,7 +594,7 @@ def _robust(best: Candidate, candidates: Sequence[Candidate], probability: float
     fewest ``trace_counts`` (then the cheapest). Settings that fit the sampled traces' counts
     often fit other traces worst: a budget the planning runs never spent ties with none, and
     on a trace that preempts more it sends the run to on-demand (docs/planner.md, section 9)."""
-    if best.ladder is None or not best.meets(probability) or best not in candidates:
+    if best.ladder is None or not best.meets(probability) or not any(c is best for c in candidates):
         return best
     near = [c for c in candidates if c.ladder is not None and c.meets(probability) and guarded(c) == guarded(best)
             and c.mean_spend <= max(min(best.mean_spend * (1 + ROBUST_TOLERANCE), bar), best.mean_spend)]
