@@ -288,6 +288,41 @@ def test_gcp_containers_get_the_whole_soft_off_window_to_stop() -> None:
     assert not any(o.startswith("--stop-timeout") for o in aws["docker"]["run_options"])
 
 
+def test_gpu_node_types_wait_for_their_driver_and_gcp_ones_ask_for_it() -> None:
+    from spotfallback.deploy.launcher import GCP_DRIVER_METADATA, gpu_driver_wait
+
+    ladder = [{**SPOT_A, "use_gpu": True}, {**ON_DEMAND, "use_gpu": True}]
+    for cloud, extra in ((VmCloud.AWS, {}), (VmCloud.GCP, {"source_image": "projects/x/global/images/gpu"})):
+        nodes = cluster_launcher_config(make_job(ladder), opts(cloud, **extra))["available_node_types"]
+        waits = {name: t.get("initialization_commands") for name, t in nodes.items()}
+        assert waits == {"head": None, "spot-a": [gpu_driver_wait()], "on-demand": [gpu_driver_wait()]}  # the head has no GPU
+        metadata = {name: t["node_config"].get("metadata") for name, t in nodes.items()}
+        driver = GCP_DRIVER_METADATA if cloud is VmCloud.GCP else None  # AWS's Deep Learning AMIs come with it
+        assert metadata == {"head": None, "spot-a": driver, "on-demand": driver}
+    cpu = cluster_launcher_config(make_job(LADDERS[2]), opts(VmCloud.AWS))["available_node_types"]
+    assert not any("initialization_commands" in t for t in cpu.values())
+
+
+def test_the_driver_wait_passes_once_nvidia_smi_answers_and_fails_the_set_up_saying_why(tmp_path: Path) -> None:
+    import subprocess
+
+    from spotfallback.deploy.launcher import gpu_driver_wait
+
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    calls = tmp_path / "calls"
+    smi = bin_dir / "nvidia-smi"  # answers on its third call, as a driver that finishes installing
+    smi.write_text(f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -ge 3 ]\n')
+    smi.chmod(0o755)
+    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
+    done = subprocess.run(["bash", "-c", gpu_driver_wait(10, 0.05)], env=env, capture_output=True, text=True, timeout=30)
+    assert done.returncode == 0 and len(calls.read_text().split()) == 3
+    smi.unlink()  # an image without a driver
+    failed = subprocess.run(["bash", "-c", gpu_driver_wait(0.3, 0.05)], env=env, capture_output=True, text=True, timeout=30)
+    assert failed.returncode == 1
+    assert "no NVIDIA driver answered nvidia-smi within 0.005 minutes" in failed.stderr and "Deep Learning" in failed.stderr
+
+
 def test_on_gcp_gpu_on_demand_nodes_run_the_agent_for_host_maintenance() -> None:
     ladder = [{**SPOT_A, "use_gpu": True}, {"name": "on-demand", "market": "on-demand", "num_workers": 1, "use_gpu": True}]
     marked = {

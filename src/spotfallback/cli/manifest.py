@@ -363,7 +363,8 @@ def launcher_command(
                           f"a known type with under {HEAD_MIN_MEMORY_GIB:g} GiB of memory is refused: the head runs the "
                           "GCS, the dashboard, the autoscaler and the job driver."),
     ] = None,
-    source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers).")] = None,
+    source_image: Annotated[str | None, typer.Option(help="GCP boot image (required for GPU tiers: one with NVIDIA drivers, "
+                                                         "such as a Deep Learning VM image family).")] = None,
     image_id: Annotated[str | None, typer.Option(help="AWS AMI of every node (default: Ray's, a Deep Learning AMI for "
                                                      "Ubuntu 18.04; GPU tiers want a current one).")] = None,
     ssh_user: Annotated[str, typer.Option(help="The user `ray up` logs in to the nodes as: the image's (ec2-user on "

@@ -17,6 +17,7 @@ Spot nodes also start the preemption-notice agent right after ``ray start`` (see
 
 from __future__ import annotations
 
+import copy
 import math
 import re
 import shlex
@@ -177,6 +178,30 @@ def notice_agent_command(job: JobConfig, cloud: VmCloud) -> str:
     )
 
 
+# How long a GPU node waits for its NVIDIA driver before Docker starts: a Deep Learning VM
+# image builds and loads it on first boot (minutes; Ray's own GCP GPU example waits 5).
+GPU_DRIVER_WAIT_S = 600
+# Asks a GCP Deep Learning VM image to install the NVIDIA driver on first boot; without it the
+# image only offers to at an interactive login, which Ray's launcher never makes.
+GCP_DRIVER_METADATA = {"items": [{"key": "install-nvidia-driver", "value": "True"}]}
+
+
+def gpu_driver_wait(timeout_s: float = GPU_DRIVER_WAIT_S, poll_s: float = 5.0) -> str:
+    """The initialization command of a GPU node type: wait until ``nvidia-smi`` answers, or fail
+    the node's set-up saying why.
+
+    Ray's launcher gives the container the GPUs (``--runtime=nvidia``) only if ``nvidia-smi``
+    answers when Docker starts it; a node still installing its driver, or booted from an image
+    without one, would otherwise start Ray with GPU resources that CUDA cannot see, and the
+    gang would fail at its first CUDA call instead of at set-up.
+    """
+    minutes = f"{timeout_s / 60:g} minute{'s' if timeout_s != 60 else ''}"
+    message = (f"spotfallback: no NVIDIA driver answered nvidia-smi within {minutes} of boot; boot GPU nodes "
+               "from an image with NVIDIA drivers (a Deep Learning AMI or Deep Learning VM image)")
+    return (f"timeout {timeout_s:g} bash -c {shlex.quote(f'until nvidia-smi >/dev/null 2>&1; do sleep {poll_s:g}; done')}"
+            f" || {{ echo {shlex.quote(message)} >&2; exit 1; }}")
+
+
 def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, dict[str, Any]]:
     """The tier's machine type (``--instance-type`` first, then the tier's pool, then the
     default fit) and any extra ``node_config`` its GPU type needs."""
@@ -263,7 +288,8 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
         return config
     if gpu and not opts.source_image:
         raise ConfigError(
-            "source_image: GPU tiers on GCP need a boot image with NVIDIA drivers; pass --source-image"
+            "source_image: GPU tiers on GCP need a boot image with NVIDIA drivers, such as a Deep Learning VM image "
+            "family; pass --source-image"
         )
     boot: dict[str, Any] = {"diskSizeGb": opts.disk_size_gb, "sourceImage": opts.source_image or GCP_CPU_IMAGE}
     series = gcp_series(instance_type)
@@ -276,6 +302,8 @@ def _node_config(instance_type: str, market: str, gpu: bool, where: str, opts: L
     }
     if series is not None and series.gvnic:
         config["networkInterfaces"] = [_gcp_interface(GVNIC)]
+    if gpu:
+        config["metadata"] = copy.deepcopy(GCP_DRIVER_METADATA)
     config.update(vm_market_config(opts.cloud, market, gpu=gpu, where=where))
     if opts.service_account and worker:
         config["serviceAccounts"] = [{"email": opts.service_account, "scopes": list(GCP_SCOPES)}]
@@ -550,6 +578,8 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
                 **node.accelerators,
             },
         }
+        if tier.use_gpu:
+            node_types[tier.name]["initialization_commands"] = [gpu_driver_wait()]
         if agents and opts.cloud is VmCloud.GCP and tier.use_gpu:
             # Its agent dates a host-maintenance drain an hour out, as GCE stops GPU VMs (the
             # container's environment reaches the agent, which the start commands run in it).
