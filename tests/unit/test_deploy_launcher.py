@@ -323,6 +323,25 @@ def test_the_driver_wait_passes_once_nvidia_smi_answers_and_fails_the_set_up_say
     assert "no NVIDIA driver answered nvidia-smi within 0.005 minutes" in failed.stderr and "Deep Learning" in failed.stderr
 
 
+def test_a_gang_across_nodes_built_for_a_gpu_fabric_is_told_the_file_sets_none_up() -> None:
+    from spotfallback.deploy.launcher import fabric_notes, tier_nodes
+
+    def notes(workers: int, cloud: VmCloud, instance_type: str) -> list[str]:
+        job = make_job([{"name": "gpu", "market": "spot", "num_workers": workers, "use_gpu": True,
+                         "resources_per_worker": {"CPU": 8, "GPU": 1}}])
+        options = opts(cloud, instance_types={"gpu": instance_type},
+                       **({"source_image": "projects/x/global/images/gpu"} if cloud is VmCloud.GCP else {}))
+        return fabric_notes(job, tier_nodes(job, options))
+
+    (efa,) = notes(64, VmCloud.AWS, "p5.48xlarge")
+    assert efa.startswith("tiers[0] (gpu): its gang spans 8 p5.48xlarge nodes") and "no EFA" in efa and "aws-ofi-nccl" in efa
+    (tcpx,) = notes(16, VmCloud.GCP, "a3-highgpu-8g")
+    assert "2 a3-highgpu-8g nodes" in tcpx and "no GPUDirect-TCPX" in tcpx
+    assert notes(8, VmCloud.AWS, "p4d.24xlarge") == []  # one node: NVLink inside it, no fabric needed
+    assert notes(16, VmCloud.AWS, "g5.2xlarge") == []  # not a type built for training across nodes
+    assert notes(4, VmCloud.GCP, "a3-highgpu-1g") == []
+
+
 def test_on_gcp_gpu_on_demand_nodes_run_the_agent_for_host_maintenance() -> None:
     ladder = [{**SPOT_A, "use_gpu": True}, {"name": "on-demand", "market": "on-demand", "num_workers": 1, "use_gpu": True}]
     marked = {

@@ -37,6 +37,7 @@ from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, sp
 from spotfallback.deploy.launcher import (
     HEAD_INSTANCE_TYPES,
     LauncherOptions,
+    fabric_notes,
     identity_note,
     idle_gpu_notes,
     image_note,
@@ -476,7 +477,7 @@ def launcher_command(
     for note in (image_note(config, opts), zone_note(config, opts, nodes)):
         if note is not None:
             typer.echo(f"note: {note}", err=True)
-    for note in [*idle_gpu_notes(config, nodes), *multi_gpu_worker_notes(config)]:
+    for note in [*idle_gpu_notes(config, nodes), *fabric_notes(config, nodes), *multi_gpu_worker_notes(config)]:
         typer.echo(f"note: {note}", err=True)
     _say_ray_address(config)
     _say_run_name(config, run_name, unique_name)

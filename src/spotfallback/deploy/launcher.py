@@ -48,7 +48,14 @@ from spotfallback.deploy.common import (
     worker_shape,
 )
 from spotfallback.deploy.kuberay import rayjob_entrypoint
-from spotfallback.deploy.machines import GVNIC, family, gcp_series, head_machine_error, machine
+from spotfallback.deploy.machines import (
+    GVNIC,
+    family,
+    gcp_series,
+    gpu_fabric,
+    head_machine_error,
+    machine,
+)
 from spotfallback.deploy.pools import GPUS, machine_type_error, vm_pool
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
@@ -697,6 +704,25 @@ def idle_gpu_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
             notes.append(f"tiers[{i}] ({tier.name}): a {instance_type} node has {size.gpus} GPUs and holds {held} "
                          f"({why}), so {size.gpus - gpu * per_node} are paid for and idle; {fix}, "
                          f"or name a smaller type with --instance-type {tier.name}=TYPE")
+    return notes
+
+
+def fabric_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
+    """A tier whose gang spans several nodes of a type built for training across nodes
+    (``machines.gpu_fabric``): the file sets up no fabric, so NCCL between them runs over TCP."""
+    notes = []
+    for i, (tier, node) in enumerate(zip(job.tiers, nodes, strict=True)):
+        fabric = gpu_fabric(node.instance_type)
+        count = math.ceil(tier.num_workers / node.per_node)
+        if fabric is None or count < 2:
+            continue
+        setup = ("an EFA interface on each network card, a security group that admits its own members, a cluster "
+                 "placement group, and libfabric with the aws-ofi-nccl plugin in the image" if fabric == "EFA" else
+                 f"the series' extra GPU network interfaces, each on its own VPC, and {fabric}'s NCCL plugin in the image")
+        notes.append(f"tiers[{i}] ({tier.name}): its gang spans {count} {node.instance_type} nodes, and this file sets up "
+                     f"no {fabric} for them: NCCL between the nodes runs over TCP on their primary network interface, "
+                     f"a fraction of the bandwidth the type is built for; for all-reduce at full speed the node type "
+                     f"needs {setup}")
     return notes
 
 

@@ -374,3 +374,24 @@ def gcp_series(machine_type: str) -> GcpSeries | None:
     constrained, or None."""
     name = machine_type.rsplit("/", 1)[-1]
     return next((s for prefix, s in GCP_SERIES.items() if name.startswith(prefix + "-")), None)
+
+
+# Machine types built for training across nodes: their GPUs reach other nodes' through a fabric
+# that the node's own configuration must set up (EC2: an EFA interface on each network card;
+# Compute Engine: GPUDirect's extra GPU network interfaces), with NCCL's plugin for it in the
+# image. Without it NCCL between nodes runs over TCP on the primary interface, a fraction of the
+# bandwidth the type is built for. Sources: the Amazon EC2 User Guide's "Elastic Fabric Adapter"
+# (supported instance types) and Google Cloud's GPU network bandwidth pages for A3, A4 and A4X.
+_EFA_FAMILIES = ("p3dn.", "p4d.", "p4de.", "p5.", "p5e.", "p5en.", "p6-")
+_GCP_FABRICS = {
+    "a3-highgpu-8g": "GPUDirect-TCPX", "a3-edgegpu-8g": "GPUDirect-TCPX", "a3-megagpu-8g": "GPUDirect-TCPXO",
+    "a3-ultragpu-8g": "GPUDirect RDMA", "a4-highgpu-8g": "GPUDirect RDMA", "a4x-highgpu-4g": "GPUDirect RDMA",
+}  # fmt: skip
+
+
+def gpu_fabric(machine_type: str) -> str | None:
+    """The inter-node GPU fabric a machine type is built for (``EFA``, ``GPUDirect-TCPX`` ...), or None."""
+    name = machine_type.rsplit("/", 1)[-1]
+    if name.startswith(_EFA_FAMILIES):
+        return "EFA"
+    return _GCP_FABRICS.get(name)
