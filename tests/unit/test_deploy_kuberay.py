@@ -531,3 +531,26 @@ def test_one_pip_string_is_one_package_and_a_bad_one_is_refused_by_name():
     for bad, message in (("", "an empty package"), ("--index-url x", "is a pip option"), ("torch>=", "is not a pip requirement")):
         with pytest.raises(ConfigError, match=rf"^pip: .*{message}"):
             KubeRayOptions(cloud=K8sCloud.GKE, pip=(bad,))
+
+
+def test_a_gang_across_nodes_built_for_a_gpu_fabric_is_told_its_pods_ask_for_none() -> None:
+    from spotfallback.deploy.kuberay import pod_fabric_notes
+
+    def notes(cloud: K8sCloud, workers: int, gpu: str | None = "H100", **placement: Any) -> list[str]:
+        tier = {"name": "gpu", "market": "spot", "num_workers": workers, "use_gpu": True,
+                "resources_per_worker": {"CPU": 8, "GPU": 1}, "placement": placement}
+        if gpu:
+            tier["label_selector"] = {"ray.io/accelerator-type": gpu}
+        return pod_fabric_notes(make_job([tier]), KubeRayOptions(cloud=cloud))
+
+    (efa,) = notes(K8sCloud.EKS_KARPENTER, 64)
+    assert efa.startswith("tiers[0] (gpu): its gang spans 8 p5.48xlarge nodes") and "vpc.amazonaws.com/efa" in efa
+    (tcpx,) = notes(K8sCloud.GKE, 16)
+    assert "2 a3-highgpu-8g nodes" in tcpx and "no GPUDirect-TCPX" in tcpx
+    (tcpxo,) = notes(K8sCloud.GKE, 16, node_selector={"cloud.google.com/gke-accelerator": "nvidia-h100-mega-80gb"})
+    assert "2 a3-megagpu-8g nodes" in tcpxo and "no GPUDirect-TCPXO" in tcpxo
+    (pinned,) = notes(K8sCloud.EKS_MANAGED, 9, gpu=None, instance_type="p4d.24xlarge")
+    assert "2 p4d.24xlarge nodes" in pinned
+    assert notes(K8sCloud.EKS_KARPENTER, 8) == []  # one node holds the gang
+    assert notes(K8sCloud.GKE, 16, gpu="A100") == []  # A2: no fabric to set up
+    assert notes(K8sCloud.EKS_MANAGED, 16, gpu=None, instance_type="g5.12xlarge") == []

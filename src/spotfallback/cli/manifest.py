@@ -33,7 +33,13 @@ from spotfallback.deploy.common import (
     object_name_error,
     unique_run_name,
 )
-from spotfallback.deploy.kuberay import Kind, KubeRayOptions, render_kuberay, spot_grace_note
+from spotfallback.deploy.kuberay import (
+    Kind,
+    KubeRayOptions,
+    pod_fabric_notes,
+    render_kuberay,
+    spot_grace_note,
+)
 from spotfallback.deploy.launcher import (
     HEAD_INSTANCE_TYPES,
     LauncherOptions,
@@ -301,7 +307,7 @@ def kuberay_command(
     _emit(text, out, what)
     if (note := spot_grace_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
-    for note in multi_gpu_worker_notes(config):
+    for note in [*pod_fabric_notes(config, opts), *multi_gpu_worker_notes(config)]:
         typer.echo(f"note: {note}", err=True)
     if not config.ladder.across_clusters:
         _say_ray_address(config)

@@ -219,6 +219,14 @@ def multi_gpu_worker_notes(job: JobConfig) -> list[str]:
     return notes
 
 
+def fabric_note(tier: Tier, index: int, nodes: int, machine_type: str, fabric: str, needs: str) -> str:
+    """Why a gang that spans ``nodes`` nodes of ``machine_type`` all-reduces slowly: the file sets
+    up none of the GPU ``fabric`` the type is built for, which ``needs`` says how to add."""
+    return (f"tiers[{index}] ({tier.name}): its gang spans {nodes} {machine_type} nodes, and this file sets up no "
+            f"{fabric} for them: NCCL between the nodes runs over TCP on their primary network interface, a fraction "
+            f"of the bandwidth the type is built for; for all-reduce at full speed {needs}")
+
+
 def worker_shape(tier: Tier, index: int) -> tuple[float, int, dict[str, float]]:
     """(CPUs, GPUs, other Ray resources) of one worker; GPUs must be whole for the clouds."""
     res = tier.worker_resources()

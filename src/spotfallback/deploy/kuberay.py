@@ -66,6 +66,7 @@ from spotfallback.deploy.common import (
     choice,
     cpu_quantity,
     default_image,
+    fabric_note,
     head_size,
     installs_spotfallback,
     is_stock_image,
@@ -81,8 +82,13 @@ from spotfallback.deploy.common import (
     with_spotfallback,
     worker_shape,
 )
-from spotfallback.deploy.machines import machine_fit_error, machine_memory_error
-from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_pool
+from spotfallback.deploy.machines import (
+    gpu_fabric,
+    machine,
+    machine_fit_error,
+    machine_memory_error,
+)
+from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_machine_types, k8s_pool
 from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -648,6 +654,28 @@ def spot_grace_note(job: JobConfig, opts: KubeRayOptions) -> str | None:
     if needs is None or opts.grace_seconds <= SPOT_SHUTDOWN[opts.cloud].grace_s or not any(t.market == SPOT for t in job.tiers):
         return None
     return f"a {opts.grace_seconds} s spot grace needs {needs}"
+
+
+def pod_fabric_notes(job: JobConfig, opts: KubeRayOptions) -> list[str]:
+    """A tier whose gang spans several nodes of a type built for a GPU fabric (EFA, GPUDirect;
+    ``machines.gpu_fabric``): its pods ask for none, so NCCL between the nodes runs over TCP."""
+    notes = []
+    for i, tier in enumerate(job.tiers):
+        gpus = worker_shape(tier, i)[1]
+        types = k8s_machine_types(opts.cloud, tier, i)
+        fabrics = {gpu_fabric(t) for t in types}
+        sizes = [size.gpus for t in types if (size := machine(t)) is not None]
+        if not gpus or len(fabrics) != 1 or not sizes or (fabric := fabrics.pop()) is None:
+            continue
+        per_node = max(1, min(sizes) // gpus)
+        if tier.num_workers <= per_node:
+            continue
+        needs = ("the nodes need EFA interfaces and the EFA device plugin, the worker group's container the "
+                 "vpc.amazonaws.com/efa devices, and the image libfabric with the aws-ofi-nccl plugin" if fabric == "EFA"
+                 else f"the node pool needs the series' extra GPU networks, the pods GKE's multi-network annotations for "
+                      f"them, and the image {fabric}'s NCCL plugin")
+        notes.append(fabric_note(tier, i, math.ceil(tier.num_workers / per_node), " or ".join(types), fabric, needs))
+    return notes
 
 
 def _drain_note(job: JobConfig, opts: KubeRayOptions) -> list[str]:

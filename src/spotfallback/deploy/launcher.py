@@ -35,6 +35,7 @@ from spotfallback.deploy.common import (
     check_image,
     choice,
     default_image,
+    fabric_note,
     installs_spotfallback,
     k8s_name,
     pip_packages,
@@ -716,13 +717,12 @@ def fabric_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
         count = math.ceil(tier.num_workers / node.per_node)
         if fabric is None or count < 2:
             continue
-        setup = ("an EFA interface on each network card, a security group that admits its own members, a cluster "
-                 "placement group, and libfabric with the aws-ofi-nccl plugin in the image" if fabric == "EFA" else
-                 f"the series' extra GPU network interfaces, each on its own VPC, and {fabric}'s NCCL plugin in the image")
-        notes.append(f"tiers[{i}] ({tier.name}): its gang spans {count} {node.instance_type} nodes, and this file sets up "
-                     f"no {fabric} for them: NCCL between the nodes runs over TCP on their primary network interface, "
-                     f"a fraction of the bandwidth the type is built for; for all-reduce at full speed the node type "
-                     f"needs {setup}")
+        needs = ("the node type needs an EFA interface on each network card, a security group that admits its own "
+                 "members and a cluster placement group, and the image libfabric with the aws-ofi-nccl plugin"
+                 if fabric == "EFA" else
+                 f"the node type needs the series' extra GPU network interfaces, each on its own VPC, and the image "
+                 f"{fabric}'s NCCL plugin")
+        notes.append(fabric_note(tier, i, count, node.instance_type, fabric, needs))
     return notes
 
 

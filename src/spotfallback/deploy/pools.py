@@ -28,7 +28,13 @@ from typing import Any
 from spotfallback.config import Tier
 from spotfallback.deploy.clouds import AGENT_CLOUD, K8sCloud, VmCloud
 from spotfallback.deploy.common import worker_shape
-from spotfallback.deploy.machines import family, machine_fit_error, machine_spelling_error, sized
+from spotfallback.deploy.machines import (
+    MACHINES,
+    family,
+    machine_fit_error,
+    machine_spelling_error,
+    sized,
+)
 from spotfallback.errors import ConfigError
 
 ACCELERATOR_LABEL = "ray.io/accelerator-type"
@@ -222,6 +228,25 @@ def k8s_pool(cloud: K8sCloud, tier: Tier, index: int) -> PoolSelection:
     tolerations = [dict(t) for t in GPU_TOLERATIONS] if gpu else []
     tolerations += [t.as_pod_field() for t in tier.placement.tolerations if t.as_pod_field() not in tolerations]
     return PoolSelection(selector, tolerations)
+
+
+def k8s_machine_types(cloud: K8sCloud, tier: Tier, index: int) -> tuple[str, ...]:
+    """The machine types the tier's pods may land on, where the manifest says (none otherwise):
+    its pinned instance type, or its GPU type's on Karpenter (EKS) and GKE."""
+    selector = k8s_pool(cloud, tier, index).node_selector
+    if INSTANCE_TYPE_KEY in selector:
+        return (selector[INSTANCE_TYPE_KEY],)
+    named = tier_gpu(tier, index)
+    if named is None or named[1].gcp_guest and cloud is K8sCloud.GKE:
+        return ()
+    kind = named[1]
+    if cloud is K8sCloud.EKS_KARPENTER:
+        return tuple(name for name, _, _ in kind.aws)
+    if cloud is K8sCloud.GKE:
+        series = [s for s, name in kind.gke_series if name == selector.get(GKE_ACCELERATOR_KEY)]
+        return (tuple(name for name in MACHINES if name.startswith(series[0])) if series
+                else tuple(name for name, _, _ in kind.gcp))
+    return ()
 
 
 def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int, pinned: str | None = None,
