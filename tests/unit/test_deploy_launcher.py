@@ -324,14 +324,17 @@ def test_the_driver_wait_passes_once_nvidia_smi_answers_and_fails_the_set_up_say
 
 
 def test_a_gang_across_nodes_built_for_a_gpu_fabric_is_told_the_file_sets_none_up() -> None:
-    from spotfallback.deploy.launcher import fabric_notes, tier_nodes
+    from spotfallback.deploy.launcher import cluster_launcher_file, fabric_notes, tier_nodes
 
     def notes(workers: int, cloud: VmCloud, instance_type: str) -> list[str]:
         job = make_job([{"name": "gpu", "market": "spot", "num_workers": workers, "use_gpu": True,
                          "resources_per_worker": {"CPU": 8, "GPU": 1}}])
         options = opts(cloud, instance_types={"gpu": instance_type},
                        **({"source_image": "projects/x/global/images/gpu"} if cloud is VmCloud.GCP else {}))
-        return fabric_notes(job, tier_nodes(job, options))
+        # The file and its notes read the same nodes, resolved once.
+        text, nodes = cluster_launcher_file(job, options)
+        assert text == render_cluster_launcher(job, options) and nodes == tier_nodes(job, options)
+        return fabric_notes(job, nodes)
 
     (efa,) = notes(64, VmCloud.AWS, "p5.48xlarge")
     assert efa.startswith("tiers[0] (gpu): its gang spans 8 p5.48xlarge nodes") and "no EFA" in efa and "aws-ofi-nccl" in efa

@@ -43,12 +43,11 @@ from spotfallback.deploy.kuberay import (
 from spotfallback.deploy.launcher import (
     HEAD_INSTANCE_TYPES,
     LauncherOptions,
+    cluster_launcher_file,
     fabric_notes,
     identity_note,
     idle_gpu_notes,
     image_note,
-    render_cluster_launcher,
-    tier_nodes,
     zone_note,
 )
 from spotfallback.deploy.machines import HEAD_MIN_MEMORY_GIB
@@ -471,7 +470,7 @@ def launcher_command(
             tags=tags,
             internal_ips=internal_ips,
         )
-        text = render_cluster_launcher(config, opts)
+        text, nodes = cluster_launcher_file(config, opts)
     except ConfigError as e:
         _config_error(e, job)
     except ManifestInvalid as e:
@@ -479,7 +478,6 @@ def launcher_command(
     _emit(text, out, f"{vm_cloud.value} cluster, {len(config.tiers)} worker node types")
     if (note := identity_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
-    nodes = tier_nodes(config, opts)
     for note in (image_note(config, opts), zone_note(config, opts, nodes)):
         if note is not None:
             typer.echo(f"note: {note}", err=True)

@@ -545,8 +545,9 @@ def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     return provider
 
 
-def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
-    """The ``ray up`` config for ``job`` as a plain dict, ready for YAML."""
+def cluster_launcher_config(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode] | None = None) -> dict[str, Any]:
+    """The ``ray up`` config for ``job`` as a plain dict, ready for YAML; ``nodes`` are the tiers'
+    nodes (``tier_nodes``) where the caller has them already."""
     job = with_run_name(job, opts.run_name)
     if "://" not in job.storage_path:
         raise ConfigError(
@@ -572,7 +573,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, 
         }
     }
     agents = opts.notice_agent and any(_has_agent(t, opts.cloud) for t in job.tiers)
-    for i, (tier, node) in enumerate(zip(job.tiers, tier_nodes(job, opts), strict=True)):
+    for i, (tier, node) in enumerate(zip(job.tiers, tier_nodes(job, opts) if nodes is None else nodes, strict=True)):
         labels = tier_labels(tier, i)
         if agents and _has_agent(tier, opts.cloud):
             labels[AGENT_LABEL] = "true"
@@ -726,7 +727,7 @@ def fabric_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
     return notes
 
 
-def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
+def launcher_header(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode] | None = None) -> list[str]:
     run = opts.run_name or job.name
     job = with_run_name(job, opts.run_name)
     lines = [
@@ -748,7 +749,7 @@ def launcher_header(job: JobConfig, opts: LauncherOptions) -> list[str]:
     note = identity_note(job, opts)
     if note is not None:
         lines.append(note + ".")
-    if gvnic := _gvnic_types(job, opts):
+    if gvnic := _gvnic_types(opts, tier_nodes(job, opts) if nodes is None else nodes):
         lines.append(f"gVNIC is the only network interface of {', '.join(gvnic)}: the boot image must have its driver (gve).")
     if opts.subnetwork:
         lines.append(f"Every node is on subnetwork {opts.subnetwork}: its VPC's firewall must let the nodes reach each other "
@@ -791,21 +792,28 @@ def _subnets_line(zones: list[str], subnets: list[str], zoned: dict[str, list[st
             + (f", the others in one of {', '.join(zones)}" if subnets else ""))
 
 
-def _gvnic_types(job: JobConfig, opts: LauncherOptions) -> list[str]:
+def _gvnic_types(opts: LauncherOptions, nodes: list[TierNode]) -> list[str]:
     """The machine types of the file's GCP node types whose series takes gVNIC only."""
     if opts.cloud is not VmCloud.GCP:
         return []
-    names = [opts.head_instance_type or HEAD_INSTANCE_TYPES[opts.cloud]] + [n.instance_type for n in tier_nodes(job, opts)]
+    names = [opts.head_instance_type or HEAD_INSTANCE_TYPES[opts.cloud]] + [n.instance_type for n in nodes]
     return sorted({name for name in names if (series := gcp_series(name)) is not None and series.gvnic})
 
 
-def render_cluster_launcher(job: JobConfig, opts: LauncherOptions) -> str:
-    """The ``ray up`` config as commented YAML, validated as text first."""
+def cluster_launcher_file(job: JobConfig, opts: LauncherOptions) -> tuple[str, list[TierNode]]:
+    """The ``ray up`` config as commented YAML, validated as text first, and the tiers' nodes
+    (``tier_nodes``) it was built from, for the notes that read them."""
     if job.ladder.across_clusters:
         raise ConfigError(
             "tiers: this ladder runs across Ray clusters, and one `ray up` file is one cluster; write a job file with "
             "each cluster's tiers (without `cluster`) and generate one file from each, or use `manifest kuberay`"
         )
-    text = to_yaml(cluster_launcher_config(job, opts), launcher_header(job, opts))
+    nodes = tier_nodes(job, opts)
+    text = to_yaml(cluster_launcher_config(job, opts, nodes), launcher_header(job, opts, nodes))
     assert_valid_text(text)
-    return text
+    return text, nodes
+
+
+def render_cluster_launcher(job: JobConfig, opts: LauncherOptions) -> str:
+    """The ``ray up`` config as commented YAML, validated as text first."""
+    return cluster_launcher_file(job, opts)[0]
