@@ -306,19 +306,28 @@ def test_gpu_node_types_wait_for_their_driver_and_gcp_ones_ask_for_it() -> None:
 def test_the_driver_wait_passes_once_nvidia_smi_answers_and_fails_the_set_up_saying_why(tmp_path: Path) -> None:
     import subprocess
 
+    from ray.autoscaler._private.command_runner import _with_interactive
+
     from spotfallback.deploy.launcher import gpu_driver_wait
 
-    bin_dir = tmp_path / "bin"
+    def run_as_ray_does(command: str) -> subprocess.CompletedProcess[str]:
+        # Ray 2.60's launcher hands each initialization command to ssh wrapped in a login shell
+        # that sources ~/.bashrc; ssh runs the joined words in the node's shell.
+        return subprocess.run(["bash", "-c", " ".join(_with_interactive(command))], env={**os.environ, "HOME": str(home)},
+                              stdin=subprocess.DEVNULL, capture_output=True, text=True, timeout=30)
+
+    bin_dir, home = tmp_path / "bin", tmp_path / "home"
     bin_dir.mkdir()
+    home.mkdir()
+    (home / ".bashrc").write_text(f"export PATH={bin_dir}:$PATH\n")  # after the login profile, which resets PATH
     calls = tmp_path / "calls"
     smi = bin_dir / "nvidia-smi"  # answers on its third call, as a driver that finishes installing
     smi.write_text(f'#!/bin/sh\necho x >> {calls}\n[ "$(wc -l < {calls})" -ge 3 ]\n')
     smi.chmod(0o755)
-    env = {**os.environ, "PATH": f"{bin_dir}:/usr/bin:/bin"}
-    done = subprocess.run(["bash", "-c", gpu_driver_wait(10, 0.05)], env=env, capture_output=True, text=True, timeout=30)
+    done = run_as_ray_does(gpu_driver_wait(10, 0.05))
     assert done.returncode == 0 and len(calls.read_text().split()) == 3
     smi.unlink()  # an image without a driver
-    failed = subprocess.run(["bash", "-c", gpu_driver_wait(0.3, 0.05)], env=env, capture_output=True, text=True, timeout=30)
+    failed = run_as_ray_does(gpu_driver_wait(0.3, 0.05))
     assert failed.returncode == 1
     assert "no NVIDIA driver answered nvidia-smi within 0.005 minutes" in failed.stderr and "Deep Learning" in failed.stderr
 

@@ -694,8 +694,7 @@ def idle_gpu_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
     notes = []
     for i, (tier, node) in enumerate(zip(job.tiers, nodes, strict=True)):
         cpu, gpu, _ = worker_shape(tier, i)
-        instance_type, per_node = node.instance_type, node.per_node
-        size = machine(instance_type)
+        per_node, size = node.per_node, machine(node.instance_type)
         if gpu and size is not None and size.gpus > gpu * per_node:
             held = f"{per_node} workers of {gpu}" if per_node > 1 else f"one worker of {gpu}"
             if per_node >= tier.num_workers:
@@ -703,7 +702,7 @@ def idle_gpu_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
             else:
                 why = f"its {size.vcpus} vCPUs and {size.memory_gib:g} GiB hold no more of {cpu:g} CPUs"
                 fix = "ask for fewer CPUs (or less memory) per worker"
-            notes.append(f"tiers[{i}] ({tier.name}): a {instance_type} node has {size.gpus} GPUs and holds {held} "
+            notes.append(f"tiers[{i}] ({tier.name}): a {node.instance_type} node has {size.gpus} GPUs and holds {held} "
                          f"({why}), so {size.gpus - gpu * per_node} are paid for and idle; {fix}, "
                          f"or name a smaller type with --instance-type {tier.name}=TYPE")
     return notes
