@@ -545,9 +545,13 @@ def _placement(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
     return provider
 
 
-def cluster_launcher_config(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode] | None = None) -> dict[str, Any]:
-    """The ``ray up`` config for ``job`` as a plain dict, ready for YAML; ``nodes`` are the tiers'
-    nodes (``tier_nodes``) where the caller has them already."""
+def cluster_launcher_config(job: JobConfig, opts: LauncherOptions) -> dict[str, Any]:
+    """The ``ray up`` config for ``job`` as a plain dict, ready for YAML."""
+    return _config_and_nodes(job, opts)[0]
+
+
+def _config_and_nodes(job: JobConfig, opts: LauncherOptions) -> tuple[dict[str, Any], list[TierNode]]:
+    """``cluster_launcher_config`` and the tiers' nodes (``tier_nodes``) it was built from."""
     job = with_run_name(job, opts.run_name)
     if "://" not in job.storage_path:
         raise ConfigError(
@@ -573,7 +577,8 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions, nodes: list[T
         }
     }
     agents = opts.notice_agent and any(_has_agent(t, opts.cloud) for t in job.tiers)
-    for i, (tier, node) in enumerate(zip(job.tiers, tier_nodes(job, opts) if nodes is None else nodes, strict=True)):
+    nodes = tier_nodes(job, opts)
+    for i, (tier, node) in enumerate(zip(job.tiers, nodes, strict=True)):
         labels = tier_labels(tier, i)
         if agents and _has_agent(tier, opts.cloud):
             labels[AGENT_LABEL] = "true"
@@ -637,7 +642,7 @@ def cluster_launcher_config(job: JobConfig, opts: LauncherOptions, nodes: list[T
         # Ray Train polls for drains every 5 s by default; a 30 s notice needs a quicker look.
         config["docker"]["run_options"].append("--env RAY_TRAIN_PREEMPTION_POLL_INTERVAL_S=1")
         config["worker_start_ray_commands"] = [*RAY_WORKER_START, notice_agent_command(job, opts.cloud)]
-    return config
+    return config, nodes
 
 
 def _has_agent(tier: Tier, cloud: VmCloud) -> bool:
@@ -807,8 +812,8 @@ def cluster_launcher_file(job: JobConfig, opts: LauncherOptions) -> tuple[str, l
             "tiers: this ladder runs across Ray clusters, and one `ray up` file is one cluster; write a job file with "
             "each cluster's tiers (without `cluster`) and generate one file from each, or use `manifest kuberay`"
         )
-    nodes = tier_nodes(job, opts)
-    text = to_yaml(cluster_launcher_config(job, opts, nodes), launcher_header(job, opts, nodes))
+    config, nodes = _config_and_nodes(job, opts)
+    text = to_yaml(config, launcher_header(job, opts, nodes))
     assert_valid_text(text)
     return text, nodes
 
