@@ -731,7 +731,7 @@ def fabric_notes(job: JobConfig, nodes: list[TierNode]) -> list[str]:
     return notes
 
 
-def launcher_header(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode] | None = None) -> list[str]:
+def launcher_header(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode]) -> list[str]:
     run = opts.run_name or job.name
     job = with_run_name(job, opts.run_name)
     lines = [
@@ -753,7 +753,7 @@ def launcher_header(job: JobConfig, opts: LauncherOptions, nodes: list[TierNode]
     note = identity_note(job, opts)
     if note is not None:
         lines.append(note + ".")
-    if gvnic := _gvnic_types(opts, tier_nodes(job, opts) if nodes is None else nodes):
+    if gvnic := _gvnic_types(opts, nodes):
         lines.append(f"gVNIC is the only network interface of {', '.join(gvnic)}: the boot image must have its driver (gve).")
     if opts.subnetwork:
         lines.append(f"Every node is on subnetwork {opts.subnetwork}: its VPC's firewall must let the nodes reach each other "
