@@ -16,7 +16,6 @@ os.environ["RAY_TRAIN_V2_ENABLED"] = "1"
 ROOT = Path(__file__).resolve().parents[2]
 
 torch = pytest.importorskip("torch")
-pytest.importorskip("sklearn")
 
 import ray  # noqa: E402
 from ray.train import Checkpoint, FailureConfig, RunConfig, ScalingConfig  # noqa: E402

@@ -11,7 +11,6 @@ import json
 import pytest
 
 pytest.importorskip("tensorflow", reason="TensorFlow is the optional extra: pip install -e '.[tensorflow]'")
-pytest.importorskip("sklearn", reason="the Keras example trains on scikit-learn's bundled digits")
 
 from tests.support.helpers_e2e import (  # noqa: E402
     SLOW_UNDER_LOAD,

@@ -82,7 +82,7 @@ def installs_spotfallback(image: str | None, pip: Sequence[str]) -> bool:
 
 
 # The extra each shipped example needs beyond spotfallback itself: the stock Ray image has
-# neither torch nor tensorflow, nor scikit-learn, whose bundled data the examples train on.
+# neither torch nor tensorflow (the digits they train on ship with spotfallback).
 EXAMPLE_EXTRAS = {"spotfallback.examples.ddp_digits": "torch", "spotfallback.examples.keras_digits": "tensorflow"}
 
 

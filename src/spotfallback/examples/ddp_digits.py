@@ -1,4 +1,4 @@
-"""Data-parallel PyTorch (DDP) on scikit-learn's bundled digits, resumable bit for bit.
+"""Data-parallel PyTorch (DDP) on the 8x8 handwritten digits (`_digits`), resumable bit for bit.
 
 Run it with Ray Train V2 (``TorchTrainer`` or ``spotfallback.FallbackTrainer``) as
 ``spotfallback.examples.ddp_digits:train_fn``. A run that is killed and resumed from any checkpoint ends
@@ -80,12 +80,12 @@ import time
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
 
+from spotfallback.examples._digits import digits_split
 from spotfallback.integrations.restore_dir import checkpoint_files
 from spotfallback.integrations.scratch import scratch_dir
 
@@ -153,15 +153,8 @@ def load_digits_split(
     test_fraction: float = 0.25, seed: int = 0
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """(X_train, y_train, X_test, y_test): the 1797 8x8 digits, scaled to [0, 1], split by seed."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = torch.tensor(data.data / 16.0, dtype=torch.float32)
-    y = torch.tensor(data.target, dtype=torch.int64)
-    order = torch.from_numpy(np.random.RandomState(seed).permutation(len(y)))
-    n_test = int(round(len(y) * test_fraction))
-    test, train = order[:n_test], order[n_test:]
-    return x[train], y[train], x[test], y[test]
+    x_train, y_train, x_test, y_test = digits_split(test_fraction, seed)
+    return torch.from_numpy(x_train), torch.from_numpy(y_train), torch.from_numpy(x_test), torch.from_numpy(y_test)
 
 
 def make_model(hidden: int = 64, seed: int = 0) -> MLP:

@@ -1,4 +1,4 @@
-"""Data-parallel Keras (MultiWorkerMirroredStrategy, CPU) on scikit-learn's digits, resumable bit for bit.
+"""Data-parallel Keras (MultiWorkerMirroredStrategy, CPU) on the 8x8 handwritten digits, resumable bit for bit.
 
 The TensorFlow twin of ``examples/ddp_digits.py``: same data, same shape of model, same
 config keys. Run it with ``spotfallback.FallbackTrainer`` as ``spotfallback.examples.keras_digits:train_fn``;
@@ -52,6 +52,8 @@ import keras  # noqa: E402
 import numpy as np  # noqa: E402
 import tensorflow as tf  # noqa: E402
 
+from spotfallback.examples._digits import digits_split  # noqa: E402
+
 SPOTFALLBACK_BACKEND = "tensorflow"
 
 DEFAULTS: dict[str, Any] = {
@@ -96,16 +98,9 @@ class MLP(keras.Model):
 
 
 def load_digits_split(test_fraction: float = 0.25, seed: int = 0) -> tuple[np.ndarray, ...]:
-    """(X_train, y_train, X_test, y_test): the same split as ``ddp_digits.load_digits_split``."""
-    from sklearn.datasets import load_digits
-
-    data = load_digits()
-    x = (data.data / 16.0).astype(np.float32)
-    y = data.target.astype(np.int32)
-    order = np.random.RandomState(seed).permutation(len(y))
-    n_test = int(round(len(y) * test_fraction))
-    test, train = order[:n_test], order[n_test:]
-    return x[train], y[train], x[test], y[test]
+    """(X_train, y_train, X_test, y_test): the same split as ``ddp_digits.load_digits_split``, labels as int32."""
+    x_train, y_train, x_test, y_test = digits_split(test_fraction, seed)
+    return x_train, y_train.astype(np.int32), x_test, y_test.astype(np.int32)
 
 
 def weights_sha256(model: keras.Model) -> str:

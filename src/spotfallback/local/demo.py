@@ -105,7 +105,7 @@ def run_demo(verbose: bool = False, keep: bool = False, out: Path | None = None)
     storage = tempfile.mkdtemp(prefix="spotfallback-demo-")
     name = f"demo-{uuid.uuid4().hex[:6]}"
     step_log = Path(storage) / "steps.jsonl"
-    console.print("[bold]spotfallback demo[/]: PyTorch DDP on sklearn digits, ladder "
+    console.print("[bold]spotfallback demo[/]: PyTorch DDP on handwritten digits, ladder "
                   f"spot (max_preemptions=1, ${SPOT_PRICE}/worker-h) → on-demand (${ON_DEMAND_PRICE}/worker-h)")
     console.print("starting a local cluster: a head running Ray's autoscaler, which launches up to 2 spot and 2 "
                   f"on-demand nodes when asked ({LAUNCH_DELAY_S:g} s + a node's start each); run at {storage}/{name}")
