@@ -1,7 +1,7 @@
 """The examples' data: scikit-learn's 8x8 handwritten digits, bundled, and the split both examples train on.
 
 Read with numpy alone (``spotfallback/data/digits``): every start of a gang starts fresh
-Train workers, and importing scikit-learn to load the same arrays cost each about 2 CPU-seconds.
+Train workers, and importing scikit-learn to load the same arrays cost each about a CPU-second.
 """
 
 from __future__ import annotations
