@@ -14,6 +14,7 @@ import os
 import re
 import shlex
 import typing
+import urllib.parse
 from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any, Literal
@@ -129,10 +130,30 @@ MAX_CONFIG_DEPTH = 100
 STORAGE_SCHEMES = ("s3", "gs", "gcs", "abfs", "abfss", "az", "hdfs", "file")
 
 
+GCS_SCHEMES = ("gs", "gcs")
+# The URI options pyarrow's own GCS URIs take (``FileSystem.from_uri``), and nothing else.
+GCS_URI_OPTIONS = ("endpoint_override", "scheme", "retry_limit_seconds", "project_id")
+_GCS_BUCKET = re.compile(r"(?=.{3,222}$)[a-z0-9][a-z0-9._-]*[a-z0-9]")
+
+
+def gcs_uri_error(uri: str) -> str | None:
+    """What makes ``gs://BUCKET/PREFIX[?OPTIONS]`` one no run can open (None: none): a bucket name
+    Cloud Storage never gives, or an option pyarrow's GCS filesystem does not take."""
+    parsed = urllib.parse.urlsplit(uri)
+    bucket = parsed.netloc
+    if not _GCS_BUCKET.fullmatch(bucket) or ".." in bucket:
+        return f"{bucket!r} is not a bucket name (3-63 lowercase letters, digits, '-', '_', '.'); expected gs://BUCKET/PREFIX"
+    unknown = sorted(set(urllib.parse.parse_qs(parsed.query, keep_blank_values=True)) - set(GCS_URI_OPTIONS))
+    if unknown:
+        return f"unknown URI option {unknown[0]!r}; gs:// URIs take {', '.join(GCS_URI_OPTIONS)}"
+    return None
+
+
 def storage_uri_error(storage_path: str) -> str | None:
     """What is wrong with a storage path or URI (None: a path or URI runs can use): a control
     character (a pasted newline: the path reaches shell commands and pod specs), a scheme pyarrow
-    (and so Ray) cannot open, or no bucket (``s3://`` alone would list every bucket) or a space in it."""
+    (and so Ray) cannot open, or no bucket (``s3://`` alone would list every bucket) or a space in it,
+    and on GCS what ``gcs_uri_error`` refuses."""
     if any(ord(c) < 32 or ord(c) == 127 for c in storage_path):
         return f"{storage_path!r} holds a control character (a newline or tab?); give the path on one line"
     if "://" not in storage_path:
@@ -152,7 +173,7 @@ def storage_uri_error(storage_path: str) -> str | None:
         return f"{storage_path!r} names no bucket; give {scheme}://BUCKET/PREFIX"
     if any(c.isspace() for c in bucket):
         return f"bucket {bucket!r} of {storage_path!r} has a space, which no bucket name has; give {scheme}://BUCKET/PREFIX"
-    return None
+    return gcs_uri_error(storage_path) if scheme in GCS_SCHEMES else None
 
 
 class PreemptionRate(BaseModel):

@@ -343,6 +343,10 @@ def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_say
     assert slower["spend"]["mean"] > doc["spend"]["mean"]
     r = invoke(app, str(planned), "--trace", TRACE)
     assert r.exit_code == 0 and "Job: 10 h of training" in r.output and "as planned in the job file" in r.output
+    # The header says what the notice saves: the 60 s write outlasts the 30 s notice, not a 120 s one.
+    assert "no just-in-time checkpoint (the write outlasts the notice" in " ".join(r.output.split())
+    longer = " ".join(invoke(app, str(planned), "--trace", TRACE, "--notice-s", "120").output.split())
+    assert "s notice, just-in-time checkpoint, checkpoints on request" in longer
 
 
 def test_traces_are_read_as_the_plan_read_them_unless_trace_counts_says_otherwise(app, tmp_path):

@@ -309,6 +309,19 @@ def test_validate_reports_errors_with_field_paths(app: typer.Typer, tmp_path: Pa
     assert missing.exit_code == 2
 
 
+def test_validate_refuses_a_generated_file_whose_container_lost_its_image(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
+    out = tmp_path / "rayjob.yaml"
+    assert run(app, "kuberay", "--cloud", "eks-karpenter", "--job", job_file, "--out", out).exit_code == 0
+    assert run(app, "validate", out).exit_code == 0
+    doc = yaml.safe_load(out.read_text())
+    doc["spec"]["rayClusterSpec"]["headGroupSpec"]["template"]["spec"]["containers"][0]["image"] = ""
+    out.write_text(yaml.safe_dump(doc))
+    bad = run(app, "validate", out)
+    assert bad.exit_code == 1
+    assert bad.stderr == (f"{out}: spec.rayClusterSpec.headGroupSpec.template.spec.containers[0].image: required; name "
+                          f"the container's image\n{out}: 1 error(s)\n")
+
+
 def test_validate_refuses_fields_an_older_stated_operator_would_drop(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     """Before KubeRay 1.5.0 the API server drops group labels/resources and SidecarMode silently:
     no ray.io/market-type on any node, so no tier would ever find its workers; before 1.5.1 the

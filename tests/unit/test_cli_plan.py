@@ -108,6 +108,10 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--rate", "-0.5"], "--rate: must be a non-negative number"),
         (["--hours", "10", "--rate", "0.1", "--outage-prob", "2"], "--outage-prob:"),
         (["--hours", "10", "--rate", "0.1", "--deadline-h", "5"], "--deadline-h: deadline_h (5) is shorter"),
+        # Past the work, short of it on on-demand from the start (360 s restart + 180 s provisioning).
+        (["--hours", "10", "--rate", "0.1", "--deadline-h", "10.05"], "--deadline-h: deadline_h (10.05) is shorter than "
+         "the least wall time a run can take, 10.15 h: the work (10 h), the first start's restart (360 s) and "
+         "provisioning delay (180 s), on on-demand from the start; give a deadline of at least 10.15 h, or none"),
         (["--hours", "10", "--rate", "0.1", "--deadline-prob", "1.5"], "--deadline-prob:"),
         (["--hours", "10", "--rate", "0.1", "--checkpoint-cost-s", "-3"], "--checkpoint-cost-s:"),
         # Past the bounds, each names its own option, not a tier or guard the planner built from it.
@@ -328,6 +332,23 @@ def test_plan_tables_fit_an_80_column_terminal_with_every_figure_whole(app):
     ladder = r.output.split("Recommended ladder")[1].split("vs baselines")[0]
     for setting in ("market", "max_preemptions", "capacity_timeout_s", "deadline_guard", "climb_back"):
         assert setting in ladder
+
+
+def test_a_policy_that_never_finishes_keeps_every_column_within_80(app, tmp_path):
+    """Spot forever on a trace that is up one tick of three ends at the simulator's 1,000 h limit with
+    thousands of interruptions: its figures lose decimals rather than push the last column out."""
+    import json
+
+    trace = tmp_path / "short.json"
+    trace.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [1, 0, 1]}))
+    r = invoke(app, "--hours", "10", "--workers", "1", "--deadline-h", "15", "--trace", str(trace), "--runs", "40", columns=80)
+    assert r.exit_code == 0, r.output
+    table = r.output.split("vs baselines")[1].split("Hindsight optimum")[0]
+    assert max(len(line) for line in table.splitlines()) <= 80 and "…" not in table
+    header = next(line for line in table.splitlines() if line.startswith("policy"))
+    assert header.split()[-3:] == ["alpha", "intr", "sw"]
+    forever = next(line for line in table.splitlines() if line.startswith("spot forever"))
+    assert " 1000 " in forever and forever.split()[-1] == "0.0"  # the wall hours whole, the switches in place
 
 
 def test_plan_on_several_samples_of_one_market_holds_on_each(app):

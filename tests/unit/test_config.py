@@ -224,6 +224,19 @@ def test_a_storage_uri_without_a_bucket_is_refused_where_the_job_is_read(storage
         JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
 
 
+
+@pytest.mark.parametrize(("storage_path", "problem"), [
+    ("gs://Bad_Bucket/runs", r"'Bad_Bucket' is not a bucket name \(3-63 lowercase"),
+    ("gs://ab/runs", r"'ab' is not a bucket name"),
+    ("gcs://bkt/runs?endpoint=localhost:4443", r"unknown URI option 'endpoint'; gs:// URIs take endpoint_override, "),
+])
+def test_a_gcs_uri_no_run_can_open_is_refused_where_the_job_is_read(storage_path, problem):
+    """As `status` and the driver refuse it: a deployment file made from it would fail on the cluster."""
+    with pytest.raises(ValidationError, match=problem):
+        JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
+    assert JobConfig(name="ok", storage_path="gs://my_bkt.v2/runs?endpoint_override=localhost:4443&scheme=http",
+                     entrypoint="m:f", tiers=(Tier.spot(1),))
+
 def test_hdfs_without_a_host_is_the_default_file_system():
     """``hdfs:///path`` is HDFS's default namenode, not a missing bucket."""
     assert JobConfig(name="ok", storage_path="hdfs:///runs", entrypoint="m:f", tiers=(Tier.spot(1),)).storage_path == "hdfs:///runs"
@@ -235,7 +248,7 @@ def test_a_storage_scheme_in_capitals_is_refused_with_its_lower_case():
         JobConfig(name="ok", storage_path="GS://b/runs", entrypoint="m:f", tiers=(Tier.spot(1),))
 
 
-@pytest.mark.parametrize("storage_path", ["s3://b/runs", "gs://b/runs", "abfss://c@acct.dfs.core.windows.net/runs",
+@pytest.mark.parametrize("storage_path", ["s3://b/runs", "gs://bkt/runs", "abfss://c@acct.dfs.core.windows.net/runs",
                                           "file:///tmp/runs", "./runs", "/mnt/nfs/runs"])
 def test_the_storage_ray_train_writes_is_taken(storage_path):
     assert JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),)).storage_path

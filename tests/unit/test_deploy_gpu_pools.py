@@ -332,6 +332,57 @@ def test_a_launcher_instance_type_smaller_than_a_worker_is_refused() -> None:
 
 
 
+
+@pytest.mark.parametrize(("cloud", "largest"), [(K8sCloud.EKS_KARPENTER, "p5.48xlarge"), (K8sCloud.GKE, "a3-highgpu-8g")])
+def test_a_worker_no_machine_of_its_gpu_type_holds_is_refused_where_the_gpu_type_picks_the_nodes(
+        cloud: K8sCloud, largest: str) -> None:
+    """On Karpenter and GKE the GPU type alone picks the machines: 9 H100s, or more memory than a
+    p5.48xlarge or a3-highgpu-8g has, is no worker any of them holds, as ``ray up`` already says."""
+    opts = KubeRayOptions(cloud=cloud, image="ghcr.io/acme/train:1")
+    with pytest.raises(ConfigError, match=rf"^tiers\[0\]\.resources_per_worker: '{largest}' has \d+ vCPUs and 8 GPUs, and one "
+                                          rf"worker asks for 8 CPUs and 9 GPUs .*at most 8 GPUs \(on {cloud.value}, "
+                                          rf"ray\.io/accelerator-type: H100 puts the tier's pods on {largest} nodes\)$"):
+        kuberay_manifest(_shaped("H100", 8, 9), opts)
+    huge = _shaped("H100", 8, 1).tiers[0].resources_per_worker | {"memory": 3000 * 2**30}
+    with pytest.raises(ConfigError, match=rf"^tiers\[0\]\.resources_per_worker\.memory: one worker asks for 3000 GiB of memory.* "
+                                          rf"'{largest}' has .*puts the tier's pods on {largest} nodes\)$"):
+        kuberay_manifest(_shaped("H100", 8, 1, resources_per_worker=huge), opts)
+    # Of several machine types (L4: g6.xlarge ... g6.48xlarge), one that holds the worker is enough.
+    l4 = _shaped("L4", 8, 1, resources_per_worker={"CPU": 8, "GPU": 1, "memory": 300 * 2**30})
+    assert kuberay_manifest(l4, opts)
+    l4 = _shaped("L4", 8, 1, resources_per_worker={"CPU": 8, "GPU": 1, "memory": 2000 * 2**30})
+    with pytest.raises(ConfigError, match=r"puts the tier's pods on g6\.xlarge or .* nodes, the largest of which is 'g6\.48xlarge'\)$"
+                       if cloud is K8sCloud.EKS_KARPENTER else r"g2-standard-96"):
+        kuberay_manifest(l4, opts)
+
+
+@pytest.mark.parametrize("cloud", list(VmCloud))
+def test_a_ray_up_worker_gets_a_machine_with_its_memory_and_more_than_any_has_is_refused(cloud: VmCloud) -> None:
+    """A node type advertises its workers' memory to Ray as written, so a worker asking for more
+    than the machine has would be placed there and run out of memory."""
+    opts = LauncherOptions(cloud=cloud, **({"region": "us-east-1"} if cloud is VmCloud.AWS else GCP))
+    roomy = _shaped("A100", 8, 1, resources_per_worker={"CPU": 8, "GPU": 1, "memory": 600 * 2**30})
+    node = cluster_launcher_config(roomy, opts)["available_node_types"]["a100-spot"]
+    assert node["node_config"].get("InstanceType", node["node_config"].get("machineType")) == (
+        "p4d.24xlarge" if cloud is VmCloud.AWS else "a2-highgpu-8g")  # not the 1-GPU type the CPUs and GPUs alone fit
+    huge = _shaped("A100", 8, 1, resources_per_worker={"CPU": 8, "GPU": 1, "memory": 3000 * 2**30})
+    with pytest.raises(ConfigError, match=rf"^tiers\[0\]\.placement\.instance_type: no {cloud.value} machine with A100 GPUs "
+                                          r"fits 8 CPUs, 3000 GiB of memory and 1 GPUs per worker; name one$"):
+        cluster_launcher_config(huge, opts)
+    pinned = _shaped("A100", 8, 1, resources_per_worker={"CPU": 8, "GPU": 1, "memory": 100 * 2**30},
+                     placement={"instance_type": "p4d.24xlarge" if cloud is VmCloud.AWS else "a2-highgpu-1g"})
+    if cloud is VmCloud.GCP:  # an a2-highgpu-1g has 85 GiB
+        with pytest.raises(ConfigError, match=r"^tiers\[0\]\.placement\.instance_type: one worker asks for 100 GiB of memory, "
+                                              r"and 'a2-highgpu-1g' has 85 GiB, .*at most 85 GiB .*such as 'a2-highgpu-2g'\)$"):
+            cluster_launcher_config(pinned, opts)
+    else:
+        assert cluster_launcher_config(pinned, opts)
+    cpu_only = JobConfig.model_validate({"name": "cpu", "storage_path": "s3://ml-runs/x", "entrypoint": "m:f", "tiers": [
+        {"name": "spot", "market": "spot", "num_workers": 2, "resources_per_worker": {"CPU": 4, "memory": 60 * 2**30}}]})
+    types = cluster_launcher_config(cpu_only, opts)["available_node_types"]["spot"]["node_config"]
+    assert machine(types.get("InstanceType", types.get("machineType"))).memory_gib >= 60  # type: ignore[union-attr]
+
+
 def _shaped(gpu: str, cpu: float, gpus: int, **extra: Any) -> JobConfig:
     """One GPU type's spot and on-demand tiers, `cpu` CPUs and `gpus` GPUs a worker."""
     tiers = [{**gpu_tier(f"{gpu.lower()}-{m}", m, gpu, 2), "resources_per_worker": {"CPU": cpu, "GPU": gpus}, **extra}

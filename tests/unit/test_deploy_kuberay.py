@@ -361,7 +361,7 @@ def test_storage_credentials_are_secret_references_only() -> None:
         for entry in env.values():
             assert "value" not in entry
             assert entry["valueFrom"]["secretKeyRef"]["name"] == "ml-runs-creds"
-    gcs = kuberay_manifest(make_job(LADDERS[1], storage_path="gs://b/runs"), KubeRayOptions(cloud=K8sCloud.GKE, storage_secret="gcs-key"))
+    gcs = kuberay_manifest(make_job(LADDERS[1], storage_path="gs://bkt/runs"), KubeRayOptions(cloud=K8sCloud.GKE, storage_secret="gcs-key"))
     head = cluster(gcs)["headGroupSpec"]["template"]["spec"]
     assert head["volumes"] == [{"name": "storage-credentials", "secret": {"secretName": "gcs-key"}}]
     assert head["containers"][0]["env"][0]["value"].endswith("/key.json")

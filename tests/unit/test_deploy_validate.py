@@ -224,6 +224,41 @@ def test_a_pod_template_the_api_server_would_refuse_is_named(mutate: Callable[[d
     assert len(found) == 1 and found[0].startswith(message), found
 
 
+def _submitter(doc: dict[str, Any]) -> dict[str, Any]:
+    doc["spec"]["submitterPodTemplate"] = {"spec": {"restartPolicy": "Never", "containers": [
+        {"name": "submitter", "image": "rayproject/ray:2.52.0"}]}}
+    return doc["spec"]["submitterPodTemplate"]["spec"]["containers"][0]
+
+
+@pytest.mark.parametrize(
+    ("name", "mutate", "path"),
+    [
+        (CLUSTER_SAMPLE, lambda d: _ray_container(d).pop("image"), "spec.headGroupSpec.template.spec.containers[0].image"),
+        (CLUSTER_SAMPLE, lambda d: _ray_container(d).update(image=""), "spec.headGroupSpec.template.spec.containers[0].image"),
+        (CLUSTER_SAMPLE, lambda d: _ray_container(d).update(image=None), "spec.headGroupSpec.template.spec.containers[0].image"),
+        (CLUSTER_SAMPLE, lambda d: d["spec"]["workerGroupSpecs"][1]["template"]["spec"].update(initContainers=[{"name": "setup"}]),
+         "spec.workerGroupSpecs[1].template.spec.initContainers[0].image"),
+        (JOB_SAMPLE, lambda d: d["spec"]["rayClusterSpec"]["workerGroupSpecs"][0]["template"]["spec"]["containers"][0].pop("image"),
+         "spec.rayClusterSpec.workerGroupSpecs[0].template.spec.containers[0].image"),
+        (JOB_SAMPLE, lambda d: _submitter(d).pop("image"), "spec.submitterPodTemplate.spec.containers[0].image"),
+    ],
+)
+def test_a_container_without_an_image_is_refused(name: str, mutate: Mutation, path: str) -> None:
+    """The CRD leaves a container's image optional; the API server's pod validation requires one, so every pod of
+    the group (or the RayJob's submitter) would be refused."""
+    doc = sample(name)
+    mutate(doc)
+    assert errors(doc) == [f"{path}: required; name the container's image"]
+
+
+def test_a_submitter_pod_template_gets_the_api_servers_pod_checks() -> None:
+    doc = sample(JOB_SAMPLE)
+    _submitter(doc)
+    assert errors(doc) == []
+    _submitter(doc).update(name="Submitter")
+    assert [e.split(":")[0] for e in errors(doc)] == ["spec.submitterPodTemplate.spec.containers[0].name"]
+
+
 def test_object_labels_the_api_server_would_refuse_are_named() -> None:
     doc = sample(CLUSTER_SAMPLE)
     doc["metadata"]["labels"] = {"team": "ml", "Example.com/owner": "me"}
@@ -370,8 +405,26 @@ def test_other_ray_kinds_and_versions() -> None:
         "apiVersion: 'ray.io/v1alpha1': only ray.io/v1 is checked (v1alpha1 is deprecated); set apiVersion: ray.io/v1 "
         "to have the file checked"
     ]
-    kind, findings = validate_document({"apiVersion": "ray.io/v1", "kind": "RayService", "metadata": {"name": "x"}})
-    assert findings and all(f.warning for f in findings)
+    for known in ("RayService", "RayCronJob"):  # KubeRay kinds that are not checked offline: a warning, not an error
+        kind, findings = validate_document({"apiVersion": "ray.io/v1", "kind": known, "metadata": {"name": "x"}})
+        assert [str(f) for f in findings if f.warning] == [f"kind: {known!r} is not checked offline; only RayJob and RayCluster are"]
+        assert all(f.warning for f in findings)
+
+
+@pytest.mark.parametrize(("kind", "hint"), [
+    ("RayClustr", "; did you mean 'RayCluster'?"),
+    ("raycluster", "; did you mean 'RayCluster'?"),
+    ("RayJobs", "; did you mean 'RayJob'?"),
+    ("RayServe", "; did you mean 'RayService'?"),
+    ("Deployment", ""),
+])
+def test_an_unknown_kind_in_the_ray_io_group_is_refused_naming_the_kinds(kind: str, hint: str) -> None:
+    """kubectl finds no such resource in ray.io ("no matches for kind"); a warning and ok would let the typo ship."""
+    report = validate_text(f"apiVersion: ray.io/v1\nkind: {kind}\nmetadata: {{name: x}}\nspec: {{}}\n")
+    assert [str(f) for f in report.findings] == [
+        f"kind: {kind!r} is not a kind of ray.io (kubectl: no matches for kind {kind!r} in version 'ray.io/v1'); "
+        f"KubeRay defines RayCluster, RayCronJob, RayJob, RayService{hint}"]
+    assert not report.ok
 
 
 # Trimmed from ray-project/kuberay ray-operator/config/samples/ray-cluster.complete.large.yaml at
@@ -853,6 +906,31 @@ def test_a_missing_head_node_type_is_rays_default_type() -> None:
     assert errors(headless)[0].startswith("head_node_type: not set, so ray up takes Ray's gcp default 'ray_head_default'")
 
 
+@pytest.mark.parametrize("provider", [{"type": "aws", "region": "us-east-1"},
+                                      {"type": "gcp", "region": "us-west1", "project_id": "p"}])
+def test_an_empty_available_node_types_is_refused(provider: dict[str, Any]) -> None:
+    """Ray's validate_config: head_node_type (given, or the provider's default) must be one of the node types."""
+    empty = {**copy.deepcopy(LAUNCHER), "provider": provider, "available_node_types": {}}
+    assert errors(empty) == ["available_node_types: is empty, but ray up needs head_node_type 'head' to be one of "
+                             "available_node_types: define the head's node type here (and one per kind of worker node)"]
+    del empty["head_node_type"]
+    default = {"aws": "ray.head.default", "gcp": "ray_head_default"}[provider["type"]]
+    assert errors(empty) == [f"available_node_types: is empty, but ray up needs head_node_type {default!r} (Ray's "
+                             f"{provider['type']} default) to be one of available_node_types: define the head's node "
+                             "type here (and one per kind of worker node)"]
+
+
+def test_a_head_node_type_outside_rays_default_node_types_is_refused() -> None:
+    """Without available_node_types, ray up takes its provider's, and the head type must be one of those."""
+    typeless = copy.deepcopy(LAUNCHER)
+    del typeless["available_node_types"]
+    assert errors(typeless) == ["head_node_type: 'head' is not one of available_node_types, which is not set, so ray up "
+                                "takes Ray's aws default node types (ray.head.default, ray.worker.default): define the "
+                                "head's node type in available_node_types"]
+    typeless["head_node_type"] = "ray.head.default"
+    assert errors(typeless) == []
+
+
 def _ray_up_refuses(doc: dict[str, Any]) -> bool:
     from click import ClickException
     from jsonschema import ValidationError as SchemaError
@@ -888,6 +966,11 @@ def _variant(change: Callable[[dict[str, Any]], Any]) -> dict[str, Any]:
         _variant(lambda d: d["provider"].update(type="bogus")),
         _variant(lambda d: d["provider"].update(type="kubernetes")),
         _variant(lambda d: d.update(available_node_types=None)),
+        _variant(lambda d: d.update(available_node_types={})),
+        _variant(lambda d: (d.update(available_node_types={}), d.pop("head_node_type"))),
+        _variant(lambda d: d.pop("available_node_types")),
+        _variant(lambda d: (d.pop("available_node_types"), d.update(head_node_type="ray.head.default"))),
+        _variant(lambda d: (d.pop("available_node_types"), d.pop("head_node_type"))),
         _variant(lambda d: d["available_node_types"].update(spot=None)),
     ],
 )

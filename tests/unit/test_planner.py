@@ -163,9 +163,24 @@ def test_infeasible_deadline_is_reported():
     # Feasible only on on-demand (48 h of work + R + provisioning = 48.15 h, the first start included).
     p = plan(request(deadline_h=48.2, deadline_probability=1.0), RateModel(preemptions_per_node_hour=0.05), climb=False)
     assert p.recommended.label == "on-demand only" and p.feasible
-    tight = plan(request(deadline_h=48.01, provisioning_delay_h=0.5),
-                 RateModel(preemptions_per_node_hour=0.05), climb=False)
-    assert not tight.feasible and any("no ladder meets" in n for n in tight.notes)
+    exact = plan(request(deadline_h=48.15, deadline_probability=1.0), RateModel(preemptions_per_node_hour=0.05),
+                 climb=False)
+    assert exact.recommended.label == "on-demand only" and exact.feasible
+
+
+def test_a_deadline_no_run_can_meet_is_refused_naming_the_least_one():
+    """Past the work but short of the first start's restart and provisioning: every candidate, on-demand
+    only included, had P = 0, and the plan recommended the "most likely" of them (spot, M = 10)."""
+    with pytest.raises(ValueError, match=r"deadline_h \(48.01\) is shorter than the least wall time a run can take, "
+                                         r"48.6 h: .*give a deadline of at least 48.6 h, or none"):
+        request(deadline_h=48.01, provisioning_delay_h=0.5)
+    assert request(provisioning_delay_h=0.5).least_deadline_h == pytest.approx(48.6)
+    with pytest.raises(ValueError, match="least wall time a run can take, 48.15 h"):
+        request(deadline_h=48.149)
+    # The least one itself is met, on on-demand only: the simulator bills a start as the check counts it.
+    p = plan(request(deadline_h=48.6, provisioning_delay_h=0.5, deadline_probability=1.0),
+             RateModel(preemptions_per_node_hour=0.05), climb=False)
+    assert p.feasible and p.recommended.p_deadline == 1.0
 
 
 def test_no_deadline_leaves_out_uniform_progress_and_guards():
@@ -208,12 +223,13 @@ def test_observed_mtbf_of_a_trace():
         pytest.approx(2.0), pytest.approx(10.0))
 
 
-def test_a_trace_flipping_every_millisecond_gets_a_plan_with_intervals_no_shorter_than_a_minute():
-    """Daly's interval there is the gang's mean time between interruptions, a millisecond, which
-    the grid's six decimals of an hour once rounded to a zero interval that no job accepts."""
-    flips = SpotTrace("ms", 0.001, np.array([1, 0] * 500))
+def test_a_trace_flipping_every_second_gets_a_plan_with_intervals_no_shorter_than_a_minute():
+    """Daly's interval there is the gang's mean time between interruptions, a second (the shortest
+    tick a trace may have; a millisecond one, which the grid's six decimals of an hour once rounded
+    to a zero interval that no job accepts, is now refused by the trace itself)."""
+    flips = SpotTrace("s", 1.0, np.array([1, 0] * 500))
     p = plan(request(work_h=0.5, num_workers=1, deadline_h=1.0, runs=8), flips)
-    assert p.tau_daly_h is not None and p.tau_daly_h < 1e-6
+    assert p.tau_daly_h is not None and p.tau_daly_h == pytest.approx(1 / 3600)
     taus = {c.tau_h for c in p.candidates if c.tau_h is not None}
     assert taus and min(taus) == TAU_MIN_H
     assert p.recommended.label == "on-demand only"  # no gang there ever reaches a checkpoint

@@ -466,6 +466,21 @@ def test_the_launchers_node_providers_are_rays():
     assert set(_NODE_PROVIDERS) == RAY_NODE_PROVIDERS
 
 
+def test_the_launchers_default_node_types_are_rays():
+    """manifest validate refuses a head_node_type outside the node types ``ray up`` takes from its provider's
+    defaults.yaml when a config lists none, and fills a missing one from there: the same as Ray's."""
+    from ray.autoscaler._private.providers import _get_default_config
+
+    from spotfallback.deploy.validate import RAY_DEFAULT_NODE_TYPES, RAY_PROVIDER_DEFAULTS
+
+    assert RAY_DEFAULT_NODE_TYPES.keys() == RAY_PROVIDER_DEFAULTS.keys()
+    for provider, names in RAY_DEFAULT_NODE_TYPES.items():
+        defaults = _get_default_config({"type": provider})
+        assert tuple(defaults["available_node_types"]) == names, provider
+        assert defaults["head_node_type"] == RAY_PROVIDER_DEFAULTS[provider]["head_node_type"], provider
+        assert defaults["max_workers"] == RAY_PROVIDER_DEFAULTS[provider]["max_workers"], provider
+
+
 def define_from_ray_source(relative: str, names: set[str], scope: dict, within: str | None = None) -> None:
     """Define Ray's functions ``names`` (methods of class ``within``, as plain functions) in
     ``scope`` from the source of ``relative`` under ray/, for modules whose imports (boto3,
@@ -498,7 +513,7 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
     define_from_ray_source("autoscaler/_private/gcp/config.py", {"_configure_subnet"}, scope)
     tier = {"name": "h100", "market": "spot", "num_workers": 1, "use_gpu": True, "resources_per_worker": {"CPU": 100, "GPU": 8},
             "label_selector": {"ray.io/market-type": "spot", "ray.io/accelerator-type": "H100"}}
-    job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [tier]})
+    job = JobConfig.model_validate({"name": "j", "storage_path": "gs://bkt/r", "entrypoint": "m:f", "tiers": [tier]})
     opts = LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="my-project", source_image="projects/p/global/images/g")
     config = cluster_launcher_config(job, opts)
     assert scope["_configure_subnet"](config, None) == config
@@ -508,7 +523,7 @@ def test_rays_gcp_launcher_keeps_the_network_interfaces_a_generated_file_sets():
     assert filled["h100"]["node_config"]["networkInterfaces"][0]["nicType"] == "GVNIC"
     # --subnetwork: every node type names it, so Ray keeps it, gVNIC or not.
     cpu = {**tier, "use_gpu": False, "resources_per_worker": {"CPU": 4}, "label_selector": {"ray.io/market-type": "spot"}}
-    job = JobConfig.model_validate({"name": "j", "storage_path": "gs://b/r", "entrypoint": "m:f", "tiers": [cpu]})
+    job = JobConfig.model_validate({"name": "j", "storage_path": "gs://bkt/r", "entrypoint": "m:f", "tiers": [cpu]})
     config = cluster_launcher_config(job, LauncherOptions(cloud=VmCloud.GCP, zone="us-central1-a", project_id="my-project",
                                                           subnetwork="ray-subnet"))
     kept = scope["_configure_subnet"](copy.deepcopy(config), None)

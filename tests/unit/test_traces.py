@@ -225,6 +225,7 @@ def test_a_long_bad_value_is_quoted_short(tmp_path):
     (-60.0, [1, 0, 1], "gap_seconds must be a positive number"),
     (float("nan"), [1], "gap_seconds must be a positive number"),
     (1e308, [1], "gap_seconds must be a positive number of seconds, at most 604800"),
+    (0.5, [1, 0, 1], "gap_seconds is 0.5 s, shorter than the shortest tick accepted, 1 s"),
     (60.0, [], "available must be a non-empty list"),
     (60.0, [1, -1], "non-negative whole numbers"),
     (60.0, [1.5], "non-negative whole numbers"),
@@ -262,3 +263,26 @@ def test_a_node_trace_built_in_python_gets_the_loaders_rules(events, message):
 
     with pytest.raises(TraceError, match=rf"^NodeTrace 'n': .*{message}"):
         NodeTrace("n", events)
+
+
+@pytest.mark.parametrize("gap", [1e-9, 0.1, 0.999])
+def test_a_tick_shorter_than_a_second_is_refused_naming_the_file_and_the_field(tmp_path, gap):
+    """Such a tick made the simulator lay out billions of ticks: a memory error, or minutes of planning."""
+    p = _write(tmp_path, "fine.json", json.dumps({"metadata": {"gap_seconds": gap}, "data": [1, 0] * 500}))
+    with pytest.raises(TraceError) as err:
+        load_spot_trace(p)
+    msg = str(err.value)
+    assert msg.startswith(f"{p}: field 'metadata.gap_seconds' is {gap:g} s, shorter than the shortest tick accepted, 1 s")
+    assert "resample the trace to ticks of 1 s or more" in msg
+
+
+def test_a_one_second_trace_loads_and_plans(tmp_path):
+    from spotfallback.sim.planner import PlanRequest, plan
+
+    data = [1] * 3000 + [0, 1] * 300 + [1] * 30000
+    p = _write(tmp_path, "one_s.json", json.dumps({"metadata": {"gap_seconds": 1}, "data": data}))
+    trace = load_spot_trace(p)
+    assert trace.gap_seconds == 1.0
+    req = PlanRequest(work_h=2, num_workers=1, checkpoint_cost_h=60 / 3600, restart_overhead_h=60 / 3600,
+                      spot_price=0.3, on_demand_price=1.0, deadline_h=3, runs=20)
+    assert plan(req, trace).recommended.mean_spend > 0

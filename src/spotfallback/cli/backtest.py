@@ -90,14 +90,24 @@ def _guard_notes(tiers: Sequence[Tier], spec: JobSpec) -> list[str]:
     return notes
 
 
-def _job_line(replayed: Mapping[str, Any], planned: bool) -> str:
+def _jit_words(replayed: Mapping[str, Any], saves: bool) -> str:
+    """Whether a preemption's notice saves the work (``saves``: ``JobSpec.jit_saves``): a
+    just-in-time checkpoint whose write outlasts the notice saves nothing."""
+    if not replayed["jit_checkpoint"]:
+        return "no just-in-time checkpoint"
+    if saves:
+        return "just-in-time checkpoint"
+    return "no just-in-time checkpoint (the write outlasts the notice: a preemption loses the work since the last one)"
+
+
+def _job_line(replayed: Mapping[str, Any], planned: bool, jit_saves: bool) -> str:
     """The job a backtest replays, in one line, so a default that differs from the plan is seen."""
     tau = replayed["checkpoint_interval_h"]
     return (f"Job: {replayed['work_h']:g} h of training, "
             f"{'a checkpoint every ' + format(tau, '.3g') + ' h' if tau is not None else 'no periodic checkpoint'} "
             f"({replayed['checkpoint_cost_s']:g} s to write), {replayed['restart_overhead_s']:g} s restart, "
             f"{replayed['provisioning_delay_s']:g} s provisioning, {replayed['notice_s']:g} s notice, "
-            f"{'' if replayed['jit_checkpoint'] else 'no '}just-in-time checkpoint"
+            f"{_jit_words(replayed, jit_saves)}"
             f"{', checkpoints on request' if replayed['checkpoint_on_request'] else ''}"
             f"{'; JSON traces read as counting preempted instances' if replayed['trace_counts'] == 'preempted' else ''}. "
             f"{'What the command line does not give is as planned in the job file.' if planned else 'The job file records no planned job: what the command line does not give is the default.'}")
@@ -372,7 +382,7 @@ def register(app: typer.Typer) -> None:
                                    "notes": notes, **res.summary(),
                                    "windows_detail": res.rows()}, indent=2))
             return
-        console.print(_job_line(replayed, planned is not None))
+        console.print(_job_line(replayed, planned is not None, spec.jit_saves))
         for note in notes:
             console.print(f"[yellow]note:[/yellow] {note}")
         for name, path in pool_paths.items():

@@ -37,8 +37,9 @@ train_loop_config:
 # spot / on-demand) to try things out; 'auto' joins the cluster this machine belongs to; or an
 # address such as ray://head:10001.
 ray_address: local
-# The ladder: the run starts on the first tier and only ever walks down, resuming from the
-# latest checkpoint. `spotfallback plan --write-yaml` recommends budgets and timeouts.
+# The ladder: the run starts on the first tier and walks down (back up only to a tier with
+# climb_back: true), resuming from the latest checkpoint. `spotfallback plan --write-yaml`
+# recommends budgets, timeouts and a deadline guard.
 tiers:
   - name: spot
     market: spot               # workers go to nodes labelled ray.io/market-type=spot

@@ -72,6 +72,14 @@ def _money(x: float) -> str:
     return f"{x:,.0f}" if abs(x) >= 1000 else f"{x:,.1f}"
 
 
+def _cell(x: float, decimals: int) -> str:
+    """A number for a table cell in at most ``decimals`` decimals, fewer as it grows (a run that
+    never finishes shows 1000 h of wall and thousands of interruptions), so a row of them stays
+    within 80 columns."""
+    places = decimals if abs(x) < 10 else min(decimals, 2) if abs(x) < 100 else min(decimals, 1) if abs(x) < 1000 else 0
+    return f"{x:.{places}f}"
+
+
 def _fmt_timeout(s: float | None) -> str:
     return "none" if s is None else f"{s:g}"
 
@@ -163,18 +171,18 @@ def _comparison_table(p: Plan, optimum: float | None = None) -> Table:
     for i, c in enumerate(p.comparison()):
         r = c.result
         ok = c.meets(p.request.deadline_probability)
-        x_opt = [] if optimum is None else [f"{c.mean_spend / optimum:.3f}"]
+        x_opt = [] if optimum is None else [_cell(c.mean_spend / optimum, 3)]
         table.add_row(
             "recommended" if i == 0 else c.label,
             _money(c.mean_spend),
             *x_opt,
             _money(float(np.percentile(r.spend, 90))),
-            f"{c.mean_wall_h:.1f}",
-            f"{np.percentile(r.wall_h, 90):.1f}",
+            _cell(c.mean_wall_h, 1),
+            _cell(float(np.percentile(r.wall_h, 90)), 1),
             f"{c.p_deadline:.3f}" + ("" if ok else " [red]miss[/red]"),
             f"{float(r.alpha.mean()):.2f}",
-            f"{float(r.interruptions.mean()):.1f}",
-            f"{float(r.switches.mean()):.1f}",
+            _cell(float(r.interruptions.mean()), 1),
+            _cell(float(r.switches.mean()), 1),
         )
     return table
 
@@ -565,7 +573,7 @@ def register(app: typer.Typer) -> None:
         ),
         worker_resources: str = typer.Option(
             "", "--worker-resources",
-            help="With --write-yaml: JSON resources of one worker on every tier, e.g. '{\"CPU\": 8, \"GPU\": 8}' (a GPU count sets use_gpu).",
+            help="With --write-yaml: JSON resources of one worker on every tier, e.g. '{\"CPU\": 8, \"GPU\": 1}' (a GPU count sets use_gpu).",
         ),
         force: bool = typer.Option(False, "--force", help="Overwrite the --write-yaml file if it exists."),
         as_json: bool = typer.Option(False, "--json", help="Print the comparison, the recommended ladder and the optimum as JSON."),

@@ -41,7 +41,15 @@ from typing import Any
 import yaml
 
 from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S
-from spotfallback.config import INT32_MAX, MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, Tier
+from spotfallback.config import (
+    GCS_SCHEMES,
+    INT32_MAX,
+    MARKET_LABEL,
+    ON_DEMAND,
+    SPOT,
+    JobConfig,
+    Tier,
+)
 from spotfallback.deploy.clouds import (
     AGENT_CLOUD,
     DRAIN_MARGIN_S,
@@ -88,7 +96,12 @@ from spotfallback.deploy.machines import (
     machine_fit_error,
     machine_memory_error,
 )
-from spotfallback.deploy.pools import HEAD_TOLERATION, k8s_machine_types, k8s_pool
+from spotfallback.deploy.pools import (
+    ACCELERATOR_LABEL,
+    HEAD_TOLERATION,
+    k8s_machine_types,
+    k8s_pool,
+)
 from spotfallback.deploy.validate import MIN_KUBERAY_ANNOTATION, assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -126,7 +139,6 @@ _STORAGE_ENV: dict[str, tuple[tuple[str, bool], ...]] = {
     ),  # fmt: skip
 }
 _STORAGE_ENV["abfss"] = _STORAGE_ENV["az"] = _STORAGE_ENV["abfs"]
-_GCS_SCHEMES = ("gs", "gcs")
 
 
 class Kind(StrEnum):
@@ -268,7 +280,7 @@ def _storage(job: JobConfig, opts: KubeRayOptions) -> _Storage:
     secret = opts.storage_secret
     if not secret:
         return _Storage()  # workload identity / node role via --service-account
-    if scheme in _GCS_SCHEMES:
+    if scheme in GCS_SCHEMES:
         volume = {"name": "storage-credentials", "secret": {"secretName": secret}}
         mount = {"name": "storage-credentials", "mountPath": GCS_CREDENTIALS_DIR, "readOnly": True}
         credentials = {"name": "GOOGLE_APPLICATION_CREDENTIALS", "value": f"{GCS_CREDENTIALS_DIR}/key.json"}
@@ -422,22 +434,43 @@ def _has_agent(tier: Tier, opts: KubeRayOptions) -> bool:
     return opts.with_notice_agent and (tier.market == SPOT or (opts.cloud is K8sCloud.GKE and gpu))
 
 
-def _check_pinned_pod(name: str, index: int, pod_cpu: float, gpu: int, memory_bytes: float, opts: KubeRayOptions,
-                      *, memory_given: bool, agent: bool) -> None:
-    """Refuse a worker pod that no node of the tier's pinned type ``name`` can hold: its CPUs
-    with the notice agent's (``k8s_pool`` checks the worker's alone), its memory with the agent's."""
+def _pod_problem(name: str, index: int, pod_cpu: float, gpu: int, memory_bytes: float, opts: KubeRayOptions,
+                 *, memory_given: bool, agent: bool) -> str | None:
+    """Why no node of type ``name`` can hold the tier's worker pod, or None: its CPUs and GPUs
+    (with the notice agent's CPUs), its memory (with the agent's)."""
     where = f"tiers[{index}].resources_per_worker"
-    if agent and (problem := machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True, beside_cpu=_AGENT_CPU,
-                                               beside=f"the notice agent's {AGENT_REQUESTS['cpu']}")):
-        raise ConfigError(problem)
+    if problem := (machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True, beside_cpu=_AGENT_CPU,
+                                     beside=f"the notice agent's {AGENT_REQUESTS['cpu']}") if agent
+                   else machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True)):
+        return problem
     why = ([] if memory_given else [f"{opts.memory_per_cpu_gib} GiB per CPU from KubeRayOptions.memory_per_cpu_gib, as "
                                      "resources_per_worker names no memory"]) + (
         [f"the notice agent's {AGENT_REQUESTS['memory']} included"] if agent else [])
-    if problem := machine_memory_error(
+    return machine_memory_error(
         name, memory_bytes, pod_cpu, gpu, opts.cloud, where + (".memory" if memory_given else ""),
         f" ({'; '.join(why)})" if why else "", _AGENT_MEMORY if agent else 0.0,
-    ):
-        raise ConfigError(problem)
+    )
+
+
+def _check_pod_fits(tier: Tier, index: int, pod_cpu: float, gpu: int, memory_bytes: float, opts: KubeRayOptions,
+                    *, memory_given: bool, agent: bool) -> None:
+    """Refuse a worker pod that no node the tier's pods may land on can hold: its pinned
+    instance type, else every machine type of its GPU type there (Karpenter, GKE), whose
+    largest's shortfall is named. Unknown types and unnamed pools are not checked."""
+    pinned = tier.placement.instance_type
+    types = (pinned,) if pinned else k8s_machine_types(opts.cloud, tier, index)
+    problems = [_pod_problem(t, index, pod_cpu, gpu, memory_bytes, opts, memory_given=memory_given, agent=agent)
+                for t in types]
+    if not problems or not all(problems):
+        return
+    if pinned:
+        raise ConfigError(problems[0] or "")
+    sized = [(m.gpus, m.vcpus, m.memory_gib, i) for i, t in enumerate(types) if (m := machine(t)) is not None]
+    largest = max(sized)[3] if sized else len(types) - 1
+    gpu_type = tier.label_selector.get(ACCELERATOR_LABEL)
+    which = "" if len(types) == 1 else f", the largest of which is {types[largest]!r}"
+    raise ConfigError(f"{problems[largest]} (on {opts.cloud.value}, {ACCELERATOR_LABEL}: {gpu_type} puts the tier's pods "
+                      f"on {' or '.join(types)} nodes{which})")
 
 
 def _worker_group(
@@ -466,9 +499,8 @@ def _worker_group(
     # Ray's zone/region labels must be true of the node: pin them with the well-known node labels.
     topology = {node_key: labels[ray_key] for ray_key, node_key in TOPOLOGY_LABELS.items() if ray_key in labels}
     pool = k8s_pool(opts.cloud, tier, index)
-    if tier.placement.instance_type:
-        _check_pinned_pod(tier.placement.instance_type, index, pod_cpu, gpu, memory or per_cpu * opts.memory_per_cpu_gib * 2**30,
-                          opts, memory_given=bool(memory), agent=sidecars is not None)
+    _check_pod_fits(tier, index, pod_cpu, gpu, memory or per_cpu * opts.memory_per_cpu_gib * 2**30, opts,
+                    memory_given=bool(memory), agent=sidecars is not None)
     selector = dict(placement.node_selector)
     for key, value in {**topology, **pool.node_selector}.items():
         if selector.get(key, value) != value:

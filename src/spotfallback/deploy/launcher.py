@@ -56,8 +56,9 @@ from spotfallback.deploy.machines import (
     gpu_fabric,
     head_machine_error,
     machine,
+    vm_holds_memory,
 )
-from spotfallback.deploy.pools import GPUS, machine_type_error, vm_pool
+from spotfallback.deploy.pools import GPUS, machine_type_error, vm_pool, with_memory
 from spotfallback.deploy.validate import assert_valid_text
 from spotfallback.errors import ConfigError
 
@@ -223,11 +224,12 @@ def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, 
 def _default_fit(tier: Tier, index: int, opts: LauncherOptions, cpu: float, gpu: int) -> str:
     gcp = opts.cloud is VmCloud.GCP
     table = (_GCP_GPU_TYPES if gcp else _AWS_GPU_TYPES) if gpu else (_GCP_TYPES if gcp else _AWS_TYPES)
+    memory = worker_shape(tier, index)[2].get("memory", 0.0)
     for name, vcpus, gpus in table:
-        if vcpus >= cpu and gpus >= gpu:
+        if vcpus >= cpu and gpus >= gpu and vm_holds_memory(name, memory):
             return name
     raise ConfigError(
-        f"tiers[{index}].resources_per_worker: no default {opts.cloud.value} type has {cpu:g} CPUs and "
+        f"tiers[{index}].resources_per_worker: no default {opts.cloud.value} type has {cpu:g} CPUs{with_memory(memory)} and "
         f"{gpu} GPUs; name one with --instance-type {tier.name}=TYPE"
     )
 

@@ -263,6 +263,25 @@ def machine_memory_error(name: str, memory_bytes: float, cpu: float, gpus: int, 
     )
 
 
+def vm_holds_memory(name: str, memory_bytes: float) -> bool:
+    """Whether a VM of type ``name`` has ``memory_bytes`` for one worker (a type outside the catalog
+    is taken to). The launcher's node types advertise the workers' memory to Ray as declared, so a
+    worker asking for more than the machine has would be placed there and run out of memory."""
+    m = machine(name)
+    return m is None or memory_bytes <= m.memory_gib * 2**30
+
+
+def vm_memory_error(name: str, memory_bytes: float, gpus: int, cpu: float, where: str) -> str | None:
+    """Why a VM of type ``name`` can never hold a worker asking for ``memory_bytes``, or None."""
+    if vm_holds_memory(name, memory_bytes):
+        return None
+    m = MACHINES[name]
+    hint = _larger(name, lambda o: o.gpus >= gpus and o.vcpus >= cpu and memory_bytes <= o.memory_gib * 2**30)
+    return (f"{where}: one worker asks for {memory_bytes / 2**30:.5g} GiB of memory, and {name!r} has {m.memory_gib:g} GiB, "
+            f"so no worker would ever fit there; give each worker at most {m.memory_gib:g} GiB (resources_per_worker.memory, "
+            f"in bytes: {int(m.memory_gib * 2**30)}), or name a larger type{hint}")
+
+
 def pod_shortfall(name: str, cpu: float, gpus: float, memory_bytes: float, cloud: K8sCloud) -> list[str] | None:
     """What of one pod's requests a Kubernetes node of type ``name`` can never give (empty if
     it fits), or None for a type outside the catalog."""

@@ -34,6 +34,8 @@ from spotfallback.deploy.machines import (
     machine_fit_error,
     machine_spelling_error,
     sized,
+    vm_holds_memory,
+    vm_memory_error,
 )
 from spotfallback.errors import ConfigError
 
@@ -257,38 +259,45 @@ def vm_pool(cloud: VmCloud, tier: Tier, index: int, cpu: float, gpus: int, pinne
     named: the launcher's CPU/GPU default fit applies."""
     pinned = pinned or tier.placement.instance_type
     where = where or f"tiers[{index}].placement.instance_type"
+    memory = worker_shape(tier, index)[2].get("memory", 0.0)
     if pinned and (problem := pinned_machine_error(cloud.value, tier, index, cpu, gpus, kubernetes=False, name=pinned,
-                                                   where=where)):
+                                                   where=where) or vm_memory_error(pinned, memory, gpus, cpu, where)):
         raise ConfigError(problem)
     named = tier_gpu(tier, index)
     if named is None:
         return pinned, {}
     name, kind = named
     if cloud is VmCloud.GCP and kind.gcp_guest:
-        return _n1_pool(kind, name, index, cpu, gpus, pinned, where)
+        return _n1_pool(kind, name, index, cpu, gpus, memory, pinned, where)
     if pinned:
         return pinned, {}
     table = kind.aws if cloud is VmCloud.AWS else kind.gcp
     for machine, vcpus, count in table:
-        if vcpus >= cpu and count >= gpus:
+        if vcpus >= cpu and count >= gpus and vm_holds_memory(machine, memory):
             return machine, {}
     raise ConfigError(
-        f"{where}: no {cloud.value} machine with {name} GPUs fits {cpu:g} CPUs and {gpus} GPUs per "
+        f"{where}: no {cloud.value} machine with {name} GPUs fits {cpu:g} CPUs{with_memory(memory)} and {gpus} GPUs per "
         f"worker{'' if table else f' ({cloud.value} has no {name})'}; name one"
     )
 
 
-def _n1_pool(kind: Gpu, name: str, index: int, cpu: float, gpus: int, pinned: str | None,
+def with_memory(memory_bytes: float) -> str:
+    """``, 2794 GiB of memory`` where a worker names its memory (resources_per_worker.memory)."""
+    return f", {memory_bytes / 2**30:.5g} GiB of memory" if memory_bytes else ""
+
+
+def _n1_pool(kind: Gpu, name: str, index: int, cpu: float, gpus: int, memory: float, pinned: str | None,
              where: str) -> tuple[str, dict[str, Any]]:
     """An N1 VM (``pinned``, else the smallest that fits) and the GPUs attached to it: the fewest
     that cover the worker, in a count N1 takes with that many vCPUs."""
     table = kind.gcp
-    fits = [(m, c) for m, v, c in table if c >= gpus and v >= cpu and (pinned is None or m == pinned)]
+    fits = [(m, c) for m, v, c in table
+            if c >= gpus and v >= cpu and (pinned is None and vm_holds_memory(m, memory) or m == pinned)]
     if not fits and pinned and all(m != pinned for m, _, _ in table):  # an N1 shape not listed (highmem, ...)
         fits = [(pinned, c) for c in sorted({c for _, _, c in table}) if c >= gpus]
     if not fits:
         raise ConfigError(f"{where if pinned else f'tiers[{index}].resources_per_worker'}: {_n1_shapes(name, table)}, "
-                          f"and one worker asks for {cpu:g} CPUs and {gpus} GPUs; give each worker fewer")
+                          f"and one worker asks for {cpu:g} CPUs{with_memory(memory)} and {gpus} GPUs; give each worker fewer")
     machine, count = fits[0]
     return machine, {"guestAccelerators": [{"acceleratorType": kind.gcp_guest, "acceleratorCount": count}]}
 

@@ -67,6 +67,9 @@ from spotfallback.deploy.schema import (
 from spotfallback.errors import ManifestInvalid
 
 MAX_NAME = {"RayJob": 47, "RayCluster": 53}
+# The kinds of KubeRay's ray.io API group (ray-operator/config/crd/bases at v1.7.0): kubectl refuses
+# any other there ("no matches for kind"). Only KUBERAY_FILES' are checked offline.
+KUBERAY_KINDS = ("RayCluster", "RayCronJob", "RayJob", "RayService")
 SUBMISSION_MODES = ("K8sJobMode", "HTTPMode", "InteractiveMode", "SidecarMode")
 LAUNCHER_KIND = "cluster-launcher"
 
@@ -296,6 +299,8 @@ def _pod_spec_findings(pod: dict[str, Any], at: list[str | int]) -> Iterator[Fin
             if isinstance(name, str) and (len(name) > 63 or not _DNS1123_LABEL.fullmatch(name)):
                 yield Finding(field_path([*where, "name"]), f"{name!r} must be 1-63 lowercase letters, digits or '-', "
                                                             "alphanumeric at both ends (a DNS-1123 label)")
+            if container.get("image") in (None, ""):  # the CRD leaves it optional; pod validation does not
+                yield Finding(field_path([*where, "image"]), "required; name the container's image")
             yield from _container_resource_findings(_dict(container.get("resources")), [*where, "resources"])
     for i, toleration in enumerate(_list(pod.get("tolerations"))):
         if isinstance(toleration, dict):
@@ -712,6 +717,9 @@ def _job_findings(spec: Any, annotations: dict[str, Any]) -> Iterator[Finding]:
         policy = _get(spec, "rayClusterSpec", "headGroupSpec", "template", "spec", "restartPolicy")
         if policy not in (None, "Never"):
             yield Finding("spec.rayClusterSpec.headGroupSpec.template.spec.restartPolicy", f"must be Never or unset with SidecarMode (got {policy!r})")
+    submitter = spec.get("submitterPodTemplate")
+    if isinstance(submitter, dict):  # the operator's K8s Job runs it as it is (only its command may be filled in)
+        yield from _pod_spec_findings(_dict(submitter.get("spec")), ["spec", "submitterPodTemplate", "spec"])
     deadline = spec.get("activeDeadlineSeconds")
     if isinstance(deadline, int) and deadline <= 0:
         yield Finding("spec.activeDeadlineSeconds", f"must be positive (got {deadline})")
@@ -834,6 +842,18 @@ RAY_PROVIDER_DEFAULTS: dict[str, dict[str, Any]] = {
 }
 
 
+# The node types of those defaults (their ``available_node_types``), which ``ray up`` takes for a
+# config that lists none of its own: its ``head_node_type`` must then be one of them.
+RAY_DEFAULT_NODE_TYPES: dict[str, tuple[str, ...]] = {
+    "aws": ("ray.head.default", "ray.worker.default"),
+    "azure": ("ray.head.default", "ray.worker.default"),
+    "gcp": ("ray_head_default", "ray_worker_small"),
+    "vsphere": ("ray.head.default", "worker", "worker_2"),
+    "spark": ("ray.head.default", "ray.worker"),
+    "readonly": ("ray.head.default",),
+}
+
+
 # The node providers Ray 2.60's launcher knows (``ray.autoscaler._private.providers._NODE_PROVIDERS``;
 # tests/unit/test_ray_contract.py pins the two together).
 RAY_NODE_PROVIDERS = frozenset({"local", "fake_multinode", "fake_multinode_docker", "readonly", "aws", "gcp", "vsphere",
@@ -926,10 +946,24 @@ def _launcher_findings(doc: dict[str, Any]) -> Iterator[Finding]:
     if provider == "local":
         yield from _on_prem_findings(doc)
         return
-    types = _dict(doc.get("available_node_types"))
-    defaults = _provider_defaults(doc) if types else {}
+    listed = doc.get("available_node_types")
+    types = _dict(listed)
+    # Ray's validate_config: where the config lists node types (even none), head_node_type (or the
+    # provider's default) must be one of them; where it lists none, one of the provider's defaults.
+    defaults = _provider_defaults(doc) if isinstance(listed, dict) else {}
     head_type = doc.get("head_node_type", defaults.get("head_node_type"))
-    if isinstance(head_type, str) and types and head_type not in types:
+    if isinstance(listed, dict) and not listed:
+        named = (f"head_node_type {head_type!r} (Ray's {provider} default)" if "head_node_type" in defaults
+                 else f"head_node_type {head_type!r}" if isinstance(head_type, str) else "head_node_type")
+        yield Finding("available_node_types", f"is empty, but ray up needs {named} to be one of available_node_types: "
+                                              "define the head's node type here (and one per kind of worker node)")
+    elif "available_node_types" not in doc and isinstance(head_type, str) and not {"head_node", "worker_nodes"} & doc.keys():
+        ray_types = RAY_DEFAULT_NODE_TYPES.get(str(provider), ())
+        if ray_types and head_type not in ray_types:
+            yield Finding("head_node_type", f"{head_type!r} is not one of available_node_types, which is not set, so ray "
+                                            f"up takes Ray's {provider} default node types ({', '.join(ray_types)}): "
+                                            "define the head's node type in available_node_types")
+    elif isinstance(head_type, str) and types and head_type not in types:
         if "head_node_type" in defaults:
             provider = _get(doc, "provider", "type")
             yield Finding("head_node_type", f"not set, so ray up takes Ray's {provider} default {head_type!r}, which is "
@@ -1328,6 +1362,8 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
         return kind, _nodepool_findings(doc, api)
     if not (isinstance(api, str) and api.startswith("ray.io/")):
         return f"{kind} (not checked)", []
+    if kind not in KUBERAY_KINDS:
+        return str(kind), [_unknown_ray_kind(str(kind), api)]
     if kind not in KUBERAY_FILES:
         return f"{kind} (not checked)", [Finding("kind", f"{kind!r} is not checked offline; only {' and '.join(KUBERAY_FILES)} are", warning=True)]
     if api != "ray.io/v1":
@@ -1344,6 +1380,15 @@ def _validate_normalized(doc: Any, version: tuple[int, ...] | None) -> tuple[str
         findings += _cluster_findings(doc.get("spec"), ["spec"], annotations)
     findings += _operator_findings(doc, kind, version)
     return kind, findings
+
+
+def _unknown_ray_kind(kind: str, api: str) -> Finding:
+    """A kind the ray.io group does not have: kubectl finds no such resource and refuses the object."""
+    by_lower = {k.lower(): k for k in KUBERAY_KINDS}
+    close = [by_lower[k] for k in difflib.get_close_matches(kind.lower(), by_lower, n=1)]
+    hint = f"; did you mean {close[0]!r}?" if close else ""
+    return Finding("kind", f"{kind!r} is not a kind of {api.partition('/')[0]} (kubectl: no matches for kind "
+                           f"{kind!r} in version {api!r}); KubeRay defines {', '.join(KUBERAY_KINDS)}{hint}")
 
 
 def _object_shape_findings(api: Any, kind: Any) -> list[Finding]:

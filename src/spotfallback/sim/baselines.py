@@ -21,6 +21,7 @@ from spotfallback.sim.job import (
     JobSpec,
     cycle_progress,
     default_horizon_h,
+    start_to_finish_h,
     wall_to_finish,
 )
 from spotfallback.sim.results import FINISHED, STUCK, SimResult
@@ -66,8 +67,10 @@ def simulate_uniform_progress(
     Its progress is what has been committed, as in the paper, so it checkpoints periodically:
     every ``job.tau_h``, or, for a job without an interval whose preemptions lose work (no
     notice long enough for a checkpoint), every Daly interval for the spot gang's observed
-    mean time between interruptions. Without one, the safety net would see no progress for
-    the whole of a long spot session and send the run to on-demand for good.
+    mean time between interruptions, counted as at most the deadline (so a trace that never
+    interrupts still gets a finite one; ``uniform_progress_interval``). Without one, the safety
+    net would see no progress for the whole of a long spot session and send the run to
+    on-demand for good.
     """
     job = job.with_interval(uniform_progress_interval(job, spot, spot_tier.num_workers))
     if job.deadline_h is None:
@@ -123,7 +126,7 @@ def simulate_uniform_progress(
         t = step * h
         done, comm = progress()
         spot_ok = proc.is_ok(offset + t) if isinstance(proc, TraceCapacity) else t >= spot_back
-        need = prov + R + wall_to_finish(np.maximum(W - comm, 0.0), tau_od, delta)  # on-demand to the end
+        need = start_to_finish_h(np.maximum(W - comm, 0.0), tau_od, delta, prov, R)  # on-demand to the end
         safety |= act & (D - t <= need + d + h + delta)
         ep_now, ep_hyst = t * W / D, (t + 2 * d) * W / D
         target = np.where(
@@ -225,10 +228,20 @@ def simulate_uniform_progress(
 
 
 def uniform_progress_interval(job: JobSpec, spot: Process, num_workers: int) -> float | None:
-    """The checkpoint interval Uniform Progress runs with: the job's, else Daly's where work can be lost."""
+    """The checkpoint interval Uniform Progress runs with: the job's, else Daly's where work can be lost.
+
+    Daly's interval is taken for the spot gang's observed mean time between interruptions,
+    counted as at most the deadline: the baseline's progress is what it has committed, so it
+    needs an interval that commits within the run even where the trace shows few or no
+    interruptions (an infinite MTBF would give none, and the safety net, seeing no progress,
+    would send every run to on-demand a few hours in). An MTBF of the deadline is the longest
+    that still expects one interruption in the time the run may take.
+    """
     if job.checkpoint_interval_h is not None or job.jit_saves or job.checkpoint_cost_h <= 0:
         return job.checkpoint_interval_h
     mtbf, _ = observed_mtbf_h(spot, num_workers)
+    if job.deadline_h is not None:
+        mtbf = min(mtbf, job.deadline_h)
     if not math.isfinite(mtbf):
         return None
     return min(daly_interval(job.checkpoint_cost_h, mtbf), job.work_h)

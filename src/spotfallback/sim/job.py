@@ -91,6 +91,14 @@ class JobSpec(BaseModel):
     def with_interval(self, tau_h: float | None) -> JobSpec:
         return self.model_copy(update={"checkpoint_interval_h": tau_h})
 
+    @property
+    def least_wall_h(self) -> float:
+        """The shortest wall time any run of this job can take: one start on a gang that is never
+        interrupted and writes no periodic checkpoint (on-demand only), billed as every engine
+        bills a start (``start_to_finish_h``). A deadline shorter than this no run meets."""
+        return float(start_to_finish_h(self.work_h, NEVER_H, self.checkpoint_cost_h, self.provisioning_delay_h,
+                                       self.restart_overhead_h))
+
 
 def default_horizon_h(job: JobSpec) -> float:
     """Give up on a run (status 'stuck') after this long: 100x the work, or 10x the deadline."""
@@ -113,6 +121,13 @@ def wall_to_finish(w: np.ndarray | float, tau: np.ndarray | float, delta: np.nda
     return np.add(w, np.multiply(n, delta))
 
 
+def start_to_finish_h(w: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float,
+                      provisioning_h: float, restart_h: float):
+    """Wall hours from acquiring a gang to finishing ``w`` more work on it uninterrupted: the
+    provisioning wait, the restart every start pays (the first included), then the compute phase."""
+    return provisioning_h + restart_h + wall_to_finish(w, tau, delta)
+
+
 __all__ = [
     "EPS",
     "LOOK_EVERY_H",
@@ -120,5 +135,6 @@ __all__ = [
     "JobSpec",
     "cycle_progress",
     "default_horizon_h",
+    "start_to_finish_h",
     "wall_to_finish",
 ]

@@ -51,7 +51,7 @@ from spotfallback.sim.costmodel import (
     daly_interval,
     young_interval,
 )
-from spotfallback.sim.job import MAX_HOURS, NEVER_H, JobSpec, wall_to_finish
+from spotfallback.sim.job import EPS, MAX_HOURS, NEVER_H, JobSpec, wall_to_finish
 from spotfallback.sim.results import SimResult
 from spotfallback.sim.simulate import simulate_many
 from spotfallback.sim.traces import NodeTrace, SpotTrace
@@ -170,7 +170,25 @@ class PlanRequest(BaseModel):
     def _check_deadline(self) -> PlanRequest:
         if self.deadline_h is not None and self.deadline_h < self.work_h:
             raise ValueError(f"deadline_h ({self.deadline_h:g}) is shorter than the work itself ({self.work_h:g} h)")
+        least = self.least_deadline_h
+        if self.deadline_h is not None and self.deadline_h < least - EPS:
+            # Every candidate would miss it, on-demand only included: a plan would recommend the
+            # "most likely" of ladders that all have P = 0.
+            least_up = math.ceil(least * 1e4 - 1e-6) / 1e4  # shown rounded up, so that it is accepted
+            raise ValueError(
+                f"deadline_h ({self.deadline_h:g}) is shorter than the least wall time a run can take, {least_up:g} h: "
+                f"the work ({self.work_h:g} h), the first start's restart ({self.restart_overhead_h * 3600:g} s) and "
+                f"provisioning delay ({self.provisioning_delay_h * 3600:g} s), on on-demand from the start; give a "
+                f"deadline of at least {least_up:g} h, or none")
         return self
+
+    @property
+    def least_deadline_h(self) -> float:
+        """The least deadline a run can meet: the job's wall time on on-demand from the start, as
+        the simulator bills it (``JobSpec.least_wall_h``: provisioning, restart, the work)."""
+        return JobSpec(work_h=self.work_h, checkpoint_cost_h=self.checkpoint_cost_h,
+                       restart_overhead_h=self.restart_overhead_h,
+                       provisioning_delay_h=self.provisioning_delay_h).least_wall_h
 
     def job(self, tau_h: float | None) -> JobSpec:
         return JobSpec(

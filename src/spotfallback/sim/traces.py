@@ -28,6 +28,23 @@ __all__ = ["NodeEvent", "NodeTrace", "SpotTrace", "load_node_trace", "load_spot_
 # The longest tick a spot trace may have: one that hides a week of preemptions says nothing of them
 # (recorded traces tick every minute to every ten), and far longer ones overflow the trace's hours.
 MAX_GAP_S = 7 * 24 * 3600.0
+# The shortest: the simulator expands a trace into its ticks over the hours a run may take (the
+# hindsight optimum lays out every tick up to the deadline, per start), so its cost grows as one over
+# the tick: a second keeps a 1,000 h horizon at 3.6 million ticks, while a 0.1 s tick already took half
+# a minute to plan a 10 h job, and 1e-9 s asked for hundreds of TiB. Recorded traces tick every 30 s
+# to 10 min (SkyPilot's), and cloud APIs report capacity every few seconds at best.
+MIN_GAP_S = 1.0
+
+
+def _gap_error(where: str, gap: Any) -> str | None:
+    """Why ``gap`` is no tick of a spot trace (``where`` names the file and field), or None."""
+    if not _is_number(gap) or not math.isfinite(gap) or gap <= 0 or gap > MAX_GAP_S:
+        return f"{where} must be a positive number of seconds, at most {MAX_GAP_S:g} (a week), got {_quoted(gap)}"
+    if gap < MIN_GAP_S:
+        return (f"{where} is {gap:g} s, shorter than the shortest tick accepted, {MIN_GAP_S:g} s (the simulator "
+                f"lays out every tick of the hours a run may take); resample the trace to ticks of {MIN_GAP_S:g} s "
+                "or more, keeping the least capacity of the ticks each new one covers")
+    return None
 
 
 @dataclass(frozen=True)
@@ -42,9 +59,9 @@ class SpotTrace:
         # A trace built in Python gets the loader's rules: a zero gap never advances the simulated
         # clock, and a negative one runs it backwards.
         where = f"SpotTrace {self.name!r}"
-        if not _is_number(self.gap_seconds) or not 0 < self.gap_seconds <= MAX_GAP_S:
-            raise TraceError(f"{where}: gap_seconds must be a positive number of seconds, at most {MAX_GAP_S:g} (a "
-                             f"week), got {_quoted(self.gap_seconds)}")
+        gap_error = _gap_error(f"{where}: gap_seconds", self.gap_seconds)
+        if gap_error is not None:
+            raise TraceError(gap_error)
         raw = np.asarray(self.available)
         if raw.ndim != 1 or not len(raw):
             raise TraceError(f"{where}: available must be a non-empty list of available instances per tick")
@@ -187,9 +204,9 @@ def load_spot_trace(path: str | Path) -> SpotTrace:
     if not isinstance(meta, dict):
         raise TraceError(f"{path}: field 'metadata' is missing or not an object; expected {{\"gap_seconds\": N}}")
     gap = meta.get("gap_seconds")
-    if not _is_number(gap) or not math.isfinite(gap) or gap <= 0 or gap > MAX_GAP_S:
-        raise TraceError(f"{path}: field 'metadata.gap_seconds' must be a positive number of seconds, at most "
-                         f"{MAX_GAP_S:g} (a week), got {_quoted(gap)}")
+    gap_error = _gap_error(f"{path}: field 'metadata.gap_seconds'", gap)
+    if gap_error is not None or not _is_number(gap):  # the second only narrows: _gap_error refuses non-numbers
+        raise TraceError(gap_error or f"{path}: field 'metadata.gap_seconds' must be a number, got {_quoted(gap)}")
     data = doc.get("data")
     if not isinstance(data, list):
         raise TraceError(f"{path}: field 'data' is missing or not a list of available instances per tick")

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pyarrow.fs as pafs
 
-from spotfallback.config import run_name_error, storage_uri_error
+from spotfallback.config import GCS_SCHEMES, gcs_uri_error, run_name_error, storage_uri_error
 from spotfallback.errors import ConfigError
 from spotfallback.store.retry import call_with_retry
 
@@ -270,15 +270,11 @@ def azure_filesystem(uri: str, env: Mapping[str, str]) -> tuple[pafs.FileSystem,
 
 # -- Google Cloud Storage ------------------------------------------------------------------
 
-GCS_SCHEMES = ("gs", "gcs")
-# The URI options pyarrow's own GCS URIs take (``FileSystem.from_uri``), and nothing else.
-GCS_URI_OPTIONS = ("endpoint_override", "scheme", "retry_limit_seconds", "project_id")
 # Google's client libraries' switch to an emulator: its endpoint, and no credentials.
 GCS_EMULATOR_ENV = "STORAGE_EMULATOR_HOST"
 # The GCS client's own retries per call (its default is 15 minutes): short, so a longer outage
 # reaches spotfallback's bounded, logged back-off (``retry.py``), as S3's client does.
 GCS_CLIENT_RETRY_S = 2.0
-_GCS_BUCKET = re.compile(r"(?=.{3,222}$)[a-z0-9][a-z0-9._-]*[a-z0-9]")
 
 
 def _http_scheme(value: str, what: str) -> str:
@@ -297,14 +293,9 @@ def gcs_filesystem(uri: str, env: Mapping[str, str]) -> tuple[pafs.FileSystem, s
     """
     parsed = urllib.parse.urlsplit(uri)
     bucket, prefix = parsed.netloc, parsed.path.strip("/")
-    if not _GCS_BUCKET.fullmatch(bucket) or ".." in bucket:
-        raise ValueError(
-            f"{bucket!r} is not a bucket name (3-63 lowercase letters, digits, '-', '_', '.'); expected gs://BUCKET/PREFIX"
-        )
+    if problem := gcs_uri_error(uri):
+        raise ValueError(problem)
     query = urllib.parse.parse_qs(parsed.query, keep_blank_values=True)
-    unknown = sorted(set(query) - set(GCS_URI_OPTIONS))
-    if unknown:
-        raise ValueError(f"unknown URI option {unknown[0]!r}; gs:// URIs take {', '.join(GCS_URI_OPTIONS)}")
     options: dict[str, object] = {"retry_time_limit": datetime.timedelta(seconds=GCS_CLIENT_RETRY_S)}
     emulator = env.get(GCS_EMULATOR_ENV, "").strip().rstrip("/")
     if emulator:
