@@ -157,6 +157,11 @@ def storage_uri_error(storage_path: str) -> str | None:
     if any(ord(c) < 32 or ord(c) == 127 for c in storage_path):
         return f"{storage_path!r} holds a control character (a newline or tab?); give the path on one line"
     if "://" not in storage_path:
+        scheme, sep, rest = storage_path.partition(":/")
+        if sep and scheme.lower() in STORAGE_SCHEMES:
+            # 's3:/bucket/runs' would be a local directory named 's3:'; pyarrow reads no such URI.
+            root = "/" if scheme.lower() == "file" else ""
+            return f"{storage_path!r} is missing a '/': write {scheme.lower() + '://' + root + rest.lstrip('/')!r}"
         return None
     scheme, _, rest = storage_path.partition("://")
     if scheme not in STORAGE_SCHEMES:
@@ -625,12 +630,20 @@ class Tier(BaseModel):
     def spot(cls, num_workers: int | tuple[int, int], *, name: str = "spot", **kwargs: Any) -> Tier:
         """A spot tier; tolerates 3 preemptions unless told otherwise."""
         kwargs.setdefault("max_preemptions", 3)
-        return cls.model_validate({"name": name, "market": SPOT, "num_workers": num_workers, **kwargs})
+        return cls._of_market(SPOT, num_workers, name, kwargs)
 
     @classmethod
     def on_demand(cls, num_workers: int | tuple[int, int], *, name: str = "on-demand", **kwargs: Any) -> Tier:
         """An on-demand tier: the usual last rung."""
-        return cls.model_validate({"name": name, "market": ON_DEMAND, "num_workers": num_workers, **kwargs})
+        return cls._of_market(ON_DEMAND, num_workers, name, kwargs)
+
+    @classmethod
+    def _of_market(cls, market: str, num_workers: int | tuple[int, int], name: str, kwargs: dict[str, Any]) -> Tier:
+        if "market" in kwargs:  # Tier.spot(market="on-demand") would be an on-demand tier named spot
+            raise ConfigError(f"market: Tier.{'spot' if market == SPOT else 'on_demand'} makes "
+                              f"{'a spot' if market == SPOT else 'an on-demand'} tier; "
+                              f"build Tier(market={kwargs['market']!r}, ...) for another market")
+        return cls.model_validate({"name": name, "market": market, "num_workers": num_workers, **kwargs})
 
     @property
     def is_spot(self) -> bool:
@@ -712,6 +725,16 @@ class Ladder(BaseModel):
     def same_cluster(self, a: int, b: int) -> bool:
         """Whether tiers ``a`` and ``b`` run on one Ray cluster: a gang can only move (climb, resize) within one."""
         return self.cluster_key(a) == self.cluster_key(b)
+
+    def same_nodes(self) -> list[tuple[int, int]]:
+        """Pairs of tiers ``(a, b)``, ``a < b``, whose workers select the same nodes: one cluster, one
+        market, the same label selector and placement. A fall from one to the other stays in the
+        pool whose capacity just failed."""
+        def pool(i: int) -> tuple[str, str, str]:
+            t = self.tiers[i]
+            return t.market, json.dumps(dict(t.label_selector), sort_keys=True), t.placement.model_dump_json()
+        n = len(self.tiers)
+        return [(a, b) for a in range(n) for b in range(a + 1, n) if self.same_cluster(a, b) and pool(a) == pool(b)]
 
     def __len__(self) -> int:
         return len(self.tiers)

@@ -407,8 +407,13 @@ def test_a_trace_without_spot_capacity_replays_without_a_numpy_warning(app, tmp_
     zero.write_text(json.dumps({"metadata": {"gap_seconds": 600}, "data": [0] * 500}))
     r = invoke(app, str(_planned_job_file(tmp_path, notice_s=120)), "--trace", str(zero), "--json")
     assert r.exit_code == 0, r.output
-    assert json.loads(r.output)["vs_on_demand"]["mean"] == pytest.approx(1.0, abs=0.05)
+    doc = json.loads(r.output)
+    assert doc["vs_on_demand"]["mean"] == pytest.approx(1.0, abs=0.05)
     assert [str(w.message) for w in recwarn.list if issubclass(w.category, RuntimeWarning)] == []
+    # `plan` refuses such a trace; here it is a measurement, and a note says what it measured.
+    assert [n for n in doc["notes"] if "no spot capacity" in n] == [
+        f"{zero}: no spot capacity in any of its 500 ticks, so in every window spot never starts and the run goes on as "
+        "the ladder's timeouts and guards allow; if it counts preempted instances, pass --trace-counts preempted"]
 
 
 def test_a_deadline_guard_made_for_another_job_than_the_replayed_one_is_pointed_out(app, tmp_path):

@@ -114,6 +114,27 @@ def test_a_job_files_ray_address_the_cluster_does_not_use_is_noted(app: typer.Ty
         assert (note in result.stderr) is noted, result.stderr
 
 
+
+@pytest.mark.parametrize("command", [["kuberay", "--cloud", "gke"], ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]])
+def test_a_tier_whose_gang_and_nodes_are_an_earlier_tiers_is_noted(app: typer.Typer, tmp_path: Path,
+                                                                  command: list[str]) -> None:
+    """Two spot tiers selecting the same nodes with the same gang: the fall between them changes
+    nothing but budgets. A smaller gang there, or another zone, is a fall of its own."""
+    twins = JOB.replace("  - {name: on-demand", "  - {name: spot-2, market: spot, num_workers: 2}\n  - {name: on-demand")
+    job = tmp_path / "job.yaml"
+    for text, noted in ((twins, True), (twins.replace("spot-2, market: spot, num_workers: 2", "spot-2, market: spot, num_workers: 1"), False),
+                        (twins.replace("spot-2, market: spot,", "spot-2, market: spot, label_selector: {ray.io/availability-zone: us-east-1b},"), False),
+                        (JOB, False)):
+        job.write_text(text)
+        result = run(app, *command, "--job", job)
+        assert result.exit_code == 0, result.output
+        notes = [line for line in result.stderr.splitlines() if "selects the same nodes" in line]
+        assert notes == ([
+            "note: tiers[1] (spot-2) selects the same nodes as tiers[0] (spot), {'ray.io/market-type': 'spot'}, with the "
+            "same gang, so falling from "
+            "one to the other stays in the pool whose capacity just failed; give each a label_selector of its own pool "
+            "(e.g. ray.io/availability-zone) or a placement, or drop one"] if noted else []), result.stderr
+
 def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")
     assert result.exit_code == 0 and result.stderr.startswith("run name: churn-v2 (from --name); ")

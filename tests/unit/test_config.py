@@ -237,6 +237,16 @@ def test_a_gcs_uri_no_run_can_open_is_refused_where_the_job_is_read(storage_path
     assert JobConfig(name="ok", storage_path="gs://my_bkt.v2/runs?endpoint_override=localhost:4443&scheme=http",
                      entrypoint="m:f", tiers=(Tier.spot(1),))
 
+
+@pytest.mark.parametrize(("storage_path", "fixed"), [("s3:/bucket/runs", "s3://bucket/runs"), ("gs:/bkt/runs", "gs://bkt/runs"),
+                                                     ("S3:/bucket/runs", "s3://bucket/runs"),
+                                                     ("file:/mnt/runs", "file:///mnt/runs")])
+def test_a_uri_missing_a_slash_is_refused_rather_than_taken_for_a_local_directory(storage_path, fixed):
+    """'s3:/bucket/runs' has no '://', so it read as a relative path: a directory named 's3:' on the driver."""
+    with pytest.raises(ValidationError, match=rf"is missing a '/': write '{fixed}'"):
+        JobConfig(name="ok", storage_path=storage_path, entrypoint="m:f", tiers=(Tier.spot(1),))
+    assert JobConfig(name="ok", storage_path="runs:/a", entrypoint="m:f", tiers=(Tier.spot(1),))  # not a scheme of storage
+
 def test_hdfs_without_a_host_is_the_default_file_system():
     """``hdfs:///path`` is HDFS's default namenode, not a missing bucket."""
     assert JobConfig(name="ok", storage_path="hdfs:///runs", entrypoint="m:f", tiers=(Tier.spot(1),)).storage_path == "hdfs:///runs"

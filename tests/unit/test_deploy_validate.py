@@ -259,6 +259,41 @@ def test_a_submitter_pod_template_gets_the_api_servers_pod_checks() -> None:
     assert [e.split(":")[0] for e in errors(doc)] == ["spec.submitterPodTemplate.spec.containers[0].name"]
 
 
+
+def test_a_rayjob_edited_away_from_the_ladder_its_entrypoint_carries_is_refused() -> None:
+    """`manifest kuberay` writes one group per tier, one pod per worker; a hand edit that drops a
+    group, shrinks one below its gang or takes its GPUs away would leave that tier waiting for
+    nodes until its capacity timeout, every time the run reaches it."""
+    from spotfallback.config import JobConfig
+    from spotfallback.deploy import K8sCloud, KubeRayOptions, kuberay_manifest
+
+    job = JobConfig.model_validate({"name": "ft", "storage_path": "s3://ml-runs/sf", "entrypoint": "ft.train:train_func",
+                                    "tiers": [{"name": n, "market": m, "num_workers": 8, "use_gpu": True,
+                                               "resources_per_worker": {"CPU": 8, "GPU": 1},
+                                               "label_selector": {"ray.io/accelerator-type": "A100"}}
+                                              for n, m in (("spot-a", "spot"), ("spot-b", "spot"), ("on-demand", "on-demand"))]})
+    doc = kuberay_manifest(job, KubeRayOptions(cloud=K8sCloud.EKS_KARPENTER, image="ghcr.io/acme/train:1"))
+    assert errors(doc) == []
+    groups = doc["spec"]["rayClusterSpec"]["workerGroupSpecs"]
+    del groups[1]
+    groups[0]["maxReplicas"] = 4
+    for asked in groups[1]["template"]["spec"]["containers"][0]["resources"].values():
+        asked.pop("nvidia.com/gpu")
+    at = "spec.rayClusterSpec.workerGroupSpecs"
+    assert errors(doc) == [
+        f"{at}[0].maxReplicas: 4, fewer than the 8 workers of tiers[0] (spot-a) of the job in spec.entrypoint (one pod "
+        "each): its gang would never start",
+        f"{at}: has no group 'spot-b' for tiers[1] (spot-b) of the job in spec.entrypoint: its workers would never get a "
+        "node; add one (spotfallback manifest kuberay writes a group per tier)",
+        f"{at}[1].template.spec.containers[0].resources: asks for 0 GPUs (nvidia.com/gpu), and a worker of tiers[2] "
+        "(on-demand) of the job in spec.entrypoint needs 1: Ray would never place one on these pods",
+    ]
+    doc["spec"]["entrypoint"] = doc["spec"]["entrypoint"].replace('"num_workers":8', '"num_workers":0', 1)
+    assert [e for e in errors(doc) if e.startswith("spec.entrypoint")] == [
+        "spec.entrypoint: carries --job-json that is no job spotfallback runs (tiers.0.num_workers: Input should be "
+        "greater than 0)"]
+    assert errors(sample(JOB_SAMPLE)) == []  # an entrypoint of another program is not read
+
 def test_object_labels_the_api_server_would_refuse_are_named() -> None:
     doc = sample(CLUSTER_SAMPLE)
     doc["metadata"]["labels"] = {"team": "ml", "Example.com/owner": "me"}

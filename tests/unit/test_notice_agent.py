@@ -125,6 +125,22 @@ def test_aws_instance_action_drains_once_with_the_cloud_deadline(aws):
     assert [(n.key, drained) for n, drained, _ in records.calls] == [(notice.key, True)]
 
 
+
+def test_aws_hibernate_drains_at_once_whatever_its_time_says(aws):
+    """EC2's interruption notices: a spot instance set to hibernate gets no two-minute warning,
+    its hibernation begins at once; a stop keeps the notice's time, as a termination does."""
+    when = int(time.time()) + 120
+    aws.instance_action = json.dumps({"action": "hibernate", "time": iso(when)}).encode()
+    before = time.time()
+    agent, drains, _ = agent_for(AwsPoller(aws.url))
+    poll(agent, 2)
+    (notice,) = drains.calls
+    assert notice.action == "hibernate" and before <= notice.deadline_s <= time.time()
+    aws.instance_action = json.dumps({"action": "stop", "time": iso(when)}).encode()
+    agent, drains, _ = agent_for(AwsPoller(aws.url))
+    poll(agent, 2)
+    assert [(n.action, n.deadline_s) for n in drains.calls] == [("stop", float(when))]
+
 def test_aws_expired_token_is_renewed(aws):
     agent, drains, _ = agent_for(AwsPoller(aws.url))
     agent.poll_once()

@@ -88,3 +88,68 @@ def test_a_plan_request_takes_no_boolean_for_a_count(field):
             "on_demand_price": 1.0}
     with pytest.raises(ValidationError, match=rf"{field}\n.*expected a whole number, got true"):
         PlanRequest(**{**base, field: True})
+
+
+def test_a_trace_or_a_path_where_a_list_of_processes_belongs_is_named_whole():
+    """One trace alone, or a path, is the usual slip: say so, naming the path whole, not a
+    character of it, nor Python's "object is not iterable"."""
+    from spotfallback.sim.planner import plan
+
+    trace = load_process(FIXTURES / "us-west-2a_v100_1.json")
+    with pytest.raises(TypeError, match=r"^world: expected one process per tier \(a list\), got SpotTrace"):
+        simulate(LADDER, JOB, trace, runs=10)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^job: expected a JobSpec .*got dict \{'work_h': 10\}"):
+        simulate(LADDER, {"work_h": 10}, [trace, RateModel()], runs=10)  # type: ignore[arg-type]
+    req = PlanRequest(work_h=2, num_workers=1, checkpoint_cost_h=0.01, restart_overhead_h=0.05, spot_price=0.3,
+                      on_demand_price=1.0, deadline_h=4, runs=20)
+    path = str(FIXTURES / "us-west-2a_v100_1.json")
+    with pytest.raises(TypeError, match=r"got str '/.*us-west-2a_v100_1\.json' \(a trace file's path: read it with "
+                                        r"load_process\(path\) first\)"):
+        plan(req, path)
+    with pytest.raises(TypeError, match=r"got str 'x\.json'"):
+        plan(req, trace, more=["x.json"])
+    assert plan(req, trace, more=trace).recommended  # one further sample, given alone
+
+
+@pytest.mark.parametrize("limit", [0, -1, 2.5, True])
+def test_a_limit_on_the_optimum_that_is_no_count_of_states_is_refused_as_such(limit):
+    """Not reported as a search too large for it."""
+    trace = load_process(FIXTURES / "us-west-2a_v100_1.json")
+    with pytest.raises(ValueError, match=r"^limit must be a whole number of states of at least 1"):
+        optimum_for(LADDER, JOB, world_for(LADDER, trace), [0.0], limit=limit)
+    with pytest.raises(ValueError, match=r"^optimum_limit must be a whole number of states, at least one per trace"):
+        backtest(LADDER, [trace], JOB, optimum_limit=limit)
+
+
+def test_backtest_names_a_job_or_window_it_cannot_use():
+    trace = load_process(FIXTURES / "us-west-2a_v100_1.json")
+    with pytest.raises(TypeError, match=r"^job: expected a JobSpec with a deadline_h, got NoneType"):
+        backtest(LADDER, [trace], None)  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match=r"^window_h must be a positive number of hours, got '24'"):
+        backtest(LADDER, [trace], JOB, window_h="24")  # type: ignore[arg-type]
+
+
+def test_a_rate_model_takes_no_infinite_rate():
+    with pytest.raises(ValidationError, match="preemptions_per_node_hour"):
+        RateModel(preemptions_per_node_hour=math.inf)
+    with pytest.raises(ValidationError, match="mean_outage_h"):
+        RateModel(outage_probability=0.5, mean_outage_h=math.inf)
+
+
+def test_tier_helpers_keep_their_market():
+    from spotfallback.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^market: Tier\.spot makes a spot tier; build Tier\(market='on-demand', \.\.\.\)"):
+        Tier.spot(2, market="on-demand")
+    with pytest.raises(ConfigError, match=r"^market: Tier\.on_demand makes an on-demand tier"):
+        Tier.on_demand(2, market="spot")
+
+
+def test_the_optimum_of_one_start_takes_markets_as_the_package_exports_them():
+    from spotfallback.sim import Markets as Exported
+
+    trace = load_process(FIXTURES / "us-west-2a_v100_1.json")
+    world = world_for(LADDER, trace)
+    assert hindsight_optimum(JOB, Exported.of(LADDER, world), 0.0).spend == optimum_for(LADDER, JOB, world, [0.0])[0].spend
+    with pytest.raises(TypeError, match=r"^markets: expected Markets\.of\(ladder, world\), got list"):
+        hindsight_optimum(JOB, LADDER, 0.0)  # type: ignore[arg-type]

@@ -172,6 +172,14 @@ def _read_trace(option: str, path: Path, trace_counts: str) -> SpotTrace | NodeT
     return as_counted(proc, trace_counts)
 
 
+def _no_spot_note(path: Path, trace: SpotTrace, counts: str) -> str:
+    """A trace with no spot capacity at all (``plan`` refuses one; here it is a measurement): every
+    window waits for spot as the ladder allows, then runs on its other tiers."""
+    hint = "" if counts == "preempted" else "; if it counts preempted instances, pass --trace-counts preempted"
+    return (f"{path}: no spot capacity in any of its {trace.available.size:,} ticks, so in every window spot never "
+            f"starts and the run goes on as the ladder's timeouts and guards allow{hint}")
+
+
 def _pools(paths: Mapping[str, Path], ladder: Ladder, trace_counts: str) -> dict[str, SpotTrace | NodeTrace]:
     """The traces of ``--pool`` (``_pool_paths``), loaded, for tiers of ``ladder``."""
     tiers = {t.name: t for t in ladder.tiers}
@@ -373,7 +381,10 @@ def register(app: typer.Typer) -> None:
                        f"windows' traces (up to {longest_h:,.1f} h): past its end it repeats from its start, so later "
                        "windows pair it with hours other than those it recorded beside them"
                        for name, p in pools.items() if p.duration_s / 3600.0 < longest_h - 1e-9]
-        notes = left_out + short_pools + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
+        empty = [_no_spot_note(path, t, counts) for path, t in [*zip(trace, traces, strict=True),
+                                                                  *((pool_paths[n], t) for n, t in pools.items())]
+                 if isinstance(t, SpotTrace) and not t.available.any()]
+        notes = left_out + empty + short_pools + _guard_notes(job.tiers, spec) + list(dict.fromkeys(
             n for t in spot_tiers for p in ([pools[t.name]] if t.name in pools else traces)
             for n in (gating_note(p, t.num_workers), repeat_note(p, t.num_workers, deadline, "deadline")) if n))
         if as_json:

@@ -31,6 +31,7 @@ from spotfallback.deploy.common import (
     image_error,
     multi_gpu_worker_notes,
     object_name_error,
+    same_nodes_notes,
     unique_run_name,
 )
 from spotfallback.deploy.kuberay import (
@@ -306,7 +307,7 @@ def kuberay_command(
     _emit(text, out, what)
     if (note := spot_grace_note(config, opts)) is not None:
         typer.echo(f"note: {note}", err=True)
-    for note in [*pod_fabric_notes(config, opts), *multi_gpu_worker_notes(config)]:
+    for note in [*pod_fabric_notes(config, opts), *multi_gpu_worker_notes(config), *same_nodes_notes(config)]:
         typer.echo(f"note: {note}", err=True)
     if not config.ladder.across_clusters:
         _say_ray_address(config)
@@ -481,7 +482,8 @@ def launcher_command(
     for note in (image_note(config, opts), zone_note(config, opts, nodes)):
         if note is not None:
             typer.echo(f"note: {note}", err=True)
-    for note in [*idle_gpu_notes(config, nodes), *fabric_notes(config, nodes), *multi_gpu_worker_notes(config)]:
+    for note in [*idle_gpu_notes(config, nodes), *fabric_notes(config, nodes), *multi_gpu_worker_notes(config),
+                 *same_nodes_notes(config)]:
         typer.echo(f"note: {note}", err=True)
     _say_ray_address(config)
     _say_run_name(config, run_name, unique_name)

@@ -309,14 +309,12 @@ def _same_nodes(ladder: Ladder) -> list[str]:
     """A note for each pair of spot tiers the plan priced as separate pools but whose selectors, on
     one cluster, pick the same nodes: the file cannot know which nodes each trace recorded."""
     notes = []
-    spots = [i for i, t in enumerate(ladder.tiers) if t.is_spot]
-    for n, i in enumerate(spots):
-        for j in spots[n + 1:]:
-            a, b = ladder.tiers[i], ladder.tiers[j]
-            if ladder.same_cluster(i, j) and a.label_selector == b.label_selector:
-                notes.append(f"note: tiers {a.name!r} and {b.name!r} were priced as two spot pools, but both select "
-                             f"{dict(a.label_selector)} and would run on the same nodes: give each a label_selector "
-                             "of its own (e.g. ray.io/availability-zone) in the job file before running it")
+    for i, j in ladder.same_nodes():
+        a, b = ladder.tiers[i], ladder.tiers[j]
+        if a.is_spot:
+            notes.append(f"note: tiers {a.name!r} and {b.name!r} were priced as two spot pools, but both select "
+                         f"{dict(a.label_selector)} and would run on the same nodes: give each a label_selector "
+                         "of its own (e.g. ray.io/availability-zone) in the job file before running it")
     return notes
 
 

@@ -219,6 +219,22 @@ def multi_gpu_worker_notes(job: JobConfig) -> list[str]:
     return notes
 
 
+def same_nodes_notes(job: JobConfig) -> list[str]:
+    """Tiers whose gang is an earlier tier's, on the same nodes (``Ladder.same_nodes``, the same
+    workers): the ladder's fall between them stays in one pool and changes nothing but budgets.
+    A smaller gang on the same nodes is a fall that can fit where the first did not."""
+    notes = []
+    for a, b in job.ladder.same_nodes():
+        first, second = job.tiers[a], job.tiers[b]
+        if (first.num_workers, first.worker_resources()) != (second.num_workers, second.worker_resources()):
+            continue
+        notes.append(f"tiers[{b}] ({second.name}) selects the same nodes as tiers[{a}] ({first.name}), "
+                     f"{dict(first.label_selector) or 'no label selector'}, with the same gang, so falling from one "
+                     "to the other stays in the pool whose capacity just failed; give each a label_selector of its "
+                     "own pool (e.g. ray.io/availability-zone) or a placement, or drop one")
+    return notes
+
+
 def fabric_note(tier: Tier, index: int, nodes: int, machine_type: str, fabric: str, needs: str) -> str:
     """Why a gang that spans ``nodes`` nodes of ``machine_type`` all-reduces slowly: the file sets
     up none of the GPU ``fabric`` the type is built for, which ``needs`` says how to add."""

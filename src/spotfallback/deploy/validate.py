@@ -19,6 +19,7 @@ import difflib
 import json
 import math
 import re
+import shlex
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +28,7 @@ from typing import Any
 import yaml
 from jsonschema import ValidationError
 from jsonschema.protocols import Validator
+from pydantic import ValidationError as PydanticValidationError
 
 from spotfallback.config import MARKET_LABEL, ON_DEMAND, SPOT, JobConfig, StrictYamlLoader
 from spotfallback.deploy import machines as catalog
@@ -732,6 +734,62 @@ def _job_findings(spec: Any, annotations: dict[str, Any]) -> Iterator[Finding]:
         if parsed is not None and not isinstance(parsed, dict):
             yield Finding("spec.runtimeEnvYAML", "must be a YAML mapping such as 'pip: [requests]'")
     yield from _cluster_findings(spec.get("rayClusterSpec"), ["spec", "rayClusterSpec"], annotations)
+    yield from _embedded_ladder_findings(spec)
+
+
+def _embedded_job(entrypoint: Any) -> tuple[JobConfig | None, str | None]:
+    """The job a ``spotfallback run --job-json '...'`` entrypoint carries (what ``manifest kuberay``
+    writes), or why its JSON is no job; (None, None) for any other entrypoint."""
+    if not isinstance(entrypoint, str) or "--job-json" not in entrypoint:
+        return None, None
+    try:
+        words = shlex.split(entrypoint)
+    except ValueError as e:
+        return None, f"is no command a shell can run ({e})"
+    at = words.index("--job-json") + 1 if "--job-json" in words else len(words)
+    if at >= len(words) or "spotfallback" not in words[:at]:
+        return None, None
+    try:
+        return JobConfig.model_validate(json.loads(words[at])), None
+    except (ValueError, PydanticValidationError) as e:
+        first = e.errors()[0] if isinstance(e, PydanticValidationError) else None
+        why = f"{'.'.join(map(str, first['loc']))}: {first['msg']}" if first else str(e)
+        return None, f"carries --job-json that is no job spotfallback runs ({why})"
+
+
+def _embedded_ladder_findings(spec: dict[str, Any]) -> Iterator[Finding]:
+    """A RayJob that runs ``spotfallback run --job-json`` carries its ladder: each tier needs a
+    worker group of its name (``manifest kuberay`` writes one per tier) whose pods can be its
+    workers, one pod each. A file edited by hand can lose a group, or shrink one below its gang,
+    and the run would then wait on that tier until its capacity timeout, every time."""
+    job, problem = _embedded_job(spec.get("entrypoint"))
+    if problem:
+        yield Finding("spec.entrypoint", problem)
+    if job is None or job.ladder.across_clusters or not isinstance(spec.get("rayClusterSpec"), dict):
+        return  # (a RayJob on an existing cluster, clusterSelector, has no groups of its own to check)
+    at = ["spec", "rayClusterSpec", "workerGroupSpecs"]
+    groups = {g.get("groupName"): (i, g) for i, g in enumerate(_list(_get(spec, "rayClusterSpec", "workerGroupSpecs")))
+              if isinstance(g, dict)}
+    for t, tier in enumerate(job.tiers):
+        named = f"tiers[{t}] ({tier.name}) of the job in spec.entrypoint"
+        if tier.name not in groups:
+            yield Finding(field_path(at), f"has no group {tier.name!r} for {named}: its workers would never get a node; "
+                                          "add one (spotfallback manifest kuberay writes a group per tier)")
+            continue
+        i, group = groups[tier.name]
+        most = group.get("maxReplicas")
+        if isinstance(most, int) and not isinstance(most, bool) and most < tier.num_workers:
+            yield Finding(field_path([*at, i, "maxReplicas"]), f"{most}, fewer than the {tier.num_workers} workers of "
+                                                               f"{named} (one pod each): its gang would never start")
+        containers = _list(_get(group, "template", "spec", "containers"))
+        if not containers or not isinstance(containers[0], dict):
+            continue
+        _, gpus, _ = _pod_requests({"containers": containers[:1]})
+        wanted = tier.worker_resources().get("GPU", 0.0)
+        if gpus < wanted:
+            yield Finding(field_path([*at, i, "template", "spec", "containers", 0, "resources"]),
+                          f"asks for {gpus:g} GPUs (nvidia.com/gpu), and a worker of {named} needs {wanted:g}: "
+                          "Ray would never place one on these pods")
 
 
 def _metadata_findings(doc: dict[str, Any], kind: str) -> Iterator[Finding]:

@@ -249,7 +249,11 @@ class AwsPoller:
         action, when = data.get("action"), data.get("time")
         if action not in self.ACTIONS:
             raise MetadataError(f"unknown action {action!r}")
-        deadline = plausible_deadline(parse_iso_utc(when, "instance-action time"), self.clock(), "instance-action")
+        now = self.clock()
+        deadline = plausible_deadline(parse_iso_utc(when, "instance-action time"), now, "instance-action")
+        if action == "hibernate":
+            # EC2 gives a hibernating spot instance no two-minute warning: it begins at once, whatever `time` says.
+            deadline = min(deadline, now)
         return Notice("aws", f"aws:{action}:{when}", str(action), deadline, detail=f"spot instance-action {action} at {when}")
 
     def _rebalance(self) -> Notice | None:

@@ -139,8 +139,8 @@ def window_starts(trace: SpotTrace | NodeTrace, window_h: float, num_workers: in
     A run that outlasts its window goes on into the trace that follows it, and past the end
     of the trace into its beginning again, as the simulator replays every trace.
     """
-    if not (window_h > 0 and math.isfinite(window_h)):
-        raise WindowError(f"window_h must be a positive number of hours, got {window_h}")
+    if isinstance(window_h, bool) or not isinstance(window_h, int | float) or not (window_h > 0 and math.isfinite(window_h)):
+        raise WindowError(f"window_h must be a positive number of hours, got {window_h!r}")
     cap = compile_process(trace, num_workers)
     assert not isinstance(cap, RateModel)
     length_h = cap.period_h  # type: ignore[union-attr]
@@ -210,8 +210,14 @@ def backtest(
     ``vs_optimum`` None): the replays alone take well under a second, the optimum of a long job
     on a large gang's node trace can take hours.
     """
+    if not isinstance(job, JobSpec):
+        raise TypeError(f"job: expected a JobSpec with a deadline_h, got {type(job).__name__} {job!r:.60}")
     if job.deadline_h is None:
         raise ValueError("a backtest needs the job's deadline (JobSpec.deadline_h)")
+    if optimum_limit is not None and (isinstance(optimum_limit, bool) or not isinstance(optimum_limit, int)
+                                      or optimum_limit < len(traces if isinstance(traces, Sequence) else [traces])):
+        raise ValueError(f"optimum_limit must be a whole number of states, at least one per trace (None: no limit), "
+                         f"got {optimum_limit!r}")
     if isinstance(traces, SpotTrace | NodeTrace | str | os.PathLike):
         raise ValueError("traces: expected a list of traces; give it as [trace]")
     if not traces:

@@ -247,6 +247,8 @@ def start_optima(ladder: Ladder | Sequence[object], job: JobSpec, world: Sequenc
     """
     if processes is not None and processes < 1:
         raise ValueError(f"processes must be at least 1, not {processes}")
+    if limit is not None and (isinstance(limit, bool) or not isinstance(limit, int) or limit < 1):
+        raise ValueError(f"limit must be a whole number of states of at least 1 (None: no limit), got {limit!r}")
     job, markets = _with_deadline(job), Markets.of(ladder, world)
     starts = _checked_starts(starts_h)
     distinct = list(dict.fromkeys(starts))
@@ -296,7 +298,14 @@ def _optima_at(shared: dict[str, Any], starts_h: list[float]) -> list[list[float
 
 
 def hindsight_optimum(job: JobSpec, markets: Markets, start_h: float = 0.0) -> Optimum:
-    """The least spend that finishes ``job`` by its deadline, starting ``start_h`` hours into the traces."""
+    """The least spend that finishes ``job`` by its deadline, starting ``start_h`` hours into the traces.
+
+    ``markets``: ``Markets.of(ladder, world)``, the ladder's tiers on their processes (``world_for``);
+    ``optimum_for`` takes the ladder and world themselves, and many starts.
+    """
+    if not isinstance(markets, Markets):
+        raise TypeError(f"markets: expected Markets.of(ladder, world), got {type(markets).__name__} {markets!r:.60}; "
+                        "or call optimum_for(ladder, job, world, [start_h])")
     o = _Search(_with_deadline(job), markets, _checked_starts([start_h])[0]).run()
     assert o is not None  # only a limit stops a search short
     return o

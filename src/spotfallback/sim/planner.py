@@ -26,6 +26,7 @@ import math
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
@@ -646,6 +647,11 @@ def _checked_grids(req: PlanRequest, m_grid: Sequence[int], timeout_grid_s: Sequ
     return tuple(dict.fromkeys(m_grid)), tuple(dict.fromkeys(req.reachable_timeout_s(t) for t in timeout_grid_s))
 
 
+def _process_list(value: Any) -> list[Any]:
+    """``value`` as a list: one process (a trace, or a path the engine then names whole) or a list of them."""
+    return [value] if isinstance(value, str | Path) or not isinstance(value, Sequence) else list(value)
+
+
 def plan(
     request: PlanRequest,
     spot: Process | Sequence[Process],
@@ -664,7 +670,7 @@ def plan(
     meet the deadline on the worst of them. Settings that hold on every sample are the ones
     likely to hold on a trace none of them is; the best on one trace often is not.
     """
-    spots: list[Process] = list(spot) if isinstance(spot, Sequence) else [spot]
+    spots = _process_list(spot)
     if not spots:
         raise ValueError("give at least one spot process")
     req = request
@@ -677,8 +683,8 @@ def plan(
         raise ValueError(f"clusters gives {len(req.clusters)} cluster(s) for {n_spot} spot pool(s) and on-demand; "
                          "give one per spot pool, in order, then the on-demand tier's")
     samples: list[list[Process]] = [spots]
-    for other in more:
-        sample = list(other) if isinstance(other, Sequence) else [other]
+    for other in _process_list(more):
+        sample = _process_list(other)
         if len(sample) != n_spot:
             raise ValueError(f"each further sample needs {n_spot} spot process(es), one per spot tier")
         samples.append(sample)

@@ -22,7 +22,7 @@ from spotfallback.sim.engine import simulate_policy
 from spotfallback.sim.fast import fast_supports, simulate_fast, uses_default_rules
 from spotfallback.sim.job import JobSpec, default_horizon_h
 from spotfallback.sim.results import SimResult
-from spotfallback.sim.world import Process, RateModel, ScriptedModel, compile_world
+from spotfallback.sim.world import Process, RateModel, ScriptedModel, check_world, compile_world
 
 Engine = Literal["auto", "fast", "policy"]
 
@@ -62,6 +62,9 @@ def simulate(
     _check_runs(runs, seed, horizon_h)
     if engine not in ("auto", "fast", "policy"):
         raise ValueError(f"engine must be 'auto', 'fast' or 'policy', got {engine!r}")
+    if not isinstance(job, JobSpec):
+        raise TypeError(f"job: expected a JobSpec (e.g. JobSpec(work_h=10, ...)), got {type(job).__name__} {job!r:.60}")
+    check_world(world)
     policy = ladder if isinstance(ladder, FallbackPolicy) else FallbackPolicy(make_ladder(ladder))
     starts = None if start_h is None else np.asarray(start_h, dtype=float)
     if starts is not None:

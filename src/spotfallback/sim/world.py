@@ -33,7 +33,7 @@ class RateModel(BaseModel):
     then lasts an exponential time of mean ``mean_outage_h``.
     """
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
     preemptions_per_node_hour: float = Field(default=0.0, ge=0)
     failures_per_node_hour: float = Field(default=0.0, ge=0, description="Node losses without notice.")
@@ -244,10 +244,15 @@ def compile_process(process: Process, num_workers: int, where: str = "process") 
                     f"{type(process).__name__} {process!r:.60}{hint}")
 
 
-def compile_world(ladder: Ladder, world: Sequence[Process]) -> list[RateModel | TraceCapacity | ScriptedModel]:
-    """Each tier's process compiled for the tier's gang."""
+def check_world(world: object) -> None:
+    """Refuse a world that is no list of processes (one trace alone, a path) before anything iterates it."""
     if isinstance(world, str | Path) or not isinstance(world, Sequence):
         raise TypeError(f"world: expected one process per tier (a list), got {type(world).__name__} {world!r:.60}")
+
+
+def compile_world(ladder: Ladder, world: Sequence[Process]) -> list[RateModel | TraceCapacity | ScriptedModel]:
+    """Each tier's process compiled for the tier's gang."""
+    check_world(world)
     if len(world) != len(ladder):
         raise ValueError(f"world has {len(world)} processes for {len(ladder)} tiers; give one per tier")
     return [compile_process(p, t.num_workers, f"world[{i}]") for i, (p, t) in enumerate(zip(world, ladder.tiers, strict=True))]
@@ -287,6 +292,7 @@ __all__ = [
     "RateModel",
     "ScriptedModel",
     "TraceCapacity",
+    "check_world",
     "compile_node_trace",
     "compile_process",
     "compile_spot_trace",
