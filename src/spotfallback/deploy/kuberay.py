@@ -439,9 +439,8 @@ def _pod_problem(name: str, index: int, pod_cpu: float, gpu: int, memory_bytes: 
     """Why no node of type ``name`` can hold the tier's worker pod, or None: its CPUs and GPUs
     (with the notice agent's CPUs), its memory (with the agent's)."""
     where = f"tiers[{index}].resources_per_worker"
-    if problem := (machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True, beside_cpu=_AGENT_CPU,
-                                     beside=f"the notice agent's {AGENT_REQUESTS['cpu']}") if agent
-                   else machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True)):
+    if problem := machine_fit_error(name, pod_cpu, gpu, where, kubernetes=True, beside_cpu=_AGENT_CPU if agent else 0.0,
+                                    beside=f"the notice agent's {AGENT_REQUESTS['cpu']}" if agent else ""):
         return problem
     why = ([] if memory_given else [f"{opts.memory_per_cpu_gib} GiB per CPU from KubeRayOptions.memory_per_cpu_gib, as "
                                      "resources_per_worker names no memory"]) + (

@@ -268,7 +268,11 @@ def vm_holds_memory(name: str, memory_bytes: float) -> bool:
     is taken to). The launcher's node types advertise the workers' memory to Ray as declared, so a
     worker asking for more than the machine has would be placed there and run out of memory."""
     m = machine(name)
-    return m is None or memory_bytes <= m.memory_gib * 2**30
+    return m is None or _holds(m, memory_bytes)
+
+
+def _holds(m: Machine, memory_bytes: float) -> bool:
+    return memory_bytes <= m.memory_gib * 2**30
 
 
 def vm_memory_error(name: str, memory_bytes: float, gpus: int, cpu: float, where: str) -> str | None:
@@ -276,7 +280,7 @@ def vm_memory_error(name: str, memory_bytes: float, gpus: int, cpu: float, where
     if vm_holds_memory(name, memory_bytes):
         return None
     m = MACHINES[name]
-    hint = _larger(name, lambda o: o.gpus >= gpus and o.vcpus >= cpu and memory_bytes <= o.memory_gib * 2**30)
+    hint = _larger(name, lambda o: o.gpus >= gpus and o.vcpus >= cpu and _holds(o, memory_bytes))
     return (f"{where}: one worker asks for {memory_bytes / 2**30:.5g} GiB of memory, and {name!r} has {m.memory_gib:g} GiB, "
             f"so no worker would ever fit there; give each worker at most {m.memory_gib:g} GiB (resources_per_worker.memory, "
             f"in bytes: {int(m.memory_gib * 2**30)}), or name a larger type{hint}")

@@ -8,6 +8,8 @@ Hours throughout (the policy's events are in seconds).
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
@@ -15,6 +17,9 @@ from spotfallback.notice_window import save_lead_s
 
 NEVER_H = 1e12  # "no periodic checkpoint": an interval no job reaches
 EPS = 1e-9
+# Hours, as a float or an array: the cycle formulas broadcast (numpy) and give an array where any
+# argument is one, so the vector engine and the event engine share them.
+Hours = Any
 # How often a simulated shell looks at a higher tier's capacity when it can ask the gang for a
 # checkpoint (``JobSpec.checkpoint_on_request``). The runtime looks every few seconds; a coarser
 # grid keeps the engines fast and makes a simulated climb come at most this late.
@@ -105,7 +110,7 @@ def default_horizon_h(job: JobSpec) -> float:
     return max(100.0 * job.work_h, 10.0 * (job.deadline_h or 0.0))
 
 
-def cycle_progress(x: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float):
+def cycle_progress(x: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float) -> tuple[Hours, Hours]:
     """Work done and work committed after ``x`` hours of compute phase (checkpoint every tau)."""
     cyc = np.add(tau, delta)
     k = np.floor(np.divide(x, cyc))
@@ -115,14 +120,14 @@ def cycle_progress(x: np.ndarray | float, tau: np.ndarray | float, delta: np.nda
     return done, committed
 
 
-def wall_to_finish(w: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float):
+def wall_to_finish(w: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float) -> Hours:
     """Compute-phase hours to do ``w`` more work from a fresh start (no checkpoint at the end)."""
     n = np.maximum(np.ceil(np.divide(w, tau) - EPS) - 1.0, 0.0)
     return np.add(w, np.multiply(n, delta))
 
 
 def start_to_finish_h(w: np.ndarray | float, tau: np.ndarray | float, delta: np.ndarray | float,
-                      provisioning_h: float, restart_h: float):
+                      provisioning_h: float, restart_h: float) -> Hours:
     """Wall hours from acquiring a gang to finishing ``w`` more work on it uninterrupted: the
     provisioning wait, the restart every start pays (the first included), then the compute phase."""
     return provisioning_h + restart_h + wall_to_finish(w, tau, delta)

@@ -187,9 +187,7 @@ class PlanRequest(BaseModel):
     def least_deadline_h(self) -> float:
         """The least deadline a run can meet: the job's wall time on on-demand from the start, as
         the simulator bills it (``JobSpec.least_wall_h``: provisioning, restart, the work)."""
-        return JobSpec(work_h=self.work_h, checkpoint_cost_h=self.checkpoint_cost_h,
-                       restart_overhead_h=self.restart_overhead_h,
-                       provisioning_delay_h=self.provisioning_delay_h).least_wall_h
+        return self.job(None).least_wall_h
 
     def job(self, tau_h: float | None) -> JobSpec:
         return JobSpec(
