@@ -27,12 +27,14 @@ SPOTFALLBACK_SUITE_BUDGET_MIN ?= 86
 # are skipped, naming why, so that the unit tests after them (about 7 minutes on 2 cores) still
 # run inside the budget on a slow machine; 0 runs every cluster test whatever the time.
 SPOTFALLBACK_CLUSTER_BUDGET_MIN ?= 70
+# Where torch's CPU build comes from, if pip does not find it already (e.g. https://download.pytorch.org/whl/cpu).
+TORCH_INDEX ?=
 
 .PHONY: demo test check lint types unit reliability bench wheel-smoke clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(PIP) torch==2.13.0
+	$(PIP) torch==2.13.0 $(if $(TORCH_INDEX),--index-url $(TORCH_INDEX))
 	$(PIP) -e ".[torch,tensorflow,dev]"
 	touch $(STAMP)
 

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import datetime
 import difflib
+import ipaddress
 import json
 import math
 import os
@@ -402,6 +403,32 @@ class ClusterRef(BaseModel):
     def key(self) -> str:
         """How the ledger, the Ray job ids and ``status`` name the cluster."""
         return self.name or self.address.split("://", 1)[1]
+
+    @property
+    def on_this_machine(self) -> bool:
+        """Whether the address is a loopback one (local clusters, the tests): the driver's relative
+        paths are the cluster's too."""
+        host = urllib.parse.urlsplit(self.address).hostname or ""
+        if host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+
+def shared_storage_error(storage_path: str, clusters: typing.Iterable[ClusterRef]) -> str | None:
+    """Why ``storage_path`` cannot be the one store of a ladder across ``clusters``, or None.
+
+    The driver and every cluster read the one ledger and set of checkpoints there: a relative
+    (or ``~``) path names a different directory on each machine, so unless every cluster is on
+    this machine it needs object storage, or an absolute path of a file system mounted on all.
+    """
+    if "://" in storage_path or os.path.isabs(storage_path) or all(c.on_this_machine for c in clusters):
+        return None
+    return (f"{storage_path!r} is a path on each machine, and a ladder across clusters keeps one ledger and one set "
+            "of checkpoints that the driver and every cluster read; give object storage every cluster reaches "
+            "(s3://, gs://, abfs://), or an absolute path of a file system mounted on all of them")
 
 
 # Spellings of the markets spotfallback knows, and the market each means.
@@ -866,6 +893,9 @@ def format_validation_error(err: ValidationError, root: str = "") -> str:
             least = (item.get("ctx") or {}).get("min_length", 1)
             msg = f"empty; give at least {least} item{'s' if least != 1 else ''}"
         msg = msg.removeprefix("Value error, ")
+        named = re.match(r"(\w+): ", msg) if not where else None
+        if named and model is not None and named[1] in model.model_fields:  # a check across fields names the one to fix
+            loc, msg = f"{root}.{named[1]}" if root else named[1], msg[named.end():]
         lines.append(f"{loc or '(top level)'}: {msg}")
     return "\n".join(lines)
 
@@ -1214,6 +1244,12 @@ class JobConfig(BaseModel):
         except ValidationError as e:  # the ladder's own message, not a nested 'tiers.tiers' report
             raise ValueError("; ".join(i["msg"].removeprefix("Value error, ") for i in e.errors())) from None
         return tiers
+
+    @model_validator(mode="after")
+    def _one_store_across_clusters(self) -> JobConfig:
+        if problem := shared_storage_error(self.storage_path, self.ladder.clusters.values()):
+            raise ValueError(f"storage_path: {problem}")
+        return self
 
     @property
     def ladder(self) -> Ladder:

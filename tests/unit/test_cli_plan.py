@@ -379,7 +379,7 @@ def test_a_ladder_across_clusters_is_planned_with_its_moves_priced(app, tmp_path
     yaml_path = tmp_path / "job.yaml"
     r = invoke(app, "--hours", "10", "--workers", "1", "--trace", TRACE, "--deadline-h", "15", "--runs", "60",
                "--cluster", "http://east:8265", "--cluster", "http://west:8265", "--checkpoint-gb", "20",
-               "--write-yaml", str(yaml_path), "--entrypoint", "m:f")
+               "--write-yaml", str(yaml_path), "--entrypoint", "m:f", "--storage-path", "s3://ml-runs/runs")
     assert r.exit_code == 0, r.output
     assert "Across 2 clusters: each move to another cluster costs 120 s more restart (billed) and 0.4 of egress" in r.output
     job = JobConfig.from_yaml(yaml_path)
@@ -390,6 +390,9 @@ def test_a_ladder_across_clusters_is_planned_with_its_moves_priced(app, tmp_path
         (["--cluster", "east", "--cluster", "http://w:1"], "--cluster: address 'east' must be the Ray Jobs API's"),
         (["--cluster", "http://e:1", "--cluster", "http://e:1"], "--cluster: all tiers on one cluster"),
         (["--cluster", "http://e:1", "--cluster", "http://w:1", "--checkpoint-gb", "-1"], "--checkpoint-gb"),
+        # The job file's default ./runs is another directory on each machine: refused before any simulation.
+        (["--cluster", "http://e:1", "--cluster", "http://w:1", "--write-yaml", str(tmp_path / "j.yaml"), "--entrypoint", "m:f"],
+         "--storage-path: './runs' is a path on each machine"),
     ):
         bad = invoke(app, "--hours", "10", "--trace", TRACE, *args)
         assert bad.exit_code == 2 and needle in bad.output, bad.output

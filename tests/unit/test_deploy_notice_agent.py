@@ -290,6 +290,11 @@ def test_grace_bounds() -> None:
     with pytest.raises(ConfigError, match=r"^spot_grace_seconds: 121 s is longer than the spot notice on eks-managed \(120 s\)"):
         KubeRayOptions(cloud=K8sCloud.EKS_MANAGED, spot_grace_seconds=121)
     assert KubeRayOptions(cloud=K8sCloud.GKE, spot_grace_seconds=120).grace_seconds == 120
+    # From Python a number given as text, or a flag, is named rather than failing in a comparison.
+    with pytest.raises(ConfigError, match=r"^spot_grace_seconds: must be a whole number of seconds, such as 6 \(got '30'\)"):
+        KubeRayOptions(cloud=K8sCloud.GKE, spot_grace_seconds="30")  # type: ignore[arg-type]
+    with pytest.raises(ConfigError, match=r"^backoff_limit: must be a whole number of retries, such as 1 \(got True\)"):
+        KubeRayOptions(cloud=K8sCloud.GKE, backoff_limit=True)
 
 
 def test_a_gke_grace_past_its_default_shutdown_names_the_node_pool_it_needs() -> None:

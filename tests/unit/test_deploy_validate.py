@@ -502,6 +502,13 @@ def test_a_field_kuberay_removed_is_named_as_removed_not_as_a_typo() -> None:
     old = validate_text(KUBERAY_1_0_CLUSTER, kuberay_version="1.0.0")
     assert old.ok and [f.path for f in old.warnings] == ["spec.headGroupSpec.replicas"]
     assert not validate_text(KUBERAY_1_0_CLUSTER, kuberay_version="1.1.0").ok
+    # From Python the version is named as the argument it is, not as the CLI's flag.
+    with pytest.raises(ValueError, match=r"^kuberay_version: '1\.x' is not a version such as 1\.5\.0"):
+        validate_text(KUBERAY_1_0_CLUSTER, kuberay_version="1.x")
+    with pytest.raises(ValueError, match=r"^kuberay_version: 1\.1 is not a version such as 1\.5\.0 \(give it as text"):
+        validate_text(KUBERAY_1_0_CLUSTER, kuberay_version=1.1)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match=r"^text: expected the YAML as a str, got NoneType; for a file, call validate_file"):
+        validate_text(None)  # type: ignore[arg-type]
     # The RayJob's base64 runtimeEnv went in the same release; its fix is runtimeEnvYAML.
     job = sample(JOB_SAMPLE)
     job["spec"]["runtimeEnv"] = "eyJwaXAiOiBbInJlcXVlc3RzIl19"

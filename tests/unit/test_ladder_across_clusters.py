@@ -7,6 +7,8 @@ addresses refuse every connection, so each cluster is declared lost after its ti
 
 from __future__ import annotations
 
+import json
+import re
 import time
 from dataclasses import replace
 from pathlib import Path
@@ -87,6 +89,27 @@ def test_a_job_file_with_a_bad_cluster_names_the_field() -> None:
     with pytest.raises(ValidationError) as e:
         JobConfig.model_validate(data)
     assert "adress" in str(e.value)
+
+
+@pytest.mark.parametrize(("storage_path", "a", "b", "refused"), [
+    ("./runs", A, B, True),  # another directory on each machine
+    ("~/runs", A, B, True),
+    ("runs", {"address": "http://127.0.0.1:8265"}, B, True),
+    ("/mnt/nfs/runs", A, B, False),  # a file system mounted on all of them
+    ("s3://ml-runs/runs", A, B, False),
+    ("./runs", {"address": "http://127.0.0.1:8265"}, {"address": "http://localhost:8266"}, False),  # local clusters
+])
+def test_a_ladder_across_clusters_needs_one_store_every_machine_reads(tmp_path, storage_path, a, b, refused) -> None:
+    data = {"name": "r", "storage_path": storage_path, "entrypoint": "m:f",
+            "tiers": [t.model_dump(exclude_unset=True) for t in ladder(a, b, a).tiers]}
+    if not refused:
+        assert JobConfig.model_validate(data).storage_path == storage_path
+        return
+    path = tmp_path / "job.yaml"
+    path.write_text(json.dumps(data))
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(path))}: storage_path: '{re.escape(storage_path)}' is a path on each machine"
+                                          r".*\(s3://, gs://, abfs://\), or an absolute path of a file system mounted"):
+        JobConfig.from_yaml(path)
 
 
 # -- the policy -------------------------------------------------------------------------------

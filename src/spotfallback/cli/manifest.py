@@ -103,7 +103,7 @@ JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_pat
 ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, spotfallback and your code (default: rayproject/ray matching rayVersion).")]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of the job file's; the same name RESUMES that run.")]
 UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timestamp and random token to the run name: a new run.")]
-PipOpt = Annotated[list[str] | None, typer.Option("--pip", metavar="<str>", help="Package to pip-install at start (repeatable).")]
+PipOpt = Annotated[list[str] | None, typer.Option("--pip", metavar="<str>", help="Package to pip-install at start (repeatable; on KubeRay, a RayJob only).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="YAML file to write (.yaml or .yml); stdout if omitted.")]
 ForceOpt = Annotated[bool, typer.Option("--force", help="Overwrite the --out file if it exists.")]
 HeadCpuOpt = Annotated[str, typer.Option(
@@ -362,7 +362,7 @@ def launcher_command(
     unique_name: UniqueOpt = False,
     region: Annotated[str | None, typer.Option(help="Region (default: the tiers' ray.io/availability-region, else the --zone's).")] = None,
     zone: Annotated[str | None, typer.Option(help="Zone (default: the tiers' ray.io/availability-zone); required on GCP.")] = None,
-    project_id: Annotated[str | None, typer.Option(help="GCP project id.")] = None,
+    project_id: Annotated[str | None, typer.Option(help="GCP project id; required on GCP.")] = None,
     instance_type: Annotated[list[str] | None, typer.Option(metavar="TIER=TYPE", help="TIER=TYPE (repeatable) instead of the default fit.")] = None,
     head_instance_type: Annotated[
         str | None,

@@ -24,7 +24,14 @@ from spotfallback.cli.common import (
     usage_error,
     write_output,
 )
-from spotfallback.config import JobConfig, Ladder, Tier, format_validation_error
+from spotfallback.config import (
+    ClusterRef,
+    JobConfig,
+    Ladder,
+    Tier,
+    format_validation_error,
+    shared_storage_error,
+)
 from spotfallback.errors import ConfigError, OptimumTooLargeError, TraceError, UsageError
 from spotfallback.sim.costmodel import DEFAULT_DISCOUNT, runtime_flexibility_table
 from spotfallback.sim.draws import run_offsets
@@ -634,6 +641,9 @@ def register(app: typer.Typer) -> None:
                 runs=runs, seed=seed, clusters=tuple(cluster), move_restart_h=move_restart_s / 3600.0,
                 move_cost=checkpoint_gb * egress_price,
             )
+            clusters = [ClusterRef(address=address) for address in req.clusters]
+            if job_fields is not None and (problem := shared_storage_error(job_fields["storage_path"], clusters)):
+                raise usage_error("--storage-path", problem)
             spots = _spot_processes(trace, node_trace, trace_counts, rate, failure_rate, outage_prob, outage_h)
             if job_fields is not None:  # backtest reads the traces as the plan did
                 job_fields["trace_counts"] = trace_counts

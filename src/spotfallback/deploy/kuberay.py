@@ -205,15 +205,17 @@ class KubeRayOptions:
                     "critical add-ons, ahead of every workload (many clusters admit them only in kube-system); name a "
                     "PriorityClass of your cluster's"
                 )
-        for name, low in (
-            ("backoff_limit", 0),
-            ("active_deadline_seconds", 1),
-            ("ttl_seconds_after_finished", 0),
-            ("memory_per_cpu_gib", 1),
-            ("idle_timeout_seconds", 0),
-            ("spot_grace_seconds", MIN_SPOT_GRACE_S),
+        for name, low, unit in (
+            ("backoff_limit", 0, "retries"),
+            ("active_deadline_seconds", 1, "seconds"),
+            ("ttl_seconds_after_finished", 0, "seconds"),
+            ("memory_per_cpu_gib", 1, "GiB"),
+            ("idle_timeout_seconds", 0, "seconds"),
+            ("spot_grace_seconds", MIN_SPOT_GRACE_S, "seconds"),
         ):
             value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int)):
+                raise ConfigError(f"{name}: must be a whole number of {unit}, such as {max(low, 1)} (got {value!r})")
             if value is not None and value < low:
                 raise ConfigError(f"{name}: must be at least {low} (got {value})")
             if value is not None and value > INT32_MAX:  # the field's type in the CRD and in Kubernetes

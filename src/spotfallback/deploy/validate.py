@@ -1189,6 +1189,8 @@ KUBERAY_REMOVED: dict[tuple[str, str], tuple[str, str, str]] = {
 
 def parse_version(text: str, where: str = "--kuberay-version") -> tuple[int, ...]:
     """``1.4.2`` -> (1, 4, 2); a leading ``v`` is allowed. ValueError names ``where`` and the form."""
+    if not isinstance(text, str):
+        raise ValueError(f"{where}: {text!r} is not a version such as 1.5.0 (give it as text, e.g. '1.5.0')")
     parts = text.strip().lstrip("v").split(".")
     if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
         raise ValueError(f"{where}: {text!r} is not a version such as 1.5.0")
@@ -1387,7 +1389,7 @@ def _nodepool_findings(doc: dict[str, Any], api: str) -> list[Finding]:
 def validate_document(doc: Any, kuberay_version: str | None = None) -> tuple[str, list[Finding]]:
     """(what the document is, its findings) for one parsed YAML document; with
     ``kuberay_version``, also what that operator would drop (ValueError if it is no version)."""
-    version = parse_version(kuberay_version) if kuberay_version else None
+    version = parse_version(kuberay_version, "kuberay_version") if kuberay_version else None
     return _validate_normalized(_as_read(doc), version)
 
 
@@ -1474,7 +1476,7 @@ def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, 
     kinds: list[str] = []
     findings: list[Finding] = []
     pools: list[dict[str, Any]] = []
-    version = parse_version(kuberay_version) if kuberay_version else None
+    version = parse_version(kuberay_version, "kuberay_version") if kuberay_version else None
     for i, doc in enumerate(d for d in docs if d is not None):
         doc = _as_read(doc)
         kind, found = _validate_normalized(doc, version)
@@ -1498,6 +1500,9 @@ def validate_documents(docs: Iterable[Any], kuberay_version: str | None = None, 
 
 
 def validate_text(text: str, kuberay_version: str | None = None, job: JobConfig | None = None) -> Report:
+    """The findings of every document in the YAML ``text`` (see ``validate_documents``)."""
+    if not isinstance(text, str):
+        raise TypeError(f"text: expected the YAML as a str, got {type(text).__name__}; for a file, call validate_file(path)")
     try:
         docs = load_documents(text)
     except ValueError as e:
