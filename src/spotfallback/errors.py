@@ -219,6 +219,19 @@ class MetadataError(SpotfallbackError):
     retryable = True
 
 
+class MetadataThrottledError(MetadataError):
+    """The metadata service answered HTTP 429: it limits requests per VM (Azure: five a second;
+    AWS throttles per instance), so the notice agent polls less often for a while.
+    ``retry_after_s``: the answer's Retry-After in seconds (0: none, or not a number)."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+    def __reduce__(self) -> tuple[type[MetadataThrottledError], tuple[str, float]]:
+        return type(self), (str(self), self.retry_after_s)
+
+
 class DrainRejectedError(SpotfallbackError):
     """Ray refused the drain (unknown node, node already dead...); the message says why."""
 

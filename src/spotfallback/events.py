@@ -127,6 +127,13 @@ class InfoEvent(Event):
     kind: ClassVar[str] = "info"
 
 
+# A notice is at most this far ahead of its node's end: past it, a deadline is no spot notice, and
+# maintenance announced further ahead (Azure's, days ahead) is recorded, then drained within it.
+NOTICE_HORIZON_S = 3600.0
+# The action of a record that an earlier notice was taken back (an Azure event cancelled before its time).
+CANCELLED = "cancelled"
+
+
 @dataclass(frozen=True)
 class PreemptionNotice(InfoEvent):
     """The cloud announced that a node will be reclaimed (``spotfallback notice-agent``).
@@ -143,6 +150,21 @@ class PreemptionNotice(InfoEvent):
     source: str = ""
     action: str = ""
     drained: bool = False
+
+    @property
+    def taken_back(self) -> bool:
+        """A record that an earlier notice was cancelled, not a notice."""
+        return self.action == CANCELLED
+
+    @property
+    def announced_ahead(self) -> bool:
+        """Maintenance announced further ahead than it is drained: its drain, if it comes, is another record."""
+        return not self.drained and self.deadline_s is not None and self.deadline_s - self.t > NOTICE_HORIZON_S
+
+    @property
+    def counts(self) -> bool:
+        """Whether it warns of a node going now (counted, and marked on the timeline)."""
+        return not self.taken_back and not self.announced_ahead
 
 
 @dataclass(frozen=True)
@@ -209,7 +231,8 @@ def event_from_json(data: dict[str, Any]) -> Event:
     kind = data.get("kind")
     cls = EVENT_TYPES.get(kind)  # type: ignore[arg-type]
     if cls is None:
-        raise ValueError(f"unknown event kind {kind!r}; expected one of {sorted(EVENT_TYPES)}")
+        raise ValueError(f"unknown event kind {kind!r}; expected one of {sorted(EVENT_TYPES)} (a newer spotfallback's "
+                         "kind? upgrade spotfallback to read this run)")
     allowed, hints = _schema(cls)
     extra = set(data) - allowed - {"kind"}
     if extra:
@@ -300,7 +323,10 @@ class LedgerRecord:
         if not isinstance(data, dict):
             raise ValueError("a ledger record must be a JSON object")
         if data.get("v") != FORMAT_VERSION:
-            raise ValueError(f"unsupported ledger format version {data.get('v')!r}")
+            v = data.get("v")
+            newer = isinstance(v, int) and not isinstance(v, bool) and v > FORMAT_VERSION
+            raise ValueError(f"unsupported ledger format version {v!r}" + (
+                f" (this spotfallback reads version {FORMAT_VERSION}; a newer one wrote it: upgrade spotfallback)" if newer else ""))
         missing = [k for k in ("id", "writer", "tier", "event") if k not in data]
         if missing:
             raise ValueError(f"missing field {missing[0]!r}")

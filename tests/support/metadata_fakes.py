@@ -23,6 +23,8 @@ class FakeMetadata:
 
     def __init__(self) -> None:
         self.delay_s = 0.0
+        self.throttled = 0  # how many of the next requests are refused as too many (HTTP 429)
+        self.retry_after: str | None = None  # the Retry-After header those refusals carry
         self.requests: list[tuple[str, str, dict[str, str]]] = []
         fake = self
 
@@ -32,7 +34,11 @@ class FakeMetadata:
                 if fake.delay_s:
                     time.sleep(fake.delay_s)
                 url = urlsplit(self.path)
-                status, headers, body = fake.handle(self.command, url.path, parse_qs(url.query), self.headers)
+                if fake.throttled:
+                    fake.throttled -= 1
+                    status, headers, body = 429, ({"Retry-After": fake.retry_after} if fake.retry_after else {}), b"Too Many Requests"
+                else:
+                    status, headers, body = fake.handle(self.command, url.path, parse_qs(url.query), self.headers)
                 try:
                     self.send_response(status)
                     for k, v in headers.items():
@@ -175,10 +181,11 @@ class FakeAzure(FakeMetadata):
         return 404, {}, b""
 
 
-def preempt_event(event_id: str, not_before: float | None, resources: list[str]) -> dict[str, Any]:
+def scheduled_event(event_id: str, not_before: float | None, resources: list[str], kind: str = "Preempt") -> dict[str, Any]:
+    """One Azure Scheduled Event (a Spot eviction by default) as the service lists it."""
     return {
         "EventId": event_id,
-        "EventType": "Preempt",
+        "EventType": kind,
         "ResourceType": "VirtualMachine",
         "Resources": resources,
         "EventStatus": "Scheduled" if not_before else "Started",

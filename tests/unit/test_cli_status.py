@@ -158,6 +158,13 @@ def test_bad_input_is_one_clear_line_and_exit_code_2(app, run_uri, tmp_path, arg
     assert_usage_error(invoke(app, *args), *needles)
 
 
+def test_a_run_copied_without_its_ladder_says_so(app, run_uri, tmp_path):
+    """The events are there but not run.json: not "no run here", which would send the user to the wrong path."""
+    (tmp_path / "runs" / "digits-1" / "_spotfallback" / "run.json").unlink()
+    for command in ("status", "report"):
+        assert_usage_error(invoke(app, command, run_uri), "has a ledger but no _spotfallback/run.json", "copy the whole")
+
+
 @pytest.mark.parametrize("where", ["runs/my-run", "my-run"])
 def test_a_run_named_alone_is_pointed_to_the_folder_of_that_name_here(app, tmp_path, monkeypatch, where):
     monkeypatch.chdir(tmp_path)

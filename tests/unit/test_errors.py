@@ -53,6 +53,7 @@ EXPECTED = {
     "ObjectConflictError": (EXIT_ERROR, False),
     "ManifestInvalid": (EXIT_ERROR, False),
     "MetadataError": (EXIT_ERROR, True),
+    "MetadataThrottledError": (EXIT_ERROR, True),
     "DrainRejectedError": (EXIT_ERROR, False),
     "NoLocalRayNodeError": (EXIT_BAD_INPUT, True),
     "AmbiguousRayNodeError": (EXIT_BAD_INPUT, False),
@@ -63,7 +64,8 @@ EXPECTED = {
 def _instance(name: str, message: str) -> SpotfallbackError:
     """One error of class ``name``, made as the code that raises it makes it."""
     cls = getattr(errors, name)
-    special = {"ManifestInvalid": lambda: cls(["spec.a: bad", "spec.b: bad"]), "PoolError": lambda: cls("spot-b", message)}
+    special = {"ManifestInvalid": lambda: cls(["spec.a: bad", "spec.b: bad"]), "PoolError": lambda: cls("spot-b", message),
+               "MetadataThrottledError": lambda: cls(message, 5.0)}
     return special.get(name, lambda: cls(message))()
 
 

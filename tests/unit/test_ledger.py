@@ -85,9 +85,12 @@ def test_damaged_or_foreign_ledger_objects_are_named(tmp_path):
     with pytest.raises(LedgerError, match="not valid JSON"):
         ledger.read()
     os.remove(bad)
-    # Leftover temporary objects from a crash mid-write are ignored.
-    with open(os.path.join(ledger.directory, ".tmp-abc-0001-w-finished.json"), "w") as f:
-        f.write("{half")
+    # Leftover temporary objects from a crash mid-write are ignored, and so are the hidden and partial
+    # files of the tools a run is synced down with (a desktop, rsync, gsutil).
+    for leftover in (".tmp-abc-0001-w-finished.json", ".DS_Store", ".00000000000000009500-w-finished.json.Xy12Ab",
+                     "00000000000000009500-w-finished.json.gstmp"):
+        with open(os.path.join(ledger.directory, leftover), "w") as f:
+            f.write("{half")
     assert len(ledger.read()) == 9
 
 
@@ -97,6 +100,10 @@ def test_damaged_or_foreign_ledger_objects_are_named(tmp_path):
         ({"tier": 2, "event": {"kind": "preempted", "t": 9500}}, r"tier 2 is not a tier of the run's ladder \(its 2 tiers "
                                                                  r"are 0-1\); this ledger is not the run's \(.*run\.json\)"),
         ({"tier": 0, "event": {"kind": "capacity_observed", "t": 9500, "tier": 5}}, "tier 5 is not a tier"),
+        ({"tier": 0, "event": {"kind": "preempted", "t": 9500}, "decision": {"action": "switch_tier", "to_tier": 7}},
+         "tier 7 is not a tier"),
+        ({"tier": 0, "event": {"kind": "preempted", "t": 9500}, "decision": {"action": "switch_tier", "to_tier": "on-demand"}},
+         "tier 'on-demand' is not a tier"),
         ({"tier": 0, "event": {"kind": "workers_acquired", "t": 9500, "num_workers": -3}},
          "workers_acquired: field 'num_workers' must not be negative, got -3"),
         ({"tier": 0, "event": {"kind": "capacity_timed_out", "t": 9500, "waited_s": -60.0}}, "'waited_s' must not be negative"),

@@ -21,7 +21,7 @@ import pytest
 from typer.testing import CliRunner
 
 from spotfallback.cloud_notices import GCP_GPU_MAINTENANCE_NOTICE_S
-from spotfallback.notices.agent import NoticeAgent
+from spotfallback.notices.agent import MAX_BACKOFF_S, NoticeAgent
 from spotfallback.notices.metadata import (
     AwsPoller,
     AzurePoller,
@@ -36,7 +36,7 @@ from tests.support.metadata_fakes import (
     FakeGcp,
     FakeMetadata,
     iso,
-    preempt_event,
+    scheduled_event,
 )
 
 
@@ -86,6 +86,11 @@ def azure():
 def agent_for(poller: Any) -> tuple[NoticeAgent, Drains, Records]:
     drains, records = Drains(), Records()
     return NoticeAgent(poller, drains, record=records, interval_s=0.01), drains, records
+
+
+def event_of(notice: Notice) -> str:
+    """``azure:EVENT_ID`` of an Azure notice's key (the rest is its NotBefore, which may change)."""
+    return ":".join(notice.key.split(":")[:2])
 
 
 def poll(agent: NoticeAgent, times: int) -> None:
@@ -286,9 +291,25 @@ def test_gcp_maintenance_and_preemption_together_drain_for_the_earlier_deadline(
     gcp.maintenance = b"TERMINATE_ON_HOST_MAINTENANCE"
     agent.poll_once()
     now[0] += 5
-    gcp.set(b"TRUE")  # then a preemption: 30 s from now, before the maintenance's 60 s
+    gcp.set(b"TRUE")  # then a preemption: 30 s after the last FALSE, before the maintenance's 60 s
     poll(agent, 2)
-    assert [(n.action, n.deadline_s) for n in drains.calls] == [("host-maintenance", 5_060.0), ("preempt", 5_035.0)]
+    assert [(n.action, n.deadline_s) for n in drains.calls] == [("host-maintenance", 5_060.0), ("preempt", 5_030.0)]
+
+
+@pytest.mark.parametrize("what", ["preempted", "maintenance"])
+def test_gcp_notice_is_dated_from_the_last_answer_without_it_however_late_it_is_seen(gcp, what):
+    """GCE dates neither notice: one seen a throttled poll late still ends 30 s (60 s) after the
+    last answer that did not have it, not after the poll that saw it."""
+    now = [7_000.0]
+    agent, drains, _ = agent_for(GcpPoller(gcp.url, clock=lambda: now[0]))
+    agent.poll_once()
+    now[0] += 9  # the next poll comes late: the service throttled the agent
+    if what == "preempted":
+        gcp.set(b"TRUE")
+    else:
+        gcp.maintenance = b"TERMINATE_ON_HOST_MAINTENANCE"
+    agent.poll_once()
+    assert [n.deadline_s for n in drains.calls] == [7_030.0 if what == "preempted" else 7_060.0]
 
 
 def test_gcp_maintenance_is_asked_every_poll_even_when_nothing_changes(gcp):
@@ -342,17 +363,18 @@ def test_gcp_hanging_get_that_never_returns_costs_one_hang_then_the_notice_drain
     poller = GcpPoller(gcp.url, timeout_s=0.3, wait_for_change=True, wait_timeout_s=1)
     agent, drains, _ = agent_for(poller)
     agent.poll_once()  # plain GET: FALSE, learns the ETag
+    last_false = time.time()
     assert poller.blocking and agent.problems == []
     t0 = time.monotonic()
     agent.poll_once()  # the hanging GET: the server never answers
     assert 1.0 < time.monotonic() - t0 < 3.0  # bounded by timeout_sec + the request timeout
     assert drains.calls == [] and len(agent.problems) == 1 and not poller.blocking
     gcp.set(b"TRUE")
-    seen = time.time()
     agent.poll_once()  # a plain GET again: the notice gets through
     agent.poll_once()  # hanging again, never answered: still one drain
     assert len(drains.calls) == 1
-    assert drains.calls[0].deadline_s == pytest.approx(seen + 30, abs=1.0)
+    # Dated from the last answer without it: the lost hang may have hidden its start.
+    assert drains.calls[0].deadline_s == pytest.approx(last_false + 30, abs=0.5)
 
 
 def test_gcp_wait_for_change_wakes_on_the_notice(gcp):
@@ -429,26 +451,26 @@ def test_azure_refusal_while_switching_on_is_a_problem_at_once(azure):
     assert result.pending == [] and result.problems == ["azure scheduledevents: HTTP 500"]
 
 
-def test_azure_acts_only_on_preempt_for_this_vm_using_not_before(azure):
+def test_azure_acts_only_on_events_for_this_vm_using_not_before(azure):
     agent, drains, records = agent_for(AzurePoller(azure.url))
     agent.poll_once()
     assert drains.calls == [] and agent.problems == []
     not_before = int(time.time()) + 30
     azure.events = [
         {"EventId": "A1", "EventType": "Freeze", "Resources": [azure.vm_name], "NotBefore": ""},
-        preempt_event("B2", not_before, ["other-vm"]),
+        scheduled_event("B2", not_before, ["other-vm"]),
     ]
     agent.poll_once()
     assert drains.calls == []
-    azure.events.append(preempt_event("C3", not_before, ["other-vm", azure.vm_name.upper()]))
+    azure.events.append(scheduled_event("C3", not_before, ["other-vm", azure.vm_name.upper()]))
     azure.incarnation += 1
     poll(agent, 3)
-    assert [(n.key, n.deadline_s) for n in drains.calls] == [("azure:C3", float(not_before))]
+    assert [(event_of(n), n.deadline_s) for n in drains.calls] == [("azure:C3", float(not_before))]
     assert len(records.calls) == 1
 
 
 def test_azure_started_preempt_with_blank_not_before_means_now(azure):
-    azure.events = [preempt_event("D4", None, [azure.vm_name])]
+    azure.events = [scheduled_event("D4", None, [azure.vm_name])]
     agent, drains, _ = agent_for(AzurePoller(azure.url))
     agent.poll_once()
     assert len(drains.calls) == 1 and drains.calls[0].deadline_s == pytest.approx(time.time(), abs=2)
@@ -457,14 +479,14 @@ def test_azure_started_preempt_with_blank_not_before_means_now(azure):
 @pytest.mark.parametrize("status", [400, 500, 503])
 def test_azure_error_status_never_drains_then_recovers(azure, status):
     not_before = int(time.time()) + 30
-    azure.events = [preempt_event("H9", not_before, [azure.vm_name])]
+    azure.events = [scheduled_event("H9", not_before, [azure.vm_name])]
     azure.status = status
     agent, drains, _ = agent_for(AzurePoller(azure.url))
     poll(agent, 2)
     assert drains.calls == [] and agent.problems == [f"azure scheduledevents: HTTP {status}"] * 2
     azure.status = 200
     poll(agent, 3)
-    assert [(n.key, n.deadline_s) for n in drains.calls] == [("azure:H9", float(not_before))]
+    assert [(event_of(n), n.deadline_s) for n in drains.calls] == [("azure:H9", float(not_before))]
 
 
 @pytest.mark.parametrize(
@@ -487,10 +509,101 @@ def test_azure_garbage_never_drains(azure, raw):
 
 
 def test_azure_garbage_event_beside_a_real_one_does_not_hide_it(azure):
-    azure.events = ["junk", preempt_event("F7", time.time() + 40, [azure.vm_name])]
+    azure.events = ["junk", scheduled_event("F7", time.time() + 40, [azure.vm_name])]
     agent, drains, _ = agent_for(AzurePoller(azure.url))
     agent.poll_once()
-    assert [n.key for n in drains.calls] == ["azure:F7"] and len(agent.problems) == 1
+    assert [event_of(n) for n in drains.calls] == ["azure:F7"] and len(agent.problems) == 1
+
+
+@pytest.mark.parametrize(("kind", "action"), [("Terminate", "terminate"), ("Reboot", "host-maintenance"),
+                                             ("Redeploy", "host-maintenance")])
+def test_azure_events_that_end_the_vms_processes_drain_like_a_preemption(azure, kind, action):
+    not_before = int(time.time()) + 600
+    azure.events = [scheduled_event("T1", not_before, [azure.vm_name], kind=kind)]
+    agent, drains, records = agent_for(AzurePoller(azure.url))
+    poll(agent, 2)
+    assert [(event_of(n), n.action, n.deadline_s) for n in drains.calls] == [("azure:T1", action, float(not_before))]
+    assert records.calls[0][1] is True and kind in records.calls[0][2]
+
+
+def test_azure_maintenance_planned_days_ahead_is_recorded_then_drained_within_the_hour(azure):
+    now = [time.time()]
+    not_before = int(now[0]) + 3 * 86400  # a host predicted to fail: Azure warns days ahead
+    azure.events = [scheduled_event("R2", not_before, [azure.vm_name], kind="Reboot")]
+    agent, drains, records = agent_for(AzurePoller(azure.url, clock=lambda: now[0]))
+    poll(agent, 2)
+    assert drains.calls == [] and agent.problems == []
+    assert [(event_of(n), n.key.endswith(":scheduled"), drained) for n, drained, _ in records.calls] == [("azure:R2", True, False)]
+    now[0] = not_before - 3000.0  # 50 minutes before
+    poll(agent, 2)
+    assert [(event_of(n), n.deadline_s) for n in drains.calls] == [("azure:R2", float(not_before))]
+    # A Spot eviction is never announced that far ahead: such a Preempt is a problem, not a record.
+    azure.events = [scheduled_event("P3", now[0] + 5 * 86400, [azure.vm_name])]
+    agent.poll_once()
+    assert len(drains.calls) == 1 and "not a spot notice" in agent.problems[-1]
+
+
+def test_azure_event_cancelled_before_its_time_is_recorded_and_the_drain_stays(azure):
+    now = [time.time()]
+    azure.events = [scheduled_event("C5", now[0] + 900, [azure.vm_name], kind="Reboot")]
+    agent, drains, records = agent_for(AzurePoller(azure.url, clock=lambda: now[0]))
+    agent.poll_once()
+    azure.events = []  # Azure cancelled it: the event leaves the list
+    poll(agent, 2)
+    assert [event_of(n) for n in drains.calls] == ["azure:C5"]
+    assert [(n.key, n.action, drained) for n, drained, _ in records.calls] == [
+        (drains.calls[0].key, "host-maintenance", True), ("azure:C5:cancelled", "cancelled", False)]
+    assert "Ray cannot take a drain back" in records.calls[1][2]
+    # One that leaves the list after its NotBefore has happened: nothing to record.
+    azure.events = [scheduled_event("D6", now[0] + 30, [azure.vm_name])]
+    agent.poll_once()
+    now[0] += 60
+    azure.events = []
+    poll(agent, 2)
+    assert [event_of(n) for n, _, _ in records.calls][2:] == ["azure:D6"]
+
+
+def test_azure_event_that_starts_early_drains_again_with_a_deadline_of_now(azure):
+    """An event approved early (by any VM of the set, or a user's restart) starts before its NotBefore,
+    which goes blank: the drain's deadline must come forward, or Ray Train would wait minutes too long."""
+    now = [time.time()]
+    azure.events = [scheduled_event("S1", now[0] + 900, [azure.vm_name], kind="Reboot")]
+    agent, drains, _ = agent_for(AzurePoller(azure.url, clock=lambda: now[0]))
+    poll(agent, 2)
+    now[0] += 60
+    azure.events = [scheduled_event("S1", None, [azure.vm_name], kind="Reboot")]  # Started
+    poll(agent, 2)
+    assert [(event_of(n), n.deadline_s) for n in drains.calls] == [("azure:S1", pytest.approx(now[0] + 840, abs=1)),
+                                                                    ("azure:S1", now[0])]
+
+
+def test_azure_cancellation_is_recorded_only_for_an_event_that_drained_the_node(azure):
+    now = [time.time()]
+    azure.events = [scheduled_event("N1", now[0] + 900, [azure.vm_name], kind="Redeploy")]
+    agent, drains, records = agent_for(AzurePoller(azure.url, clock=lambda: now[0]))
+    drains.fail_next = 1  # the GCS did not answer: no drain, retried at the next poll
+    agent.poll_once()
+    azure.events = []  # cancelled before the retry
+    poll(agent, 2)
+    assert drains.calls == [] and records.calls == []
+
+
+def test_azure_neighbours_maintenance_waits_for_this_vms_name(azure):
+    """Events of every VM of a scale set arrive here: while the name lookup fails (throttled), a
+    neighbour's scale-in or maintenance drains nothing; a Preempt still counts (30 s is too short to wait)."""
+    now = [time.time()]
+    azure.events = [scheduled_event("M1", now[0] + 600, ["other-vm-7"], kind="Terminate")]
+    poller = AzurePoller(azure.url, clock=lambda: now[0])
+    agent, drains, _ = agent_for(poller)
+    azure.throttled = 1  # the name lookup (the poll's first request) is refused as too many
+    agent.poll_once()
+    assert drains.calls == [] and poller.vm_name is None
+    azure.events.append(scheduled_event("M2", now[0] + 30, ["other-vm-7"]))
+    azure.throttled = 1
+    agent.poll_once()
+    assert [event_of(n) for n in drains.calls] == ["azure:M2"]
+    agent.poll_once()  # the name is known now: the neighbour's events are not this VM's
+    assert poller.vm_name == azure.vm_name and len(drains.calls) == 1
 
 
 # ----------------------------------------------------------------------------- faults, every cloud
@@ -502,7 +615,7 @@ def _notice_pending(fake: FakeMetadata) -> None:
     elif isinstance(fake, FakeGcp):
         fake.set(b"TRUE")
     else:
-        fake.events = [preempt_event("G8", time.time() + 40, [fake.vm_name])]
+        fake.events = [scheduled_event("G8", time.time() + 40, [fake.vm_name])]
 
 
 POLLERS: dict[str, Callable[[str], Any]] = {
@@ -584,6 +697,74 @@ def test_run_loop_stops_and_paces_itself(aws):
 
 
 # ----------------------------------------------------------------------------- Kubernetes
+
+
+@pytest.mark.parametrize("cloud", ["aws", "gcp", "azure"])
+def test_a_throttled_service_is_polled_less_often_then_at_the_interval_again(cloud, aws, gcp, azure):
+    fake = {"aws": aws, "gcp": gcp, "azure": azure}[cloud]
+    poller = {"aws": lambda: AwsPoller(aws.url), "gcp": lambda: GcpPoller(gcp.url),
+              "azure": lambda: AzurePoller(azure.url, vm_name=azure.vm_name)}[cloud]()
+    agent = NoticeAgent(poller, Drains(), interval_s=2.0)
+    fake.throttled = 1000
+    waits = []
+    for _ in range(5):
+        agent.poll_once()
+        waits.append(agent.backoff_s)
+    assert waits == [4.0, 8.0, MAX_BACKOFF_S, MAX_BACKOFF_S, MAX_BACKOFF_S]
+    assert agent.problems and all("HTTP 429 (too many requests)" in p for p in agent.problems)
+    fake.throttled = 0
+    _notice_pending(fake)
+    handled = agent.poll_once()
+    assert agent.backoff_s == 0.0 and [n.source for n in handled] == [cloud]
+
+
+def test_a_throttled_poll_waits_at_least_the_services_retry_after(azure):
+    azure.throttled, azure.retry_after = 2, "0.5"
+    agent = NoticeAgent(AzurePoller(azure.url, vm_name=azure.vm_name), Drains(), interval_s=0.01)
+    t0 = time.monotonic()
+    agent.run(max_polls=3)
+    assert time.monotonic() - t0 >= 1.0  # two throttled polls, each followed by Retry-After's 0.5 s
+    assert agent.backoff_s == 0.0 and len(agent.problems) == 2
+    azure.throttled, azure.retry_after = 1, "Wed, 21 Oct 2015 07:28:00 GMT"  # a date, not seconds: the doubling alone
+    agent.poll_once()
+    assert agent.backoff_s == pytest.approx(0.02)
+
+
+def test_the_clouds_deadline_replaces_a_guessed_one_even_when_later(aws):
+    aws.rebalance = b'{"noticeTime": "2024-05-01T10:00:00Z"}'
+    agent, drains, records = agent_for(AwsPoller(aws.url, act_on_rebalance=True, rebalance_deadline_s=30))
+    agent.poll_once()
+    when = int(time.time()) + 110
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(when)}).encode()
+    poll(agent, 2)
+    assert [(n.source, n.estimated) for n in drains.calls] == [("aws-rebalance", True), ("aws", False)]
+    assert drains.calls[1].deadline_s == float(when)
+
+
+def test_a_guessed_deadline_never_replaces_the_clouds_even_when_earlier(aws):
+    when = int(time.time()) + 110
+    aws.instance_action = json.dumps({"action": "terminate", "time": iso(when)}).encode()
+    agent, drains, records = agent_for(AwsPoller(aws.url, act_on_rebalance=True, rebalance_deadline_s=30))
+    agent.poll_once()
+    aws.rebalance = b'{"noticeTime": "2024-05-01T10:00:00Z"}'
+    agent.poll_once()
+    assert [(n.source, n.deadline_s) for n in drains.calls] == [("aws", float(when))]
+    assert "already draining with the cloud's own deadline" in records.calls[1][2]
+
+
+def test_a_notice_seen_in_a_partly_throttled_poll_is_still_drained(gcp):
+    gcp.set(b"TRUE")
+    gcp.throttled = 1  # maintenance-event, asked first, is refused; preempted answers
+    agent = NoticeAgent(GcpPoller(gcp.url), drains := Drains(), interval_s=2.0)
+    agent.poll_once()
+    assert [n.action for n in drains.calls] == ["preempt"] and agent.backoff_s == 4.0
+
+
+def test_retry_after_is_honoured_only_up_to_the_longest_back_off(azure):
+    azure.throttled, azure.retry_after = 1, "3600"
+    agent = NoticeAgent(AzurePoller(azure.url, vm_name=azure.vm_name), Drains(), interval_s=2.0)
+    agent.poll_once()
+    assert agent.backoff_s == MAX_BACKOFF_S
 
 
 def test_sigterm_is_a_notice_with_the_grace_period():
@@ -685,6 +866,22 @@ def test_cli_once_that_gets_no_answer_exits_1_naming_it(cloud, extra):
     line = _said_no_answer(_once(cloud, url, *extra))
     assert f"{cloud} metadata service at {url}: " in line and "Connection refused" in line
     assert "--metadata-url" in line and "--cloud" in line
+
+
+def test_cli_once_that_is_throttled_says_the_service_is_there(azure):
+    azure.throttled = 100
+    line = _said_no_answer(_once("azure", azure.url, "--azure-vm-name", "spot-vm-3"))
+    assert "HTTP 429 (too many requests)" in line and "refuses requests as too many" in line and "--cloud" not in line
+
+
+def test_a_failed_drain_is_named_for_the_poll_that_saw_the_notice(gcp):
+    gcp.set(b"TRUE")
+    agent, drains, _ = agent_for(GcpPoller(gcp.url))
+    drains.fail_next = 1
+    agent.poll_once()
+    assert agent.drain_failures == ["gcp:preempted: GCS unavailable"]
+    agent.poll_once()
+    assert agent.drain_failures == [] and len(drains.calls) == 1
 
 
 def test_cli_once_with_an_answer_it_cannot_use_exits_1_naming_it(gcp):

@@ -220,3 +220,15 @@ def test_events_round_trip_through_json(raw_events):
 def test_malformed_event_json_is_a_clear_error(bad):
     with pytest.raises(ValueError):
         event_from_json(bad)
+
+
+def test_a_record_of_a_newer_spotfallback_says_to_upgrade():
+    from spotfallback.events import LedgerRecord
+
+    with pytest.raises(ValueError, match=r"unknown event kind 'spot_price_observed'.*upgrade spotfallback"):
+        event_from_json({"kind": "spot_price_observed", "t": 1})
+    record = {"v": 2, "id": "x", "writer": "w", "tier": 0, "event": {"kind": "preempted", "t": 1}}
+    with pytest.raises(ValueError, match=r"^unsupported ledger format version 2 \(this spotfallback reads version 1; a newer "):
+        LedgerRecord.from_json(record)
+    with pytest.raises(ValueError, match=r"^unsupported ledger format version '1'$"):
+        LedgerRecord.from_json({**record, "v": "1"})

@@ -204,12 +204,30 @@ def test_progress_from_before_a_restart_is_not_shown(tmp_path):
     assert build_snapshot(LADDER, ledger.read(), now=now, heartbeat=after, driver=driver).progress.value == 61
 
 
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), 10**400, True, "12"])
+def test_progress_is_a_finite_number_or_none(bad):
+    """Python's JSON reads NaN, Infinity and integers past any float: such a step is no progress
+    (`status` would print `nan`, and `--json` no JSON), and such a total no total."""
+    from spotfallback.store.heartbeat import scalar_metrics
+    from spotfallback.view.snapshot import find_progress
+
+    assert find_progress({"step": bad}, T0) is None
+    assert find_progress({"step": 7, "total_steps": bad}, T0) == find_progress({"step": 7}, T0)
+    assert scalar_metrics({"step": bad, "loss": 0.5}) == ({"step": True, "loss": 0.5} if bad is True else
+                                                          {"step": "12", "loss": 0.5} if bad == "12" else {"loss": 0.5})
+
+
 def test_snapshot_of_a_run_whose_driver_died_is_stalled_and_not_charged_after_death(tmp_path):
     location, ledger = write_ledger(tmp_path, run_events()[:12])
     dead = DriverInfo("h", 1, renewed_at=T0 + 5300, expires_at=T0 + 5330)
     snap = build_snapshot(LADDER, ledger.read(), now=T0 + 90000, driver=dead)
     assert snap.status == "stalled"
     assert snap.spend == pytest.approx((3800 + 1400) / 3600 * 2 * SPOT_PRICE)
+    # A node's agent may record a notice after the driver died (or on a clock hours ahead): no
+    # sign of the run's life, so it bills nothing more.
+    ledger.append(PreemptionNotice(T0 + 3 * 3600 + 5300, node_id="n1", source="gcp", action="preempt"), 0, {"action": "continue"})
+    late = build_snapshot(LADDER, ledger.read(), now=T0 + 90000, driver=dead)
+    assert late.status == "stalled" and late.spend == pytest.approx(snap.spend)
 
 
 def test_snapshot_while_waiting_shows_capacity_time_left(tmp_path):
@@ -476,6 +494,25 @@ def test_event_lines_for_climbs_resizes_notices_and_jit_checkpoints(tmp_path):
     assert "just-in-time checkpoint of step 19 reported[/] on [bold]spot[/] (written and reported in 2.00s)" in text
     assert "→ climb back from on-demand to spot[/] (capacity back on 'spot'" in text
     assert "→ resize spot to 2 workers" in text
+
+
+def test_a_notice_taken_back_or_announced_days_ahead_is_shown_as_such_and_not_counted(tmp_path):
+    """Azure may cancel an event the agent drained for, and announces some maintenance days ahead
+    (recorded at once, drained within the hour): neither is a notice of a node going now."""
+    events = beyond_events()
+    events[3:3] = [
+        PreemptionNotice(T0 + 100, node_id="n1", deadline_s=T0 + 3 * 86400, source="azure", action="host-maintenance"),
+        PreemptionNotice(T0 + 200, node_id="n1", source="azure", action="cancelled"),
+    ]
+    location, ledger = write_ledger(tmp_path, events, "b3", ladder=BEYOND)
+    records = ledger.read()
+    assert cost_report(BEYOND, records).notices == 1
+    text = "\n".join(filter(None, (describe_event(r, T0, BEYOND) for r in records)))
+    assert "host maintenance announced[/] (azure, 71h58m before the node goes) on [bold]spot[/]" in text
+    assert "notice taken back[/] (azure: cancelled before its time) on [bold]spot[/]" in text
+    assert text.count("preemption notice[/]") == 1
+    png = timeline_png(BEYOND, records, title="x")
+    assert colour_share(png, "#f77f00") == pytest.approx(colour_share(timeline_png(BEYOND, write_beyond(tmp_path, "b4")[1], title="x"), "#f77f00"), rel=0.05)
 
 
 def colour_share(png: bytes, hex_colour: str) -> float:

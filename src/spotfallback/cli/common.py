@@ -209,6 +209,12 @@ def open_run(run: str) -> tuple[RunLocation, Ledger, Ladder]:
     ledger = Ledger(location)
     ladder = ledger.read_ladder()
     if ladder is None:
+        if ledger.has_events():
+            raise ConfigError(
+                f"run: {location.uri()!r} has a ledger but no {STATE_DIR}/run.json, the run's ladder, which is "
+                "written when the run first starts: a copy of the run left it out (copy the whole "
+                f"{STATE_DIR} directory), or it was deleted"
+            )
         raise ConfigError(
             f"run: no spotfallback run at {location.uri()!r} (no {STATE_DIR}/run.json there); "
             "give STORAGE_PATH/NAME with the job file's storage_path and name"

@@ -22,8 +22,15 @@ from spotfallback.cloud_notices import (
     GCP_MAINTENANCE_NOTICE_S,
     GCP_PREEMPTION_NOTICE_S,
 )
-from spotfallback.errors import ConfigError, MetadataError, RayNodeNotFoundError, SpotfallbackError
-from spotfallback.notices.agent import NoticeAgent
+from spotfallback.errors import (
+    ConfigError,
+    DrainRejectedError,
+    MetadataError,
+    MetadataThrottledError,
+    RayNodeNotFoundError,
+    SpotfallbackError,
+)
+from spotfallback.notices.agent import MAX_BACKOFF_S, NoticeAgent
 from spotfallback.notices.health import HEALTH_EVERY_S, AgentHealth, HealthReporter, agent_name
 from spotfallback.notices.metadata import (
     AZURE_FIRST_CALL_S,
@@ -74,7 +81,7 @@ def register(app: typer.Typer) -> None:
     def notice_agent(
         cloud: Annotated[str, typer.Option(help=f"auto, or one of: {', '.join(CLOUDS)}.", envvar="SPOTFALLBACK_CLOUD")] = "auto",
         metadata_url: Annotated[str, typer.Option(help="Instance metadata service base URL.", envvar="SPOTFALLBACK_METADATA_URL")] = DEFAULT_BASE_URL,
-        interval: Annotated[float, typer.Option(help="Seconds between polls.", min=0.05)] = 2.0,
+        interval: Annotated[float, typer.Option(help=f"Seconds between polls (while the metadata service answers HTTP 429: doubled, up to {MAX_BACKOFF_S:g}).", min=0.05)] = 2.0,
         timeout: Annotated[float, typer.Option(help="Seconds one metadata request may take.", min=0.05)] = 2.0,
         address: Annotated[
             str | None,
@@ -224,12 +231,24 @@ def register(app: typer.Typer) -> None:
         except RayNodeNotFoundError as e:
             ended = f"gave up: {e.message}"
             raise fail(e.message, e.exit_code) from None
+        except DrainRejectedError as e:  # --once only: a notice came and its drain failed
+            ended = "stopped (--once): drain failed"
+            raise fail(
+                f"the one poll (--once) saw a notice but could not drain the Ray node: {one_line(str(e))}; check "
+                "that Ray runs on this machine and its GCS answers (--address, RAY_ADDRESS)",
+                e.exit_code,
+            ) from None
         except MetadataError as e:  # --once only: its one poll got no answer, so "all clear" would be a guess
             ended = "stopped (--once): no answer"
+            check = (
+                "the service is there but refuses requests as too many: something else on this machine asks it "
+                "often; run --once again in a few seconds" if isinstance(e, MetadataThrottledError) else
+                f"check that it answers on this machine (--metadata-url, SPOTFALLBACK_METADATA_URL) and that this "
+                f"machine is on {cloud} (--cloud, SPOTFALLBACK_CLOUD)"
+            )
             raise fail(
                 f"the one poll (--once) did not get an answer it could use from the {cloud} metadata service at "
-                f"{metadata_url}: {one_line(str(e))}; check that it answers on this machine (--metadata-url, "
-                f"SPOTFALLBACK_METADATA_URL) and that this machine is on {cloud} (--cloud, SPOTFALLBACK_CLOUD)",
+                f"{metadata_url}: {one_line(str(e))}; {check}",
                 e.exit_code,
             ) from None
         except KeyboardInterrupt:
@@ -307,8 +326,12 @@ def _watch(
         poller.install(after=agent.wake)  # SIGTERM is the notice
     typer.echo(f"notice-agent: watching {cloud} notices for Ray node {target[:12]}", err=True)
     agent.run(stop, max_polls=1 if once else None)
+    if once and agent.drain_failures:
+        raise DrainRejectedError("; ".join(agent.drain_failures))
     if once and last:
         why = no_answer(*last[0], answered=getattr(poller, "answered", True))
+        if why and last[0][0].throttled_s is not None:
+            raise MetadataThrottledError("; ".join(why), last[0][0].throttled_s)
         if why:
             raise MetadataError("; ".join(why))
     return "stopped (--once)" if once else "stopped (SIGTERM)"

@@ -10,7 +10,9 @@ GCP host maintenance that stops a VM with GPUs: an hour).
 The rules that keep it safe: anything it cannot parse is a *problem*, logged and never
 acted on; a slow or refused connection is a problem for one poll, not a crash; each notice
 (identified by its content) drains at most once, and a second source re-drains only to
-bring the deadline forward.
+bring the deadline forward, or to replace a deadline the agent guessed with the cloud's; a
+metadata service that answers "too many requests" is polled less often, up to
+``MAX_BACKOFF_S`` apart.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ from spotfallback.notices.metadata import HOST_MAINTENANCE, Notice, Poller, Poll
 from spotfallback.notices.runlog import RunLog
 
 logger = logging.getLogger("spotfallback")
+
+# The longest wait between polls while the metadata service throttles them: a third of the
+# shortest notice (30 s on GCP and Azure), so a notice is still seen with most of it left.
+MAX_BACKOFF_S = 10.0
 
 
 def _gcs_client(gcs: Any) -> Any:
@@ -171,11 +177,15 @@ class NoticeAgent:
         self.drained: list[Notice] = []
         self.problems: list[str] = []
         self._drained_deadline: float | None = None  # deadline of the last drain (inf: none)
+        self._drained_estimate = False  # the last drain's deadline was the agent's guess
+        self.backoff_s = 0.0  # the wait between polls while the service throttles them (0: not throttled)
+        self.drain_failures: list[str] = []  # the last poll's failed drains (retried at the next)
         self._said: set[str] = set()  # the last poll's problems and waits: logged once while they last
         self._poll_now = False  # a plain flag: wake() runs in signal handlers
 
     def poll_once(self) -> list[Notice]:
         """One poll; returns the notices handled (drained or recorded) for the first time."""
+        self.drain_failures = []
         try:
             result = self.poller.poll()
         except Exception as e:  # a bug in a poller must not stop the agent
@@ -189,6 +199,7 @@ class NoticeAgent:
             if line not in self._said:
                 logger.info("notice agent: %s", line)
         self._said = {*result.problems, *result.pending}
+        self._pace(result.throttled_s)
         handled, drained_before = [], len(self.drained)
         for notice in result.notices:
             if notice.key not in self.handled and self._handle(notice):
@@ -199,18 +210,25 @@ class NoticeAgent:
 
     def _handle(self, notice: Notice) -> bool:
         detail, drained = notice.detail, False
+        if notice.cancels and not any(d.key == notice.cancels or d.key.startswith(notice.cancels + ":") for d in self.drained):
+            self.handled[notice.key] = notice  # it takes back no drain of this agent's: nothing to say
+            return False
         if notice.actionable:
             deadline = math.inf if notice.deadline_s is None else notice.deadline_s
-            if self._drained_deadline is not None and deadline >= self._drained_deadline:
+            if self._drained_deadline is not None and notice.estimated and not self._drained_estimate:
+                detail += "; the node is already draining with the cloud's own deadline"
+            elif (self._drained_deadline is not None and deadline >= self._drained_deadline
+                    and not (self._drained_estimate and not notice.estimated)):
                 detail += "; the node is already draining with an earlier or equal deadline"
             else:
                 try:
                     self.drain(notice)
                 except Exception as e:
                     logger.error("notice agent: could not drain for %s (%s); retrying next poll", notice.key, e)
+                    self.drain_failures.append(f"{notice.key}: {e}")
                     return False
                 drained = True
-                self._drained_deadline = deadline
+                self._drained_deadline, self._drained_estimate = deadline, notice.estimated
                 self.drained.append(notice)
                 left = "unknown" if notice.deadline_s is None else f"{notice.deadline_s - time.time():.1f}s"
                 logger.warning("%s notice (%s): %s; Ray node drained, deadline in %s", notice.action, notice.source, notice.detail, left)
@@ -224,18 +242,27 @@ class NoticeAgent:
                 logger.warning("notice agent: could not record %s: %s", notice.key, e)
         return True
 
+    def _pace(self, throttled_s: float | None) -> None:
+        """Back off while the service throttles: double the wait (from the interval), at least its
+        Retry-After, at most ``MAX_BACKOFF_S``; back to the interval once a poll is not throttled."""
+        if throttled_s is None:
+            self.backoff_s = 0.0
+            return
+        doubled = 2.0 * max(self.backoff_s, self.interval_s)
+        self.backoff_s = min(max(doubled, throttled_s), max(MAX_BACKOFF_S, self.interval_s))
+
     def wake(self) -> None:
         """Poll now instead of at the end of the current wait (safe in a signal handler)."""
         self._poll_now = True
 
     def run(self, stop: threading.Event | None = None, *, max_polls: int | None = None) -> None:
         """Poll until ``stop`` is set (or ``max_polls`` polls), at most once per ``interval_s``
-        unless woken.
+        (``backoff_s`` while throttled) unless woken.
 
         A hanging GET that waited longer than the interval is followed at once by the next.
         """
         stop = stop or threading.Event()
-        polls = 0
+        polls, waited = 0, 0.0
         while not stop.is_set():
             started = time.monotonic()
             self._poll_now = False
@@ -243,7 +270,10 @@ class NoticeAgent:
             polls += 1
             if max_polls is not None and polls >= max_polls:
                 return
-            due = started + self.interval_s
+            if self.backoff_s > max(waited, self.interval_s):
+                logger.warning("notice agent: the metadata service throttles the polls; next in %.3gs", self.backoff_s)
+            waited = self.backoff_s
+            due = started + (self.interval_s if self.drain_failures else max(self.interval_s, self.backoff_s))
             while not stop.is_set() and not self._poll_now:
                 left = due - time.monotonic()
                 if left <= 0:

@@ -13,12 +13,14 @@ What it asks (base URL configurable, so tests point it at fake servers on loopba
   only on VMs with GPUs and VMs set to migrate, whose ``MIGRATE_ON_HOST_MAINTENANCE`` is a live
   migration, not a notice.
 - Azure: ``GET /metadata/scheduledevents?api-version=2020-07-01`` with ``Metadata: true``;
-  ``EventType: "Preempt"`` events naming this VM, ``NotBefore`` as the deadline. The first
-  request switches the service on and can take two minutes.
+  events naming this VM that end its processes (``Preempt``, ``Terminate``, ``Reboot``,
+  ``Redeploy``; not a ``Freeze``, which pauses it for seconds), ``NotBefore`` as the deadline.
+  The first request switches the service on and can take two minutes.
 - Kubernetes: SIGTERM to the pod; the deadline is ``terminationGracePeriodSeconds`` later.
 
 Anything a poller cannot parse is a *problem*, logged and never acted on; a slow or refused
-connection is a problem for one poll, not a crash.
+connection is a problem for one poll, not a crash; a service that answers "too many requests"
+(HTTP 429) is asked less often for a while (``PollResult.throttled_s``).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import email.utils
 import http.client
 import json
 import logging
+import math
 import os
 import signal
 import time
@@ -40,7 +43,8 @@ from pathlib import Path
 from typing import Any, Protocol
 
 from spotfallback.cloud_notices import GCP_MAINTENANCE_NOTICE_S, GCP_PREEMPTION_NOTICE_S
-from spotfallback.errors import MetadataError
+from spotfallback.errors import MetadataError, MetadataThrottledError
+from spotfallback.events import CANCELLED, NOTICE_HORIZON_S
 
 logger = logging.getLogger("spotfallback")
 
@@ -48,7 +52,7 @@ DEFAULT_BASE_URL = "http://169.254.169.254"
 CLOUDS = ("aws", "gcp", "azure", "k8s")
 MAX_BODY_BYTES = 64 * 1024
 # Spot notices are minutes long: a deadline hours away, or long past, is not one.
-MAX_NOTICE_S = 3600.0
+MAX_NOTICE_S = NOTICE_HORIZON_S
 MAX_PAST_S = 3600.0
 AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 
@@ -80,6 +84,21 @@ def request(method: str, url: str, headers: Mapping[str, str], timeout_s: float)
         raise MetadataError(f"{method} {url}: {e.reason}") from None
     except (OSError, http.client.HTTPException, ValueError) as e:
         raise MetadataError(f"{method} {url}: {type(e).__name__}: {e}") from None
+
+
+def status_error(r: Response, what: str = "") -> MetadataError:
+    """The problem an unexpected status is: ``MetadataThrottledError`` for 429 (with its ``Retry-After``
+    seconds, 0 if none or unreadable), else a plain ``MetadataError``."""
+    message = f"{what}{': ' if what else ''}HTTP {r.status}"
+    if r.status != 429:
+        return MetadataError(message)
+    try:
+        retry_after = float(r.headers.get("retry-after", "0"))
+    except ValueError:
+        retry_after = 0.0  # an HTTP date, or garbage: the agent's own back-off decides
+    if not math.isfinite(retry_after) or retry_after < 0:
+        retry_after = 0.0
+    return MetadataThrottledError(message + " (too many requests)", retry_after)
 
 
 def _text(body: bytes, what: str) -> str:
@@ -155,6 +174,12 @@ class Notice:
     deadline_s: float | None
     actionable: bool = True
     detail: str = ""
+    # The deadline is the agent's guess, not the cloud's word (a rebalance recommendation names no
+    # time): a later notice that names one drains again with it, even if it is later.
+    estimated: bool = False
+    # The key (or key prefix, before a ':') of the notices this one takes back (an Azure event cancelled
+    # before its time): recorded only where one of them drained the node.
+    cancels: str = ""
 
 
 @dataclass
@@ -165,6 +190,27 @@ class PollResult:
     notices: list[Notice] = field(default_factory=list)
     problems: list[str] = field(default_factory=list)
     pending: list[str] = field(default_factory=list)
+    # Some request was refused as too many (HTTP 429): the service's Retry-After in seconds (0 when it
+    # gave none); the agent waits at least that, and backs off, before the next poll. None: not throttled.
+    throttled_s: float | None = None
+
+    def failed(self, line: str, error: MetadataError) -> None:
+        """Add ``line`` (naming ``error``) to the problems, noting a throttled request."""
+        self.problems.append(line)
+        if isinstance(error, MetadataThrottledError):
+            self.throttled_s = max(self.throttled_s or 0.0, error.retry_after_s)
+
+    @classmethod
+    def failure(cls, line: str, error: MetadataError) -> PollResult:
+        """A poll that found nothing but the problem ``line``."""
+        result = cls()
+        result.failed(line, error)
+        return result
+
+    def __add__(self, other: PollResult) -> PollResult:
+        throttled = [t for t in (self.throttled_s, other.throttled_s) if t is not None]
+        return PollResult(self.notices + other.notices, self.problems + other.problems, self.pending + other.pending,
+                          max(throttled) if throttled else None)
 
 
 class Poller(Protocol):
@@ -212,7 +258,7 @@ class AwsPoller:
             self.timeout_s,
         )
         if r.status != 200:
-            raise MetadataError(f"IMDSv2 token: HTTP {r.status}")
+            raise status_error(r, "IMDSv2 token")
         token = _text(r.body, "IMDSv2 token")
         if not token or len(token) > 4096 or not token.isprintable() or " " in token:
             raise MetadataError(f"IMDSv2 token: unusable token {token[:40]!r}")
@@ -233,7 +279,7 @@ class AwsPoller:
             try:
                 notice = check()
             except MetadataError as e:
-                result.problems.append(f"aws {name}: {e}")
+                result.failed(f"aws {name}: {e}", e)
                 continue
             if notice is not None:
                 result.notices.append(notice)
@@ -244,7 +290,7 @@ class AwsPoller:
         if r.status == 404:
             return None
         if r.status != 200:
-            raise MetadataError(f"HTTP {r.status}")
+            raise status_error(r)
         data = _json_object(r.body, "instance-action")
         action, when = data.get("action"), data.get("time")
         if action not in self.ACTIONS:
@@ -261,7 +307,7 @@ class AwsPoller:
         if r.status == 404:
             return None
         if r.status != 200:
-            raise MetadataError(f"HTTP {r.status}")
+            raise status_error(r)
         data = _json_object(r.body, "rebalance recommendation")
         when = data.get("noticeTime")
         parse_iso_utc(when, "rebalance noticeTime")
@@ -273,6 +319,7 @@ class AwsPoller:
             deadline,
             actionable=self.act_on_rebalance,
             detail=f"rebalance recommendation at {when}",
+            estimated=True,
         )
 
 
@@ -291,6 +338,10 @@ class GcpPoller:
     a notice.
     ``wait_for_change`` turns the ``preempted`` poll into a hanging GET of at most
     ``wait_timeout_s``, which bounds how late a maintenance event is seen.
+
+    GCE dates neither: the deadline counts from the last answer that did not announce it (the
+    notice began after that), or from a hanging GET's answer, which comes with the change; so it
+    errs early by up to one poll interval, never late, however far apart throttling spaces the polls.
     """
 
     source = "gcp"
@@ -320,6 +371,8 @@ class GcpPoller:
         self._etag: str | None = None
         self._seen_at: float | None = None
         self._maintenance_seen_at: float | None = None
+        self._clear_at: float | None = None  # the last answer FALSE: a preemption since began after it
+        self._maintenance_clear_at: float | None = None  # likewise for the maintenance event
 
     @property
     def blocking(self) -> bool:
@@ -327,14 +380,12 @@ class GcpPoller:
         return self.wait_for_change and self._etag is not None
 
     def poll(self) -> PollResult:
-        result = self._poll_maintenance() if self.maintenance else PollResult()
-        preempted = self._poll_preempted()
-        return PollResult(result.notices + preempted.notices, result.problems + preempted.problems)
+        return (self._poll_maintenance() if self.maintenance else PollResult()) + self._poll_preempted()
 
     def _get(self, url: str, timeout: float, what: str) -> tuple[str, Response]:
         r = request("GET", url, {"Metadata-Flavor": "Google"}, timeout)
         if r.status != 200:
-            raise MetadataError(f"HTTP {r.status}")
+            raise status_error(r)
         if r.headers.get("metadata-flavor") != "Google":
             raise MetadataError("answer without 'Metadata-Flavor: Google': not the GCE metadata server")
         return _text(r.body, what), r
@@ -345,20 +396,21 @@ class GcpPoller:
             if value not in GCP_MAINTENANCE_VALUES:
                 raise MetadataError(f"expected one of {', '.join(GCP_MAINTENANCE_VALUES)}, got {value[:40]!r}")
         except MetadataError as e:
-            return PollResult(problems=[f"gcp maintenance-event: {e}"])
+            return PollResult.failure(f"gcp maintenance-event: {e}", e)
         if value != GCP_TERMINATE:
             self._maintenance_seen_at = None  # over, or a live migration: nothing to drain
+            self._maintenance_clear_at = self.clock()
             return PollResult()
         if self._maintenance_seen_at is None:
-            self._maintenance_seen_at = self.clock()
+            self._maintenance_seen_at = self.clock() if self._maintenance_clear_at is None else self._maintenance_clear_at
         deadline = self._maintenance_seen_at + self.maintenance_notice_s
         key = f"gcp:maintenance:{self._maintenance_seen_at:.0f}"
         detail = f"instance/maintenance-event is {GCP_TERMINATE}"
         return PollResult([Notice("gcp", key, HOST_MAINTENANCE, deadline, detail=detail)])
 
     def _poll_preempted(self) -> PollResult:
-        url, timeout = self.base_url + self.PATH, self.timeout_s
-        if self.blocking:
+        url, timeout, hanging = self.base_url + self.PATH, self.timeout_s, self.blocking
+        if hanging:
             query = {"wait_for_change": "true", "timeout_sec": str(int(self.wait_timeout_s)), "last_etag": self._etag}
             url += "?" + urllib.parse.urlencode(query)
             timeout += self.wait_timeout_s
@@ -370,15 +422,21 @@ class GcpPoller:
             # A hanging GET that failed (a server that never answers it, a proxy cutting it)
             # is followed by a plain, short one: one hang lost, not every poll.
             self._etag = None
-            return PollResult(problems=[f"gcp preempted: {e}"])
+            return PollResult.failure(f"gcp preempted: {e}", e)
         self._etag = r.headers.get("etag") or None
         if value == "FALSE":
+            self._clear_at = self.clock()
             return PollResult()
-        if self._seen_at is None:
-            self._seen_at = self.clock()
+        if self._seen_at is None:  # a hanging GET answers as the value changes
+            self._seen_at = self.clock() if hanging or self._clear_at is None else self._clear_at
         deadline = self._seen_at + self.notice_s
         return PollResult([Notice("gcp", "gcp:preempted", "preempt", deadline, detail="instance/preempted is TRUE")])
 
+
+# Azure's Scheduled Events that end this VM's processes, and the notice's action for each: a Spot
+# eviction, a scale set's delete (its terminate notification), a reboot or a move to another host
+# (both platform maintenance). Minimum notice: 30 s, 5-15 min (configured), 15 min, 10 min.
+AZURE_DRAINED = {"Preempt": "preempt", "Terminate": "terminate", "Reboot": HOST_MAINTENANCE, "Redeploy": HOST_MAINTENANCE}
 
 # Azure switches Scheduled Events on at a VM's first request to the endpoint: that request can
 # take up to two minutes, and events flow within five minutes of it.
@@ -387,7 +445,8 @@ AZURE_EVENTS_FLOW_S = 300.0
 
 
 class AzurePoller:
-    """Azure Scheduled Events: ``Preempt`` events for this VM, ``NotBefore`` as the deadline.
+    """Azure Scheduled Events for this VM that end its processes (``AZURE_DRAINED``), ``NotBefore``
+    as the deadline; one cancelled before its time is recorded (``action: cancelled``).
 
     Until the endpoint has answered once, a request may take ``first_timeout_s`` instead of
     ``timeout_s`` (the first one switches the service on), and a request that gets no answer
@@ -418,6 +477,7 @@ class AzurePoller:
         self.clock = clock
         self.first_asked_at: float | None = None
         self.answered_at: float | None = None  # the service's first answer: it is on
+        self._events: dict[str, tuple[str, float]] = {}  # EventId -> (EventType, deadline) of this VM's notices
 
     @property
     def answered(self) -> bool:
@@ -433,7 +493,7 @@ class AzurePoller:
     def _fetch_vm_name(self) -> str:
         r = request("GET", self.base_url + self.NAME_PATH, {"Metadata": "true"}, self.timeout_s)
         if r.status != 200:
-            raise MetadataError(f"compute/name: HTTP {r.status}")
+            raise status_error(r, "compute/name")
         name = _text(r.body, "compute/name")
         if not name or not name.isprintable() or len(name) > 256:
             raise MetadataError(f"compute/name: unusable name {name[:40]!r}")
@@ -447,7 +507,7 @@ class AzurePoller:
             try:
                 self.vm_name = self._fetch_vm_name()
             except MetadataError as e:
-                result.problems.append(f"azure {e}")
+                result.failed(f"azure {e}", e)
         if self.first_asked_at is None:
             self.first_asked_at = self.clock()
         first = self.answered_at is None
@@ -457,17 +517,17 @@ class AzurePoller:
             if first and self.clock() < self.first_asked_at + self.enabling_s:
                 result.pending.append(f"enabling Scheduled Events: no answer yet, the first can take two minutes ({e})")
             else:
-                result.problems.append(f"azure scheduledevents: {e}")
+                result.failed(f"azure scheduledevents: {e}", e)
             return result
         try:
             if r.status != 200:
-                raise MetadataError(f"HTTP {r.status}")
+                raise status_error(r)
             data = _json_object(r.body, "scheduledevents")
             events = data.get("Events")
             if not isinstance(events, list):
                 raise MetadataError("no 'Events' list")
         except MetadataError as e:
-            result.problems.append(f"azure scheduledevents: {e}")
+            result.failed(f"azure scheduledevents: {e}", e)
             return result
         if first:
             self.answered_at = self.clock()
@@ -481,29 +541,61 @@ class AzurePoller:
                 continue
             if notice is not None:
                 result.notices.append(notice)
+        result.notices += self._cancelled({e.get("EventId") for e in events if isinstance(e, dict)})
         return result
 
     def _notice(self, event: Any) -> Notice | None:
+        """The notice an event is for this VM, or None. Its key holds the ``NotBefore`` (``started``
+        once blank), so an event that starts early, or is moved earlier, drains again sooner."""
         if not isinstance(event, dict):
             raise MetadataError(f"event is not an object: {event!r:.60}")
-        if event.get("EventType") != "Preempt":
-            return None
+        kind = event.get("EventType")
+        if kind not in AZURE_DRAINED:
+            return None  # a Freeze pauses the VM for seconds and keeps its memory: the gang lives on
         event_id = event.get("EventId")
         if not isinstance(event_id, str) or not event_id:
-            raise MetadataError("Preempt event without an EventId")
+            raise MetadataError(f"{kind} event without an EventId")
         resources = event.get("Resources") or []
         if not isinstance(resources, list) or not all(isinstance(x, str) for x in resources):
             raise MetadataError(f"event {event_id}: 'Resources' is not a list of names")
         if resources and self.vm_name and self.vm_name.lower() not in {x.lower() for x in resources}:
             return None  # another VM of the group is being preempted
+        if resources and not self.vm_name and kind != "Preempt":
+            # Whose it is waits for the name (asked again next poll): a scale set's scale-in or a
+            # neighbour's maintenance must not drain every VM of the group; these come minutes ahead.
+            return None
         now = self.clock()
         not_before = event.get("NotBefore") or ""
-        if not_before:
-            deadline = plausible_deadline(parse_http_date(not_before, f"event {event_id} NotBefore"), now, f"event {event_id}")
-        else:
-            deadline = now  # blank NotBefore: the eviction has started
         status = event.get("EventStatus", "")
-        return Notice("azure", f"azure:{event_id}", "preempt", deadline, detail=f"Preempt {event_id} ({status}) NotBefore {not_before or 'now'}")
+        detail = f"{kind} {event_id} ({status}) NotBefore {not_before or 'now'}"
+        key = f"azure:{event_id}:{not_before or 'started'}"
+        if not not_before:
+            deadline = now  # blank NotBefore: the event has started
+        else:
+            deadline = parse_http_date(not_before, f"event {event_id} NotBefore")
+            if kind != "Preempt" and deadline > now + MAX_NOTICE_S:
+                # Maintenance Azure plans days ahead (a host predicted to fail): recorded now, drained
+                # once it is within the hour, as GCE's host maintenance is.
+                return Notice("azure", key + ":scheduled", AZURE_DRAINED[kind], deadline, actionable=False,
+                              detail=f"{detail}: drained from {MAX_NOTICE_S / 60:g} minutes before")
+            deadline = plausible_deadline(deadline, now, f"event {event_id}")
+        self._events[event_id] = (kind, deadline)
+        return Notice("azure", key, AZURE_DRAINED[kind], deadline, detail=detail)
+
+    def _cancelled(self, listed: set[Any]) -> list[Notice]:
+        """Events this VM was given notice of that left the list before their time: Azure cancelled
+        them. The agent records one only where it drained for it: Ray cannot take a drain back."""
+        now, gone = self.clock(), []
+        for event_id, (kind, deadline) in list(self._events.items()):
+            if event_id in listed:
+                continue
+            del self._events[event_id]
+            if now < deadline:
+                gone.append(Notice("azure", f"azure:{event_id}:cancelled", CANCELLED, None, actionable=False,
+                                   detail=f"{kind} {event_id} left the Scheduled Events before its NotBefore: Azure "
+                                          "cancelled it; the drain made for it stays (Ray cannot take a drain back)",
+                                   cancels=f"azure:{event_id}"))
+        return gone
 
 
 class SigtermPoller:

@@ -60,6 +60,18 @@ PROGRESS_KEYS: dict[str, tuple[str, ...]] = {
 }
 
 
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None: not a number (a bool is none), NaN, an infinity, or an
+    integer past the float range (JSON reads ``1e999`` as infinity and ``10**400`` as an int)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def progress_totals(config: Mapping[str, Any] | None) -> dict[str, float]:
     """The progress totals a ``train_loop_config`` gives (``total_steps``, ``num_epochs``...).
 
@@ -70,7 +82,7 @@ def progress_totals(config: Mapping[str, Any] | None) -> dict[str, float]:
     return {
         k: v
         for k, v in (config or {}).items()
-        if k in keys and isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v > 0
+        if k in keys and (n := finite_number(v)) is not None and n > 0
     }
 
 
@@ -80,7 +92,7 @@ def scalar_metrics(metrics: Mapping[str, Any] | None, limit: int = 24) -> dict[s
     for key, value in (metrics or {}).items():
         if len(out) >= limit:
             break
-        plain = isinstance(value, bool | int) or (isinstance(value, float) and math.isfinite(value))
+        plain = isinstance(value, bool) or finite_number(value) is not None
         if plain or (isinstance(value, str) and len(value) <= 100):
             out[str(key)] = value
         elif hasattr(value, "item") and getattr(value, "ndim", 1) == 0:  # numpy / torch scalars

@@ -102,7 +102,8 @@ def parse_lease(raw: bytes, where: str) -> LeaseInfo | None:
 
 
 def read_lease(location: RunLocation, file: str = LEASE_FILE) -> LeaseInfo | None:
-    """The lease in the run's ``file``, or None when there is none or it cannot be read.
+    """The lease in the run's ``file``, or None when there is none or it cannot be parsed;
+    ``LedgerError`` when the storage refuses it (no access), after the storage retry rule.
 
     Apart from ``DriverLease`` because readers (``status``, ``report``) need no TTL: a bad
     ``SPOTFALLBACK_LEASE_TTL_S`` concerns drivers, not someone looking at a run.

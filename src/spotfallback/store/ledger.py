@@ -126,8 +126,11 @@ def _delete_compacted(fs: pafs.FileSystem, paths: list[str]) -> None:
 
 
 def _files(infos: Iterable[pafs.FileInfo]) -> list[pafs.FileInfo]:
-    return sorted((i for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith(TMP_PREFIX)),
-                  key=lambda i: i.path)
+    """The files of a ledger listing that may be events: not hidden (our own ``TMP_PREFIX`` objects
+    of a crash mid-write, a desktop's ``.DS_Store``, rsync's ``.name.json.XXXXXX``), nor a copy
+    tool's partial object (gsutil's ``*.gstmp``), any of which a run synced down may hold."""
+    return sorted((i for i in infos if i.type == pafs.FileType.File and not i.base_name.startswith((".", TMP_PREFIX))
+                   and not i.base_name.endswith(".gstmp")), key=lambda i: i.path)
 
 
 @dataclass(frozen=True)
@@ -329,10 +332,13 @@ class Ledger:
         billed and drawn as no tier of the run (another run's ledger copied in, or a damaged one)."""
         n = len(ladder.tiers)
         for name, record, segment in items:
-            top = max(record.tier, getattr(record.event, "tier", 0))
-            if top >= n:
+            top: Any = max(record.tier, getattr(record.event, "tier", 0))
+            to = (record.decision or {}).get("to_tier")  # where a fall back, climb or move went
+            bad_to = to is not None and (isinstance(to, bool) or not isinstance(to, int) or not 0 <= to < n)
+            if bad_to or top >= n:
+                top = to if bad_to and top < n else top
                 where = f"{segment}: event {name}" if segment else posixpath.join(self.directory, name)
-                raise LedgerError(f"{where}: tier {top} is not a tier of the run's ladder (its {n} tiers are "
+                raise LedgerError(f"{where}: tier {top!r} is not a tier of the run's ladder (its {n} tiers are "
                                   f"0-{n - 1}); this ledger is not the run's ({self.location.path(RUN_META)}), or is damaged")
         return items
 
@@ -438,6 +444,12 @@ class Ledger:
         if not isinstance(meta, dict) or not isinstance(meta.get("tiers"), list):
             raise LedgerError(f"{path}: expected an object with a 'tiers' list")
         return meta
+
+    def has_events(self) -> bool:
+        """Whether any event is stored (loose or in a segment): a run without its ``run.json`` is
+        still a run, and says so."""
+        loose, segments = self._list(strict=False)
+        return bool(loose or segments)
 
     def read_ladder(self) -> Ladder | None:
         meta = self.read_meta()

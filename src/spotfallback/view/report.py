@@ -21,7 +21,7 @@ from rich.table import Table
 
 from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import SPOT, Ladder, PlanPrediction
-from spotfallback.events import LedgerRecord
+from spotfallback.events import LedgerRecord, PreemptionNotice
 from spotfallback.sim.costmodel import SeedEstimate, seed_closed_form
 from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records
 from spotfallback.view.intervals import (
@@ -244,7 +244,7 @@ def cost_report(
         waiting_h=sum(t.waiting_h for t in tiers), wall_h=wall_h, interruptions=interruptions,
         tier_switches=switches, checkpoints=summary.checkpoint_count, alpha=summary.spot_fraction, seed=seed,
         give_up_reason=summary.give_up_reason, climbs=climbs, resizes=resizes,
-        notices=sum(1 for r in records if r.event.kind == "preemption_notice"),
+        notices=sum(1 for r in records if isinstance(r.event, PreemptionNotice) and r.event.counts),
         jit_checkpoints=_jit(records, "reported"), jit_missed=_jit(records, "missed"), plan=plan_check,
         evictions_moved=sum(1 for e in evictions if e.moved),
         held_per_eviction_s=mean_or_none([e.held_s for e in evictions]),

@@ -16,8 +16,8 @@ from typing import Any
 
 from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import Ladder
-from spotfallback.events import LedgerRecord
-from spotfallback.store.heartbeat import PROGRESS_KEYS
+from spotfallback.events import LedgerRecord, PreemptionNotice
+from spotfallback.store.heartbeat import PROGRESS_KEYS, finite_number
 from spotfallback.store.lease import read_lease
 from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records, latest_records
 from spotfallback.store.location import RunLocation
@@ -45,19 +45,19 @@ def find_progress(
 ) -> TrainingProgress | None:
     """The first progress key of ``PROGRESS_KEYS`` in ``metrics``, with its total if known."""
     for key, total_keys in PROGRESS_KEYS.items():
-        value = metrics.get(key)
-        if isinstance(value, bool) or not isinstance(value, int | float):
+        value = finite_number(metrics.get(key))  # a NaN step would print as `nan`, and as no JSON
+        if value is None:
             continue
         total = None
         for source in (metrics, config or {}):
             for tk in total_keys:
-                candidate = source.get(tk)
-                if isinstance(candidate, int | float) and not isinstance(candidate, bool) and candidate > 0:
-                    total = float(candidate)
+                candidate = finite_number(source.get(tk))
+                if candidate is not None and candidate > 0:
+                    total = candidate
                     break
             if total is not None:
                 break
-        return TrainingProgress(key, float(value), total, t)
+        return TrainingProgress(key, value, total, t)
     return None
 
 
@@ -180,13 +180,15 @@ def charge_until(records: Sequence[LedgerRecord], driver: DriverInfo | None, now
     """Until when an open segment is charged: ``now`` while a driver is live, else its last sign of life.
 
     Without a live lease the driver stopped (released the lease) or died (stopped renewing
-    it), and so did its workers; charging up to ``now`` would bill a dead run.
+    it), and so did its workers; charging up to ``now`` would bill a dead run. A preemption
+    notice is no sign of the run's life: a node's agent writes it, on the node's clock, and
+    may write it after the driver died.
     """
     if not records:
         return None
     if driver is not None and driver.live(now):
         return now
-    last = records[-1].t
+    last = max((r.t for r in records if not isinstance(r.event, PreemptionNotice)), default=records[0].t)
     return max(last, driver.renewed_at) if driver is not None else last
 
 

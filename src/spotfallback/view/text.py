@@ -19,7 +19,7 @@ from rich.text import Text
 from spotfallback.accounting import RESTART_TIER
 from spotfallback.config import Ladder
 from spotfallback.durations import ago, duration
-from spotfallback.events import LedgerRecord
+from spotfallback.events import LedgerRecord, PreemptionNotice
 from spotfallback.view.intervals import AnnouncedEviction
 from spotfallback.view.snapshot import AgentInfo, Snapshot
 
@@ -81,12 +81,16 @@ def describe_event(record: LedgerRecord, t0: float, ladder: Ladder) -> str | Non
             return f"{at}  capacity back on {to} [bold green]→ climb back from {tier} to {to}[/] ({escape(str(decision.get('reason', '')))})"
         case "capacity_observed" if decision.get("action") == "resize":
             return f"{at}  capacity changed [bold]→ resize {tier} to {decision.get('num_workers')} workers[/]"
-        case "preemption_notice":
-            deadline = getattr(ev, "deadline_s", None)
-            left = f", {duration(deadline - record.t)} before the node goes" if deadline else ""
-            source = escape(str(getattr(ev, "source", "") or "notice"))
-            drained = "; node drained" if getattr(ev, "drained", False) else ""
-            what = "host maintenance notice" if getattr(ev, "action", "") == "host-maintenance" else "preemption notice"
+        case "preemption_notice" if isinstance(ev, PreemptionNotice):
+            left = f", {duration(ev.deadline_s - record.t)} before the node goes" if ev.deadline_s else ""
+            source = escape(ev.source or "notice")
+            drained = "; node drained" if ev.drained else ""
+            if ev.taken_back:
+                return f"{at}  [yellow]notice taken back[/] ({source}: cancelled before its time) on [bold]{tier}[/]"
+            maintenance = ev.action == "host-maintenance"
+            what = "host maintenance notice" if maintenance else "preemption notice"
+            if ev.announced_ahead:
+                what = "host maintenance announced" if maintenance else f"{escape(ev.action)} announced"
             return f"{at}  [yellow]{what}[/] ({source}{left}) on [bold]{tier}[/]{drained}"
         case "jit_checkpoint":
             outcome, step = getattr(ev, "outcome", ""), getattr(ev, "step", None)

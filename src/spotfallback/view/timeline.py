@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import io
 import math
+from collections import defaultdict
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
 from spotfallback.accounting import summarize
 from spotfallback.config import ON_DEMAND, SPOT, Ladder
-from spotfallback.events import CheckpointCommitted, LedgerRecord
+from spotfallback.events import CheckpointCommitted, LedgerRecord, PreemptionNotice
 from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records
 from spotfallback.view.intervals import run_intervals
 from spotfallback.view.text import money
@@ -35,6 +36,8 @@ _JIT = {
     "missed": ("x", "#f77f00", "just-in-time checkpoint missed"),
 }
 _CLIMB_COLOUR = "#2b9348"
+# Past this many faults and notices, the lines across the lanes at each would hide the lanes.
+MAX_FAULT_LINES = 200
 _RESIZE = ("H", "#3a86ff", "resize (gang size)")
 
 
@@ -95,36 +98,45 @@ def timeline_png(
 
     # Tier lanes: running as solid bands, waiting as faint hatched bands, redone work hatched red,
     # the hold after a just-in-time checkpoint dotted grey (billed, but nothing is redone).
+    # Each kind of band, mark and line is one artist per lane or colour, not one per event: matplotlib
+    # rescales over every artist as each is added, so a long run's thousands of faults would take minutes.
     waiting, redone, held = run_intervals(records, end)
+    bands: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)
     for tier, start, stop in summary.segments:
-        ax.broken_barh([(x(start), max(x(stop) - x(start), 1e-9))], (tier - 0.32, 0.64), color=colours[tier], zorder=2)
+        bands[(tier, 0.32, (("color", colours[tier]), ("zorder", 2)))].append((x(start), max(x(stop) - x(start), 1e-9)))
+    style: tuple[tuple[str, Any], ...]
     for tier, start, stop in waiting:
-        ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.18, 0.36), facecolor="none",
-                       edgecolor=colours[tier], hatch="///", linewidth=0.0, alpha=0.7, zorder=1)
+        style = (("facecolor", "none"), ("edgecolor", colours[tier]), ("hatch", "///"), ("linewidth", 0.0), ("alpha", 0.7), ("zorder", 1))
+        bands[(tier, 0.18, style)].append((x(start), x(stop) - x(start)))
     for tier, start, stop in redone:
-        ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.32, 0.64), facecolor="none",
-                       edgecolor="#d62828", hatch="xxx", linewidth=0.0, zorder=3)
+        style = (("facecolor", "none"), ("edgecolor", "#d62828"), ("hatch", "xxx"), ("linewidth", 0.0), ("zorder", 3))
+        bands[(tier, 0.32, style)].append((x(start), x(stop) - x(start)))
     for tier, start, stop in held:
-        ax.broken_barh([(x(start), x(stop) - x(start))], (tier - 0.32, 0.64), facecolor="#e9ecef",
-                       edgecolor="#6c757d", hatch="...", linewidth=0.0, zorder=3)
+        style = (("facecolor", "#e9ecef"), ("edgecolor", "#6c757d"), ("hatch", "..."), ("linewidth", 0.0), ("zorder", 3))
+        bands[(tier, 0.32, style)].append((x(start), x(stop) - x(start)))
+    for (tier, half, style), ranges in bands.items():
+        ax.broken_barh(ranges, (tier - half, 2 * half), **dict(style))
     ck_t = [x(r.t) for _, r in ticks]
     ck_tier = [r.tier for _, r in ticks]
     ax.scatter(ck_t, ck_tier, marker="|", s=260, color="black", linewidths=1.6, zorder=4)
     used_marks: set[str] = set()
     extra: dict[str, tuple[str, str, str]] = {}  # legend entries of the informational marks used
+    points: dict[tuple[Any, ...], list[tuple[float, float]]] = defaultdict(list)  # (marker style) -> (x, y)
+    lines: dict[tuple[str, Literal[':', '--'], float, float, bool], list[float]] = defaultdict(list)  # (colour, style, width, alpha, both axes) -> x
     for rec in records:
         decision = rec.decision or {}
         action = decision.get("action")
         kind = rec.event.kind
+        if isinstance(rec.event, PreemptionNotice) and not rec.event.counts:
+            continue
         if kind == "preemption_notice":
             symbol, colour, label = extra.setdefault("notice", _NOTICE)
-            ax.scatter([x(rec.t)], [rec.tier - 0.48], marker=symbol, s=110, color=colour, zorder=5, clip_on=False)
-            ax.axvline(x(rec.t), color=colour, linestyle=":", linewidth=1.0, alpha=0.9, zorder=0)
+            points[(symbol, 110, colour, None, 0.0, 5, False)].append((x(rec.t), rec.tier - 0.48))
+            lines[(colour, ":", 1.0, 0.9, False)].append(x(rec.t))
         elif kind == "jit_checkpoint" and getattr(rec.event, "outcome", "") in _JIT:
             outcome = rec.event.outcome  # type: ignore[attr-defined]
             symbol, colour, label = extra.setdefault(f"jit-{outcome}", _JIT[outcome])
-            ax.scatter([x(rec.t)], [rec.tier], marker=symbol, s=80, color=colour, edgecolors="black",
-                       linewidths=0.6, zorder=6)
+            points[(symbol, 80, colour, "black", 0.6, 6, True)].append((x(rec.t), rec.tier))
         elif kind == "capacity_observed" and action == "climb_back":
             to = int(decision.get("to_tier", rec.tier - 1))
             extra.setdefault("climb", ("", _CLIMB_COLOUR, "climb back"))
@@ -132,7 +144,7 @@ def timeline_png(
                         arrowprops={"arrowstyle": "->", "color": _CLIMB_COLOUR, "lw": 1.8}, zorder=6)
         elif kind == "capacity_observed" and action == "resize":
             symbol, colour, label = extra.setdefault("resize", _RESIZE)
-            ax.scatter([x(rec.t)], [rec.tier - 0.48], marker=symbol, s=80, color=colour, zorder=5, clip_on=False)
+            points[(symbol, 80, colour, None, 0.0, 5, False)].append((x(rec.t), rec.tier - 0.48))
             ax.annotate(f"{int(decision.get('num_workers', 0))}w", (x(rec.t), rec.tier - 0.48), xytext=(5, -3),
                         textcoords="offset points", fontsize=7, color=colour, zorder=6)
         mark = _MARKS.get(kind)
@@ -140,9 +152,8 @@ def timeline_png(
             continue
         used_marks.add(kind)
         symbol, colour, _ = mark
-        ax.scatter([x(rec.t)], [rec.tier - 0.48], marker=symbol, s=90, color=colour, zorder=5, clip_on=False)
-        for a in (ax, axp):
-            a.axvline(x(rec.t), color=colour, linestyle="--", linewidth=0.9, alpha=0.7, zorder=0)
+        points[(symbol, 90, colour, None, 0.0, 5, False)].append((x(rec.t), rec.tier - 0.48))
+        lines[(colour, "--", 0.9, 0.7, True)].append(x(rec.t))
         if action == "switch_tier":
             to = int(decision.get("to_tier", rec.tier + 1))
             extra.setdefault("switch", ("", "#333333", "fall back"))
@@ -150,7 +161,17 @@ def timeline_png(
                         arrowprops={"arrowstyle": "->", "color": "#333333", "lw": 1.4}, zorder=6)
     for rec in records:
         if rec.event.kind == "finished":
-            ax.scatter([x(rec.t)], [rec.tier], marker="*", s=220, color="gold", edgecolors="black", zorder=6)
+            points[("*", 220, "gold", "black", 1.0, 6, True)].append((x(rec.t), rec.tier))
+    for (symbol, size, colour, edge, width, z, clip), xy in points.items():
+        px, py = zip(*xy, strict=True)
+        ax.scatter(px, py, marker=symbol, s=size, color=colour, edgecolors=edge, linewidths=width, zorder=z, clip_on=clip)
+    # A line across the lanes at each fault and notice, while few enough to read; past that they
+    # would cover the lanes (the marks above the lanes stay).
+    if sum(len(v) for v in lines.values()) <= MAX_FAULT_LINES:
+        for (colour, dash, width, alpha, both), at in lines.items():
+            for a in (ax, axp) if both else (ax,):
+                a.vlines(at, 0, 1, transform=a.get_xaxis_transform(), colors=colour, linestyles=dash,
+                         linewidth=width, alpha=alpha, zorder=0)
     ax.set_yticks(range(n), [f"{t.name}\n{t.market}, {money(t.price_per_hour())}/h".replace("$", r"\$")
                              for t in ladder.tiers])
     ax.set_ylim(n - 0.4, -0.75)
@@ -168,8 +189,9 @@ def timeline_png(
         xs = [x(r.t) for _, r in ticks]
         axp.plot([0.0, *xs], [0, *(n for n, _ in ticks)], drawstyle="steps-post", color="#264653", linewidth=1.8)
         axp.set_ylabel("checkpoints")
-    for _, start, stop in redone:
-        axp.axvspan(x(start), x(stop), color="#d62828", alpha=0.12, zorder=0)
+    if redone:
+        axp.broken_barh([(x(start), x(stop) - x(start)) for _, start, stop in redone], (0, 1),
+                        transform=axp.get_xaxis_transform(), color="#d62828", alpha=0.12, zorder=0)
     axp.set_xlabel(f"time since the run started ({unit})")
     axp.set_xlim(-span / scale * 0.01, span / scale * 1.02)
     axp.set_ylim(bottom=0)
