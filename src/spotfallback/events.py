@@ -263,10 +263,22 @@ def _schema(cls: type[Event]) -> tuple[frozenset[str], dict[str, Any]]:
     return _SCHEMAS[cls]
 
 
+def finite_number(value: Any) -> float | None:
+    """``value`` as a finite float, or None: not a number (a bool is none), NaN, an infinity, or an
+    integer past the float range (JSON reads ``1e999`` as infinity and ``10**400`` as an int)."""
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    try:
+        number = float(value)
+    except OverflowError:
+        return None
+    return number if math.isfinite(number) else None
+
+
 def _has_type(value: Any, annotation: Any) -> bool:
     """JSON value against a field annotation; bools are not numbers, numbers must be finite."""
     if annotation is float:
-        return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+        return finite_number(value) is not None
     if annotation is int:
         return isinstance(value, int) and not isinstance(value, bool)
     if annotation in (str, bool):

@@ -623,6 +623,15 @@ def test_readers_take_a_hostile_lease_heartbeat_and_environment_without_a_traceb
     assert "ignoring unreadable driver lease" in caplog.text
 
 
+@pytest.mark.parametrize("times", [(10**400, 1.0), (1.0, float("inf")), (True, 1.0), ("1", 1.0)])
+def test_a_lease_whose_times_are_no_finite_number_is_unreadable_not_a_crash(times):
+    """A lease written by hand or by another tool: an int past the float range must not raise."""
+    from spotfallback.store.lease import parse_lease
+
+    raw = json.dumps({"token": "t", "host": "h", "pid": 1, "renewed_at": times[0], "expires_at": times[1]})
+    assert parse_lease(raw.encode(), "lease.json") is None
+
+
 # -- more commands: status, report, plan, manifest, notice-agent, checkpoints verify --------------
 
 # Strings a person (or a script gone wrong) could pass where a path or a run is expected. No

@@ -107,6 +107,8 @@ def test_damaged_or_foreign_ledger_objects_are_named(tmp_path):
         ({"tier": 0, "event": {"kind": "workers_acquired", "t": 9500, "num_workers": -3}},
          "workers_acquired: field 'num_workers' must not be negative, got -3"),
         ({"tier": 0, "event": {"kind": "capacity_timed_out", "t": 9500, "waited_s": -60.0}}, "'waited_s' must not be negative"),
+        # JSON reads a long integer as an int past the float range: no time, and no OverflowError.
+        ({"tier": 0, "event": {"kind": "capacity_timed_out", "t": 9500, "waited_s": 10**400}}, "'waited_s'"),
     ],
 )
 def test_a_record_the_run_cannot_hold_is_named_not_billed(tmp_path, record, error):

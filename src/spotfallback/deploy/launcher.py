@@ -214,17 +214,16 @@ def gpu_driver_wait(timeout_s: float = GPU_DRIVER_WAIT_S, poll_s: float = 5.0) -
 def _instance_type(tier: Tier, index: int, opts: LauncherOptions) -> tuple[str, dict[str, Any]]:
     """The tier's machine type (``--instance-type`` first, then the tier's pool, then the
     default fit) and any extra ``node_config`` its GPU type needs."""
-    cpu, gpu, _ = worker_shape(tier, index)
+    cpu, gpu, custom = worker_shape(tier, index)
     chosen = opts.instance_types.get(tier.name)
     pooled, extra = vm_pool(opts.cloud, tier, index, cpu, gpu, pinned=chosen,
                             where=f"instance_type: {tier.name}" if chosen else None)
-    return (pooled or _default_fit(tier, index, opts, cpu, gpu)), extra
+    return (pooled or _default_fit(tier, index, opts, cpu, gpu, custom.get("memory", 0.0))), extra
 
 
-def _default_fit(tier: Tier, index: int, opts: LauncherOptions, cpu: float, gpu: int) -> str:
+def _default_fit(tier: Tier, index: int, opts: LauncherOptions, cpu: float, gpu: int, memory: float) -> str:
     gcp = opts.cloud is VmCloud.GCP
     table = (_GCP_GPU_TYPES if gcp else _AWS_GPU_TYPES) if gpu else (_GCP_TYPES if gcp else _AWS_TYPES)
-    memory = worker_shape(tier, index)[2].get("memory", 0.0)
     for name, vcpus, gpus in table:
         if vcpus >= cpu and gpus >= gpu and vm_holds_memory(name, memory):
             return name

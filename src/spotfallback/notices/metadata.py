@@ -51,8 +51,7 @@ logger = logging.getLogger("spotfallback")
 DEFAULT_BASE_URL = "http://169.254.169.254"
 CLOUDS = ("aws", "gcp", "azure", "k8s")
 MAX_BODY_BYTES = 64 * 1024
-# Spot notices are minutes long: a deadline hours away, or long past, is not one.
-MAX_NOTICE_S = NOTICE_HORIZON_S
+# Spot notices are minutes long: a deadline past NOTICE_HORIZON_S, or long past, is not one.
 MAX_PAST_S = 3600.0
 AZURE_ASSET_TAG = "7783-7084-3265-9085-8269-3286-77"
 
@@ -149,7 +148,7 @@ def parse_http_date(value: Any, what: str) -> float:
 
 def plausible_deadline(deadline_s: float, now_s: float, what: str) -> float:
     """The deadline, if it can be a spot notice's; a past one (node going now) becomes now."""
-    if deadline_s > now_s + MAX_NOTICE_S:
+    if deadline_s > now_s + NOTICE_HORIZON_S:
         raise MetadataError(f"{what}: deadline {deadline_s - now_s:.0f}s ahead is not a spot notice")
     if deadline_s < now_s - MAX_PAST_S:
         raise MetadataError(f"{what}: deadline {now_s - deadline_s:.0f}s in the past is stale")
@@ -573,11 +572,11 @@ class AzurePoller:
             deadline = now  # blank NotBefore: the event has started
         else:
             deadline = parse_http_date(not_before, f"event {event_id} NotBefore")
-            if kind != "Preempt" and deadline > now + MAX_NOTICE_S:
+            if kind != "Preempt" and deadline > now + NOTICE_HORIZON_S:
                 # Maintenance Azure plans days ahead (a host predicted to fail): recorded now, drained
                 # once it is within the hour, as GCE's host maintenance is.
                 return Notice("azure", key + ":scheduled", AZURE_DRAINED[kind], deadline, actionable=False,
-                              detail=f"{detail}: drained from {MAX_NOTICE_S / 60:g} minutes before")
+                              detail=f"{detail}: drained from {NOTICE_HORIZON_S / 60:g} minutes before")
             deadline = plausible_deadline(deadline, now, f"event {event_id}")
         self._events[event_id] = (kind, deadline)
         return Notice("azure", key, AZURE_DRAINED[kind], deadline, detail=detail)

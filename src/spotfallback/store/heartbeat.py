@@ -22,7 +22,7 @@ from typing import Any
 import pyarrow.fs as pafs
 
 from spotfallback.errors import ConfigError
-from spotfallback.events import FORMAT_VERSION
+from spotfallback.events import FORMAT_VERSION, finite_number
 from spotfallback.store.location import RunLocation, write_atomically
 
 logger = logging.getLogger("spotfallback")
@@ -58,18 +58,6 @@ PROGRESS_KEYS: dict[str, tuple[str, ...]] = {
     "iteration": ("total_iterations", "max_iterations", "num_iterations"),
     "epoch": ("num_epochs", "epochs", "total_epochs", "max_epochs"),
 }
-
-
-def finite_number(value: Any) -> float | None:
-    """``value`` as a finite float, or None: not a number (a bool is none), NaN, an infinity, or an
-    integer past the float range (JSON reads ``1e999`` as infinity and ``10**400`` as an int)."""
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        return None
-    try:
-        number = float(value)
-    except OverflowError:
-        return None
-    return number if math.isfinite(number) else None
 
 
 def progress_totals(config: Mapping[str, Any] | None) -> dict[str, float]:

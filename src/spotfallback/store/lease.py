@@ -35,6 +35,7 @@ from spotfallback.errors import (
     LedgerError,
     ObjectConflictError,
 )
+from spotfallback.events import finite_number
 from spotfallback.store.location import RunLocation, write_atomically
 from spotfallback.store.objects import S3Objects, s3_objects
 from spotfallback.store.retry import call_with_retry
@@ -92,7 +93,7 @@ def parse_lease(raw: bytes, where: str) -> LeaseInfo | None:
     except (ValueError, KeyError, TypeError):
         info = None
     times_ok = info is not None and all(
-        isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) for v in (info.renewed_at, info.expires_at)
+        finite_number(v) is not None for v in (info.renewed_at, info.expires_at)
     )
     if info is None or not times_ok or not isinstance(info.token, str) or not isinstance(info.host, str) \
             or isinstance(info.pid, bool) or not isinstance(info.pid, int):

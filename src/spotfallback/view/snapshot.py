@@ -16,8 +16,8 @@ from typing import Any
 
 from spotfallback.accounting import RunSummary, summarize
 from spotfallback.config import Ladder
-from spotfallback.events import LedgerRecord, PreemptionNotice
-from spotfallback.store.heartbeat import PROGRESS_KEYS, finite_number
+from spotfallback.events import LedgerRecord, PreemptionNotice, finite_number
+from spotfallback.store.heartbeat import PROGRESS_KEYS
 from spotfallback.store.lease import read_lease
 from spotfallback.store.ledger_snapshot import LedgerSnapshot, digest_records, latest_records
 from spotfallback.store.location import RunLocation
