@@ -384,6 +384,12 @@ class ClusterRef(BaseModel):
         gt=0, le=MAX_DURATION_S,
         description="Leave the cluster's tiers once its Jobs API has not answered for this long (a region outage).",
     )
+    token_env: str | None = Field(
+        default=None,
+        description="The environment variable that holds this cluster's Ray authentication token (Ray's token "
+                    "authentication), sent as its bearer token; the token itself never enters the job file or "
+                    "the ledger. Default: Ray's own (RAY_AUTH_TOKEN), the same for every cluster.",
+    )
 
     @field_validator("address")
     @classmethod
@@ -391,6 +397,14 @@ class ClusterRef(BaseModel):
         if not re.fullmatch(r"https?://[^/\s]+/?", v):
             raise ValueError(f"address {v!r} must be the Ray Jobs API's http(s)://host:port, e.g. 'http://head:8265'")
         return v.rstrip("/")
+
+    @field_validator("token_env")
+    @classmethod
+    def _check_token_env(cls, v: str | None) -> str | None:
+        if v is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", v):
+            raise ValueError(f"token_env {v!r} must be the name of an environment variable (letters, digits, '_'), "
+                             "e.g. 'RAY_TOKEN_WEST'; not the token itself")
+        return v
 
     @field_validator("name")
     @classmethod

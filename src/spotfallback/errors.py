@@ -103,6 +103,11 @@ class DriverAlreadyRunningError(SpotfallbackError):
     retryable = True
 
 
+class DriverLeaseLostError(DriverAlreadyRunningError):
+    """This driver was cut off from the run's storage past its lease, and another driver took the
+    run over: this one stopped training, so that one run is never trained, and written, twice."""
+
+
 class RunAlreadyFinishedError(SpotfallbackError):
     """The run name holds a finished run; starting it again would silently do nothing."""
 

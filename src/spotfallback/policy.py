@@ -843,6 +843,20 @@ def committed_since(last_commit_t: float | None, running_since: float, now: floa
     return last_commit_t is not None and running_since <= last_commit_t >= now - within_s
 
 
+def commit_in_sight(last_commit_t: float | None, interval_s: float | None, running_since: float, now: float,
+                    lead_s: float, after_s: float) -> bool:
+    """Whether a climb decided at a commit can come within ``lead_s``: the running gang committed in
+    the last ``after_s``, or its next commit (its latest plus ``interval_s``) is due by then and not a
+    whole interval overdue. Nodes asked for (a probe, a look) while no climb can come sit idle and
+    billed; a gang with no periodic commits gives a climb no moment."""
+    if committed_since(last_commit_t, running_since, now, after_s):
+        return True
+    if last_commit_t is None or not interval_s or interval_s <= 0 or last_commit_t < running_since:
+        return False
+    due = last_commit_t + interval_s
+    return due - lead_s <= now <= due + interval_s
+
+
 @dataclass(frozen=True)
 class RunEstimates:
     """The run's own measurements a climb is weighed with (a driver's ``CapacityWatch`` keeps them;

@@ -320,3 +320,27 @@ def test_a_second_mover_is_refused(s3: S3Server, cluster_b: Any, env: dict[str, 
         held.release()
     assert done.returncode == 5, done.stderr[-2000:]
     assert "another driver is running this run" in done.stderr
+
+
+def test_the_jobs_api_answers_for_its_own_cluster_whatever_ray_address_says(cluster_b: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Against a real Jobs API: an exported RAY_ADDRESS does not redirect a named cluster's requests
+    (Ray's client takes it over the address given); a job the cluster does not know is gone, not an
+    error; a submission sent again under its id is the one job."""
+    import uuid
+
+    from spotfallback.clusters.jobs import GONE, ClusterJobs
+    from spotfallback.config import ClusterRef
+    from tests.support.s3server import free_port
+
+    monkeypatch.setenv("RAY_ADDRESS", f"http://127.0.0.1:{free_port()}")  # nothing listens there
+    jobs = ClusterJobs(ClusterRef(address=cluster_b.jobs_address, name="b"))
+    run_uri = f"s3://nowhere/runs/{uuid.uuid4().hex}"
+    assert jobs.jobs_of(run_uri) == []
+    assert os.environ["RAY_ADDRESS"].startswith("http://127.0.0.1:")  # put back as it was
+    assert jobs.status("spotfallback-no-such-job") == GONE
+    jobs.stop("spotfallback-no-such-job")
+    assert jobs.logs("spotfallback-no-such-job") == ""
+    submission_id = f"spotfallback-twice-{uuid.uuid4().hex[:8]}"
+    assert jobs.submit(submission_id, "true", run_uri) == submission_id
+    assert jobs.submit(submission_id, "true", run_uri) == submission_id  # its first answer lost: sent again
+    assert [j.submission_id for j in jobs.jobs_of(run_uri)] == [submission_id]

@@ -231,6 +231,49 @@ def test_two_drivers_started_at_the_same_instant_exactly_one_runs(cluster, s3, t
     )
 
 
+def test_a_driver_whose_lease_another_took_stops_training_at_once(cluster, s3, tmp_path, monkeypatch):
+    """A driver cut off from the storage past its lease's TTL, whose lease another driver then
+    took: when it can renew again it finds the lease taken and stops its controller and workers
+    (Ray Train's own abort, as Ctrl-C), exits 5 and writes no `finished`: one run, one trainer."""
+    from spotfallback.store.lease import LEASE_FILE, LeaseInfo
+    from spotfallback.store.ledger import Ledger
+    from spotfallback.store.location import resolve_run, write_atomically
+
+    monkeypatch.setenv("SPOTFALLBACK_LEASE_TTL_S", "6")  # renewed every 2 s
+    name = unique_name("fenced")
+    job = {
+        "name": name,
+        "storage_path": s3.uri("runs"),
+        "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
+        "train_loop_config": {**CONFIG, "total_steps": 200},
+        "ray_address": cluster.address,
+        "tiers": [TIERS[1]],
+    }
+    driver = Driver(job, tmp_path)
+    proc = driver.start()
+    try:
+        location = resolve_run(s3.uri("runs"), name)
+        ledger = Ledger(location)
+        wait_until(lambda: any(r.event.kind == "checkpoint_committed" for r in ledger.read()), 240, proc)
+        now = time.time()
+        other = LeaseInfo("another-drivers-token", "elsewhere", 1, now, now + 600)
+        write_atomically(location.fs, location.path(LEASE_FILE), json.dumps(other.to_json()).encode())
+        taken = time.monotonic()
+        code = proc.wait(90)
+        stopped_s = time.monotonic() - taken
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    log = driver.log(1)
+    assert code == 5, log[-3000:]
+    assert "this driver lost run" in log and "Traceback" not in log, log[-3000:]
+    assert stopped_s < 60, stopped_s
+    kinds = [r.event.kind for r in ledger.read()]
+    assert "finished" not in kinds
+    time.sleep(5)  # the controller and workers went with the driver: nothing more is written
+    assert [r.event.kind for r in ledger.read()] == kinds
+
+
 # -- ten SIGKILLs at random moments, each verified to be the moment it is named -------------
 
 FIRST = "before the first checkpoint"

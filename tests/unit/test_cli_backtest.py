@@ -115,6 +115,12 @@ def test_backtest_whose_optimum_is_too_large_to_search_leaves_it_out_with_the_fi
         (["--hours", "10", "--trace", TRACE, "--csv", "out.txt"], "--csv: 'out.txt' must end in .csv"),
         (["--hours", "10", "--trace", NODES, "--deadline-h", "12", "--restart-overhead-s", "-1"], "--restart-overhead-s:"),
         (["--hours", "10", "--trace", TRACE, "--window-h", "1e-9"], "--window-h: window_h=1e-09 h cuts the"),
+        (["--hours", "10", "--trace", TRACE, "--deadline-h", "100001"], "--deadline-h: must be a number of hours above 0 "
+                                                                       "and at most 100000, got 100001"),
+        (["--hours", "10", "--trace", TRACE, "--notice-s", "1e300"], "--notice-s: must be a number of seconds from 0 to"),
+        # Every start on on-demand would time out before its nodes were up: every window a failure, priced at 0.
+        (["--hours", "10", "--trace", TRACE, "--provisioning-delay-s", "900"],
+         "--provisioning-delay-s: 900 s is no shorter than the capacity_timeout_s of tier 'on-demand' (600 s)"),
     ],
 )
 def test_bad_input_is_one_line_naming_the_option(app, job_file, args, needle):

@@ -133,7 +133,26 @@ def test_a_tier_whose_gang_and_nodes_are_an_earlier_tiers_is_noted(app: typer.Ty
             "note: tiers[1] (spot-2) selects the same nodes as tiers[0] (spot), {'ray.io/market-type': 'spot'}, with the "
             "same gang, so falling from "
             "one to the other stays in the pool whose capacity just failed; give each a label_selector of its own pool "
-            "(e.g. ray.io/availability-zone) or a placement, or drop one"] if noted else []), result.stderr
+            "(e.g. ray.io/availability-zone), or drop one"] if noted else []), result.stderr
+
+
+@pytest.mark.parametrize("command", [["kuberay", "--cloud", "gke"], ["cluster-launcher", "--cloud", "aws", "--region", "us-east-1"]])
+def test_tiers_of_their_own_placements_but_one_label_selector_are_noted(app: typer.Typer, tmp_path: Path,
+                                                                        command: list[str]) -> None:
+    """Their worker groups differ, their selectors do not: Ray places either gang on the other's nodes."""
+    types = {"kuberay": ("n2-standard-8", "c3-standard-8"), "cluster-launcher": ("m5.2xlarge", "c5.2xlarge")}[command[0]]
+    twins = JOB.replace("  - {name: on-demand", "  - {name: spot-2, market: spot, num_workers: 2}\n  - {name: on-demand")
+    twins = twins.replace("{name: spot, market: spot,", f"{{name: spot, market: spot, placement: {{instance_type: {types[0]}}},")
+    twins = twins.replace("{name: spot-2, market: spot,", f"{{name: spot-2, market: spot, placement: {{instance_type: {types[1]}}},")
+    job = tmp_path / "job.yaml"
+    for text, noted in ((twins, True), (twins.replace("{name: spot-2, market: spot,", "{name: spot-2, market: spot, label_selector: {pool: b},"), False)):
+        job.write_text(text)
+        result = run(app, *command, "--job", job)
+        assert result.exit_code == 0, result.output
+        notes = [line for line in result.stderr.splitlines() if "one label selector" in line]
+        assert len(notes) == noted and (not noted or notes[0].startswith(
+            "note: tiers[1] (spot-2) and tiers[0] (spot) get worker groups of their own placements but one label "
+            "selector, {'ray.io/market-type': 'spot'}: Ray places either tier's gang on the other's nodes")), result.stderr
 
 def test_kuberay_to_stdout_and_validate_it(app: typer.Typer, job_file: Path, tmp_path: Path) -> None:
     result = run(app, "kuberay", "--cloud", "gke", "--job", job_file, "--name", "churn-v2")

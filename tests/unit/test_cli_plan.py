@@ -141,6 +141,8 @@ def test_plan_on_a_rate_model_and_a_node_trace(app):
         (["--hours", "10", "--trace", TRACE, "--failure-rate", "0.5"], "--failure-rate: applies to the rate model only; give --rate too"),
         (["--hours", "10", "--trace", TRACE, "--outage-h", "5"], "--outage-h: applies to the rate model only"),
         (["--seed-table", "--hours", "5"], "--seed-table: prints the seed's table only, with no job"),
+        (["--seed-table", "--json"], "--seed-table: prints the seed's table only, with no job; leave --json out"),
+        (["--seed-table", "--trace", TRACE], "leave --trace out to have it"),
         (["--hours", "10", "--rate", "0.1", "--discount", "0.5"], "--discount: applies to --seed-table only"),
         (["--hours", "10", "--node-trace", str(FIXTURES / "aws-p3-trace.csv"), "--workers", "1", "--trace-counts", "preempted"],
          "--trace-counts: applies to SkyPilot JSON spot traces only"),
@@ -310,6 +312,20 @@ def test_plan_leaves_out_an_optimum_whose_search_is_too_large_and_says_why(app, 
     doc = json.loads(invoke(app, *args, "--json").output)
     assert doc["optimum_mean_spend"] is None and all(row["x_optimum"] is None for row in doc["policies"])
     assert "limit of 1,000" in doc["notes"][-1] and "--runs" in doc["notes"][-1]
+
+
+def test_plan_on_free_spot_leaves_out_an_optimum_of_nothing(app, tmp_path):
+    """Spot at price 0 on a trace that always has it: the optimum spends 0, and no policy is a multiple of it."""
+    import json
+
+    trace = tmp_path / "single.json"
+    trace.write_text('{"metadata": {"gap_seconds": 600}, "data": [1]}')
+    args = ["--hours", "2", "--workers", "1", "--deadline-h", "4", "--runs", "20", "--trace", str(trace), "--spot-price", "0"]
+    r = invoke(app, *args)
+    assert r.exit_code == 0 and "Traceback" not in r.output and "RuntimeWarning" not in r.output, r.output
+    assert "x opt is left out: the optimum spends nothing here" in " ".join(r.output.split())
+    doc = json.loads(invoke(app, *args, "--json").output)
+    assert doc["optimum_mean_spend"] is None and all(row["x_optimum"] is None for row in doc["policies"])
 
 
 def test_plan_tables_fit_an_80_column_terminal_with_every_figure_whole(app):

@@ -40,6 +40,7 @@ EXPECTED = {
     "OptimumTooLargeError": (EXIT_ERROR, False),
     "UnsupportedRayError": (EXIT_ERROR, False),
     "DriverAlreadyRunningError": (EXIT_DRIVER_LIVE, True),
+    "DriverLeaseLostError": (EXIT_DRIVER_LIVE, True),
     "RunAlreadyFinishedError": (EXIT_REFUSED, False),
     "RunFailedError": (EXIT_REFUSED, False),
     "LadderExhaustedError": (EXIT_LADDER_EXHAUSTED, True),

@@ -270,7 +270,9 @@ def test_look_capacity_refuses_a_bad_tier_and_a_missing_cluster_in_one_line(cli,
     assert result.exit_code == 2 and line.startswith("error: no Ray cluster to look at here"), result.output
 
 
-def test_a_look_asks_the_autoscaler_only_while_the_gang_does_not_fit_and_leaves_the_request_up() -> None:
+def test_a_look_asks_the_autoscaler_for_the_gang_and_leaves_the_request_up() -> None:
+    """A gang that fits already is asked for again: its nodes came for an earlier look's request,
+    which would otherwise expire, and the autoscaler remove them, before the climb."""
     from spotfallback.runtime.probe import look_capacity
 
     class Client:
@@ -288,14 +290,15 @@ def test_a_look_asks_the_autoscaler_only_while_the_gang_does_not_fit_and_leaves_
             Client.cancelled += 1
 
     tier = Tier.spot(2, name="spot-1", cluster=A)
-    assert look_capacity(tier, "look", 60.0, capacity=lambda t: 2, client=Client()) == 2 and Client.sent == []
+    assert look_capacity(tier, "look", 60.0, capacity=lambda t: 2, client=Client()) == 2 and Client.sent == [2]
+    Client.sent.clear()
     counts = iter([0, 0, 1, 2])
     slept: list[float] = []
     assert look_capacity(tier, "look", 60.0, poll_s=5.0, capacity=lambda t: next(counts), client=Client(),
                          sleep=slept.append) == 2
     assert Client.sent == [2] and slept == [5.0, 5.0, 5.0] and Client.cancelled == 0
-    # Nothing comes within the wait: what is there is the answer.
-    assert look_capacity(tier, "look", 0.0, capacity=lambda t: 1, client=Client()) == 1
+    # No wait: what is there is the answer, and nothing is asked for.
+    assert look_capacity(tier, "look", 0.0, capacity=lambda t: 1, client=Client()) == 1 and Client.sent == [2]
 
 
 # -- a driver on one cluster ------------------------------------------------------------------
@@ -400,3 +403,197 @@ def test_a_look_that_ends_without_a_result_counts_no_capacity_and_says_so_once(c
     jobs.state, jobs.log = "SUCCEEDED", "noise\n" + look_result(tier, 1)
     looks.start(0, tier, "a", now=2.0)
     assert looks.collect(tier) == 1
+
+
+# -- the mover against clusters that answer oddly ---------------------------------------------
+
+
+class FakeJobs:
+    """One cluster's Jobs API as the mover uses it, scripted: ``unreachable`` makes every call fail as
+    an outage does; ``lose_answers`` submissions reach the cluster but their answers are lost."""
+
+    def __init__(self, ref: object) -> None:
+        from spotfallback.clusters.jobs import RunJob
+
+        self.ref = ref
+        self.name = ref.key  # type: ignore[attr-defined]
+        self.unreachable = False
+        self.lose_answers = 0
+        self.jobs: dict[str, RunJob] = {}
+        self.submitted: list[str] = []
+        self.next_status = "RUNNING"
+
+    def _answer(self) -> None:
+        from spotfallback.errors import ClusterUnreachableError
+
+        if self.unreachable:
+            raise ClusterUnreachableError(f"cluster {self.name!r}: cannot answer: down")
+
+    def jobs_of(self, run_uri: str) -> list[object]:
+        self._answer()
+        return list(self.jobs.values())
+
+    def active_job(self, run_uri: str) -> object | None:
+        active = [j for j in self.jobs_of(run_uri) if j.active]  # type: ignore[attr-defined]
+        return active[-1] if active else None
+
+    def submit(self, submission_id: str, entrypoint: str, run_uri: str, env: object = None, *, key: str = "") -> str:
+        from spotfallback.clusters.jobs import RunJob
+        from spotfallback.errors import ClusterUnreachableError
+
+        self._answer()
+        self.submitted.append(submission_id)
+        if submission_id not in self.jobs:
+            self.jobs[submission_id] = RunJob(submission_id, "SUCCEEDED", time.time(), time.time())  # a quick job
+        if self.lose_answers:
+            self.lose_answers -= 1
+            raise ClusterUnreachableError(f"cluster {self.name!r}: cannot submit the run: Read timed out")
+        return submission_id
+
+    def status(self, submission_id: str) -> str:
+        self._answer()
+        return self.jobs[submission_id].status
+
+    def stop(self, submission_id: str) -> None:
+        self._answer()
+
+    def logs(self, submission_id: str) -> str:
+        self._answer()
+        return ""
+
+
+def _mover_job(tmp_path: Path, timeout_s: float = 60.0) -> JobConfig:
+    clusters = [{"address": f"http://head-{n}:8265", "name": n, "unreachable_timeout_s": timeout_s} for n in ("a", "b")]
+    return JobConfig.model_validate({
+        "name": "odd", "storage_path": str(tmp_path), "entrypoint": "m:f",
+        "tiers": [{"name": "spot", "market": "spot", "num_workers": 1, "cluster": clusters[0]},
+                  {"name": "on-demand", "market": "on-demand", "num_workers": 1, "cluster": clusters[1]}],
+    })
+
+
+def _fake_mover(job: JobConfig, lines: list[str]) -> tuple[object, dict[str, FakeJobs]]:
+    from spotfallback.clusters import ClusterMover
+
+    mover = ClusterMover(job, poll_s=0.05, lease_ttl_s=3, say=lines.append)
+    fakes = {key: FakeJobs(jobs.ref) for key, jobs in mover.clusters.items()}
+    mover.clusters.update(fakes)  # type: ignore[arg-type]
+    return mover, fakes
+
+
+def test_a_job_stopped_from_outside_ends_the_mover_with_the_run_kept(tmp_path: Path) -> None:
+    """An operator's `ray job stop` is not fought with a new submission: the mover says so and stops."""
+    from spotfallback.clusters.jobs import RunJob
+
+    lines: list[str] = []
+    mover, fakes = _fake_mover(_mover_job(tmp_path), lines)
+    fakes["a"].jobs["x"] = RunJob("x", "STOPPED", time.time(), time.time())
+    fakes["a"].jobs["y"] = RunJob("y", "RUNNING", time.time())  # the run's job, followed until someone stops it
+
+    def stopped_after_a_look(submission_id: str) -> str:
+        fakes["a"].jobs[submission_id] = replace(fakes["a"].jobs[submission_id], status="STOPPED")
+        return "STOPPED"
+
+    fakes["a"].status = stopped_after_a_look  # type: ignore[method-assign]
+    outcome = mover.run()  # type: ignore[attr-defined]
+    assert outcome.exit_code == 1 and "stopped from outside the mover" in outcome.message, outcome
+    assert fakes["a"].submitted == [] and "run the same command to resume it" in outcome.message
+
+
+def test_a_submission_whose_answer_was_lost_is_sent_again_under_its_own_id(tmp_path: Path) -> None:
+    lines: list[str] = []
+    mover, fakes = _fake_mover(_mover_job(tmp_path), lines)
+    fakes["a"].lose_answers = 2
+    status, _ = mover._run_on("a", retry=False)  # type: ignore[attr-defined]
+    assert status == "SUCCEEDED"
+    assert len(fakes["a"].submitted) == 3 and len(set(fakes["a"].submitted)) == 1 and len(fakes["a"].jobs) == 1
+    # The next submission, once one has gone through, is a new job.
+    mover._run_on("a", retry=False)  # type: ignore[attr-defined]
+    assert len(fakes["a"].jobs) == 2
+
+
+def test_a_silent_cluster_whose_driver_renews_its_lease_is_waited_for_not_left(tmp_path: Path) -> None:
+    """The mover's own network down (or the dashboard), the run training on: no move until the lease lapses."""
+    import threading
+
+    from spotfallback.store.lease import DriverLease
+
+    lines: list[str] = []
+    job = _mover_job(tmp_path, timeout_s=0.3)
+    mover, fakes = _fake_mover(job, lines)
+    fakes["a"].unreachable = fakes["b"].unreachable = True
+    driver = DriverLease(mover.location, ttl_s=3)  # type: ignore[attr-defined]
+    driver.acquire()  # the run's driver on cluster a, alive and renewing
+    outcome: list[object] = []
+    thread = threading.Thread(target=lambda: outcome.append(mover.run()), daemon=True)  # type: ignore[attr-defined]
+    thread.start()
+    try:
+        time.sleep(2.0)
+        assert [r.event.kind for r in mover.ledger.read()] == []  # type: ignore[attr-defined]
+        assert any("renews its lease: waiting" in line for line in lines), lines
+    finally:
+        driver.release()  # the driver died with its cluster: the lease is free
+    thread.join(30)
+    assert outcome and outcome[0].exit_code == EXIT_LADDER_EXHAUSTED  # type: ignore[attr-defined]
+    assert [r.event.kind for r in mover.ledger.read()] == ["cluster_unreachable", "cluster_unreachable"]  # type: ignore[attr-defined]
+
+
+def test_on_one_machine_the_jobs_get_the_movers_absolute_paths(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A Ray job starts where its cluster was started, not in the mover's directory."""
+    from spotfallback.clusters.mover import _paths_of_this_machine
+
+    monkeypatch.chdir(tmp_path)
+    local = {"address": "http://127.0.0.1:8265", "name": "a"}
+    data = {"name": "r", "storage_path": "./runs", "entrypoint": "train.py:fn",
+            "tiers": [{"name": "spot", "market": "spot", "num_workers": 1, "cluster": local},
+                      {"name": "on-demand", "market": "on-demand", "num_workers": 1, "cluster": local}]}
+    job = _paths_of_this_machine(JobConfig.model_validate(data))
+    assert (job.storage_path, job.entrypoint) == (str(tmp_path / "runs"), f"{tmp_path / 'train.py'}:fn")
+    assert json.loads(job.run_command().split("--job-json ")[1].split(" --")[0].strip("'"))["storage_path"] == str(tmp_path / "runs")
+    remote = {**data, "storage_path": "s3://b/runs", "tiers": [{**t, "cluster": A} for t in data["tiers"]]}  # type: ignore[attr-defined]
+    kept = _paths_of_this_machine(JobConfig.model_validate(remote))
+    assert (kept.storage_path, kept.entrypoint) == ("s3://b/runs", "train.py:fn")  # the cluster's own file, in its image
+
+
+def test_a_cluster_token_is_named_by_its_variable_and_a_missing_one_is_said(monkeypatch: pytest.MonkeyPatch) -> None:
+    from spotfallback.clusters.jobs import ClusterJobs
+    from spotfallback.config import ClusterRef
+
+    with pytest.raises(ValidationError, match="token_env 'abc def' must be the name of an environment variable"):
+        ClusterRef(address="http://head:8265", token_env="abc def")
+    monkeypatch.delenv("RAY_TOKEN_WEST", raising=False)
+    jobs = ClusterJobs(ClusterRef(address="http://head-west:8265", name="west", token_env="RAY_TOKEN_WEST"))
+    with pytest.raises(ConfigError, match="cluster 'west': token_env: the environment variable RAY_TOKEN_WEST .* is not set"):
+        jobs.jobs_of("s3://b/runs/r")
+
+
+def test_a_mover_whose_lease_another_took_stops(tmp_path: Path) -> None:
+    """A mover cut off past its lease (a laptop asleep) while another took the run over: two would fight."""
+    import threading
+
+    from spotfallback.clusters.jobs import RunJob
+    from spotfallback.clusters.mover import MOVER_LEASE_FILE
+    from spotfallback.errors import DriverLeaseLostError
+
+    lines: list[str] = []
+    mover, fakes = _fake_mover(_mover_job(tmp_path), lines)
+    fakes["a"].jobs["y"] = RunJob("y", "RUNNING", time.time())  # the run trains on cluster a
+    raised: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            mover.run()  # type: ignore[attr-defined]
+        except BaseException as e:  # noqa: BLE001 - what the thread ended with is the test's
+            raised.append(e)
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    path = Path(mover.location.path(MOVER_LEASE_FILE))  # type: ignore[attr-defined]
+    deadline = time.monotonic() + 10
+    while not any("following job y" in line for line in lines) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    other = {"token": "other", "host": "elsewhere", "pid": 1, "renewed_at": time.time(), "expires_at": time.time() + 60}
+    path.write_text(json.dumps(other))
+    thread.join(15)
+    assert raised and isinstance(raised[0], DriverLeaseLostError), raised
+    assert "another mover (host elsewhere, pid 1) took run" in str(raised[0]) and raised[0].exit_code == 5
+    assert json.loads(path.read_text())["token"] == "other"  # the other mover's lease is left to it

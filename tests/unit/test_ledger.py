@@ -255,6 +255,28 @@ def test_second_live_driver_is_refused_and_stale_lease_expires(tmp_path):
     assert not os.path.exists(os.path.join(loc.state_dir, "lease.json"))
 
 
+def test_a_driver_finds_its_lease_taken_at_its_next_renewal_and_is_told_once(tmp_path):
+    """Cut off from the storage past its TTL, a driver may find another holding the lease: it must stop."""
+    loc = resolve_run(str(tmp_path), "run-taken")
+    told: list[str] = []
+    lease = DriverLease(loc, ttl_s=0.6, settle_s=0.01, on_lost=lambda holder: told.append(holder.host))
+    lease.acquire()
+    try:
+        assert lease.lost is None
+        other = {"token": "other", "host": "elsewhere", "pid": 1, "renewed_at": time.time(), "expires_at": time.time() + 60}
+        with open(os.path.join(loc.state_dir, "lease.json"), "w") as f:
+            json.dump(other, f)
+        deadline = time.monotonic() + 5
+        while lease.lost is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        time.sleep(0.5)  # renewals have stopped: told once, and the other's lease is left as it is
+        assert lease.lost is not None and lease.lost.host == "elsewhere" and told == ["elsewhere"]
+    finally:
+        lease.release()
+    with open(os.path.join(loc.state_dir, "lease.json")) as f:
+        assert json.load(f)["token"] == "other"
+
+
 def test_a_lease_renewed_on_a_machine_whose_clock_is_ahead_is_refused_without_a_negative_age(tmp_path):
     """The refusal dates the lease by its writer's clock, which may be ahead of this machine's."""
     loc = resolve_run(str(tmp_path), "run-ahead")

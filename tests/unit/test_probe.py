@@ -12,7 +12,9 @@ from spotfallback import Tier
 from spotfallback.events import (
     CapacityObserved,
     CapacityTimedOut,
+    CheckpointCommitted,
     ClimbBack,
+    Continue,
     Preempted,
     RunStarted,
     WorkersAcquired,
@@ -167,7 +169,8 @@ def test_probe_sends_when_empty_renews_while_wanted_and_cancels_on_climb() -> No
 def test_probe_follows_the_run_with_a_client_of_the_runs_class_under_its_own_requester_id() -> None:
     policy = FallbackPolicy(ladder())
     rt = SimpleNamespace(
-        policy=policy, state=on_demand_after_timeout(policy), lock=threading.RLock(), watch=CapacityWatch()
+        policy=policy, state=on_demand_after_timeout(policy), lock=threading.RLock(), watch=CapacityWatch(),
+        requests=SimpleNamespace(listened=lambda: True),  # the gang answers checkpoint requests
     )
     probe = CapacityProbe(lead_s=1e9, poll_s=0)
     probe.follow(rt, None)  # type: ignore[arg-type]  # before the controller started: nothing
@@ -177,6 +180,68 @@ def test_probe_follows_the_run_with_a_client_of_the_runs_class_under_its_own_req
     assert isinstance(probe.client, FakeClient) and probe.client is not run_client
     assert probe.client._requester_id == "train-run-climb-probe"
     assert probe.client.calls == [("send", dict(policy.tiers[0].label_selector), 2)] and run_client.calls == []
+
+
+def test_probe_asks_only_while_a_climb_can_be_decided_soon() -> None:
+    """Nodes asked for while no climb can be decided sit idle and billed: a gang that neither
+    answers checkpoint requests nor commits periodically never asks; one that commits every 10
+    minutes asks from the lead before its next commit, and withdraws once that moment has passed."""
+    policy = FallbackPolicy(ladder(min_dwell_s=0))
+    state = on_demand_after_timeout(policy)
+    watch = CapacityWatch()
+    rt = SimpleNamespace(policy=policy, state=state, lock=threading.RLock(), watch=watch,
+                         requests=SimpleNamespace(listened=lambda: False))
+    run_client = FakeClient("train-run")
+    probe = CapacityProbe(lead_s=120, poll_s=0, renew_s=20)
+
+    def follow_at(t: float) -> list[tuple[str, dict[str, str] | None, int]]:
+        probe.follow(rt, run_client, lambda tier: 0, now=t)  # type: ignore[arg-type]
+        assert probe.client is not None
+        return probe.client.calls
+
+    assert follow_at(T0 + 100) == []  # just-in-time checkpoints only: nothing to climb at
+    for t in (T0 + 600, T0 + 1200):
+        watch.record(CheckpointCommitted(t=t), Continue())
+    assert follow_at(T0 + 1200 + 10) == [("send", dict(policy.tiers[0].label_selector), 2)]  # just committed
+    assert follow_at(T0 + 1200 + 60) == [("send", dict(policy.tiers[0].label_selector), 2), ("cancel", None, 0)]
+    assert len(follow_at(T0 + 1800 - 121)) == 2  # more than the lead before the next commit
+    assert follow_at(T0 + 1800 - 119)[-1][0] == "send"  # the lead before it
+    assert follow_at(T0 + 1800 + 30)[-1][0] == "send"  # a late commit is still awaited
+    assert follow_at(T0 + 2400 + 1)[-1][0] == "cancel"  # a whole interval late: no longer
+    rt.requests = SimpleNamespace(listened=lambda: True)
+    assert follow_at(T0 + 2400 + 2)[-1][0] == "send"  # answers requests: a climb any time
+
+
+def test_a_gang_the_cloud_fills_only_in_part_gives_its_nodes_back_and_asks_again_later() -> None:
+    """Three of eight nodes for an hour are three idle, billed nodes: given back after the patience,
+    asked for again after as long, then twice as long; a gang that fits keeps its request."""
+    policy = FallbackPolicy(ladder())
+    state = on_demand_after_timeout(policy)
+    client = FakeClient()
+    probe = CapacityProbe(client, lead_s=DWELL, renew_s=20, poll_s=5, patience_s=600)
+    t = T0 + 20
+    part = lambda tier: 1  # noqa: E731 - one of the gang's two workers
+    probe.update(policy, state, t, part)
+    assert [c[0] for c in client.calls] == ["send"]
+    for dt in range(20, 600, 20):
+        probe.update(policy, state, t + dt, part)
+    assert "cancel" not in [c[0] for c in client.calls]  # within the patience: renewed
+    probe.update(policy, state, t + 600, part)
+    assert client.calls[-1][0] == "cancel" and probe.tier is None
+    sent = len(client.calls)
+    probe.update(policy, state, t + 1199, part)
+    assert len(client.calls) == sent  # quiet for as long as it waited
+    probe.update(policy, state, t + 1200, part)
+    assert client.calls[-1][0] == "send"
+    probe.update(policy, state, t + 1800, part)
+    assert client.calls[-1][0] == "cancel"
+    probe.update(policy, state, t + 1800 + 1199, part)
+    assert client.calls[-1][0] == "cancel"  # twice as long now
+    probe.update(policy, state, t + 1800 + 1200, part)
+    assert client.calls[-1][0] == "send"
+    for dt in range(20, 1300, 20):  # the whole gang came: kept wanted past the patience
+        probe.update(policy, state, t + 3000 + dt, lambda tier: 2)
+    assert client.calls[-1][0] == "send" and probe.tier == 0
 
 
 def test_probe_is_not_sent_while_the_tier_already_has_room() -> None:
@@ -206,3 +271,18 @@ def test_gang_scaling_config_carries_the_tiers_selector_and_size() -> None:
 def test_unusable_probe_settings_fall_back_to_defaults(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
     monkeypatch.setenv("SPOTFALLBACK_PROBE_RENEW_S", value)
     assert CapacityProbe(FakeClient()).renew_s == 20.0
+
+
+def test_a_commit_is_in_sight_from_the_lead_before_it_to_an_interval_past_it() -> None:
+    """The one rule the probe and the moving driver's looks share: nodes only where a climb can come."""
+    from spotfallback.policy import commit_in_sight
+
+    # Committed 10 s ago (within the 30 s after a commit): a climb can be decided now.
+    assert commit_in_sight(990.0, None, 0.0, 1000.0, lead_s=120, after_s=30)
+    # Commits every 600 s, the last at 1000: in sight from 1480 (the lead) to 2200 (a whole interval late).
+    for now, seen in ((1479.0, False), (1480.0, True), (1600.0, True), (2200.0, True), (2201.0, False)):
+        assert commit_in_sight(1000.0, 600.0, 0.0, now, lead_s=120, after_s=30) is seen, now
+    # No interval known, or the last commit was the gang's before (it moved since): nothing to time by.
+    assert not commit_in_sight(1000.0, None, 0.0, 1500.0, lead_s=120, after_s=30)
+    assert not commit_in_sight(1000.0, 600.0, 1100.0, 1550.0, lead_s=120, after_s=30)
+    assert not commit_in_sight(None, 600.0, 0.0, 1550.0, lead_s=120, after_s=30)

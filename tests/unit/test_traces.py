@@ -160,7 +160,14 @@ def test_integral_floats_are_accepted(tmp_path):
         ("90000,remove,node1\n0,add,node1\n", "line 1: node 'node1' removed but not present; line 2 goes back in time: "
                                                 "sort the lines by time"),
         ("5,remove,node1\n", "removed but not present; add it on an earlier line (nodes up when the trace begins "
-                               "are added at time 0)"),
+                               "are added at its first time)"),
+        # A first line at 0 before a log's clock times (the trace would span 54 years of ticks).
+        ("0,add,a\n1700000000000,add,b\n1700000600000,remove,a\n", "line 2: time_ms 1700000000000 is a clock's time "
+                                                                  "(milliseconds since 1970), but the first line's, 0, "
+                                                                  "counts from the trace's start"),
+        ("0,add,a\n90000000000,remove,a\n", "line 2: time_ms 90000000000 is 1,042 days after the first line; a node "
+                                            "trace spans at most 730 days"),
+        ("1700000000000,add,a\n1800000000000,remove,a\n", "is 1,157 days after the first line"),
     ],
 )
 def test_malformed_node_trace_names_file_and_line(tmp_path, text, needle):

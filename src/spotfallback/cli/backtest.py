@@ -39,7 +39,7 @@ from spotfallback.sim.backtesting import (
     check_spot_prices,
     on_demand_tier,
 )
-from spotfallback.sim.job import JobSpec, wall_to_finish
+from spotfallback.sim.job import MAX_HOURS, JobSpec, wall_to_finish
 from spotfallback.sim.planner import load_process
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 from spotfallback.sim.world import as_counted, gating_note, repeat_note
@@ -291,11 +291,12 @@ def register(app: typer.Typer) -> None:
                                                   f"--deadline-h {1.5 * hours:g}")
             tau = checkpoint_interval_h if checkpoint_interval_h is not None else (plan.checkpoint_interval_h if plan else None)
             for key, v in secs.items():
-                if v < 0 or not math.isfinite(v):
-                    raise usage_error("--" + key.replace("_", "-"), f"must be a non-negative number of seconds, got {v:g}")
-            for opt, v2 in (("--deadline-h", deadline), ("--checkpoint-interval-h", tau)):
-                if v2 is not None and not (v2 > 0 and math.isfinite(v2)):
-                    raise usage_error(opt, f"must be a positive number of hours, got {v2:g}")
+                if v < 0 or not math.isfinite(v) or v > MAX_HOURS * 3600:
+                    raise usage_error("--" + key.replace("_", "-"), f"must be a number of seconds from 0 to "
+                                                                    f"{MAX_HOURS * 3600:g} ({MAX_HOURS:g} h), got {v:g}")
+            for opt, v2 in (("--hours", hours), ("--deadline-h", deadline), ("--checkpoint-interval-h", tau)):
+                if v2 is not None and not (0 < v2 <= MAX_HOURS):
+                    raise usage_error(opt, f"must be a number of hours above 0 and at most {MAX_HOURS:g}, got {v2:g}")
             if deadline < hours:
                 if deadline_h is not None:
                     raise usage_error("--deadline-h", f"{deadline:g} h is shorter than the work itself ({hours:g} h)")
@@ -309,6 +310,12 @@ def register(app: typer.Typer) -> None:
                 od = on_demand_tier(job.ladder)
             except ValueError as e:
                 raise usage_error("JOB.yaml", str(e)) from None
+            delay = secs["provisioning_delay_s"]
+            if od.capacity_timeout_s is not None and od.capacity_timeout_s <= delay:
+                raise usage_error("--provisioning-delay-s", f"{delay:g} s is no shorter than the capacity_timeout_s of tier "
+                                                            f"{od.name!r} ({od.capacity_timeout_s:g} s): no start there could be up "
+                                                            "before its timeout, so every window would fail; give a shorter "
+                                                            f"delay, or raise the tier's capacity_timeout_s above {delay:g} s")
             optimum_over = _optimum_tiers(job.ladder, od, spot_price)
             spec = JobSpec(work_h=hours, checkpoint_interval_h=tau, checkpoint_cost_h=secs["checkpoint_cost_s"] / 3600.0,
                            restart_overhead_h=secs["restart_overhead_s"] / 3600.0,

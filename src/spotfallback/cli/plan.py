@@ -513,6 +513,7 @@ def register(app: typer.Typer) -> None:
 
     @app.command("plan")
     def plan_command(
+        ctx: typer.Context,
         seed_table_only: bool = typer.Option(False, "--seed-table", help="Print the seed's corrected runtime-flexibility table and exit."),
         discount: float = typer.Option(DEFAULT_DISCOUNT, "--discount", help="Spot discount d for --seed-table."),
         hours: float | None = typer.Option(None, "--hours", help="Training hours on an uninterrupted gang."),
@@ -600,8 +601,11 @@ def register(app: typer.Typer) -> None:
         console = Console()
         try:
             if seed_table_only:
-                if hours is not None:
-                    raise usage_error("--seed-table", "prints the seed's table only, with no job; leave --hours out to "
+                given = [p for p in ctx.command.params if p.name not in ("seed_table_only", "discount") and p.name
+                         and getattr(ctx.get_parameter_source(p.name), "name", None) == "COMMANDLINE"]
+                if given:
+                    flag = max(given[0].opts, key=len)
+                    raise usage_error("--seed-table", f"prints the seed's table only, with no job; leave {flag} out to "
                                                       "have it, or --seed-table out to plan the job")
                 if not 0 <= discount <= 1:
                     raise usage_error("--discount", f"must be between 0 and 1, got {discount:g}")
@@ -679,6 +683,9 @@ def register(app: typer.Typer) -> None:
             except OptimumTooLargeError as e:
                 optimum = None
                 notes.append(f"x opt is left out: {e} (fewer starts: --runs).")
+        if optimum is not None and optimum <= 0:
+            optimum = None  # spot at no price: every policy is infinitely many times nothing
+            notes.append("x opt is left out: the optimum spends nothing here (spot at price 0).")
         if as_json:
             for line in _write_files(result, write_yaml, job_fields, plot):  # beside the JSON, not in it
                 typer.echo(line, err=True)

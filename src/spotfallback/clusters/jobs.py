@@ -6,24 +6,35 @@ GCS, so a run there is an ordinary `spotfallback run` with `RAY_ADDRESS` set, an
 each job's status, metadata and logs on the cluster. A run's jobs are found by their
 metadata (``spotfallback_run``: the run's storage URI), so a restarted mover finds the job
 a killed one submitted. Every request has a timeout: a cluster whose region is down must
-read as unreachable, not hang the mover.
+read as unreachable, not hang the mover; one that refuses the request (authentication, TLS)
+is a configuration to fix, not an outage to wait out.
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
+import os
+import threading
+from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import Any
 
 from spotfallback.config import ClusterRef
-from spotfallback.errors import ClusterUnreachableError
+from spotfallback.errors import ClusterUnreachableError, ConfigError
 
 logger = logging.getLogger("spotfallback")
 
 RUN_KEY = "spotfallback_run"  # the job metadata naming the run a job belongs to
 ACTIVE = ("PENDING", "RUNNING")
-TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED")
+# GONE: the cluster no longer knows the job (its head restarted without GCS fault tolerance), so
+# no driver of it runs there any more.
+GONE = "GONE"
+TERMINAL = ("SUCCEEDED", "FAILED", "STOPPED", GONE)
 REQUEST_TIMEOUT_S = 10.0
+# Ray's client takes these over the address it is given (as ray.init does); see ``_own_address``.
+ADDRESS_OVERRIDES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
+_ENV_LOCK = threading.Lock()
 
 
 @dataclass(frozen=True)
@@ -31,7 +42,7 @@ class RunJob:
     """One Ray job of a run on one cluster."""
 
     submission_id: str
-    status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED
+    status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED (or GONE)
     start_time: float  # seconds since the epoch (0 if unknown)
     end_time: float | None = None  # seconds since the epoch; None while it runs
 
@@ -40,8 +51,25 @@ class RunJob:
         return self.status in ACTIVE
 
 
-def _timed_client(address: str, timeout_s: float) -> Any:
-    """Ray's ``JobSubmissionClient`` with a timeout on every request (it sets none itself)."""
+@contextlib.contextmanager
+def _own_address() -> Iterator[None]:
+    """Ray's client without ``RAY_ADDRESS`` / ``RAY_API_SERVER_ADDRESS``, which it takes over the address given.
+
+    The mover reaches several clusters by their own addresses: a ``RAY_ADDRESS`` exported for
+    ``ray job submit``, or the one Ray sets where the mover itself runs as a Ray job, would send
+    every cluster's requests to that one cluster (and a restarted mover would stop the run's own
+    job there as "another cluster's"). Ray reads them only while a client is made.
+    """
+    with _ENV_LOCK:
+        saved = {k: os.environ.pop(k) for k in ADDRESS_OVERRIDES if k in os.environ}
+        try:
+            yield
+        finally:
+            os.environ.update(saved)
+
+
+def _timed_client(ref: ClusterRef, timeout_s: float) -> Any:
+    """Ray's ``JobSubmissionClient`` for ``ref`` with a timeout on every request (it sets none itself)."""
     from ray.job_submission import JobSubmissionClient
 
     class TimedClient(JobSubmissionClient):
@@ -49,7 +77,20 @@ def _timed_client(address: str, timeout_s: float) -> Any:
             kwargs.setdefault("timeout", timeout_s)
             return super()._do_request(method, endpoint, **kwargs)
 
-    return TimedClient(address)
+    headers = None
+    if ref.token_env is not None:
+        token = os.environ.get(ref.token_env, "").strip()
+        if not token:
+            raise ConfigError(f"cluster {ref.key!r}: token_env: the environment variable {ref.token_env} that "
+                              "holds the cluster's Ray authentication token is not set; export it and run again")
+        headers = {"Authorization": f"Bearer {token}"}
+    with _own_address():
+        return TimedClient(ref.address, headers=headers)
+
+
+def _missing(error: RuntimeError) -> bool:
+    """Whether Ray's client error is the Jobs API's "no such job" (HTTP 404)."""
+    return "status code 404" in str(error)
 
 
 class ClusterJobs:
@@ -66,11 +107,23 @@ class ClusterJobs:
 
     def _call(self, what: str, fn: Any) -> Any:
         import requests
+        from ray.exceptions import AuthenticationError
 
+        where = f"cluster {self.name!r} ({self.ref.address})"
         try:
             if self._client is None:
-                self._client = _timed_client(self.ref.address, self.request_timeout_s)
+                self._client = _timed_client(self.ref, self.request_timeout_s)
             return fn(self._client)
+        except AuthenticationError as e:
+            self._client = None
+            first = str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise ConfigError(f"{where}: cannot {what}: the Jobs API refused the request ({first}); give the "
+                              "cluster's Ray token (RAY_AUTH_TOKEN for every cluster, or the cluster's token_env)"
+                              ) from None
+        except requests.exceptions.SSLError as e:
+            self._client = None
+            raise ConfigError(f"{where}: cannot {what}: TLS: {e}; point REQUESTS_CA_BUNDLE at the CA that signed the "
+                              "cluster's certificate, or use its http:// address") from None
         except (ConnectionError, requests.exceptions.RequestException) as e:
             self._client = None  # reconnect (and re-check the version) next time
             raise ClusterUnreachableError(f"cluster {self.name!r} ({self.ref.address}): cannot {what}: {e}") from None
@@ -97,20 +150,48 @@ class ClusterJobs:
 
     def submit(self, submission_id: str, entrypoint: str, run_uri: str, env: dict[str, str] | None = None,
                *, key: str = RUN_KEY) -> str:
-        """Submit a job of the run ``run_uri``, named in its metadata under ``key`` (``RUN_KEY``: a part of the run)."""
+        """Submit a job of the run ``run_uri``, named in its metadata under ``key`` (``RUN_KEY``: a part of the run).
+
+        Submitting an id again is safe: a retry whose first try reached the cluster before its
+        answer was lost finds the job there (Ray answers that the id already exists) and
+        returns its id rather than a second job.
+        """
         runtime_env = {"env_vars": env} if env else None
-        return str(self._call("submit the run", lambda c: c.submit_job(
-            entrypoint=entrypoint, submission_id=submission_id, metadata={key: run_uri}, runtime_env=runtime_env,
-        )))
+        try:
+            return str(self._call("submit the run", lambda c: c.submit_job(
+                entrypoint=entrypoint, submission_id=submission_id, metadata={key: run_uri}, runtime_env=runtime_env,
+            )))
+        except (ClusterUnreachableError, RuntimeError) as e:
+            if "already exists" in str(e):
+                return submission_id
+            raise
 
     def status(self, submission_id: str) -> str:
-        return str(getattr(s := self._call("read the job's status", lambda c: c.get_job_status(submission_id)), "value", s))
+        """The job's status; ``GONE`` when the cluster no longer knows it."""
+        try:
+            found = self._call("read the job's status", lambda c: c.get_job_status(submission_id))
+        except RuntimeError as e:
+            if _missing(e):
+                return GONE
+            raise
+        return str(getattr(found, "value", found))
 
     def stop(self, submission_id: str) -> None:
-        self._call("stop the job", lambda c: c.stop_job(submission_id))
+        """Ask the cluster to stop the job (Ray stops it asynchronously); nothing to do when it is gone."""
+        try:
+            self._call("stop the job", lambda c: c.stop_job(submission_id))
+        except RuntimeError as e:
+            if not _missing(e):
+                raise
 
     def logs(self, submission_id: str) -> str:
-        return str(self._call("read the job's logs", lambda c: c.get_job_logs(submission_id)))
+        """The job's log; empty when the cluster no longer knows the job."""
+        try:
+            return str(self._call("read the job's logs", lambda c: c.get_job_logs(submission_id)))
+        except RuntimeError as e:
+            if _missing(e):
+                return ""
+            raise
 
 
-__all__ = ["ACTIVE", "RUN_KEY", "TERMINAL", "ClusterJobs", "RunJob"]
+__all__ = ["ACTIVE", "ADDRESS_OVERRIDES", "GONE", "RUN_KEY", "TERMINAL", "ClusterJobs", "RunJob"]

@@ -26,12 +26,13 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 
-from spotfallback.clusters.jobs import TERMINAL, ClusterJobs
+from spotfallback.clusters.jobs import GONE, TERMINAL, ClusterJobs
 from spotfallback.clusters.looks import DEFAULT_LOOK_WAIT_S, CapacityLooks
 from spotfallback.config import JobConfig, env_seconds
 from spotfallback.errors import (
@@ -40,6 +41,7 @@ from spotfallback.errors import (
     EXIT_USER_CODE,
     ClusterUnreachableError,
     ConfigError,
+    DriverLeaseLostError,
     LadderExhaustedError,
     LedgerError,
     RunFailedError,
@@ -53,10 +55,11 @@ from spotfallback.policy import (
     PolicyState,
     RestartClock,
     RunEstimates,
+    commit_in_sight,
     committed_since,
     probe_target,
 )
-from spotfallback.store.lease import DriverLease
+from spotfallback.store.lease import DriverLease, LeaseInfo
 from spotfallback.store.ledger import Ledger, LedgerTail
 from spotfallback.store.location import RunLocation, resolve_run
 
@@ -69,6 +72,9 @@ MAX_FRUITLESS_JOBS = 3
 DEFAULT_LOOK_EVERY_S = 60.0
 # How long a climb waits for the stopped job's driver to let go of the run's lease.
 LEASE_WAIT_S = 120.0
+# How often the mover looks again for the run's jobs on the other clusters while it follows one:
+# a cluster cut off for a while may answer again with a driver of the run still on it.
+STOP_ELSEWHERE_EVERY_S = 60.0
 
 
 @dataclass(frozen=True)
@@ -94,12 +100,12 @@ class ClusterMover:
         look_every_s: float | None = None,
         look_wait_s: float | None = None,
     ):
-        self.job = job
         self.ladder = job.ladder
         if not self.ladder.across_clusters:
             raise ConfigError("tiers: no tier names a cluster; run the job with `spotfallback run` on its cluster")
+        self.job = _paths_of_this_machine(job)
         self.policy = FallbackPolicy(self.ladder)
-        self.location: RunLocation = resolve_run(job.storage_path, job.name, None)
+        self.location: RunLocation = resolve_run(self.job.storage_path, job.name, None)
         self.ledger = Ledger(self.location, writer=f"mvr{uuid.uuid4().hex[:6]}")
         self.retry_failed = retry_failed
         self.poll_s = poll_s
@@ -116,12 +122,15 @@ class ClusterMover:
         self._seen: tuple[int, int, float] | None = None  # (tier, workers counted, when) of the latest look
         self._tail = LedgerTail(self.location)  # the ledger as the looks read it, incrementally
         self._fold = LedgerFold(self.policy)
+        self._submitting: dict[str, str] = {}  # cluster -> the id of a submission not yet known to have reached it
+        self._lease: DriverLease | None = None  # the mover's own, while it runs
 
     # -- the loop -------------------------------------------------------------------------
 
     def run(self) -> MoveOutcome:
         """Run to the end; the same call resumes after a crash of a previous mover."""
         lease = DriverLease(self.location, ttl_s=self.lease_ttl_s, file=MOVER_LEASE_FILE)
+        self._lease = lease
         self.ledger.ensure_dirs()
         lease.acquire()
         try:
@@ -140,6 +149,10 @@ class ClusterMover:
                 self._stop_elsewhere(key)
                 outcome, result = self._run_on(key, retry=state.status == "failed")
                 retry = False
+                if outcome == "STOPPED":  # the mover stops a job only to move the run, and then says so
+                    return MoveOutcome(EXIT_ERROR, f"the run's job on cluster {key!r} was stopped from outside the mover "
+                                                   f"(`ray job stop`, or its RayJob deleted); run {self.location.uri()} "
+                                                   "is kept where its ledger says: run the same command to resume it", result)
                 if outcome in ("unreachable", "climbed") or _moved_on(state, self.state()):
                     fruitless = 0
                     continue
@@ -214,8 +227,14 @@ class ClusterMover:
         ref = jobs.ref
         lost_since: float | None = None
         submission_id: str | None = None
+        looked_elsewhere = time.monotonic()
+        said_waiting = False
         while True:
+            self._check_lease()
             try:
+                if time.monotonic() - looked_elsewhere >= STOP_ELSEWHERE_EVERY_S:
+                    looked_elsewhere = time.monotonic()
+                    self._stop_elsewhere(key)
                 if submission_id is None:
                     active = jobs.active_job(self.location.uri())
                     if active is not None:
@@ -230,7 +249,8 @@ class ClusterMover:
                 lost_since = None
                 if status in TERMINAL:
                     result = self._result_line(jobs, submission_id)
-                    self.say(f"job {submission_id} on cluster {key!r}: {status}")
+                    gone = " (the cluster no longer knows it: its head restarted)" if status == GONE else ""
+                    self.say(f"job {submission_id} on cluster {key!r}: {status}{gone}")
                     return status, result
                 if status == "RUNNING" and self._climb_across(key, jobs, submission_id):
                     return "climbed", None
@@ -240,23 +260,55 @@ class ClusterMover:
                 waited = now - lost_since
                 logger.info("%s (for %.0fs)", e, waited)
                 if waited >= ref.unreachable_timeout_s:
-                    self._cluster_lost(key, waited)
-                    return "unreachable", None
+                    try:
+                        state, renewing = self.state(), self._live_driver() is not None
+                    except (LedgerError, OSError) as storage:  # the mover's own network down: nothing to write with
+                        logger.info("cannot read the run's ledger either: %s", storage)
+                        time.sleep(self.poll_s)
+                        continue
+                    if self.ladder.cluster_key(state.tier) != key or state.is_terminal:
+                        return "moved on", None  # its driver moved the run on, or ended it, while the mover could not see
+                    if renewing:
+                        # The run's driver there still renews its lease: the run trains, and what is down is the
+                        # way to the Jobs API (the mover's network, the dashboard), not the cluster.
+                        if not said_waiting:
+                            said_waiting = True
+                            self.say(f"cluster {key!r} has not answered for {waited:.0f}s, but the run's driver there "
+                                     "renews its lease: waiting")
+                    else:
+                        self._cluster_lost(key, waited)
+                        return "unreachable", None
             time.sleep(self.poll_s)
+
+    def _check_lease(self) -> None:
+        """``DriverLeaseLostError`` once another mover took this one's lease (this one was cut off from the
+        storage past its TTL, a laptop asleep): two movers would submit and stop each other's jobs."""
+        holder = self._lease.lost if self._lease is not None else None
+        if holder is not None:
+            raise DriverLeaseLostError(f"another mover (host {holder.host}, pid {holder.pid}) took run "
+                                       f"{self.location.uri()} while this one could not renew its lease: this one stops")
+
+    def _live_driver(self) -> LeaseInfo | None:
+        """The run's driver lease, while a live driver holds it (its holder renews it)."""
+        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s)
+        current = lease.read()
+        return current if current is not None and lease.holder_is_live(current) else None
 
     def _driver_lease_free(self) -> bool:
         """Whether no live driver holds the run (a job on an unreachable cluster may still): then submitting is safe."""
-        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s)
-        current = lease.read()
-        if current is None or not lease.holder_is_live(current):
+        current = self._live_driver()
+        if current is None:
             return True
         logger.info("waiting for the run's driver (host %s, pid %s) to let go of its lease", current.host, current.pid)
         return False
 
     def _submit(self, jobs: ClusterJobs, retry: bool) -> str:
-        submission_id = f"spotfallback-{self.location.name}-{uuid.uuid4().hex[:8]}"
+        """Submit the run's job to ``jobs``' cluster. A submission whose answer was lost is retried under its own id,
+        so one that reached the cluster is found there, not doubled."""
+        submission_id = self._submitting.setdefault(jobs.name, f"spotfallback-{self.location.name}-{uuid.uuid4().hex[:8]}")
         options = ["--on-cluster", jobs.name, *(["--retry-failed"] if retry else [])]
         jobs.submit(submission_id, self.job.run_command(*options, ray_address="auto"), self.location.uri())
+        del self._submitting[jobs.name]
         region = f" ({jobs.ref.region})" if jobs.ref.region else ""
         self.say(f"submitted job {submission_id} to cluster {jobs.name!r}{region}")
         return submission_id
@@ -318,7 +370,10 @@ class ClusterMover:
                     return self._climb(key, jobs, submission_id, event)
         if self._seen is None and now - self._last_look >= self.look_every_s:
             self._last_look = now  # the ledger is read again only at the next look
-            if target is None:
+            # A look brings the tier's nodes up: only ahead of a commit, where a climb can come.
+            if target is None or not commit_in_sight(state.last_checkpoint_t, state.checkpoint_interval_s,
+                                                     state.running_since, now, self.look_wait_s + self.look_every_s,
+                                                     self.after_checkpoint_s):
                 return False
             to_key = self.ladder.cluster_key(target)
             assert to_key is not None
@@ -420,6 +475,25 @@ class LedgerFold:
             self.clock = self.clock.after(r.event, str((r.decision or {}).get("action", "")))
         self.count = len(records)
         return self.state, self.clock
+
+
+def _paths_of_this_machine(job: JobConfig) -> JobConfig:
+    """``job`` with a relative storage path and entrypoint file made absolute, where every cluster is on this machine.
+
+    A Ray job starts in the directory its cluster was started in (``ray start``), not the
+    mover's; on one machine the absolute path is the one directory both mean. (Across machines a
+    relative storage path is refused when the job is read, and a relative entrypoint file is the
+    cluster's own, in its image.)
+    """
+    if not all(ref.on_this_machine for ref in job.ladder.clusters.values()):
+        return job
+    update: dict[str, str] = {}
+    if "://" not in job.storage_path and not os.path.isabs(os.path.expanduser(job.storage_path)):
+        update["storage_path"] = os.path.abspath(job.storage_path)
+    target, _, function = job.entrypoint.rpartition(":")
+    if target.endswith(".py") and not os.path.isabs(os.path.expanduser(target)):
+        update["entrypoint"] = f"{os.path.abspath(target)}:{function}"
+    return job.model_copy(update=update) if update else job
 
 
 def _moved_on(before: PolicyState, after: PolicyState) -> bool:

@@ -231,7 +231,19 @@ def same_nodes_notes(job: JobConfig) -> list[str]:
         notes.append(f"tiers[{b}] ({second.name}) selects the same nodes as tiers[{a}] ({first.name}), "
                      f"{dict(first.label_selector) or 'no label selector'}, with the same gang, so falling from one "
                      "to the other stays in the pool whose capacity just failed; give each a label_selector of its "
-                     "own pool (e.g. ray.io/availability-zone) or a placement, or drop one")
+                     "own pool (e.g. ray.io/availability-zone), or drop one")
+    tiers = job.tiers
+    for b in range(len(tiers)):
+        for a in range(b):
+            first, second = tiers[a], tiers[b]
+            if (job.ladder.same_cluster(a, b) and first.market == second.market
+                    and dict(first.label_selector) == dict(second.label_selector) and first.placement != second.placement):
+                notes.append(
+                    f"tiers[{b}] ({second.name}) and tiers[{a}] ({first.name}) get worker groups of their own placements "
+                    f"but one label selector, {dict(first.label_selector)}: Ray places either tier's gang on the other's "
+                    "nodes and counts them as its capacity, so a fall or climb between them can land where it started; "
+                    "give each a label_selector of its own pool (e.g. pool: a and pool: b, which the file then puts on "
+                    "its worker group)")
     return notes
 
 

@@ -20,6 +20,7 @@ from spotfallback.policy import (
     CLIMB_AFTER_CHECKPOINT_S,
     MOVE_ACTIONS,
     RestartClock,
+    commit_in_sight,
     committed_since,
 )
 
@@ -80,6 +81,13 @@ class CapacityWatch:
         """Whether the running gang committed a checkpoint in the last ``after_checkpoint_s``."""
         last = self.checkpoints[-1] if self.checkpoints else None
         return committed_since(last, running_since, now, self.after_checkpoint_s)
+
+    def commit_expected_within(self, now: float, running_since: float, lead_s: float) -> bool:
+        """``policy.commit_in_sight`` for the running gang, whose interval is known once it has committed twice."""
+        measured = len(self.checkpoints) >= 2 and self.checkpoints[-2] >= running_since
+        return commit_in_sight(self.checkpoints[-1] if self.checkpoints else None,
+                               self.checkpoint_interval_s if measured else None,
+                               running_since, now, lead_s, self.after_checkpoint_s)
 
     def reported(self, t: float, remaining_work_s: float | None) -> None:
         """A report of the running gang without a checkpoint: how much work it has left now."""

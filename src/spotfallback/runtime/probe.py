@@ -38,6 +38,11 @@ DEFAULT_PROBE_LEAD_S = 120.0
 DEFAULT_PROBE_RENEW_S = 20.0
 # How often to look whether the probed tier's nodes are already there (a GCS node-table read).
 DEFAULT_PROBE_POLL_S = 5.0
+# How long a request may stay short of the whole gang before its nodes are given back: a cloud
+# that has only part of a gang's capacity would otherwise keep those nodes up, idle and billed.
+# Asked again after as long, doubling each time, up to MAX_PROBE_QUIET_S.
+DEFAULT_PROBE_PATIENCE_S = 600.0
+MAX_PROBE_QUIET_S = 4 * 3600.0
 
 
 def gang_scaling_config(tier: Tier) -> ScalingConfig:
@@ -72,7 +77,9 @@ class CapacityProbe:
     Sent when a tier becomes the target and has no room for its gang yet, renewed every
     ``renew_s`` while it stays the target (also once its nodes are up: cancelled, the
     autoscaler would remove them as idle before the climb), cancelled as soon as it is not
-    the target (the run climbed, fell further, stopped, or the tier is no longer wanted).
+    the target (the run climbed, fell further, stopped, or the tier is no longer wanted), and
+    withdrawn for a while when ``patience_s`` after it was sent the gang still does not fit
+    (the nodes that came are given back; asked again after as long, doubling each time).
     """
 
     def __init__(
@@ -82,13 +89,19 @@ class CapacityProbe:
         lead_s: float | None = None,
         renew_s: float | None = None,
         poll_s: float | None = None,
+        patience_s: float = DEFAULT_PROBE_PATIENCE_S,
     ) -> None:
         self.client = client
         # Unset ones come from the environment where the probe runs: the Train controller.
         self._lead_s, self._renew_s, self._poll_s = lead_s, renew_s, poll_s
+        self.patience_s = patience_s
         self.tier: int | None = None  # the tier whose gang is requested now
         self.sent_at = -math.inf
         self.checked_at = -math.inf
+        self.asked_at = -math.inf  # when the current request was first sent
+        self.quiet_until = -math.inf  # no request before then: the last one never got the whole gang
+        self.quiet_s = patience_s
+        self.run_tier: int | None = None  # the run's tier at the last update
 
     @property
     def lead_s(self) -> float:
@@ -104,7 +117,11 @@ class CapacityProbe:
         return env_seconds("SPOTFALLBACK_PROBE_POLL_S", DEFAULT_PROBE_POLL_S) if self._poll_s is None else self._poll_s
 
     def follow(
-        self, rt: LadderRuntime, run_client: RequestClient | None, capacity: Callable[[Tier], int] = tier_capacity
+        self,
+        rt: LadderRuntime,
+        run_client: RequestClient | None,
+        capacity: Callable[[Tier], int] = tier_capacity,
+        now: float | None = None,
     ) -> None:
         """``update`` for the run's state now, counting capacity on the live cluster.
 
@@ -115,10 +132,15 @@ class CapacityProbe:
             return
         if self.client is None:
             self.client = type(run_client)(f"{run_client._requester_id}-climb-probe")
+        now = time.time() if now is None else now
         with rt.lock:
             state, watch = rt.state, rt.watch
             estimates = RunEstimates(watch.remaining_work_s, watch.restart_s, watch.checkpoint_interval_s)
-        self.update(rt.policy, state, time.time(), capacity, estimates)
+            # Nodes asked for while no climb can be decided would sit idle, billed: ask only while the gang
+            # answers checkpoint requests, or from ``lead_s`` before its next periodic commit.
+            in_sight = state.running_since is not None and (
+                watch.commit_expected_within(now, state.running_since, self.lead_s) or rt.requests.listened())
+        self.update(rt.policy, state, now, capacity, estimates, climb_in_sight=in_sight)
 
     def update(
         self,
@@ -127,25 +149,41 @@ class CapacityProbe:
         now: float,
         capacity: Callable[[Tier], int],
         estimates: RunEstimates = RunEstimates(),
+        *,
+        climb_in_sight: bool = True,
     ) -> None:
-        """Send, renew or cancel the request for the run's state at ``now``."""
-        target = probe_target(policy, state, now, self.lead_s, estimates)
+        """Send, renew or cancel the request for the run's state at ``now``; none while no climb can be
+        decided soon (``climb_in_sight`` false: ``follow`` says when)."""
+        if state.tier != self.run_tier:  # the run moved: what kept the last request quiet is past
+            self.run_tier, self.quiet_until, self.quiet_s = state.tier, -math.inf, self.patience_s
+        target = probe_target(policy, state, now, self.lead_s, estimates) if climb_in_sight else None
         if self.tier is not None and target != self.tier:
             self.cancel()
         if target is None:
             return
         tier = policy.tiers[target]
         if self.tier == target:
+            if now - self.asked_at >= self.patience_s and now - self.checked_at >= self.poll_s:
+                self.checked_at = now
+                if capacity(tier) < tier.fewest_workers:
+                    logger.info("[spotfallback] %r's gang did not fit within %.0fs of asking: its nodes are given back, "
+                                "asked for again in %.0fs", tier.name, self.patience_s, self.quiet_s)
+                    self.cancel()
+                    self.quiet_until = now + self.quiet_s
+                    self.quiet_s = min(2 * self.quiet_s, MAX_PROBE_QUIET_S)
+                    return
+                self.asked_at = now  # it fits: the climb is the observation's to decide
             if now - self.sent_at >= self.renew_s:
                 self._send(target, tier, now)
             return
-        if now - self.checked_at < self.poll_s:
+        if now < self.quiet_until or now - self.checked_at < self.poll_s:
             return
         self.checked_at = now
         if capacity(tier) >= tier.fewest_workers:
             return  # its nodes are there: the capacity observation decides the climb
         logger.info("[spotfallback] asking the autoscaler for %r's gang to climb back onto", tier.name)
         self._send(target, tier, now)
+        self.asked_at = now
 
     def _send(self, index: int, tier: Tier, now: float) -> None:
         assert self.client is not None
@@ -182,7 +220,7 @@ def look_capacity(
     climbs onto them.
     """
     available = capacity(tier)
-    if available >= tier.fewest_workers or wait_s <= 0:
+    if wait_s <= 0:
         return available
     if client is None:
         from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
@@ -190,6 +228,10 @@ def look_capacity(
         )
 
         client = TrainAutoscalingCoordinatorClient(requester_id)
+    if available >= tier.fewest_workers:
+        # Nodes an earlier look asked for: asked for again, so that they are still there for the climb.
+        client.send_resource_request(gang_scaling_config(tier), tier.num_workers)
+        return available
     deadline = time.monotonic() + wait_s
     sent = -math.inf
     while True:

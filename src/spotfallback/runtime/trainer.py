@@ -13,6 +13,8 @@ import dataclasses
 import logging
 import os
 import re
+import signal
+import threading
 import time
 import uuid
 from collections.abc import Callable, Mapping, Sequence
@@ -34,6 +36,7 @@ from spotfallback.config import (
 )
 from spotfallback.errors import (
     ConfigError,
+    DriverLeaseLostError,
     LadderExhaustedError,
     RunAlreadyFinishedError,
     RunFailedError,
@@ -47,7 +50,7 @@ from spotfallback.runtime.hooks import LedgerCallback, TierFailurePolicy, TierSc
 from spotfallback.runtime.ladder import RunSpec
 from spotfallback.store.checkpoints import prepare_resume
 from spotfallback.store.heartbeat import heartbeat_interval_s
-from spotfallback.store.lease import DriverLease
+from spotfallback.store.lease import DriverLease, LeaseInfo
 from spotfallback.store.lease import lease_ttl_s as check_lease_ttl_s
 from spotfallback.store.ledger import Ledger
 from spotfallback.store.location import RunLocation, resolve_run
@@ -56,6 +59,29 @@ from spotfallback.store.retry import ray_run_config, storage_failure
 logger = logging.getLogger("spotfallback")
 
 BACKENDS = ("torch", "tensorflow", "none")
+
+
+def _fence_off(in_main_thread: bool) -> Callable[[LeaseInfo], None]:
+    """What a driver does when another took its lease (it was cut off from the storage past its TTL):
+    stop training at once, or two drivers train and write one run. In the main thread (``spotfallback
+    run``), SIGINT: Ray Train's own handler aborts the controller and its workers, as Ctrl-C does."""
+
+    def stop(holder: LeaseInfo) -> None:
+        if in_main_thread:
+            os.kill(os.getpid(), signal.SIGINT)
+        else:
+            logger.error("[spotfallback] another driver (host %s, pid %s) now runs this run, and fit() runs outside "
+                         "the main thread, where it cannot be interrupted: stop this process", holder.host, holder.pid)
+
+    return stop
+
+
+def _lease_lost(location: RunLocation, holder: LeaseInfo) -> DriverLeaseLostError:
+    return DriverLeaseLostError(
+        f"this driver lost run {location.uri()} to another (host {holder.host}, pid {holder.pid}), which took the "
+        "driver lease while this one could not renew it (the storage out of reach past the lease's TTL): "
+        "training stopped here, and the run goes on there"
+    )
 
 
 def _ladder_trainer_class(base: type) -> type:
@@ -365,7 +391,8 @@ class FallbackTrainer:
 
     def fit(self) -> Result:
         """Train to completion, walking down the ladder as needed; returns Ray's ``Result``."""
-        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s)
+        lease = DriverLease(self.location, ttl_s=self.lease_ttl_s,
+                            on_lost=_fence_off(threading.current_thread() is threading.main_thread()))
         self.ledger.ensure_dirs()
         lease.acquire()
         try:
@@ -385,7 +412,15 @@ class FallbackTrainer:
             try:
                 result = trainer.fit()
             except TrainingFailedError as error:
+                if lease.lost is not None:
+                    raise _lease_lost(self.location, lease.lost) from None
                 raise (storage_failure(error) or self._translate(error)) from error
+            except BaseException:  # Ray Train's own SIGINT handler ends an aborted fit with SystemExit
+                if lease.lost is not None:
+                    raise _lease_lost(self.location, lease.lost) from None
+                raise
+            if lease.lost is not None:  # aborted: not finished, whatever Ray's result says
+                raise _lease_lost(self.location, lease.lost)
             final = self.state()
             self.ledger.append(Finished(t=time.time()), final.tier, Complete().to_json())
             return result

@@ -532,7 +532,7 @@ class _Search:
         gain = span - R - mv.extra - d
         add = mv.base.copy()
         add[:, 0] += gain
-        add[:, 1] += mv.price * span
+        add[:, 1] += np.multiply(mv.price, span, out=np.zeros_like(span), where=mv.price != 0)  # free spot: 0, not 0 x inf
         add[:, 2] += gain
         add[:, 3] += span
         add[:, 5] += 1

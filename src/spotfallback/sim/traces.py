@@ -95,6 +95,8 @@ class NodeEvent:
 # A first time past this (about 3.2 years, in ms) is a clock's, not an offset from the trace's
 # start: Unix-epoch milliseconds (1.7e12 in 2023) as a cluster's own log writes them.
 EPOCH_MS = 1e11
+# The longest span a node trace may cover: the simulator lays it out a minute a tick (a million ticks).
+MAX_NODE_TRACE_S = 2 * 365 * 86400.0
 
 
 @dataclass(frozen=True)
@@ -289,6 +291,15 @@ def load_node_trace(path: str | Path) -> NodeTrace:
         if t_ms < last_ms:
             raise TraceError(f"{where}: time_ms {t_raw} goes back in time (previous line was at {last_ms:g}); "
                              "sort the lines by time")
+        if events and events[0].t_s * 1000.0 < EPOCH_MS <= t_ms:
+            raise TraceError(f"{where}: time_ms {t_raw} is a clock's time (milliseconds since 1970), but the first "
+                             f"line's, {events[0].t_s * 1000.0:g}, counts from the trace's start; write every time "
+                             "the same way (the nodes up at the start: added on lines with the first clock time)")
+        start_ms = events[0].t_s * 1000.0 if events else t_ms
+        if t_ms - start_ms > MAX_NODE_TRACE_S * 1000.0:
+            raise TraceError(f"{where}: time_ms {t_raw} is {(t_ms - start_ms) / 86_400_000:,.0f} days after the first "
+                             f"line; a node trace spans at most {MAX_NODE_TRACE_S / 86400:g} days (the simulator "
+                             "lays out a tick a minute over it): cut it into shorter traces")
         if action not in ("add", "remove"):
             raise TraceError(f"{where}: action must be 'add' or 'remove', got {_quoted(action)}")
         if not node:
@@ -298,7 +309,7 @@ def load_node_trace(path: str | Path) -> NodeTrace:
             later = _back_in_time(text)
             fix = (f"; line {later} goes back in time: sort the lines by time" if later is not None else
                    "; remove it first, or name the new node otherwise" if action == "add" else
-                   "; add it on an earlier line (nodes up when the trace begins are added at time 0)")
+                   "; add it on an earlier line (nodes up when the trace begins are added at its first time)")
             state = "added while already present" if action == "add" else "removed but not present"
             raise TraceError(f"{where}: node {_quoted(node)} {state}{fix}")
         if action == "add":

@@ -23,6 +23,7 @@ import socket
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -134,7 +135,7 @@ class DriverLease:
     """Acquire with ``acquire()``, give back with ``release()``; or use as a context manager."""
 
     def __init__(self, location: RunLocation, ttl_s: float | None = None, settle_s: float | None = None,
-                 file: str = LEASE_FILE):
+                 file: str = LEASE_FILE, on_lost: Callable[[LeaseInfo], None] | None = None):
         self.location = location
         self.file = file  # another file for another role (the driver that moves a run between clusters)
         self.ttl_s = lease_ttl_s(ttl_s)
@@ -145,6 +146,9 @@ class DriverLease:
         self._thread: threading.Thread | None = None
         self._s3: S3Objects | None = None  # conditional writes, where the store has them
         self._etag = ""  # the version of the lease this driver wrote last (conditional writes)
+        # Set once another holder has the lease: this one must stop writing the run at once (``on_lost`` says so).
+        self.lost: LeaseInfo | None = None
+        self._on_lost = on_lost
 
     @property
     def path(self) -> str:
@@ -274,16 +278,23 @@ class DriverLease:
                 if self._s3 is not None:
                     taken = self._renew_conditionally(self._s3)
                     if taken is not None:
-                        logger.error("driver lease on %s was taken by host %s pid %s", self.path, taken.host, taken.pid)
+                        self._taken(taken)
                         return
                     continue
                 current = self.read()
                 if current is not None and current.token != self.token:
-                    logger.error("driver lease on %s was taken by host %s pid %s", self.path, current.host, current.pid)
+                    self._taken(current)
                     return
                 self._write()
             except Exception:  # keep renewing through transient storage trouble
                 logger.warning("could not renew the driver lease", exc_info=True)
+
+    def _taken(self, holder: LeaseInfo) -> None:
+        """Another driver took the lease (this one was cut off from the storage past its TTL): fence this one off."""
+        logger.error("driver lease on %s was taken by host %s pid %s: this driver stops", self.path, holder.host, holder.pid)
+        self.lost = holder
+        if self._on_lost is not None:
+            self._on_lost(holder)
 
     def release(self) -> None:
         self._stop.set()
