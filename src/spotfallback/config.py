@@ -26,6 +26,7 @@ from pydantic import (
     ConfigDict,
     Field,
     ValidationError,
+    ValidationInfo,
     field_validator,
     model_serializer,
     model_validator,
@@ -182,7 +183,34 @@ def storage_uri_error(storage_path: str) -> str | None:
     return gcs_uri_error(storage_path) if scheme in GCS_SCHEMES else None
 
 
-class PreemptionRate(BaseModel):
+def no_boolean_count(v: Any) -> Any:
+    """Refuse a boolean where a count is meant: pydantic takes true and false as 1 and 0, and YAML reads yes/no/on/off as them."""
+    if isinstance(v, bool):
+        raise ValueError(f"expected a whole number, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
+    return v
+
+
+def _number_kind(annotation: Any) -> str | None:
+    """'a whole number' or 'a number' where a field holds one (alone or beside None), else None."""
+    args = set(typing.get_args(annotation)) or {annotation}
+    return "a number" if float in args else "a whole number" if int in args else None
+
+
+class NumbersNotBooleans(BaseModel):
+    """A model whose numbers refuse booleans: pydantic takes true and false as 1 and 0, and YAML
+    reads yes/no/on/off as them, so ``price_per_worker_hour: yes`` would be a price of 1."""
+
+    @field_validator("*", mode="before")
+    @classmethod
+    def _no_boolean_numbers(cls, v: Any, info: ValidationInfo) -> Any:
+        if isinstance(v, bool) and info.field_name is not None:
+            kind = _number_kind(cls.model_fields[info.field_name].annotation)
+            if kind is not None:
+                raise ValueError(f"expected {kind}, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
+        return v
+
+
+class PreemptionRate(NumbersNotBooleans):
     """Leave a tier when ``count`` preemptions fall within any ``window_s`` seconds.
 
     A burst says the spot market is unstable right now; waiting for the count budget to be
@@ -195,14 +223,7 @@ class PreemptionRate(BaseModel):
     window_s: float = Field(gt=0, le=MAX_DURATION_S, description="Length of the sliding window in seconds.")
 
 
-def no_boolean_count(v: Any) -> Any:
-    """Refuse a boolean where a count is meant: pydantic takes true and false as 1 and 0, and YAML reads yes/no/on/off as them."""
-    if isinstance(v, bool):
-        raise ValueError(f"expected a whole number, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
-    return v
-
-
-class DeadlineGuard(BaseModel):
+class DeadlineGuard(NumbersNotBooleans):
     """Use a tier only while the run keeps pace with its deadline (Uniform Progress, *Can't Be Late*, NSDI '24).
 
     A count budget or a fixed capacity timeout cannot tell a run with hours of slack from one
@@ -269,7 +290,7 @@ class DeadlineGuard(BaseModel):
         return self
 
 
-class CostCap(BaseModel):
+class CostCap(NumbersNotBooleans):
     """Use a cheaper tier only while the run can still cost no more than the last tier alone.
 
     Spot spend is worth it only for the progress it buys. The run stays on this tier while
@@ -321,7 +342,7 @@ class Toleration(BaseModel):
         return self.model_dump(exclude_none=True)
 
 
-class TierPlacement(BaseModel):
+class TierPlacement(NumbersNotBooleans):
     """Which machines a tier's pool is on a real cluster, beyond its market and zone.
 
     Only the deployment files read it (``spotfallback manifest``): Ray finds a tier's workers by
@@ -366,7 +387,7 @@ _BEYOND_DEFAULTS: dict[str, Any] = {
 }
 
 
-class ClusterRef(BaseModel):
+class ClusterRef(NumbersNotBooleans):
     """The Ray cluster a tier runs on, reached through its Ray Jobs API (the dashboard's address).
 
     A Ray cluster lives in one region: naming clusters lets a ladder go on in another region
@@ -449,7 +470,7 @@ def shared_storage_error(storage_path: str, clusters: typing.Iterable[ClusterRef
 _MARKET_SPELLINGS = {"spot": SPOT, "preemptible": SPOT, "on-demand": ON_DEMAND, "ondemand": ON_DEMAND, "reserved": "reserved"}
 
 
-class Tier(BaseModel):
+class Tier(NumbersNotBooleans):
     """One rung of the fallback ladder: where the workers run and when to give up on it.
 
     Budgets follow Ray's ``FailureConfig`` convention: ``max_preemptions=1`` tolerates one
@@ -608,11 +629,6 @@ class Tier(BaseModel):
             raise ValueError(f"resources_per_worker asks for {gpus:g} GPU but use_gpu is false; set use_gpu: true "
                              "(Ray Train refuses GPUs without it, and the deploy files would pick a CPU image)")
         return self
-
-    @field_validator("num_workers", "max_preemptions", "max_failures", "min_workers", mode="before")
-    @classmethod
-    def _no_boolean_counts(cls, v: Any) -> Any:
-        return no_boolean_count(v)
 
     @field_validator("name")
     @classmethod
@@ -1108,7 +1124,7 @@ def run_name_error(name: str) -> str | None:
     return None
 
 
-class PlannedJob(BaseModel):
+class PlannedJob(NumbersNotBooleans):
     """The job a plan was made for, so ``spotfallback backtest`` replays the same job from the file alone.
 
     Durations in hours, as in the planner's request; the notice in seconds.
@@ -1126,7 +1142,7 @@ class PlannedJob(BaseModel):
     move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
 
 
-class PlanPrediction(BaseModel):
+class PlanPrediction(NumbersNotBooleans):
     """What ``spotfallback plan`` predicted for this job, kept so ``report`` can set it beside the outcome.
 
     Written into the job file by ``spotfallback plan --write-yaml``; the run records it in its
@@ -1157,7 +1173,7 @@ class PlanPrediction(BaseModel):
     )
 
 
-class JobConfig(BaseModel):
+class JobConfig(NumbersNotBooleans):
     """Everything `spotfallback run job.yaml` needs: where the run lives, what it trains, the ladder.
 
     ``ray_address``: ``local`` starts an embedded local spot cluster shaped after the ladder

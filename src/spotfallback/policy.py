@@ -875,6 +875,7 @@ def probe_target(
     estimates: RunEstimates = RunEstimates(),
     *,
     across: bool = False,
+    passed_over: frozenset[int] = frozenset(),
 ) -> int | None:
     """The tier to look at (and ask the autoscaler for) while the run is below it, or None.
 
@@ -887,6 +888,8 @@ def probe_target(
     has no climb to prepare. ``across``: a tier on another Ray cluster than the run's (which the
     driver that moves the run between clusters looks at), instead of one on the same cluster
     (which the run's own driver looks at); ``estimates.restart_s`` is then a move's restart.
+    ``passed_over``: tiers not to look at now (their last request never got the whole gang), so
+    that the next one the run could climb to is.
     """
     if state.is_terminal or state.running_since is None:
         return None
@@ -894,7 +897,8 @@ def probe_target(
     for to in range(state.tier):
         tier = policy.tiers[to]
         dwell_ends = since + policy.climb_dwell_s(state, to)
-        if not tier.climb_back or now < dwell_ends - lead_s or policy.ladder.same_cluster(to, state.tier) == across:
+        if (not tier.climb_back or to in passed_over or now < dwell_ends - lead_s
+                or policy.ladder.same_cluster(to, state.tier) == across):
             continue
         observed = CapacityObserved(
             t=max(now, dwell_ends),

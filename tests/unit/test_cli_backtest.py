@@ -118,6 +118,7 @@ def test_backtest_whose_optimum_is_too_large_to_search_leaves_it_out_with_the_fi
         (["--hours", "10", "--trace", TRACE, "--deadline-h", "100001"], "--deadline-h: must be a number of hours above 0 "
                                                                        "and at most 100000, got 100001"),
         (["--hours", "10", "--trace", TRACE, "--notice-s", "1e300"], "--notice-s: must be a number of seconds from 0 to"),
+        (["--hours", "10", "--trace", TRACE, "--trace", TRACE], "is given twice"),
         # Every start on on-demand would time out before its nodes were up: every window a failure, priced at 0.
         (["--hours", "10", "--trace", TRACE, "--provisioning-delay-s", "900"],
          "--provisioning-delay-s: 900 s is no shorter than the capacity_timeout_s of tier 'on-demand' (600 s)"),

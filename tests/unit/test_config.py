@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -208,6 +210,28 @@ def test_a_yaml_yes_or_no_is_not_read_as_a_count(tmp_path, field):
     tier = {"name": "spot", "market": "spot", "num_workers": 2, field: True}
     with pytest.raises(ConfigError, match=rf"tiers\[0\]\.{field}: expected a whole number, got true"):
         make_ladder([tier])
+
+
+@pytest.mark.parametrize(("where", "data"), [
+    ("tiers[0].price_per_worker_hour", {"price_per_worker_hour": True}),
+    ("tiers[0].capacity_timeout_s", {"capacity_timeout_s": True}),
+    ("tiers[0].deadline_guard.deadline_h", {"deadline_guard": {"deadline_h": True, "work_h": 10}}),
+    ("tiers[0].cluster.unreachable_timeout_s", {"cluster": {"address": "http://h:8265", "unreachable_timeout_s": True}}),
+])
+def test_a_yaml_yes_or_no_is_not_read_as_a_number(where, data):
+    """`price_per_worker_hour: yes` would be a price of 1 nobody wrote."""
+    tier = {"name": "spot", "market": "spot", "num_workers": 2, **data}
+    pattern = re.escape(where) + r": expected a number, got true \(YAML reads yes/no/on/off as true/false\)"
+    with pytest.raises(ConfigError, match=pattern):
+        make_ladder([tier, {"name": "od", "market": "on-demand", "num_workers": 2,
+                            **({"cluster": data["cluster"]} if "cluster" in data else {})}])
+
+
+def test_a_planned_jobs_yes_is_not_an_hour_of_work():
+    from spotfallback.config import PlannedJob
+
+    with pytest.raises(ValidationError, match="work_h\n.*expected a number, got true"):
+        PlannedJob(work_h=True, checkpoint_cost_h=0.1, restart_overhead_h=0.1)
 
 
 @pytest.mark.parametrize("storage_path", ["ftp://host/runs", "http://host/runs", "memory://runs"])

@@ -244,6 +244,35 @@ def test_a_gang_the_cloud_fills_only_in_part_gives_its_nodes_back_and_asks_again
     assert client.calls[-1][0] == "send" and probe.tier == 0
 
 
+def test_while_the_first_pool_gives_only_part_of_a_gang_the_next_one_is_asked_for() -> None:
+    """spot-a short of its gang for good: its request is withdrawn, and spot-b's (another pool with
+    room) is sent meanwhile, rather than no request at all while spot-a waits out its quiet."""
+    options: dict[str, Any] = {"climb_back": True, "min_dwell_s": 0, "price_per_worker_hour": 1.0, "capacity_timeout_s": 10}
+    policy = FallbackPolicy([Tier.spot(2, name="spot-a", label_selector={"pool": "a"}, **options),
+                             Tier.spot(2, name="spot-b", label_selector={"pool": "b"}, **options),
+                             Tier.on_demand(2, price_per_worker_hour=3.0)])
+    state = policy.replay([RunStarted(t=T0), CapacityTimedOut(t=T0 + 10, waited_s=10),
+                           CapacityTimedOut(t=T0 + 20, waited_s=10), WorkersAcquired(t=T0 + 22, num_workers=2)])
+    assert state.tier == 2
+    client = FakeClient()
+    probe = CapacityProbe(client, lead_s=0, renew_s=20, poll_s=5, patience_s=600)
+    counts = {"a": 1, "b": 0}
+
+    def capacity(tier: Tier) -> int:
+        return counts[tier.label_selector["pool"]]
+
+    def pools() -> list[str | None]:
+        return [(c[1] or {}).get("pool") if c[0] == "send" else "cancel" for c in client.calls]
+
+    t = T0 + 30
+    probe.update(policy, state, t, capacity)
+    probe.update(policy, state, t + 600, capacity)  # spot-a still one node short: given back
+    probe.update(policy, state, t + 605, capacity)
+    assert pools() == ["a", "cancel", "b"]
+    probe.update(policy, state, t + 1200, capacity)  # spot-a's quiet is over: asked again, spot-b withdrawn
+    assert pools()[-2:] == ["cancel", "a"]
+
+
 def test_probe_is_not_sent_while_the_tier_already_has_room() -> None:
     policy = FallbackPolicy(ladder())
     state = on_demand_after_timeout(policy)

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import json
 import math
+import os
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -326,6 +328,12 @@ def register(app: typer.Typer) -> None:
                            move_restart_h=planned.move_restart_h if planned else 0.0,
                            move_cost=planned.move_cost if planned else 0.0)
             pool_paths = _pool_paths(pool)
+            for i, t in enumerate(trace):  # the same windows twice would count twice in every figure
+                for earlier in trace[:i]:
+                    with contextlib.suppress(OSError):  # a missing file is the loader's to name
+                        if os.path.samefile(t, earlier):
+                            raise usage_error("--trace", f"{str(t)!r} is given twice (as {str(earlier)!r} too); its "
+                                                         "windows would count twice: give each trace once")
             inputs = [("--trace", t) for t in trace] + [("--pool", p) for p in pool_paths.values()]
             if csv_path is not None and (problem := same_file_problem(csv_path, inputs)) is not None:
                 raise usage_error("--csv", problem)

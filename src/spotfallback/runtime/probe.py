@@ -79,7 +79,8 @@ class CapacityProbe:
     autoscaler would remove them as idle before the climb), cancelled as soon as it is not
     the target (the run climbed, fell further, stopped, or the tier is no longer wanted), and
     withdrawn for a while when ``patience_s`` after it was sent the gang still does not fit
-    (the nodes that came are given back; asked again after as long, doubling each time).
+    (the nodes that came are given back; asked again after as long, doubling each time), while
+    the next tier the run could climb to is asked for instead.
     """
 
     def __init__(
@@ -99,8 +100,8 @@ class CapacityProbe:
         self.sent_at = -math.inf
         self.checked_at = -math.inf
         self.asked_at = -math.inf  # when the current request was first sent
-        self.quiet_until = -math.inf  # no request before then: the last one never got the whole gang
-        self.quiet_s = patience_s
+        # Per tier: (no request before, the next quiet's length), after a request that never got the whole gang.
+        self.quiet: dict[int, tuple[float, float]] = {}
         self.run_tier: int | None = None  # the run's tier at the last update
 
     @property
@@ -154,9 +155,11 @@ class CapacityProbe:
     ) -> None:
         """Send, renew or cancel the request for the run's state at ``now``; none while no climb can be
         decided soon (``climb_in_sight`` false: ``follow`` says when)."""
-        if state.tier != self.run_tier:  # the run moved: what kept the last request quiet is past
-            self.run_tier, self.quiet_until, self.quiet_s = state.tier, -math.inf, self.patience_s
-        target = probe_target(policy, state, now, self.lead_s, estimates) if climb_in_sight else None
+        if state.tier != self.run_tier:  # the run moved: what kept the last requests quiet is past
+            self.run_tier, self.quiet = state.tier, {}
+        passed_over = frozenset(t for t, (until, _) in self.quiet.items() if now < until and t != self.tier)
+        target = (probe_target(policy, state, now, self.lead_s, estimates, passed_over=passed_over)
+                  if climb_in_sight else None)
         if self.tier is not None and target != self.tier:
             self.cancel()
         if target is None:
@@ -166,17 +169,17 @@ class CapacityProbe:
             if now - self.asked_at >= self.patience_s and now - self.checked_at >= self.poll_s:
                 self.checked_at = now
                 if capacity(tier) < tier.fewest_workers:
+                    quiet_s = self.quiet.get(target, (0.0, self.patience_s))[1]
                     logger.info("[spotfallback] %r's gang did not fit within %.0fs of asking: its nodes are given back, "
-                                "asked for again in %.0fs", tier.name, self.patience_s, self.quiet_s)
+                                "asked for again in %.0fs", tier.name, self.patience_s, quiet_s)
                     self.cancel()
-                    self.quiet_until = now + self.quiet_s
-                    self.quiet_s = min(2 * self.quiet_s, MAX_PROBE_QUIET_S)
+                    self.quiet[target] = (now + quiet_s, min(2 * quiet_s, MAX_PROBE_QUIET_S))
                     return
                 self.asked_at = now  # it fits: the climb is the observation's to decide
             if now - self.sent_at >= self.renew_s:
                 self._send(target, tier, now)
             return
-        if now < self.quiet_until or now - self.checked_at < self.poll_s:
+        if now - self.checked_at < self.poll_s:
             return
         self.checked_at = now
         if capacity(tier) >= tier.fewest_workers:
