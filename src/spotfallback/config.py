@@ -183,13 +183,6 @@ def storage_uri_error(storage_path: str) -> str | None:
     return gcs_uri_error(storage_path) if scheme in GCS_SCHEMES else None
 
 
-def no_boolean_count(v: Any) -> Any:
-    """Refuse a boolean where a count is meant: pydantic takes true and false as 1 and 0, and YAML reads yes/no/on/off as them."""
-    if isinstance(v, bool):
-        raise ValueError(f"expected a whole number, got {str(v).lower()} (YAML reads yes/no/on/off as true/false)")
-    return v
-
-
 def _number_kind(annotation: Any) -> str | None:
     """'a whole number' or 'a number' where a field holds one (alone or beside None), else None."""
     args = set(typing.get_args(annotation)) or {annotation}

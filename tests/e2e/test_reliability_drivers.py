@@ -184,6 +184,18 @@ def test_a_killed_drivers_job_is_dead_in_the_gcs_at_once(cluster, tmp_path):
             proc.kill()
 
 
+def _s3_job(name, s3, cluster, steps):
+    """A one-tier job of ``steps`` steps, its run on the S3 emulator."""
+    return {
+        "name": name,
+        "storage_path": s3.uri("runs"),
+        "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
+        "train_loop_config": {**CONFIG, "total_steps": steps},
+        "ray_address": cluster.address,
+        "tiers": [TIERS[1]],
+    }
+
+
 def test_two_drivers_started_at_the_same_instant_exactly_one_runs(cluster, s3, tmp_path):
     """On object storage (no exclusive create): one driver trains, the other exits 5 and says why."""
     from spotfallback.store.ledger import Ledger
@@ -191,15 +203,7 @@ def test_two_drivers_started_at_the_same_instant_exactly_one_runs(cluster, s3, t
 
     t0 = time.monotonic()
     name = unique_name("twins")
-    job = {
-        "name": name,
-        "storage_path": s3.uri("runs"),
-        "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
-        "train_loop_config": {**CONFIG, "total_steps": 10},
-        "ray_address": cluster.address,
-        "tiers": [TIERS[1]],
-    }
-    driver = Driver(job, tmp_path)
+    driver = Driver(_s3_job(name, s3, cluster, steps=10), tmp_path)
     procs = [driver.start(), driver.start()]
     try:
         codes = sorted(p.wait(300) for p in procs)
@@ -241,15 +245,7 @@ def test_a_driver_whose_lease_another_took_stops_training_at_once(cluster, s3, t
 
     monkeypatch.setenv("SPOTFALLBACK_LEASE_TTL_S", "6")  # renewed every 2 s
     name = unique_name("fenced")
-    job = {
-        "name": name,
-        "storage_path": s3.uri("runs"),
-        "entrypoint": "spotfallback.examples.ddp_digits:train_fn",
-        "train_loop_config": {**CONFIG, "total_steps": 200},
-        "ray_address": cluster.address,
-        "tiers": [TIERS[1]],
-    }
-    driver = Driver(job, tmp_path)
+    driver = Driver(_s3_job(name, s3, cluster, steps=200), tmp_path)
     proc = driver.start()
     try:
         location = resolve_run(s3.uri("runs"), name)

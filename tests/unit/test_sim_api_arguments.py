@@ -90,6 +90,20 @@ def test_a_plan_request_takes_no_boolean_for_a_count(field):
         PlanRequest(**{**base, field: True})
 
 
+@pytest.mark.parametrize(("model", "base", "field"), [
+    (PlanRequest, {"work_h": 2, "num_workers": 1, "checkpoint_cost_h": 0.01, "restart_overhead_h": 0.05,
+                   "spot_price": 0.3, "on_demand_price": 1.0}, "spot_price"),
+    (JobSpec, {"work_h": 2}, "notice_s"),
+    (JobSpec, {"work_h": 2}, "checkpoint_interval_h"),
+    (RateModel, {}, "preemptions_per_node_hour"),
+])
+def test_the_simulations_models_take_no_boolean_for_a_number(model, base, field):
+    """A job or a world read from YAML: ``notice_s: yes`` is not 1 second."""
+    with pytest.raises(ValidationError, match=rf"{field}\n.*expected a number, got true \(YAML reads yes/no"):
+        model(**{**base, field: True})
+    assert model(**{**base, field: 1}).model_dump()[field] == 1
+
+
 def test_a_trace_or_a_path_where_a_list_of_processes_belongs_is_named_whole():
     """One trace alone, or a path, is the usual slip: say so, naming the path whole, not a
     character of it, nor Python's "object is not iterable"."""

@@ -13,7 +13,6 @@ acted on, so a crashed driver resumes where the ledger says.
 from __future__ import annotations
 
 import logging
-import math
 import os
 import time
 from typing import Any
@@ -47,6 +46,7 @@ from spotfallback.events import (
     NodeFailed,
     Preempted,
     WorkersAcquired,
+    finite_number,
 )
 from spotfallback.notices.drain import gcs_client
 from spotfallback.notices.placement import withdraw_replacement
@@ -299,7 +299,5 @@ def remaining_work(metrics: dict[str, Any]) -> float | None:
     The policy weighs climbs, resizes, deadline guards and the expected-cost exit with it;
     anything but a finite number >= 0 counts as not reported.
     """
-    value = metrics.get("remaining_work_s")
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value) or value < 0:
-        return None
-    return float(value)
+    value = finite_number(metrics.get("remaining_work_s"))
+    return None if value is None or value < 0 else value

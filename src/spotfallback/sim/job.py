@@ -11,8 +11,9 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import ConfigDict, Field, model_validator
 
+from spotfallback.config import NumbersNotBooleans
 from spotfallback.notice_window import save_lead_s
 
 NEVER_H = 1e12  # "no periodic checkpoint": an interval no job reaches
@@ -31,7 +32,7 @@ LOOK_EVERY_H = 5.0 / 60.0
 MAX_HOURS = 100_000.0
 
 
-class JobSpec(BaseModel):
+class JobSpec(NumbersNotBooleans):
     """What is being trained and what each interruption costs it."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)

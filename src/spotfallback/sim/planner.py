@@ -31,7 +31,7 @@ from typing import Annotated, Any, Literal, NamedTuple
 
 import numpy as np
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from spotfallback.config import (
     MAX_DURATION_S,
@@ -40,10 +40,10 @@ from spotfallback.config import (
     CostCap,
     DeadlineGuard,
     Ladder,
+    NumbersNotBooleans,
     PlannedJob,
     PlanPrediction,
     Tier,
-    no_boolean_count,
 )
 from spotfallback.sim.baselines import simulate_uniform_progress
 from spotfallback.sim.costmodel import (
@@ -108,7 +108,7 @@ class Rung(NamedTuple):
         return self.dwell_s is not None
 
 
-class PlanRequest(BaseModel):
+class PlanRequest(NumbersNotBooleans):
     """The job to plan for; durations in hours, prices per worker-hour."""
 
     model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)  # inf hours: a simulation without end
@@ -152,11 +152,6 @@ class PlanRequest(BaseModel):
     )
     move_restart_h: float = Field(default=0.0, ge=0, le=MAX_HOURS, description="Extra billed hours of a start on another cluster.")
     move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
-
-    @field_validator("num_workers", "seed_max_preemptions", "runs", "seed", mode="before")
-    @classmethod
-    def _no_boolean_counts(cls, v: Any) -> Any:
-        return no_boolean_count(v)
 
     @field_validator("clusters")
     @classmethod

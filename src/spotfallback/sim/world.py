@@ -19,14 +19,14 @@ from pathlib import Path
 from typing import Literal
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import ConfigDict, Field
 
-from spotfallback.config import Ladder, Tier, make_ladder
+from spotfallback.config import Ladder, NumbersNotBooleans, Tier, make_ladder
 from spotfallback.sim.job import EPS
 from spotfallback.sim.traces import NodeTrace, SpotTrace
 
 
-class RateModel(BaseModel):
+class RateModel(NumbersNotBooleans):
     """Memoryless interruptions and capacity outages; ``RateModel()`` is a reliable on-demand pool.
 
     Each acquisition attempt finds the capacity gone with ``outage_probability``; the outage
