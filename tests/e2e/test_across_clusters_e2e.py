@@ -344,3 +344,25 @@ def test_the_jobs_api_answers_for_its_own_cluster_whatever_ray_address_says(clus
     assert jobs.submit(submission_id, "true", run_uri) == submission_id
     assert jobs.submit(submission_id, "true", run_uri) == submission_id  # its first answer lost: sent again
     assert [j.submission_id for j in jobs.jobs_of(run_uri)] == [submission_id]
+
+
+def test_one_cluster_under_two_addresses_is_refused_before_any_job(s3: S3Server, cluster_b: Any, env: dict[str, str],
+                                                                   tmp_path: Path) -> None:
+    """Two addresses of one cluster (its IP and a name) look like two clusters; Ray's session says they
+    are one. The mover would stop the run's own job as another cluster's: it refuses, naming both."""
+    from spotfallback.clusters.jobs import ClusterJobs
+    from spotfallback.config import ClusterRef
+
+    b = cluster_b.jobs_address
+    assert "127.0.0.1" in b
+    same = b.replace("127.0.0.1", "localhost")
+    session = ClusterJobs(ClusterRef(address=b, name="b")).session()
+    assert session is not None and session.startswith("session_")
+    assert ClusterJobs(ClusterRef(address=same, name="a")).session() == session
+    job, path = job_config(s3, unique_name("twice"), same, b, tmp_path)
+    done = subprocess.run([str(BIN / "spotfallback"), "run", str(path)], env=env, capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert f"clusters 'a' ({same}) and 'b' ({b}) are one Ray cluster (session {session})" in done.stderr
+    assert "Traceback" not in done.stderr
+    assert jobs_of(cluster_b, job) == []

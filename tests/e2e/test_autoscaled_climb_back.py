@@ -173,8 +173,8 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
     cluster.set_capacity("spot", 2)
     back = time.time()
     wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=0) >= 1, 180, driver)
-    # Back on spot: the run's own request is spot's gang, and the probe is withdrawn.
-    assert requested(cluster) == {"spot": 2}
+    # Back on spot: the run's own request is spot's gang; the probe and the climb's hold of on-demand are withdrawn.
+    poll_until(lambda: requested(cluster) == {"spot": 2}, 30, lambda: requested(cluster))
     result = driver.join(300)
     assert driver.error is None, driver.error
     poll_until(lambda: requested(cluster) == {}, 30, lambda: requested(cluster))  # the finished run asks for nothing
@@ -192,6 +192,70 @@ def test_climbs_back_onto_spot_once_the_probe_gets_its_nodes_back(cluster, tmp_p
     spot_gang = [r for r in records if r.event.kind == "workers_acquired" and r.tier == 0]
     assert spot_gang and set(spot_gang[-1].info["nodes"]) <= {n["NodeID"] for n in cluster.alive_nodes("spot")}
     assert result.metrics["step"] == config["total_steps"]
+
+
+@SLOW_UNDER_LOAD
+def test_a_climb_that_finds_spot_gone_falls_back_onto_the_on_demand_nodes_it_held(cluster, tmp_path):
+    """The climb is decided while spot's nodes are up; they go before its gang is placed. From the
+    climb until a gang runs again, the left on-demand gang stays requested beside spot's (the
+    climb's hold), so an autoscaled pool keeps those nodes for the fall back; then it is withdrawn."""
+    import ray.train
+
+    from spotfallback import FallbackTrainer
+    from spotfallback.examples.ddp_digits import train_fn
+
+    cluster.set_capacity("spot", 0)  # the last test's spot nodes, idle, are the cloud's again
+    for node in cluster.alive_nodes("spot"):
+        cluster.kill_node(node["NodeID"])
+    gate = tmp_path / "gate"
+    gate.touch()
+    config = {**TRAIN_CONFIG, "total_steps": 120, "step_gate": str(gate),
+              "preemption_check_every": 1, "preemption_answer_requests": True}
+    trainer = FallbackTrainer(
+        train_fn,
+        train_loop_config=config,
+        tiers=ladder(),
+        run_config=ray.train.RunConfig(storage_path=str(tmp_path / "runs"), name=unique_name("heldclimb")),
+    )
+    driver = Background(trainer.fit)
+    ledger = trainer.ledger
+    try:
+        wait_for(ledger, lambda rs: checkpoints_since(rs, "workers_acquired", tier=1) >= 1, 180, driver)
+        on_demand_nodes = {n["NodeID"] for n in cluster.alive_nodes("on-demand")}
+        gate.unlink()  # the gang stops at its next step: the climb waits for the checkpoint it asks for
+        cluster.set_capacity("spot", 2)
+
+        def climb(rs: list) -> int | None:
+            return next((i for i, r in enumerate(rs) if r.decision and r.decision["action"] == "climb_back"), None)
+
+        at = climb(wait_for(ledger, lambda rs: climb(rs) is not None, 120, driver))
+        assert at is not None
+        cluster.set_capacity("spot", 0)  # the cloud takes spot back before the climb's gang is placed
+        for node in cluster.alive_nodes("spot"):
+            cluster.kill_node(node["NodeID"])
+        # The gang still runs on on-demand, waiting at the gate: the run asks for spot's gang, nothing is held yet.
+        poll_until(lambda: requested(cluster) == {"spot": 2}, 30, lambda: requested(cluster))
+        gate.touch()
+
+        def held() -> bool:
+            now = requested(cluster)  # read before the ledger: a fall back already there would show in it
+            fell_back = any(r.event.kind == "capacity_timed_out" for r in ledger.read()[at:])
+            assert not fell_back, f"fell back to on-demand before the hold was seen: {now}"
+            return now == {"spot": 2, "on-demand": 2}
+
+        poll_until(held, 60, lambda: requested(cluster))
+        records = wait_for(ledger, lambda rs: checkpoints_since(rs, "capacity_timed_out", tier=1) >= 1, 180, driver)
+        gang = [r for r in records if r.event.kind == "workers_acquired"][-1]
+        assert gang.tier == 1 and set(gang.info["nodes"]) <= on_demand_nodes, "back on the nodes it held"
+        # On on-demand again: the run's own request is on-demand's, the hold withdrawn (never both: a second gang).
+        poll_until(lambda: requested(cluster).get("on-demand") == 2, 30, lambda: requested(cluster))
+        result = driver.join(300)
+        assert driver.error is None, driver.error
+        assert result.metrics["step"] == config["total_steps"]
+    finally:
+        gate.touch()
+        cluster.set_capacity("spot", 0)
+        driver.join(300)
 
 
 # A notice longer than a node's provisioning plus one restart, even on a loaded 2-core CI (where

@@ -382,8 +382,10 @@ def test_a_look_that_ends_without_a_result_counts_no_capacity_and_says_so_once(c
             self.submitted.append((submission_id, run_uri, key))
             return submission_id
 
-        def status(self, submission_id: str) -> str:
-            return self.state
+        def job(self, submission_id: str) -> object:
+            from spotfallback.clusters.jobs import RunJob
+
+            return RunJob(submission_id, self.state, 0.0)
 
         def logs(self, submission_id: str) -> str:
             return self.log
@@ -422,12 +424,17 @@ class FakeJobs:
         self.jobs: dict[str, RunJob] = {}
         self.submitted: list[str] = []
         self.next_status = "RUNNING"
+        self.session_name: str | None = f"session-{self.name}"  # each its own cluster
 
     def _answer(self) -> None:
         from spotfallback.errors import ClusterUnreachableError
 
         if self.unreachable:
             raise ClusterUnreachableError(f"cluster {self.name!r}: cannot answer: down")
+
+    def session(self) -> str | None:
+        self._answer()
+        return self.session_name
 
     def jobs_of(self, run_uri: str) -> list[object]:
         self._answer()
@@ -453,6 +460,10 @@ class FakeJobs:
     def status(self, submission_id: str) -> str:
         self._answer()
         return self.jobs[submission_id].status
+
+    def job(self, submission_id: str) -> object:
+        self._answer()
+        return self.jobs[submission_id]
 
     def stop(self, submission_id: str) -> None:
         self._answer()
@@ -597,3 +608,53 @@ def test_a_mover_whose_lease_another_took_stops(tmp_path: Path) -> None:
     assert raised and isinstance(raised[0], DriverLeaseLostError), raised
     assert "another mover (host elsewhere, pid 1) took run" in str(raised[0]) and raised[0].exit_code == 5
     assert json.loads(path.read_text())["token"] == "other"  # the other mover's lease is left to it
+
+
+def test_two_addresses_of_one_cluster_are_refused_before_any_job(tmp_path: Path) -> None:
+    """One session behind two addresses: the mover would stop the run's own job as another cluster's."""
+    from spotfallback.errors import ConfigError
+
+    lines: list[str] = []
+    mover, fakes = _fake_mover(_mover_job(tmp_path), lines)
+    fakes["b"].session_name = fakes["a"].session_name
+    with pytest.raises(ConfigError, match=r"^tiers: clusters 'a' \(http://head-a:8265\) and 'b' \(http://head-b:8265\) "
+                                          r"are one Ray cluster \(session session-a\): give the tiers on one cluster"):
+        mover.run()  # type: ignore[attr-defined]
+    assert fakes["a"].submitted == fakes["b"].submitted == []
+    # A cluster that does not answer, or does not say its session, is not held against the others.
+    fakes["b"].session_name = None
+    fakes["a"].unreachable = True
+    mover._check_one_address_each()  # type: ignore[attr-defined]
+
+
+def test_a_clusters_session_is_read_from_its_jobs_api_version(tmp_path: Path) -> None:
+    import http.server
+    import json
+    import threading
+
+    from spotfallback.clusters.jobs import ClusterJobs
+    from spotfallback.config import ClusterRef
+
+    answers = {"session_name": "session_2026-12-07_17-00-00_1234_1"}
+
+    class Version(http.server.BaseHTTPRequestHandler):
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            body = json.dumps({"version": "4", "ray_version": "2.60.0", "ray_commit": "x", **answers}).encode()
+            self.send_response(200 if self.path == "/api/version" else 404)
+            self.send_header("Content-Type", "application/json")
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Version)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        jobs = ClusterJobs(ClusterRef(address=f"http://127.0.0.1:{server.server_address[1]}", name="a"))
+        assert jobs.session() == "session_2026-12-07_17-00-00_1234_1"
+        answers.pop("session_name")  # an older head that does not say
+        assert jobs.session() is None
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -439,7 +439,8 @@ def test_jobs_api_contract():
     assert "**kwargs" in inspect.getsource(SubmissionClient._do_request).split("response = requests.request(", 1)[1]
     assert issubclass(JobSubmissionClient, SubmissionClient)
     assert {"entrypoint", "submission_id", "metadata", "runtime_env"} <= set(names(JobSubmissionClient.submit_job))
-    assert {"submission_id", "status", "metadata", "start_time", "end_time", "message"} <= set(JobDetails.model_fields)
+    fields = {"submission_id", "status", "metadata", "start_time", "end_time", "message", "error_type", "driver_exit_code"}
+    assert fields <= set(JobDetails.model_fields) and names(JobSubmissionClient.get_job_info) == ["self", "job_id"]
     assert names(write_ray_address) == ["ray_address", "temp_dir"]
     assert "_ray_params.temp_dir" in inspect.getsource(JobSupervisor._get_driver_env_vars)
 

@@ -205,6 +205,7 @@ def _as_json(p: Plan, optimum: float | None, notes: list[str]) -> dict[str, Any]
             "p90_spend": float(np.percentile(c.result.spend, 90)),
             "mean_wall_h": c.mean_wall_h,
             "p_deadline": c.p_deadline,
+            "unfinished": c.unfinished,  # runs the simulator gave up on: the means above are lower bounds
             "x_optimum": None if optimum is None else c.mean_spend / optimum,
         })
     rec = p.recommended

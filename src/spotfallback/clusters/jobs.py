@@ -37,18 +37,60 @@ ADDRESS_OVERRIDES = ("RAY_API_SERVER_ADDRESS", "RAY_ADDRESS")
 _ENV_LOCK = threading.Lock()
 
 
+# How much of Ray's message about a job is shown (its first and last lines, each cut to this).
+WHY_CHARS = 200
+
+
 @dataclass(frozen=True)
 class RunJob:
-    """One Ray job of a run on one cluster."""
+    """One Ray job of a run on one cluster.
+
+    ``message``, ``error_type`` and ``exit_code`` are what Ray says of why it ended (a runtime
+    environment that failed to set up, a supervisor actor that died or could not be scheduled,
+    an entrypoint that exited non-zero). Only the last two are structured: Ray documents no
+    wording for its message, so it is shown to people and never parsed.
+    """
 
     submission_id: str
     status: str  # PENDING, RUNNING, SUCCEEDED, FAILED, STOPPED (or GONE)
     start_time: float  # seconds since the epoch (0 if unknown)
     end_time: float | None = None  # seconds since the epoch; None while it runs
+    message: str = ""  # Ray's message about the status (for an entrypoint's failure, with its log's end)
+    error_type: str | None = None  # Ray's JobErrorType (a stable public enum), e.g. RUNTIME_ENV_SETUP_FAILURE
+    exit_code: int | None = None  # the entrypoint's exit code (Ray's driver_exit_code); None unless it exited
 
     @property
     def active(self) -> bool:
         return self.status in ACTIVE
+
+    @property
+    def why(self) -> str:
+        """Ray's reason in one line: its message's first and last lines (a traceback's or a log's last line
+        is the error), the error type and exit code; empty when Ray gave none."""
+        lines = [ln.strip() for ln in self.message.splitlines() if ln.strip()]
+        parts = [_cut(lines[0])] if lines else []
+        if len(lines) > 1:
+            parts.append(_cut(lines[-1]))
+        said = " ... ".join(parts)
+        tags = [t for t in (self.error_type, None if self.exit_code is None else f"exit code {self.exit_code}") if t]
+        return f"{said} [{', '.join(tags)}]" if tags and said else said or ", ".join(tags)
+
+
+def _cut(line: str) -> str:
+    return line if len(line) <= WHY_CHARS else line[:WHY_CHARS - 3] + "..."
+
+
+def _run_job(d: Any, submission_id: str) -> RunJob:
+    """A ``RunJob`` of Ray's ``JobDetails`` (what ``list_jobs`` and ``get_job_info`` answer)."""
+    error_type = getattr(d, "error_type", None)
+    exit_code = getattr(d, "driver_exit_code", None)
+    return RunJob(
+        submission_id, str(getattr(d.status, "value", d.status)), (d.start_time or 0) / 1000.0,
+        None if d.end_time is None else d.end_time / 1000.0,
+        message=str(getattr(d, "message", None) or ""),
+        error_type=None if error_type is None else str(getattr(error_type, "value", error_type)),
+        exit_code=exit_code if isinstance(exit_code, int) and not isinstance(exit_code, bool) else None,
+    )
 
 
 @contextlib.contextmanager
@@ -132,15 +174,29 @@ class ClusterJobs:
                 raise ClusterUnreachableError(f"cluster {self.name!r} ({self.ref.address}): cannot {what}: {e}") from None
             raise
 
+    def session(self) -> str | None:
+        """The Ray session of the cluster's head (its Jobs API's ``/api/version``); None where it does not say.
+
+        Two addresses that reach one cluster (a node's IP and a Service name, say) answer with one
+        session: the mover tells them apart by it, not by the address.
+        """
+        def read(client: Any) -> str | None:
+            answer = client._do_request("GET", "/api/version")
+            if answer.status_code != 200:
+                return None
+            try:
+                session = answer.json().get("session_name")
+            except (ValueError, AttributeError):
+                return None
+            return session if isinstance(session, str) and session else None
+
+        return self._call("read its version", read)
+
     def jobs_of(self, run_uri: str) -> list[RunJob]:
         """This run's jobs on the cluster, oldest first."""
         details = self._call("list its jobs", lambda c: c.list_jobs())
-        found = [
-            RunJob(d.submission_id, str(getattr(d.status, "value", d.status)), (d.start_time or 0) / 1000.0,
-                   None if d.end_time is None else d.end_time / 1000.0)
-            for d in details
-            if (d.metadata or {}).get(RUN_KEY) == run_uri and d.submission_id
-        ]
+        found = [_run_job(d, d.submission_id) for d in details
+                 if (d.metadata or {}).get(RUN_KEY) == run_uri and d.submission_id]
         return sorted(found, key=lambda j: j.start_time)
 
     def active_job(self, run_uri: str) -> RunJob | None:
@@ -166,15 +222,20 @@ class ClusterJobs:
                 return submission_id
             raise
 
-    def status(self, submission_id: str) -> str:
-        """The job's status; ``GONE`` when the cluster no longer knows it."""
+    def job(self, submission_id: str) -> RunJob:
+        """The job as the cluster sees it, with Ray's reason when it ended; status ``GONE`` when the cluster no
+        longer knows it. One request, as ``status`` (Ray's ``get_job_status`` reads the same job info)."""
         try:
-            found = self._call("read the job's status", lambda c: c.get_job_status(submission_id))
+            found = self._call("read the job's status", lambda c: c.get_job_info(submission_id))
         except RuntimeError as e:
             if _missing(e):
-                return GONE
+                return RunJob(submission_id, GONE, 0.0)
             raise
-        return str(getattr(found, "value", found))
+        return _run_job(found, submission_id)
+
+    def status(self, submission_id: str) -> str:
+        """The job's status; ``GONE`` when the cluster no longer knows it."""
+        return self.job(submission_id).status
 
     def stop(self, submission_id: str) -> None:
         """Ask the cluster to stop the job (Ray stops it asynchronously); nothing to do when it is gone."""

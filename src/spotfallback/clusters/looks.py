@@ -88,8 +88,8 @@ class CapacityLooks:
         look = self.pending
         assert look is not None
         jobs = self.clusters[look.cluster]
-        status = jobs.status(look.submission_id)
-        if status not in TERMINAL:
+        ended = jobs.job(look.submission_id)  # with Ray's reason, should it end without a result
+        if ended.status not in TERMINAL:
             return None
         self.pending = None
         logs = jobs.logs(look.submission_id)
@@ -97,8 +97,9 @@ class CapacityLooks:
         if found is None and look.cluster not in self._failed_on:  # e.g. no spotfallback in that cluster's image
             self._failed_on.add(look.cluster)
             tail = " | ".join(logs.strip().splitlines()[-3:])
-            logger.warning("a look at %r's capacity on cluster %r ended %s without a result (counted as no capacity; "
-                           "said once): %s", tier.name, look.cluster, status, tail or "no log")
+            why = f" ({ended.why})" if ended.why else ""
+            logger.warning("a look at %r's capacity on cluster %r ended %s%s without a result (counted as no capacity; "
+                           "said once): %s", tier.name, look.cluster, ended.status, why, tail or "no log")
         return found or 0
 
     def cancel(self) -> None:

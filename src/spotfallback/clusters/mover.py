@@ -70,8 +70,8 @@ MOVER_LEASE_FILE = "mover-lease.json"
 MAX_FRUITLESS_JOBS = 3
 # How often the mover looks at a higher tier's capacity on another cluster while the run is below it.
 DEFAULT_LOOK_EVERY_S = 60.0
-# How long a climb waits for the stopped job's driver to let go of the run's lease.
-LEASE_WAIT_S = 120.0
+# How often a climb asks again to stop the run's job while it has not ended (Ray stops it asynchronously).
+STOP_AGAIN_S = 60.0
 # How often the mover looks again for the run's jobs on the other clusters while it follows one:
 # a cluster cut off for a while may answer again with a driver of the run still on it.
 STOP_ELSEWHERE_EVERY_S = 60.0
@@ -113,6 +113,9 @@ class ClusterMover:
         self.say = say or (lambda line: logger.info("%s", line))
         self.clusters = {key: ClusterJobs(ref) for key, ref in self.ladder.clusters.items()}
         self._last_log = ""  # the end of the last finished job's log, for an error that needs it
+        self._last_why = ""  # Ray's reason for the last job that failed or was stopped (``RunJob.why``)
+        self._stopped: set[str] = set()  # the jobs this mover stopped for a climb: not an operator's stop
+        self._lease_said = ""  # the token of the driver lease the mover last said it waits for
         # Climbing back across clusters: looks at a higher tier's capacity, at most one in flight.
         self.look_every_s = env_seconds("SPOTFALLBACK_CLIMB_LOOK_S", DEFAULT_LOOK_EVERY_S) if look_every_s is None else look_every_s
         self.look_wait_s = DEFAULT_LOOK_WAIT_S if look_wait_s is None else look_wait_s
@@ -135,6 +138,7 @@ class ClusterMover:
         lease.acquire()
         try:
             self._check_ladder()
+            self._check_one_address_each()
             retry = self.retry_failed
             fruitless = 0
             result: dict[str, object] | None = None
@@ -159,8 +163,8 @@ class ClusterMover:
                 fruitless += 1
                 if fruitless >= MAX_FRUITLESS_JOBS:
                     return MoveOutcome(EXIT_ERROR, f"{fruitless} jobs of this run on cluster {key!r} ended without the "
-                                                   f"run moving on; the last one's status: {outcome}; the end of its "
-                                                   f"log:\n{self._last_log}")
+                                                   f"run moving on; the last one's status: {outcome}"
+                                                   f"{f' ({self._last_why})' if self._last_why else ''}; the end of its log:\n{self._last_log}")
         finally:
             self.looks.cancel()
             lease.release()
@@ -177,6 +181,29 @@ class ClusterMover:
                 f"tiers: run {self.location.uri()!r} was started with tiers {[t.name for t in stored.tiers]}, "
                 f"not {[t.name for t in self.ladder.tiers]}; resume it with the same tiers or use a new run name"
             )
+
+    def _check_one_address_each(self) -> None:
+        """Refuse two of the ladder's cluster addresses that reach one Ray cluster (one session).
+
+        The mover stops the run's jobs on every cluster but the one the run is on: under two
+        addresses, it would stop the run's own job as another cluster's at every start. A cluster
+        that does not answer now is not checked (it is, at the next start of the mover).
+        """
+        seen: dict[str, str] = {}
+        for key, jobs in self.clusters.items():
+            try:
+                session = jobs.session()
+            except ClusterUnreachableError:
+                continue
+            if session is None:
+                continue
+            if session in seen:
+                first = self.clusters[seen[session]]
+                raise ConfigError(
+                    f"tiers: clusters {seen[session]!r} ({first.ref.address}) and {key!r} ({jobs.ref.address}) are one Ray "
+                    f"cluster (session {session}): give the tiers on one cluster the same cluster address, or point each "
+                    "at its own cluster")
+            seen[session] = key
 
     def _ended(self, state: PolicyState) -> MoveOutcome:
         give_up = state.give_up
@@ -249,8 +276,12 @@ class ClusterMover:
                 lost_since = None
                 if status in TERMINAL:
                     result = self._result_line(jobs, submission_id)
+                    if status == "STOPPED" and submission_id in self._stopped:  # its climb was cut short by an outage
+                        self.say(f"job {submission_id} on cluster {key!r}: STOPPED by this mover for a climb it could not "
+                                 "finish; the run goes on where its ledger says")
+                        return "climbed", None
                     gone = " (the cluster no longer knows it: its head restarted)" if status == GONE else ""
-                    self.say(f"job {submission_id} on cluster {key!r}: {status}{gone}")
+                    self.say(f"job {submission_id} on cluster {key!r}: {status}{gone}{self._why(jobs, submission_id, status)}")
                     return status, result
                 if status == "RUNNING" and self._climb_across(key, jobs, submission_id):
                     return "climbed", None
@@ -295,11 +326,19 @@ class ClusterMover:
         return current if current is not None and lease.holder_is_live(current) else None
 
     def _driver_lease_free(self) -> bool:
-        """Whether no live driver holds the run (a job on an unreachable cluster may still): then submitting is safe."""
+        """Whether no live driver holds the run (a job on an unreachable cluster may still): then submitting is safe.
+
+        Says once per holder what the next job waits for: the wait lasts until the holder lets go or
+        its lease, no longer renewed, expires.
+        """
         current = self._live_driver()
         if current is None:
             return True
-        logger.info("waiting for the run's driver (host %s, pid %s) to let go of its lease", current.host, current.pid)
+        if current.token != self._lease_said:
+            self._lease_said = current.token
+            self.say(f"waiting for the run's driver (host {current.host}, pid {current.pid}) to let go of its lease "
+                     f"before the next job is submitted (it expires in {max(0.0, current.expires_at - time.time()):.0f}s "
+                     "unless renewed)")
         return False
 
     def _submit(self, jobs: ClusterJobs, retry: bool) -> str:
@@ -312,6 +351,21 @@ class ClusterMover:
         region = f" ({jobs.ref.region})" if jobs.ref.region else ""
         self.say(f"submitted job {submission_id} to cluster {jobs.name!r}{region}")
         return submission_id
+
+    def _why(self, jobs: ClusterJobs, submission_id: str, status: str) -> str:
+        """``": "`` and Ray's reason for a job that failed or was stopped (kept for the mover's last word), or ``""``.
+
+        Ray's message tells a runtime environment that failed to set up, a supervisor actor that died
+        or could not be scheduled, from the entrypoint's own exit, which the log's end alone does not.
+        """
+        self._last_why = ""
+        if status not in ("FAILED", "STOPPED"):
+            return ""
+        try:
+            self._last_why = jobs.job(submission_id).why
+        except ClusterUnreachableError as e:
+            logger.info("%s", e)
+        return f": {self._last_why}" if self._last_why else ""
 
     def _result_line(self, jobs: ClusterJobs, submission_id: str) -> dict[str, object] | None:
         """The job's result line, if it printed one (keeping the end of its log)."""
@@ -415,18 +469,18 @@ class ClusterMover:
         return True
 
     def _climb(self, key: str, jobs: ClusterJobs, submission_id: str, seen: CapacityObserved) -> bool:
-        """Stop the run's job on ``key``, then write the climb the policy decides on the ledger as it stands."""
+        """Stop the run's job on ``key`` and, once it has ended and let go of the run (``_let_go``), write the climb
+        the policy decides on the ledger as it stands."""
         tier = self.ladder.tiers[seen.tier]
         to_key = self.ladder.cluster_key(seen.tier)
         self.say(f"capacity back on {tier.name!r} on cluster {to_key!r} ({seen.available_workers} workers): "
                  f"stopping job {submission_id} on cluster {key!r} to climb back")
+        self._stopped.add(submission_id)
         jobs.stop(submission_id)
-        self._wait_terminal(jobs, submission_id, timeout_s=60.0)
-        waited = time.monotonic() + LEASE_WAIT_S
-        while not self._driver_lease_free():  # its driver writes nothing more once its lease is free
-            if time.monotonic() > waited:
-                return True  # the run goes on where the ledger says, as after any job that ended
-            time.sleep(self.poll_s)
+        if not self._let_go(key, jobs, submission_id):
+            self.say(f"no climb to {tier.name!r}: the run goes on where its ledger says, on cluster {key!r}, once its "
+                     "lease is free")
+            return True
         records = self.ledger.read()  # waits out a storage outage: what is written next must follow every record
         running = self._running_on(key, records)
         if running is None:
@@ -440,6 +494,42 @@ class ClusterMover:
             return True
         self.ledger.append(event, state.tier, step.decision.to_json(), {"tier": tier.name, "cluster": to_key})
         self.say(f"climbing back to {tier.name!r} on cluster {to_key!r}: {step.decision.reason}")
+        return True
+
+    def _let_go(self, key: str, jobs: ClusterJobs, submission_id: str) -> bool:
+        """Wait until the stopped job has ended and no live driver holds the run's lease; say what is waited for.
+
+        A climb writes the ledger only then: a driver that might still write it, or one that might
+        still train, would otherwise run beside the job on the higher cluster. Ray ends a stopped
+        job after SIGTERM and, a few seconds on, SIGKILL, so its driver rarely lets go of the lease
+        itself: the lease, no longer renewed, expires at its own ``expires_at`` (its writer's TTL,
+        whatever that is), and the wait lasts that long, not a fixed time. False when the lease is
+        renewed after the job ended: a driver of the run other than that job holds it (no climb).
+        ``ClusterUnreachableError`` when the cluster stops answering: the job is followed as any job.
+        """
+        asked, said = time.monotonic(), False
+        while (status := jobs.status(submission_id)) not in TERMINAL:
+            self._check_lease()
+            if not said:
+                said = True
+                self.say(f"waiting for job {submission_id} on cluster {key!r} to stop (it is {status})")
+            if time.monotonic() - asked >= STOP_AGAIN_S:
+                asked = time.monotonic()
+                jobs.stop(submission_id)
+            time.sleep(min(self.poll_s, 1.0))
+        ended: LeaseInfo | None = None  # the lease as it stood once the job had ended
+        while (holder := self._live_driver()) is not None:
+            self._check_lease()
+            if ended is None:
+                ended = holder
+                self.say(f"job {submission_id} on cluster {key!r} ended {status}, but its driver (host {holder.host}, "
+                         f"pid {holder.pid}) did not let go of the run's lease: waiting for it to expire in "
+                         f"{max(0.0, holder.expires_at - time.time()):.0f}s")
+            elif (holder.token, holder.renewed_at) != (ended.token, ended.renewed_at):
+                self.say(f"the run's lease was renewed after job {submission_id} ended, by host {holder.host}, "
+                         f"pid {holder.pid}: another driver of the run holds it")
+                return False
+            time.sleep(self.poll_s)
         return True
 
     def _cluster_lost(self, key: str, waited_s: float) -> None:

@@ -52,6 +52,7 @@ from spotfallback.notices.drain import gcs_client
 from spotfallback.notices.placement import withdraw_replacement
 from spotfallback.runtime.capacity import start_size
 from spotfallback.runtime.classify import classify, looks_collateral
+from spotfallback.runtime.hold import ClimbHold
 from spotfallback.runtime.ladder import LadderRuntime, RunSpec, runtime_for
 from spotfallback.runtime.probe import CapacityProbe, gang_scaling_config
 from spotfallback.store.heartbeat import scalar_metrics, write_heartbeat
@@ -180,7 +181,8 @@ class TierScalingPolicy(FixedScalingPolicy):
 
     While the run is below a tier it could climb back to, it also keeps the climb-back probe:
     a second resource request, for that tier's gang, so an autoscaled pool that has scaled to
-    zero gets nodes again when its capacity returns (see ``runtime/probe.py``).
+    zero gets nodes again when its capacity returns (see ``runtime/probe.py``). From a climb until
+    a gang runs again, a third request keeps the nodes of the gang it left (``runtime/hold.py``).
     """
 
     def __init__(self, scaling_config: ScalingConfig, spec: RunSpec):
@@ -188,6 +190,8 @@ class TierScalingPolicy(FixedScalingPolicy):
         self.spec = spec
         self._requested_tier: int | None = None
         self._probe = CapacityProbe()
+        self._hold = ClimbHold()
+        self._starting: tuple[int, int] | None = None  # the tier and size of the gang being started
 
     def _runtime(self) -> LadderRuntime:
         return runtime_for(self.spec)
@@ -222,8 +226,10 @@ class TierScalingPolicy(FixedScalingPolicy):
         # The worker group reads its placement timeout from the environment each time it is
         # created; ending the wait at the tier's capacity deadline makes the timeout precise.
         os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{rt.start_timeout_s(time.time()):.3f}"
+        # Withdrawn before the run's own request moves onto the held tier: the two together would launch a second gang.
+        self._hold.follow(rt.state.tier, rt.tier, self._coordinator_client)
         self._maybe_send_resource_request()
-        self._probe.follow(self._runtime(), self._coordinator_client)  # climbed or lost its gang: withdrawn
+        self._probe.follow(rt, self._coordinator_client)  # climbed or lost its gang: withdrawn
         tier = rt.tier
         if tier.is_elastic:  # wait in short rounds: each recounts what the tier can hold now
             os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{min(rt.start_timeout_s(time.time()), 15.0):.3f}"
@@ -231,12 +237,18 @@ class TierScalingPolicy(FixedScalingPolicy):
 
     def make_decision_for_running_worker_group(self, worker_group_state: Any, worker_group_status: Any) -> ScalingDecision:
         """Climb back or grow an elastic gang when the pure policy says it pays."""
+        rt = self._runtime()
+        if self._starting is not None:  # the gang started is running: the one a climb would leave
+            index, num_workers = self._starting
+            self._hold.gang_running(index, rt.policy.tiers[index], num_workers)
+            self._starting = None
         self._maybe_send_resource_request()  # the request expires unless renewed, as Ray's policies do
-        self._probe.follow(self._runtime(), self._coordinator_client)
-        move = self._runtime().decide_while_running()
+        self._probe.follow(rt, self._coordinator_client)
+        move = rt.decide_while_running()
         if move is None:
             return NoopDecision()
         tier, num_workers = move
+        self._hold.follow(rt.state.tier, rt.tier, self._coordinator_client)  # a climb: keep the gang it leaves
         os.environ[WORKER_GROUP_START_TIMEOUT_S_ENV_VAR] = f"{self._runtime().start_timeout_s(time.time()):.3f}"
         return ResizeDecision(num_workers=num_workers, resources_per_worker=tier.worker_resources())
 
@@ -245,14 +257,17 @@ class TierScalingPolicy(FixedScalingPolicy):
         rt = self._runtime()
         rt.end_climb()
         rt.requests.new_gang()  # an old request is not for this gang; it says itself whether it answers
+        self._starting = (rt.state.tier, num_workers)
         return dict(rt.tier.label_selector) or None
 
     async def before_controller_shutdown(self) -> None:
         self._probe.cancel()
+        self._hold.cancel()
         await super().before_controller_shutdown()
 
     def before_controller_abort(self) -> None:
         self._probe.cancel()
+        self._hold.cancel()
         super().before_controller_abort()
 
 

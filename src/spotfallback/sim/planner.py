@@ -307,6 +307,25 @@ class Candidate:
     def meets(self, probability: float) -> bool:
         return self.p_deadline >= probability - 1e-12
 
+    @property
+    def unfinished(self) -> int:
+        """Runs that never finished: the simulator gave up on them (``default_horizon_h``), so the
+        spend and wall time count only the hours until then and their means are lower bounds."""
+        return int((~self.result.finished).sum())
+
+
+def unfinished_note(c: Candidate, name: str, recommended: bool = False) -> str:
+    """A note for a compared policy some of whose runs never finished: its figures are lower bounds,
+    and (a baseline) not a spend the recommendation is held to."""
+    gave_up_h = float(c.result.wall_h[~c.result.finished].max())
+    head = (f"{name}: {c.unfinished} of {c.result.runs} runs never finished (a spot tier that never gets far enough "
+            f"on the trace and never gives up); the simulator gave up on them after {gave_up_h:,.0f} h, so its spend "
+            "and wall time are those of the hours until then and its means are lower bounds")
+    if recommended:
+        return (f"{head}; no ladder tried finishes every run: give the spot tiers a max_preemptions or "
+                "capacity_timeout_s, or checkpoint more often")
+    return f"{head}; the plan recommends a ladder whose runs all finish over it, whatever either spends"
+
 
 @dataclass
 class Plan:
@@ -570,9 +589,13 @@ def guarded(c: Candidate) -> bool:
 
 
 def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
-    """Is ``a`` a better recommendation than ``b``: feasible first, then guarded, then cheaper, then faster.
+    """Is ``a`` a better recommendation than ``b``: feasible first, then every run finished, then
+    guarded, then cheaper, then faster.
 
-    With a deadline, a feasible ladder whose spot tiers carry a deadline guard beats one that
+    A ladder some of whose runs never finish (a spot tier that waits or restarts for ever) has
+    a spend counted only up to where the simulator gave up on them: a lower bound, which would
+    make it look cheaper than the ladders that pay to finish. With a deadline, a feasible
+    ladder whose spot tiers carry a deadline guard beats one that
     met it on the sample by its budgets and timeouts alone: the guard watches the slack on
     any trace, budgets and timeouts only fit the one they were tuned on (even ladders with
     every sampled run on time were late on other traces).
@@ -582,6 +605,8 @@ def _better(a: Candidate, b: Candidate | None, probability: float) -> bool:
     fa, fb = a.meets(probability), b.meets(probability)
     if fa != fb:
         return fa
+    if (a.unfinished == 0) != (b.unfinished == 0):
+        return a.unfinished == 0
     if fa and a.deadline_h is not None and guarded(a) != guarded(b):
         return guarded(a)
     if not fa and not math.isclose(a.p_deadline, b.p_deadline):
@@ -601,7 +626,7 @@ def trace_counts(c: Candidate) -> int:
 
 
 def _robust(best: Candidate, candidates: Sequence[Candidate], probability: float, bar: float) -> Candidate:
-    """The recommendation among the ladders as good as ``best``: as feasible and as guarded, their
+    """The recommendation among the ladders as good as ``best``: as feasible, as finished and as guarded, their
     mean spend within ``ROBUST_TOLERANCE`` of its (and no more than ``bar``), the one with the
     fewest ``trace_counts`` (then the cheapest). Settings that fit the sampled traces' counts
     often fit other traces worst: a budget the planning runs never spent ties with none, and
@@ -609,6 +634,7 @@ def _robust(best: Candidate, candidates: Sequence[Candidate], probability: float
     if best.ladder is None or not best.meets(probability) or not any(c is best for c in candidates):
         return best
     near = [c for c in candidates if c.ladder is not None and c.meets(probability) and guarded(c) == guarded(best)
+            and (c.unfinished == 0) == (best.unfinished == 0)
             and c.mean_spend <= max(min(best.mean_spend * (1 + ROBUST_TOLERANCE), bar), best.mean_spend)]
     return min(near, key=lambda c: (trace_counts(c), c.mean_spend, c.mean_wall_h))
 
@@ -807,10 +833,14 @@ def plan(
     else:
         notes.append("no deadline given: the Uniform Progress baseline and deadline guards need one and are left out")
 
-    # No dearer than a baseline that meets the deadline: a plan never recommends paying more.
-    bar = min((b.mean_spend for b in baselines if b.meets(prob)), default=math.inf)
+    # No dearer than a baseline that meets the deadline: a plan never recommends paying more. One with
+    # runs that never finished spent less than it would have (a lower bound): no bar.
+    bar = min((b.mean_spend for b in baselines if b.meets(prob) and not b.unfinished), default=math.inf)
     best = _robust(best_of([best, *candidates, od]), candidates, prob, bar)
     feasible = best.meets(prob)
+    if best.unfinished:
+        notes.append(unfinished_note(best, f"the recommended ladder, {best.label}", recommended=True))
+    notes += [unfinished_note(b, f"baseline {b.label!r}") for b in baselines if b.unfinished and b.result is not best.result]
     if not feasible:
         notes.append(
             f"no ladder meets the deadline with probability {prob:g}; "
