@@ -183,6 +183,20 @@ def test_node_trace_header_and_comments(tmp_path):
     assert tr.events == (NodeEvent(0.0, "add", "a"), NodeEvent(1.5, "remove", "a"))
 
 
+def test_a_spreadsheets_quoted_node_trace_loads_as_the_plain_one(tmp_path):
+    """Spreadsheet exports quote every field: the header is still a header and the times still numbers."""
+    quoted = _write(tmp_path, "q.csv", '"time_ms","action","node"\r\n"0","add","a"\r\n"1500","remove","a"\r\n')
+    plain = _write(tmp_path, "p.csv", "time_ms,action,node\n0,add,a\n1500,remove,a\n")
+    assert load_node_trace(quoted).events == load_node_trace(plain).events == (
+        NodeEvent(0.0, "add", "a"), NodeEvent(1.5, "remove", "a"))
+    named = _write(tmp_path, "n.csv", '0,add,"p3.8xlarge, us-east-1a"\n60000,remove,"p3.8xlarge, us-east-1a"\n')
+    assert load_node_trace(named).events[1] == NodeEvent(60.0, "remove", "p3.8xlarge, us-east-1a")
+    # A field past the csv module's limit (128 KiB) is read as before, not the module's error.
+    node = "n" * 200_000
+    huge = _write(tmp_path, "huge.csv", f"0,add,{node}\n60000,remove,{node}\n")
+    assert load_node_trace(huge).events == (NodeEvent(0.0, "add", node), NodeEvent(60.0, "remove", node))
+
+
 def test_a_node_trace_in_unix_epoch_milliseconds_counts_from_its_first_line(tmp_path):
     """A cluster's own log writes clock times: read as offsets they would open with 55 years without nodes."""
     p = _write(tmp_path, "epoch.csv", "1733472000000,add,a\n1733472000000,add,b\n1733475600000,remove,a\n")

@@ -11,6 +11,7 @@ flag; ``spotfallback.sim.world.complement_trace`` flips a trace read that way.
 
 from __future__ import annotations
 
+import csv
 import json
 import math
 from collections.abc import Iterator
@@ -240,10 +241,19 @@ def _data_lines(text: str) -> Iterator[tuple[int, str, list[str]]]:
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        fields = [f.strip() for f in line.split(",")]
+        fields = _fields(line)
         if lineno == 1 and tuple(f.lower() for f in fields) == _HEADER:
             continue
         yield lineno, line, fields
+
+
+def _fields(line: str) -> list[str]:
+    """A CSV line's fields, as the ``csv`` module reads them: a spreadsheet's export quotes its fields
+    (``"time_ms","action","node"``), and a quoted node name may hold a comma."""
+    try:
+        return [f.strip() for f in next(csv.reader([line]), [])]
+    except csv.Error:
+        return [f.strip() for f in line.split(",")]
 
 
 def _back_in_time(text: str) -> int | None:
