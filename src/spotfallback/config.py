@@ -45,6 +45,12 @@ INT32_MAX = 2**31 - 1
 # for every timer (a wait past threading.TIMEOUT_MAX, about 292 years, is an OverflowError).
 MAX_DURATION_S = 10 * 365 * 24 * 3600
 MAX_DURATION_H = MAX_DURATION_S / 3600
+# A job's durations when neither the command line nor a plan gives them (``plan`` and ``backtest``
+# options, a hand-written ``plan.job``): a large model's write, its restore, a cloud's node start, AWS's notice.
+DEFAULT_CHECKPOINT_COST_S = 300.0
+DEFAULT_RESTART_OVERHEAD_S = 360.0
+DEFAULT_PROVISIONING_DELAY_S = 180.0
+DEFAULT_NOTICE_S = 120.0
 def env_seconds(name: str, default: float) -> float:
     """A duration a ``SPOTFALLBACK_*`` environment variable tunes: ``default`` when it is unset, not
     a number, negative or infinite (a knob a shell reads while the run goes on must never stop it)."""
@@ -1128,11 +1134,25 @@ class PlannedJob(NumbersNotBooleans):
     work_h: float = Field(gt=0, le=MAX_DURATION_H, description="Training hours on an uninterrupted gang.")
     checkpoint_cost_h: float = Field(ge=0, le=MAX_DURATION_H, description="Hours to write one checkpoint.")
     restart_overhead_h: float = Field(ge=0, le=MAX_DURATION_H, description="Billed hours of every start before training moves (restore).")
-    provisioning_delay_h: float = Field(default=0.0, ge=0, le=MAX_DURATION_H, description="Hours to get workers once capacity exists.")
-    notice_s: float = Field(default=120.0, ge=0, le=MAX_DURATION_S, description="Preemption notice in seconds.")
+    provisioning_delay_h: float = Field(default=DEFAULT_PROVISIONING_DELAY_S / 3600, ge=0, le=MAX_DURATION_H,
+                                        description="Hours to get workers once capacity exists.")
+    notice_s: float = Field(default=DEFAULT_NOTICE_S, ge=0, le=MAX_DURATION_S, description="Preemption notice in seconds.")
     jit_checkpoint: bool = Field(default=True, description="The gang checkpoints on a preemption notice.")
     move_restart_h: float = Field(default=0.0, ge=0, le=MAX_DURATION_H, description="Extra billed hours of a start on another cluster.")
     move_cost: float = Field(default=0.0, ge=0, description="Cost of each move to another cluster (checkpoint egress).")
+
+    @model_validator(mode="after")
+    def _durations_in_hours(self) -> PlannedJob:
+        # A write, restore or node start of over a day that outlasts the whole job is a number of
+        # seconds written where hours belong (300 for a 5-minute write): replayed, it would be 300 hours.
+        for name in ("checkpoint_cost_h", "restart_overhead_h", "provisioning_delay_h", "move_restart_h"):
+            hours = getattr(self, name)
+            if hours > 24 and hours > self.work_h:
+                raise ValueError(
+                    f"{name} is {hours:g} hours, longer than the job's work_h ({self.work_h:g} h): durations under "
+                    f"plan.job are in hours ({hours:g} s would be {hours / 3600:.4g} h); give it in hours, or run "
+                    "`spotfallback plan --write-yaml` to write them")
+        return self
 
 
 class PlanPrediction(NumbersNotBooleans):

@@ -1,7 +1,7 @@
 """The short, CI-sized soak: one run of the example job under a replayed spot trace plus chaos.
 
 A real availability trace (tests/fixtures copy of SkyPilot's us-west-2a V100 trace, one tick
-every 6 s) sets the spot capacity of a cluster on Ray's autoscaler: it preempts the spot nodes
+every 9 s) sets the spot capacity of a cluster on Ray's autoscaler: it preempts the spot nodes
 above the cap and lets the autoscaler launch them again, including a capacity gap longer than
 the spot tier's capacity timeout, while the S3 endpoint goes away once and the driver is
 SIGKILLed as the run moves to on-demand. The long version is
@@ -42,11 +42,14 @@ def test_short_trace_driven_chaos_soak(cluster, s3, tmp_path_factory):
         config,
         reference,
         trace=FIXTURES / "us-west-2a_v100_1.json",
-        # Ticks 21-30 of the trace: 0, 1, 0 x 7, 1. Spot is gone as soon as the run trains, back
-        # 6 s later, then gone for 42 s: longer than the spot tier's 20 s capacity timeout, so
-        # the run must move to on-demand to finish.
+        # Ticks 21-30 of the trace, 9 s each: 0, 1, 0 x 7, 1. Spot is gone as soon as the run
+        # trains, back 9 s later, then gone for 63 s: past the spot tier's 20 s capacity timeout
+        # even when, on a loaded machine, the gang's restart on the short-lived nodes and its
+        # failure there take half a minute before the wait starts, so the run must move to
+        # on-demand to finish (at 6 s a tick, 42 s of gap, the wait sometimes never timed out).
         start_tick=21,
         ticks=10,
+        tick_s=9.0,
         rng=random.Random(3),
         driver_kills=1,
         # The driver dies as the run leaves spot for on-demand, not inside the gap: a new

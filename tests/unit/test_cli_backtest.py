@@ -356,6 +356,31 @@ def test_a_job_file_from_plan_is_replayed_as_planned_unless_the_command_line_say
     assert "s notice, just-in-time checkpoint, checkpoints on request" in longer
 
 
+def test_a_hand_written_planned_job_without_durations_replays_the_defaults_backtest_names(app, tmp_path):
+    """A ``plan.job`` that gives only the work and the write: the rest is backtest's defaults (180 s to
+    provision, a 120 s notice), as for a job file with no plan, not a free instant start."""
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB + "plan: {spend: 4.0, wall_h: 11.0, deadline_h: 15, job: {work_h: 10, checkpoint_cost_h: 0.05, "
+                         "restart_overhead_h: 0.1}}\n")
+    r = invoke(app, str(job), "--trace", TRACE, "--json")
+    assert r.exit_code == 0, r.output
+    replayed = json.loads(r.output)["replayed"]
+    assert replayed["provisioning_delay_s"] == pytest.approx(180) and replayed["notice_s"] == 120
+    assert replayed["checkpoint_cost_s"] == pytest.approx(180) and replayed["restart_overhead_s"] == pytest.approx(360)
+
+
+def test_a_planned_job_duration_given_in_seconds_is_refused_naming_the_field(app, tmp_path):
+    """``checkpoint_cost_h: 300`` (a 5-minute write, in seconds) would replay 300-hour writes."""
+    job = tmp_path / "job.yaml"
+    job.write_text(JOB + "plan: {spend: 4.0, wall_h: 11.0, deadline_h: 15, job: {work_h: 10, checkpoint_cost_h: 300, "
+                         "restart_overhead_h: 0.1}}\n")
+    r = invoke(app, str(job), "--trace", TRACE)
+    assert r.exit_code == 2, r.output
+    text = " ".join(r.output.split())
+    assert "plan.job: checkpoint_cost_h is 300 hours, longer than the job's work_h (10 h)" in text, text
+    assert "300 s would be 0.08333 h" in text and "Traceback" not in text, text
+
+
 def test_traces_are_read_as_the_plan_read_them_unless_trace_counts_says_otherwise(app, tmp_path):
     """A plan made on traces that count preempted instances replays its windows on the same reading."""
     req = PlanRequest(work_h=10, num_workers=1, checkpoint_cost_h=1 / 60, restart_overhead_h=0.1, spot_price=0.3,

@@ -25,7 +25,16 @@ from spotfallback.cli.common import (
     usage_error,
     write_output,
 )
-from spotfallback.config import JobConfig, Ladder, PlannedJob, Tier
+from spotfallback.config import (
+    DEFAULT_CHECKPOINT_COST_S,
+    DEFAULT_NOTICE_S,
+    DEFAULT_PROVISIONING_DELAY_S,
+    DEFAULT_RESTART_OVERHEAD_S,
+    JobConfig,
+    Ladder,
+    PlannedJob,
+    Tier,
+)
 from spotfallback.errors import (
     ConfigError,
     OptimumTooLargeError,
@@ -117,9 +126,10 @@ def _job_line(replayed: Mapping[str, Any], planned: bool, jit_saves: bool) -> st
 
 # The job's durations (seconds) by option: the plan's field, its seconds per unit (hours, or the
 # notice in seconds) and the default when neither the command line nor the job file's plan gives one.
-DURATIONS = {"checkpoint_cost_s": ("checkpoint_cost_h", 3600.0, 300.0),
-             "restart_overhead_s": ("restart_overhead_h", 3600.0, 360.0),
-             "provisioning_delay_s": ("provisioning_delay_h", 3600.0, 180.0), "notice_s": ("notice_s", 1.0, 120.0)}
+DURATIONS = {"checkpoint_cost_s": ("checkpoint_cost_h", 3600.0, DEFAULT_CHECKPOINT_COST_S),
+             "restart_overhead_s": ("restart_overhead_h", 3600.0, DEFAULT_RESTART_OVERHEAD_S),
+             "provisioning_delay_s": ("provisioning_delay_h", 3600.0, DEFAULT_PROVISIONING_DELAY_S),
+             "notice_s": ("notice_s", 1.0, DEFAULT_NOTICE_S)}
 
 
 def _seconds(given: dict[str, float | None], planned: PlannedJob | None) -> dict[str, float]:

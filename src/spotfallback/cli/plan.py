@@ -25,6 +25,10 @@ from spotfallback.cli.common import (
     write_output,
 )
 from spotfallback.config import (
+    DEFAULT_CHECKPOINT_COST_S,
+    DEFAULT_NOTICE_S,
+    DEFAULT_PROVISIONING_DELAY_S,
+    DEFAULT_RESTART_OVERHEAD_S,
     ClusterRef,
     JobConfig,
     Ladder,
@@ -519,10 +523,10 @@ def register(app: typer.Typer) -> None:
         discount: float = typer.Option(DEFAULT_DISCOUNT, "--discount", help="Spot discount d for --seed-table."),
         hours: float | None = typer.Option(None, "--hours", help="Training hours on an uninterrupted gang."),
         workers: int = typer.Option(8, "--workers", help="Workers in the gang."),
-        checkpoint_cost_s: float = typer.Option(300.0, "--checkpoint-cost-s", help="Seconds to write one checkpoint."),
-        restart_overhead_s: float = typer.Option(360.0, "--restart-overhead-s", help="Billed seconds to resume after a restart."),
-        provisioning_delay_s: float = typer.Option(180.0, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
-        notice_s: float = typer.Option(120.0, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
+        checkpoint_cost_s: float = typer.Option(DEFAULT_CHECKPOINT_COST_S, "--checkpoint-cost-s", help="Seconds to write one checkpoint."),
+        restart_overhead_s: float = typer.Option(DEFAULT_RESTART_OVERHEAD_S, "--restart-overhead-s", help="Billed seconds to resume after a restart."),
+        provisioning_delay_s: float = typer.Option(DEFAULT_PROVISIONING_DELAY_S, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
+        notice_s: float = typer.Option(DEFAULT_NOTICE_S, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
         no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
         on_request: bool = typer.Option(
             False, "--checkpoint-on-request",

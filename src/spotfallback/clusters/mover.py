@@ -72,6 +72,9 @@ MAX_FRUITLESS_JOBS = 3
 DEFAULT_LOOK_EVERY_S = 60.0
 # How often a climb asks again to stop the run's job while it has not ended (Ray stops it asynchronously).
 STOP_AGAIN_S = 60.0
+# How long the mover waits for a job it stopped on another cluster to end before it goes on (its
+# driver's lease, not this wait, keeps it from training beside the next job).
+STOP_ELSEWHERE_WAIT_S = 60.0
 # How often the mover looks again for the run's jobs on the other clusters while it follows one:
 # a cluster cut off for a while may answer again with a driver of the run still on it.
 STOP_ELSEWHERE_EVERY_S = 60.0
@@ -231,16 +234,21 @@ class ClusterMover:
                     if j.active:
                         self.say(f"stopping job {j.submission_id} on cluster {other!r}: the run is on cluster {key!r} now")
                         jobs.stop(j.submission_id)
-                        self._wait_terminal(jobs, j.submission_id, timeout_s=60.0)
+                        self._wait_terminal(jobs, j.submission_id, timeout_s=STOP_ELSEWHERE_WAIT_S)
             except ClusterUnreachableError as e:
                 logger.debug("%s", e)  # its driver's lease keeps it from training beside the next job
 
-    def _wait_terminal(self, jobs: ClusterJobs, submission_id: str, timeout_s: float) -> str:
-        deadline = time.monotonic() + timeout_s
+    def _wait_terminal(self, jobs: ClusterJobs, submission_id: str, timeout_s: float | None = None,
+                       waiting: Callable[[str], None] | None = None) -> str:
+        """The job's status once it has ended, or after ``timeout_s`` (None: no limit) whatever it is then;
+        ``waiting(status)`` is called at every look that finds it still going."""
+        deadline = math.inf if timeout_s is None else time.monotonic() + timeout_s
         while True:
             status = jobs.status(submission_id)
             if status in TERMINAL or time.monotonic() > deadline:
                 return status
+            if waiting is not None:
+                waiting(status)
             time.sleep(min(self.poll_s, 1.0))
 
     def _run_on(self, key: str, retry: bool) -> tuple[str, dict[str, object] | None]:
@@ -281,7 +289,9 @@ class ClusterMover:
                                  "finish; the run goes on where its ledger says")
                         return "climbed", None
                     gone = " (the cluster no longer knows it: its head restarted)" if status == GONE else ""
-                    self.say(f"job {submission_id} on cluster {key!r}: {status}{gone}{self._why(jobs, submission_id, status)}")
+                    self._last_why = self._why(jobs, submission_id, status)
+                    why = f": {self._last_why}" if self._last_why else ""
+                    self.say(f"job {submission_id} on cluster {key!r}: {status}{gone}{why}")
                     return status, result
                 if status == "RUNNING" and self._climb_across(key, jobs, submission_id):
                     return "climbed", None
@@ -352,20 +362,20 @@ class ClusterMover:
         self.say(f"submitted job {submission_id} to cluster {jobs.name!r}{region}")
         return submission_id
 
-    def _why(self, jobs: ClusterJobs, submission_id: str, status: str) -> str:
-        """``": "`` and Ray's reason for a job that failed or was stopped (kept for the mover's last word), or ``""``.
+    @staticmethod
+    def _why(jobs: ClusterJobs, submission_id: str, status: str) -> str:
+        """Ray's reason for a job that failed or was stopped, or ``""``.
 
         Ray's message tells a runtime environment that failed to set up, a supervisor actor that died
         or could not be scheduled, from the entrypoint's own exit, which the log's end alone does not.
         """
-        self._last_why = ""
         if status not in ("FAILED", "STOPPED"):
             return ""
         try:
-            self._last_why = jobs.job(submission_id).why
+            return jobs.job(submission_id).why
         except ClusterUnreachableError as e:
             logger.info("%s", e)
-        return f": {self._last_why}" if self._last_why else ""
+            return ""
 
     def _result_line(self, jobs: ClusterJobs, submission_id: str) -> dict[str, object] | None:
         """The job's result line, if it printed one (keeping the end of its log)."""
@@ -508,7 +518,9 @@ class ClusterMover:
         ``ClusterUnreachableError`` when the cluster stops answering: the job is followed as any job.
         """
         asked, said = time.monotonic(), False
-        while (status := jobs.status(submission_id)) not in TERMINAL:
+
+        def waiting(status: str) -> None:  # the mover's lease still held; the stop said once, asked again each minute
+            nonlocal asked, said
             self._check_lease()
             if not said:
                 said = True
@@ -516,7 +528,8 @@ class ClusterMover:
             if time.monotonic() - asked >= STOP_AGAIN_S:
                 asked = time.monotonic()
                 jobs.stop(submission_id)
-            time.sleep(min(self.poll_s, 1.0))
+
+        status = self._wait_terminal(jobs, submission_id, waiting=waiting)
         ended: LeaseInfo | None = None  # the lease as it stood once the job had ended
         while (holder := self._live_driver()) is not None:
             self._check_lease()
