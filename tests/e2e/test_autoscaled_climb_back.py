@@ -119,7 +119,10 @@ def test_a_resource_request_launches_nodes_after_the_delay_and_never_beyond_the_
     from ray.autoscaler.sdk import request_resources
 
     from spotfallback.local.cluster import MARKET_LABEL
+    from spotfallback.runtime.autoscaler_version import cluster_autoscaler
 
+    # What a driver reads from the cluster: autoscaler v2, which keeps a request's label selectors.
+    assert cluster_autoscaler() == "v2"
     request_resources(bundles=[{"CPU": 1}] * 2, bundle_label_selectors=[{MARKET_LABEL: "reserved"}] * 2)
     try:
         time.sleep(DELAY_S + 3)

@@ -168,6 +168,25 @@ def test_the_autoscaler_is_asked_for_the_current_tiers_gang_on_its_nodes(tmp_pat
 
 
 @SLOW_UNDER_LOAD
+def test_a_plain_local_cluster_is_not_taken_for_autoscaler_v1(cluster):
+    """A head without an autoscaling config runs Ray's v1 monitor read-only: the climb's requests stay on."""
+    import ray
+
+    from spotfallback.runtime.autoscaler_version import (
+        V1_STATUS_KEY,
+        classify_autoscaler,
+        kv_getter,
+        v1_node_types,
+    )
+
+    get = kv_getter(ray.get_runtime_context().gcs_address)
+    deadline = time.monotonic() + 60
+    while not v1_node_types(get(V1_STATUS_KEY, None) or b"") and time.monotonic() < deadline:
+        time.sleep(1)  # the monitor writes its status every few seconds
+    assert v1_node_types(get(V1_STATUS_KEY, None) or b""), "Ray's read-only v1 monitor wrote no status"
+    assert classify_autoscaler(get) == "none"
+
+
 def test_spot_budget_spent_then_climbs_back_when_spot_returns_and_finishes_there(cluster, injector, tmp_path):
     from spotfallback import Tier
     from spotfallback.accounting import summarize

@@ -417,6 +417,7 @@ def test_a_ladder_across_clusters_writes_one_raycluster_per_cluster_and_says_whe
     assert [d["metadata"]["name"] for d in yaml.safe_load_all(out.read_text())] == ["llama-ft-east", "llama-ft-west"]
     refused = run(app, "kuberay", "--cloud", "eks-karpenter", "--kind", "rayjob", "--job", job)
     assert refused.exit_code == 2 and "one RayCluster per cluster (--kind raycluster)" in refused.stderr
+    assert refused.stderr.startswith("error: --kind: "), refused.stderr  # the option typed, not the library's field
     launcher = run(app, "cluster-launcher", "--cloud", "aws", "--job", job)
     assert launcher.exit_code == 2 and "one `ray up` file is one cluster" in launcher.stderr
 

@@ -693,7 +693,9 @@ def test_run_loop_stops_and_paces_itself(aws):
     t0 = time.monotonic()
     agent.run(stop)
     polls = sum(1 for r in aws.requests if r[1].endswith("instance-action"))
-    assert time.monotonic() - t0 < 2 and 3 <= polls <= 12
+    # Stopped soon after the event, and paced: at most one poll per interval (0.5 s / 0.05 s), not a
+    # busy loop. A loaded machine may poll fewer times; it may not poll more.
+    assert time.monotonic() - t0 < 10 and 1 <= polls <= 12, polls
 
 
 # ----------------------------------------------------------------------------- Kubernetes

@@ -60,6 +60,7 @@ E = TypeVar("E", bound=StrEnum)
 
 # Library field names -> the option that sets them, so errors name what the user typed.
 _OPTION_OF = {
+    "kind": "--kind",
     "image": "--image",
     "name": "--name",
     "storage_secret": "--storage-secret",
@@ -102,6 +103,7 @@ _SERVICE_ACCOUNT_EMAIL = re.compile(r"[a-z0-9][a-z0-9._-]*@[a-z0-9][a-z0-9.-]*\.
 JobOpt = Annotated[Path, typer.Option("--job", help="Job file (name, storage_path, entrypoint, tiers).")]
 ImageOpt = Annotated[str | None, typer.Option(help="Container image with Ray, spotfallback and your code (default: rayproject/ray matching rayVersion).")]
 NameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of the job file's; the same name RESUMES that run.")]
+PoolsNameOpt = Annotated[str | None, typer.Option("--name", help="Run name instead of the job file's, which names the pools (NAME-spot, NAME-on-demand, ...).")]
 UniqueOpt = Annotated[bool, typer.Option("--unique-name", help="Append a timestamp and random token to the run name: a new run.")]
 PipOpt = Annotated[list[str] | None, typer.Option("--pip", metavar="<str>", help="Package to pip-install at start (repeatable; on KubeRay, a RayJob only).")]
 OutOpt = Annotated[Path | None, typer.Option("--out", help="YAML file to write (.yaml or .yml); stdout if omitted.")]
@@ -503,7 +505,7 @@ def nodepools_command(
     node_class: Annotated[
         str, typer.Option(help="The EC2NodeClass (EKS) or AKSNodeClass (AKS) the pools reference; yours to manage.")
     ] = "default",
-    name: NameOpt = None,
+    name: PoolsNameOpt = None,
     label: Annotated[
         list[str] | None,
         typer.Option(metavar="KEY=VALUE", help="KEY=VALUE (repeatable): a label on every NodePool and on the nodes it launches, for cost "
@@ -558,7 +560,8 @@ def validate_command(
 
     A NodePool is checked against its provider's CRD (by `nodeClassRef.group`); with `--job`, the file's
     pools are also checked against the ladder, as `manifest nodepools` checks its own. Other documents
-    of the file (an EC2NodeClass or AKSNodeClass, a ConfigMap) are listed as not checked.
+    of the file (an EC2NodeClass or AKSNodeClass, a ConfigMap) are listed as not checked. Exit
+    codes: 0 valid, 1 invalid (each problem on stderr), 2 bad input.
     """
     if kuberay_version is not None:
         try:

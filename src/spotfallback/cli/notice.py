@@ -118,7 +118,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 help="Seconds to wait for the Ray node to come up (a sidecar may start first), then exit 2. "
                 "Default: in a pod, until the pod stops (its containers are not restarted, so giving up would "
-                "leave the node unwatched); elsewhere 120.",
+                f"leave the node unwatched); elsewhere {DEFAULT_RAY_WAIT_S:g}.",
                 min=0,
                 envvar="SPOTFALLBACK_RAY_WAIT_S",
                 show_default=False,
@@ -154,7 +154,7 @@ def register(app: typer.Typer) -> None:
             typer.Option(
                 "--once",
                 help="Poll once and exit (no health record): 0 when the metadata service answered (a notice or "
-                "none), 1 when it did not.",
+                "none), 1 when it did not, or when a notice's drain failed.",
             ),
         ] = False,
         dry_run: Annotated[bool, typer.Option("--dry-run", help="Log and record notices, never drain.")] = False,
@@ -164,7 +164,8 @@ def register(app: typer.Typer) -> None:
 
         Prints one JSON line per notice handled. Exit code 2 on bad input, or when the Ray node is not
         found in --ray-wait (never in a pod: there it waits until SIGTERM); with --once, 1 when the one
-        poll got no answer. SIGTERM stops the agent, except with --cloud k8s, where it is the notice.
+        poll got no answer, or saw a notice and could not drain the node. SIGTERM stops the agent,
+        except with --cloud k8s, where it is the notice.
 
         Every setting a sidecar needs has an environment variable (shown below); the Ray node is found through the ray_current_cluster file, so share the Ray container's /tmp/ray with the agent (docs/notices.md).
         """

@@ -524,7 +524,7 @@ def register(app: typer.Typer) -> None:
         hours: float | None = typer.Option(None, "--hours", help="Training hours on an uninterrupted gang."),
         workers: int = typer.Option(8, "--workers", help="Workers in the gang."),
         checkpoint_cost_s: float = typer.Option(DEFAULT_CHECKPOINT_COST_S, "--checkpoint-cost-s", help="Seconds to write one checkpoint."),
-        restart_overhead_s: float = typer.Option(DEFAULT_RESTART_OVERHEAD_S, "--restart-overhead-s", help="Billed seconds to resume after a restart."),
+        restart_overhead_s: float = typer.Option(DEFAULT_RESTART_OVERHEAD_S, "--restart-overhead-s", help="Billed seconds of every start before training moves, the first included."),
         provisioning_delay_s: float = typer.Option(DEFAULT_PROVISIONING_DELAY_S, "--provisioning-delay-s", help="Seconds to get workers once capacity exists."),
         notice_s: float = typer.Option(DEFAULT_NOTICE_S, "--notice-s", help="Preemption notice in seconds (AWS 120, GCP/Azure 30)."),
         no_jit: bool = typer.Option(False, "--no-jit", help="Do not checkpoint on a preemption notice."),
@@ -567,7 +567,7 @@ def register(app: typer.Typer) -> None:
         write_yaml: Path | None = typer.Option(
             None, "--write-yaml",
             help="Write a complete job file for `spotfallback run` / `manifest`: the recommended tiers, the plan's "
-            "prediction (plan:), and --name, --storage-path, --entrypoint, --train-loop-config.",
+            "prediction (plan:), and --name, --storage-path, --entrypoint, --train-loop-config, --worker-resources.",
         ),
         name: str | None = typer.Option(
             None, "--name", help="With --write-yaml: the run's name. Default: job-<hours>h-<workers>w, e.g. job-100h-8w."

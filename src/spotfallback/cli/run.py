@@ -203,7 +203,7 @@ def register(app: typer.Typer) -> None:
         """Run a job on its tier ladder; the same command resumes it after a crash.
 
         Progress goes to stderr: a live panel on a terminal, quiet lines otherwise (--json: JSON
-        lines on stdout). The last stdout line is the result as JSON.
+        lines on stdout). The last stdout line of a finished run is the result as JSON.
 
         Exit codes: 0 finished, 1 anything else (storage unreachable, damaged ledger), 2 bad
         input, 3 the training function failed, 4 every tier was left (ladder exhausted), 5

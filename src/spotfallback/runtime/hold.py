@@ -8,7 +8,9 @@ timeout, onto a pool that no longer has the nodes it just left, and waits minute
 So, from the climb until a gang runs again, a request for the left gang stands under its own
 requester id (``<run's requester id>-climb-hold``) beside the run's own, withdrawn as soon as a
 gang has started, the run is back at or below the left tier (its own request covers it), the
-climb's capacity timeout has passed, or ``hold_s`` has: held nodes are idle and billed.
+climb's capacity timeout has passed, or ``hold_s`` has: held nodes are idle and billed. On a
+cluster whose autoscaler is v1 the hold is inert: v1 drops the request's label selector and
+would launch any node type that fits (``runtime/autoscaler_version.py``).
 """
 
 from __future__ import annotations
@@ -29,11 +31,15 @@ HOLD_GRACE_S = 60.0
 
 
 class ClimbHold:
-    """One resource request for the gang that ran last, while the run waits for a gang above it."""
+    """One resource request for the gang that ran last, while the run waits for a gang above it.
+
+    ``inert``: never sends anything (the cluster's autoscaler would launch the wrong nodes for it).
+    """
 
     def __init__(self, client: RequestClient | None = None, *, hold_s: float | None = None,
-                 renew_s: float = DEFAULT_PROBE_RENEW_S) -> None:
+                 renew_s: float = DEFAULT_PROBE_RENEW_S, inert: bool = False) -> None:
         self.client = client
+        self.inert = inert
         self._hold_s = hold_s  # unset: from the environment where it runs, the Train controller
         self.renew_s = renew_s
         self.gang: tuple[int, Tier, int] | None = None  # the tier index, tier and size of the gang that ran last
@@ -52,6 +58,8 @@ class ClimbHold:
 
     def follow(self, run_tier: int, climb_tier: Tier, run_client: RequestClient | None, now: float | None = None) -> None:
         """Hold, renew or withdraw for the run now on tier ``run_tier`` (``climb_tier``), waiting for its gang."""
+        if self.inert:
+            return
         if self.gang is None or run_tier >= self.gang[0] or run_client is None or self.spent:
             self.cancel()
             return

@@ -50,6 +50,7 @@ from spotfallback.events import (
 )
 from spotfallback.notices.drain import gcs_client
 from spotfallback.notices.placement import withdraw_replacement
+from spotfallback.runtime.autoscaler_version import AutoscalerKind, climb_requests_allowed
 from spotfallback.runtime.capacity import start_size
 from spotfallback.runtime.classify import classify, looks_collateral
 from spotfallback.runtime.hold import ClimbHold
@@ -183,14 +184,17 @@ class TierScalingPolicy(FixedScalingPolicy):
     a second resource request, for that tier's gang, so an autoscaled pool that has scaled to
     zero gets nodes again when its capacity returns (see ``runtime/probe.py``). From a climb until
     a gang runs again, a third request keeps the nodes of the gang it left (``runtime/hold.py``).
+    Neither is sent where the driver found autoscaler v1 (``autoscaler``; see
+    ``runtime/autoscaler_version.py``): v1 would launch any node type for them.
     """
 
-    def __init__(self, scaling_config: ScalingConfig, spec: RunSpec):
+    def __init__(self, scaling_config: ScalingConfig, spec: RunSpec, *, autoscaler: AutoscalerKind = "unknown"):
         super().__init__(scaling_config)
         self.spec = spec
         self._requested_tier: int | None = None
-        self._probe = CapacityProbe()
-        self._hold = ClimbHold()
+        inert = not climb_requests_allowed(autoscaler)
+        self._probe = CapacityProbe(inert=inert)
+        self._hold = ClimbHold(inert=inert)
         self._starting: tuple[int, int] | None = None  # the tier and size of the gang being started
 
     def _runtime(self) -> LadderRuntime:

@@ -12,7 +12,8 @@ observation and the policy's climb rules (dwell, price, flapping) decide the cli
 cancels the request. A probe costs money (the nodes come up before the run uses them), so only
 a tier the policy would climb to once its nodes are there is probed (the pure policy is asked,
 with a hypothetical observation of the tier's full gang), and only from ``lead_s`` before its
-climb dwell ends.
+climb dwell ends. On a cluster whose autoscaler is v1 the probe is inert: v1 drops the
+request's label selector and would launch any node type that fits (``runtime/autoscaler_version.py``).
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ from ray.train.v2.api.config import ScalingConfig
 from spotfallback.config import Tier, env_seconds
 from spotfallback.notices.placement import tier_capacity
 from spotfallback.policy import FallbackPolicy, PolicyState, RunEstimates, probe_target
+from spotfallback.runtime.autoscaler_version import cluster_autoscaler
 from spotfallback.runtime.ladder import LadderRuntime
 
 logger = logging.getLogger("spotfallback")
@@ -81,6 +83,8 @@ class CapacityProbe:
     withdrawn for a while when ``patience_s`` after it was sent the gang still does not fit
     (the nodes that came are given back; asked again after as long, doubling each time), while
     the next tier the run could climb to is asked for instead.
+
+    ``inert``: never sends anything (the cluster's autoscaler would launch the wrong nodes for it).
     """
 
     def __init__(
@@ -91,8 +95,10 @@ class CapacityProbe:
         renew_s: float | None = None,
         poll_s: float | None = None,
         patience_s: float = DEFAULT_PROBE_PATIENCE_S,
+        inert: bool = False,
     ) -> None:
         self.client = client
+        self.inert = inert
         # Unset ones come from the environment where the probe runs: the Train controller.
         self._lead_s, self._renew_s, self._poll_s = lead_s, renew_s, poll_s
         self.patience_s = patience_s
@@ -129,7 +135,7 @@ class CapacityProbe:
         ``run_client`` is the run's own coordinator client (None until the controller has
         started, when no request is sent yet); the probe's client is one of the same class.
         """
-        if run_client is None:
+        if run_client is None or self.inert:
             return
         if self.client is None:
             self.client = type(run_client)(f"{run_client._requester_id}-climb-probe")
@@ -154,7 +160,9 @@ class CapacityProbe:
         climb_in_sight: bool = True,
     ) -> None:
         """Send, renew or cancel the request for the run's state at ``now``; none while no climb can be
-        decided soon (``climb_in_sight`` false: ``follow`` says when)."""
+        decided soon (``climb_in_sight`` false: ``follow`` says when); nothing at all when ``inert``."""
+        if self.inert:
+            return
         if state.tier != self.run_tier:  # the run moved: what kept the last requests quiet is past
             self.run_tier, self.quiet = state.tier, {}
         passed_over = frozenset(t for t, (until, _) in self.quiet.items() if now < until and t != self.tier)
@@ -220,12 +228,17 @@ def look_capacity(
     ``requester_id`` (renewed every ``DEFAULT_PROBE_RENEW_S``) and the count taken again every
     ``poll_s`` until it fits or ``wait_s`` has passed. The request is left to expire on its own
     (Ray's 180 s), not withdrawn: nodes that came up for it must still be there when the run
-    climbs onto them.
+    climbs onto them. On a cluster whose autoscaler is v1 nothing is asked (v1 drops the label
+    selector and would launch any node type that fits): the count now is the answer.
     """
     available = capacity(tier)
     if wait_s <= 0:
         return available
     if client is None:
+        if cluster_autoscaler() == "v1":
+            logger.info("[spotfallback] not asking this cluster's autoscaler (v1) for %r's gang: %d of its workers "
+                        "fit now", tier.name, available)
+            return available
         from ray.train.v2._internal.execution.scaling_policy.autoscaling_coordinator_client import (
             TrainAutoscalingCoordinatorClient,
         )

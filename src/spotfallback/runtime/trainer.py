@@ -45,6 +45,7 @@ from spotfallback.errors import (
 )
 from spotfallback.events import Complete, Finished, RunStarted
 from spotfallback.policy import FallbackPolicy, PolicyState
+from spotfallback.runtime.autoscaler_version import cluster_autoscaler
 from spotfallback.runtime.classify import unwrap_user_error, user_exceptions, user_traceback
 from spotfallback.runtime.hooks import LedgerCallback, TierFailurePolicy, TierScalingPolicy
 from spotfallback.runtime.ladder import RunSpec
@@ -92,9 +93,11 @@ def _ladder_trainer_class(base: type) -> type:
 
         def fit(self) -> Result:
             spec = self._spotfallback_spec
+            train_fn_ref = ObjectRefWrapper(self._get_train_func())  # ray.put: connects this driver to Ray if not yet
+            autoscaler = cluster_autoscaler()  # read once per driver; warns where v1 makes the climb's requests unsafe
             result = self._initialize_and_run_controller(
-                train_fn_ref=ObjectRefWrapper(self._get_train_func()),
-                scaling_policy=TierScalingPolicy(self.scaling_config, spec),
+                train_fn_ref=train_fn_ref,
+                scaling_policy=TierScalingPolicy(self.scaling_config, spec, autoscaler=autoscaler),
                 failure_policy=TierFailurePolicy(self.run_config.failure_config, spec),
                 train_run_context=self.train_run_context,
                 callbacks=[*self._create_default_callbacks(), LedgerCallback(spec)],
