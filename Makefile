@@ -45,16 +45,18 @@ $(NODE_STAMP): $(NODE_DIR)/package-lock.json $(STAMP)
 demo: $(STAMP)
 	$(BIN)/spotfallback demo
 
-# ruff, mypy and the wheel smoke run side by side (each output shown whole when it ends): mypy
-# and the wheel's install each keep one core busy, so one after the other left the second idle.
+# ruff and mypy run side by side (each output shown whole when it ends), then the suite, whose
+# first test is the wheel smoke (tests/e2e/test_wheel_install.py): it mostly waits, so it runs
+# beside the first cluster module rather than before the suite.
 test: $(STAMP) $(NODE_STAMP)
-	$(MAKE) --no-print-directory -j3 --output-sync=target lint types wheel-smoke
+	$(MAKE) --no-print-directory -j2 --output-sync=target lint types
 	SPOTFALLBACK_REQUIRE_EMULATORS=1 SPOTFALLBACK_SUITE_STARTED=$(SUITE_STARTED) \
 		SPOTFALLBACK_SUITE_BUDGET_MIN=$(SPOTFALLBACK_SUITE_BUDGET_MIN) \
 		SPOTFALLBACK_CLUSTER_BUDGET_MIN=$(SPOTFALLBACK_CLUSTER_BUDGET_MIN) $(BIN)/python -m pytest $(PARALLEL)
 
 # What a user installs: build the sdist and wheel, install the wheel into a clean venv and run
-# `spotfallback demo` and `spotfallback init && spotfallback run job.yaml` in an empty directory.
+# `spotfallback demo` and `spotfallback init && spotfallback run job.yaml` in an empty directory
+# (the suite runs the same script as its first test).
 wheel-smoke: $(STAMP)
 	PYTHON=$(PYTHON) BUILD_PYTHON=$(CURDIR)/$(BIN)/python bash scripts/wheel_smoke.sh
 

@@ -7,7 +7,7 @@
 # (its examples/, its data/).
 #
 # Usage: scripts/wheel_smoke.sh   (PYTHON: the interpreter for the venv, default python3.11;
-# BUILD_PYTHON: one that has `build`, default .venv/bin/python). Takes about 6 minutes on 2 cores.
+# BUILD_PYTHON: one that has `build`, default .venv/bin/python). Takes about 4 minutes on 2 cores.
 set -euo pipefail
 
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"

@@ -51,6 +51,8 @@ DEFAULT_CHECKPOINT_COST_S = 300.0
 DEFAULT_RESTART_OVERHEAD_S = 360.0
 DEFAULT_PROVISIONING_DELAY_S = 180.0
 DEFAULT_NOTICE_S = 120.0
+
+
 def env_seconds(name: str, default: float) -> float:
     """A duration a ``SPOTFALLBACK_*`` environment variable tunes: ``default`` when it is unset, not
     a number, negative or infinite (a knob a shell reads while the run goes on must never stop it)."""

@@ -27,6 +27,7 @@ pytest.importorskip("aiohttp", reason="the Jobs API needs ray[default] (the clus
 
 from tests.support.helpers_e2e import (  # noqa: E402
     SLOW_UNDER_LOAD,
+    at_full_speed,
     checkpoints_since,
     module_env,
     preempt_then_kill_the_driver,
@@ -83,7 +84,7 @@ def weights_of_a_run_without_faults(cluster: Any, config: dict[str, Any], tmp: P
     from spotfallback.examples.ddp_digits import train_fn
 
     with cluster.driver():
-        trainer = FallbackTrainer(train_fn, train_loop_config=config, tiers=[Tier.on_demand(1)],
+        trainer = FallbackTrainer(train_fn, train_loop_config=at_full_speed(config), tiers=[Tier.on_demand(1)],
                                   run_config=ray.train.RunConfig(storage_path=str(tmp), name=unique_name("ref")))
         result = trainer.fit()
     return str(result.metrics["weights_sha256"])

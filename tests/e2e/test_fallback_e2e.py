@@ -19,6 +19,7 @@ from tests.support.helpers_e2e import (  # noqa: E402
     SLOW_UNDER_LOAD,
     TRAIN_CONFIG,
     Background,
+    at_full_speed,
     autoscaled_cluster,
     checkpoints_since,
     kinds,
@@ -61,7 +62,8 @@ def reference_hash(cluster, tmp_path_factory):
     """Final weights of the job run with no interruption at all."""
     from spotfallback import Tier
 
-    trainer = make_trainer(tmp_path_factory.mktemp("ref"), unique_name("ref"), [Tier.on_demand(2)])
+    trainer = make_trainer(tmp_path_factory.mktemp("ref"), unique_name("ref"), [Tier.on_demand(2)],
+                           **at_full_speed(TRAIN_CONFIG))
     result = trainer.fit()
     assert result.metrics["step"] == TRAIN_CONFIG["total_steps"]
     return result.metrics["weights_sha256"]

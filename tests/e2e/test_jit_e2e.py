@@ -42,6 +42,7 @@ pytest.importorskip("torch")
 from tests.support.helpers_e2e import (  # noqa: E402
     TRAIN_CONFIG,
     Background,
+    at_full_speed,
     autoscaled_cluster,
     restoring_injector,
     unique_name,
@@ -244,7 +245,7 @@ def node_of_rank(cluster: Any, trainer: Any, rank: int) -> Any:
 @pytest.fixture(scope="module")
 def reference_hash(cluster, tmp_path_factory):
     """Final weights of the same job when nothing happens."""
-    trainer = make_trainer(tmp_path_factory.mktemp("ref"), unique_name("ref"))
+    trainer = make_trainer(tmp_path_factory.mktemp("ref"), unique_name("ref"), **at_full_speed(CONFIG))
     result = trainer.fit()
     assert result.metrics["step"] == CONFIG["total_steps"]
     return result.metrics["weights_sha256"]

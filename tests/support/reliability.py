@@ -399,10 +399,11 @@ def reference_hash(storage: Path, config: dict[str, Any]) -> str:
 
         from spotfallback import FallbackTrainer, Tier
         from spotfallback.examples.ddp_digits import train_fn
+        from tests.support.helpers_e2e import at_full_speed
 
         trainer = FallbackTrainer(
             train_fn,
-            train_loop_config=config,
+            train_loop_config=at_full_speed(config),
             tiers=[Tier.on_demand(2)],
             run_config=ray.train.RunConfig(storage_path=str(storage), name=f"ref-{uuid.uuid4().hex[:8]}"),
         )

@@ -111,7 +111,7 @@ def v1_node_types(status: bytes) -> set[str]:
 
 
 def climb_requests_allowed(kind: AutoscalerKind) -> bool:
-    """Whether the probe and the hold may send their requests on a cluster with this autoscaler."""
+    """Whether the probe, the hold and the mover's looks may ask a cluster with this autoscaler for nodes."""
     return kind != "v1"
 
 

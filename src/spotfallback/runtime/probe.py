@@ -29,7 +29,7 @@ from ray.train.v2.api.config import ScalingConfig
 from spotfallback.config import Tier, env_seconds
 from spotfallback.notices.placement import tier_capacity
 from spotfallback.policy import FallbackPolicy, PolicyState, RunEstimates, probe_target
-from spotfallback.runtime.autoscaler_version import cluster_autoscaler
+from spotfallback.runtime.autoscaler_version import climb_requests_allowed, cluster_autoscaler
 from spotfallback.runtime.ladder import LadderRuntime
 
 logger = logging.getLogger("spotfallback")
@@ -235,7 +235,7 @@ def look_capacity(
     if wait_s <= 0:
         return available
     if client is None:
-        if cluster_autoscaler() == "v1":
+        if not climb_requests_allowed(cluster_autoscaler()):
             logger.info("[spotfallback] not asking this cluster's autoscaler (v1) for %r's gang: %d of its workers "
                         "fit now", tier.name, available)
             return available
