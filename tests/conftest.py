@@ -11,15 +11,16 @@ CI stops a run at 90 minutes, and a stopped run says nothing of what went wrong.
 budget, so the run ends with its summary of failures; 0 turns it off. The minutes count from
 ``SPOTFALLBACK_SUITE_STARTED`` (seconds since the epoch), which ``make test`` sets to its own
 start, so the set-up before the tests (the venv, ruff and mypy) is inside the budget, and gives
-86. A spent budget fails the run either way, so it is as
-late as leaves CI's last 4 minutes to the tests in flight (by then unit tests, seconds each) and
-the summary. Without it the minutes count from pytest's start, and the default is 65.
+86. A spent budget fails the run either way, so it is as late as leaves CI's last 4 minutes to
+the tests in flight (by then unit tests, seconds each) and the summary. Without it the minutes
+count from pytest's start, and the default is 65.
 
 The wheel's install (``tests/e2e/test_wheel_install.py``, mostly waits) and the fault suite's
-cluster modules start first, then the other cluster modules, then the unit tests. Past ``SPOTFALLBACK_CLUSTER_BUDGET_MIN`` minutes (counted the same way; ``make test``
-gives 70, unset or 0 means no limit) a cluster test outside the fault suite that has not
-started is skipped, naming the variable, so that on a slow machine the unit tests still run
-and the run ends inside CI's time; ``SPOTFALLBACK_CLUSTER_BUDGET_MIN=0 make test`` runs every one.
+cluster modules start first, then the other cluster modules, then the unit tests. Past
+``SPOTFALLBACK_CLUSTER_BUDGET_MIN`` minutes (counted the same way; ``make test`` gives 70,
+unset or 0 means no limit) a cluster test outside the fault suite that has not started is
+skipped, naming the variable, so that on a slow machine the unit tests still run and the run
+ends inside CI's time; ``SPOTFALLBACK_CLUSTER_BUDGET_MIN=0 make test`` runs every one.
 
 Each fault test calls ``reliability.record(...)``. Only a session started with
 ``SPOTFALLBACK_PUBLISH_RELIABILITY=1`` (the ``make reliability`` target) merges the rows into
